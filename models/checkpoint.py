@@ -1,0 +1,181 @@
+"""Reading and writing TAEHV weights in the published format.
+
+Weights are plain fp32 state dicts with the published keys: ``.pth`` (loaded with
+``weights_only=True``, never unpickling arbitrary objects) or ``.safetensors`` (with
+metadata naming the variant). Loading is strict: one error lists every missing key,
+unexpected key and shape mismatch, and names the variants the file would fit.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from .variants import known_variants
+
+if TYPE_CHECKING:
+    from .taehv import TAEHV
+
+FORMAT_NAME = "taehv"
+WEIGHT_SUFFIXES = (".pth", ".pt", ".safetensors")
+
+
+class CheckpointMismatchError(RuntimeError):
+    """The weights do not fit the model that was built for them."""
+
+
+def _check_path(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"weight file {path} not found (published TAEHV weights go in checkpoints/, see checkpoints/README.md)"
+        )
+    if path.suffix not in WEIGHT_SUFFIXES:
+        raise ValueError(f"{path}: expected one of {', '.join(WEIGHT_SUFFIXES)}")
+    return path
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """Our safetensors metadata (variant, patch size, ...); empty for ``.pth`` files."""
+    path = _check_path(path)
+    if path.suffix != ".safetensors":
+        return {}
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata() or {})
+
+
+def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Tensors of a weight file, on the CPU."""
+    path = _check_path(path)
+    if path.suffix == ".safetensors":
+        return load_file(str(path), device="cpu")
+    state_dict = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        raise CheckpointMismatchError(
+            f"{path} is not a plain state dict of tensors (a training checkpoint folder? "
+            "export weights with training's final_model.pth / .safetensors)"
+        )
+    return state_dict
+
+
+def adapt_tgrow_weights(model: TAEHV, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Fit weights trained with more temporal upscaling into a preview decoder.
+
+    A TGrow with stride 1 keeps the output channels of the last timestep of a stride-2
+    TGrow, as the published loader does.
+    """
+    from .taehv import TGrow
+
+    own = model.state_dict()
+    adapted = dict(state_dict)
+    for i, block in enumerate(model.decoder):
+        key = f"decoder.{i}.conv.weight"
+        if isinstance(block, TGrow) and key in adapted and adapted[key].shape[0] > own[key].shape[0]:
+            adapted[key] = adapted[key][-own[key].shape[0]:]
+    return adapted
+
+
+def shape_signature(state_dict: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in state_dict.items()}
+
+
+def describe_mismatch(expected: dict[str, tuple], found: dict[str, tuple]) -> list[str]:
+    """Human-readable differences between two key -> shape maps (empty if they agree)."""
+    missing = sorted(expected.keys() - found.keys())
+    unexpected = sorted(found.keys() - expected.keys())
+    shapes = sorted(k for k in expected.keys() & found.keys() if expected[k] != found[k])
+    lines = []
+    if missing:
+        lines.append(f"missing keys ({len(missing)}): {', '.join(missing[:12])}{' ...' if len(missing) > 12 else ''}")
+    if unexpected:
+        lines.append(f"unexpected keys ({len(unexpected)}): {', '.join(unexpected[:12])}{' ...' if len(unexpected) > 12 else ''}")
+    for k in shapes[:12]:
+        lines.append(f"shape mismatch {k}: model {list(expected[k])}, file {list(found[k])}")
+    if len(shapes) > 12:
+        lines.append(f"... and {len(shapes) - 12} more shape mismatches")
+    return lines
+
+
+def fitting_variants(signature: dict[str, tuple[int, ...]]) -> list[str]:
+    """Variants whose (full) architecture has exactly these keys and shapes."""
+    from .taehv import TAEHV
+
+    fits = []
+    with torch.device("meta"):
+        for name in known_variants():
+            if shape_signature(TAEHV(variant=name).state_dict()) == signature:
+                fits.append(name)
+    return fits
+
+
+def load_weights(model: TAEHV, path: str | os.PathLike) -> None:
+    """Load a weight file into ``model`` strictly, or raise one error that says what differs."""
+    found = adapt_tgrow_weights(model, read_state_dict(path))
+    expected = shape_signature(model.state_dict())
+    problems = describe_mismatch(expected, shape_signature(found))
+    if problems:
+        fits = fitting_variants(shape_signature(read_state_dict(path)))
+        hint = (
+            f"the file fits variant(s) {', '.join(fits)}: pass variant='{fits[0]}' (or --variant {fits[0]})"
+            if fits
+            else "it fits no known variant; check patch_size / latent_channels / arch_variant"
+        )
+        raise CheckpointMismatchError(
+            f"{path} does not fit the {model.variant} model (patch {model.patch_size}, "
+            f"{model.latent_channels} latent channels, {model.arch_variant} decoder):\n  "
+            + "\n  ".join(problems)
+            + f"\n{hint}"
+        )
+    model.load_state_dict(found, strict=True)
+
+
+def weights_metadata(model: TAEHV) -> dict[str, str]:
+    """What a saved file needs to rebuild ``model`` without guessing from its name."""
+    return {
+        "format": FORMAT_NAME,
+        "variant": model.variant,
+        "patch_size": str(model.patch_size),
+        "latent_channels": str(model.latent_channels),
+        "arch_variant": model.arch_variant,
+        "is_cogvideox": str(model.is_cogvideox).lower(),
+        "encoder_time_downscale": json.dumps(model.encoder_time_downscale),
+        "decoder_time_upscale": json.dumps(model.decoder_time_upscale),
+        "frame_rule": (
+            f"T -> ceil(T/{model.t_downscale}) latents -> {model.t_upscale}*latents - {model.frames_to_trim} frames"
+            + (" (no trim when the latent count is even)" if model.is_cogvideox else "")
+            + "; decoded frame i matches input frame i"
+        ),
+    }
+
+
+def export_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Contiguous fp32 CPU copies of the weights (bf16 training must not leak into exports)."""
+    return {k: v.detach().to("cpu", torch.float32).contiguous().clone() for k, v in model.state_dict().items()}
+
+
+def save_weights(model: TAEHV, path: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    """Save fp32 weights in the published key format (``.pth``) or with metadata (``.safetensors``).
+
+    ``state_dict`` overrides the model's own weights (e.g. EMA or gathered ZeRO weights).
+    The file is written next to its final name and renamed, so a crash leaves no half file.
+    """
+    path = Path(path)
+    if path.suffix not in (".pth", ".safetensors"):
+        raise ValueError(f"{path}: save as .pth or .safetensors")
+    tensors = export_state_dict(model) if state_dict is None else {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in state_dict.items()}
+    problems = describe_mismatch(shape_signature(model.state_dict()), shape_signature(tensors))
+    if problems:
+        raise CheckpointMismatchError("refusing to save weights that do not fit the model:\n  " + "\n  ".join(problems))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix == ".safetensors":
+        save_file(tensors, str(tmp), metadata=weights_metadata(model))
+    else:
+        torch.save(tensors, tmp)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,79 @@
+"""Frame arithmetic: the one place that says how many frames go in and come out.
+
+Input frames -> latents -> decoded frames -> which input frame each decoded frame matches.
+Training targets, Seraena grouping, validation metrics and inference all ask this module;
+nobody slices ``[:, :-3]`` by hand (that crashes or misaligns for 4k+1 frame counts).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class FramePlan:
+    """How a clip of ``input_frames`` frames travels through a TAEHV model.
+
+    Decoded frame ``i`` corresponds to input frame ``i``. Inputs are padded at the end with
+    copies of the last frame up to a multiple of ``t_downscale``; ``aligned_frames`` counts
+    the decoded frames that match a real (not padded) input frame.
+    """
+
+    input_frames: int
+    padded_frames: int
+    latent_frames: int
+    raw_decoded_frames: int
+    trimmed_frames: int
+    decoded_frames: int
+    aligned_frames: int
+
+    @property
+    def exact(self) -> bool:
+        """True when every decoded frame matches a real input frame and none is left over."""
+        return self.decoded_frames == self.aligned_frames == self.input_frames
+
+    def target(self, frames: torch.Tensor) -> torch.Tensor:
+        """Input frames (NTCHW) aligned with the decoded frames: ``frames[:, :decoded]``.
+
+        When the decoder returns more frames than there are inputs (taecvx with an even
+        latent count and T not a multiple of 4), the extra decoded frames match the padding,
+        i.e. copies of the last input frame, exactly as the encoder saw them.
+        """
+        if frames.shape[1] != self.input_frames:
+            raise ValueError(f"plan is for {self.input_frames} frames, got a clip of {frames.shape[1]}")
+        if self.decoded_frames <= self.input_frames:
+            return frames[:, : self.decoded_frames]
+        pad = frames[:, -1:].expand(-1, self.decoded_frames - self.input_frames, *frames.shape[2:])
+        return torch.cat([frames, pad], 1)
+
+
+def plan_frames(input_frames: int, t_downscale: int = 4, t_upscale: int = 4, is_cogvideox: bool = False) -> FramePlan:
+    """Frame counts for a clip of ``input_frames`` frames.
+
+    ``T -> ceil(T / t_downscale)`` latents ``-> latents * t_upscale`` raw decoded frames, of
+    which the first ``t_upscale - 1`` are trimmed (they precede the first input frame).
+    The CogVideoX variant (taecvx) keeps them when the latent count is even, so that its
+    frame counts match CogVideoX's VAE.
+    """
+    if input_frames < 1:
+        raise ValueError(f"need at least one input frame, got {input_frames}")
+    latents = math.ceil(input_frames / t_downscale)
+    raw = latents * t_upscale
+    trim = 0 if (is_cogvideox and latents % 2 == 0) else t_upscale - 1
+    decoded = raw - trim
+    return FramePlan(
+        input_frames=input_frames,
+        padded_frames=latents * t_downscale,
+        latent_frames=latents,
+        raw_decoded_frames=raw,
+        trimmed_frames=trim,
+        decoded_frames=decoded,
+        aligned_frames=min(decoded, input_frames),
+    )
+
+
+def exact_frame_counts(limit: int, t_downscale: int = 4, t_upscale: int = 4, is_cogvideox: bool = False) -> list[int]:
+    """Input frame counts up to ``limit`` for which decoding returns exactly the input frames."""
+    return [t for t in range(1, limit + 1) if plan_frames(t, t_downscale, t_upscale, is_cogvideox).exact]

@@ -1,0 +1,396 @@
+"""TAEHV: Tiny AutoEncoder for Hunyuan Video (and TAECVX, TAEW2.x, TAEHV1.5).
+
+State-dict keys, shapes and outputs match the published ``taehv.py``, so the published
+weight files load here and weights trained here load there. Layout per model:
+
+    encoder: conv, ReLU, 3 x [TPool, conv/2, MemBlock x3], conv -> latent
+    decoder: Clamp, conv, ReLU, 3 x [MemBlock x3, Upsample, TGrow, conv], ReLU, conv
+    super decoder: conv1x1, 3 x [SuperMemBlock x3, conv, PixelShuffle, ReLU, TGrow], conv
+
+Videos are NTCHW tensors in [0, 1]; latents are the raw (unscaled) latents of the
+reference VAE. Frame counts follow ``models.frames.plan_frames``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .checkpoint import load_weights, read_metadata
+from .frames import FramePlan, plan_frames
+from .variants import resolve_variant
+
+logger = logging.getLogger(__name__)
+
+
+def conv(n_in: int, n_out: int, **kwargs) -> nn.Conv2d:
+    return nn.Conv2d(n_in, n_out, 3, padding=1, **kwargs)
+
+
+class Clamp(nn.Module):
+    """Soft clamp of decoder inputs to about [-3, 3]."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x / 3) * 3
+
+
+class MemBlock(nn.Module):
+    """Residual conv block that also sees its own input from the previous timestep."""
+
+    def __init__(self, n_in: int, n_out: int):
+        super().__init__()
+        self.conv = nn.Sequential(
+            conv(n_in * 2, n_out), nn.ReLU(inplace=True), conv(n_out, n_out), nn.ReLU(inplace=True), conv(n_out, n_out)
+        )
+        self.skip = nn.Conv2d(n_in, n_out, 1, bias=False) if n_in != n_out else nn.Identity()
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
+        return self.act(self.conv(torch.cat([x, past], 1)) + self.skip(x))
+
+
+class SuperMemBlock(nn.Module):
+    """ConvNeXt-style memory block of the "super" decoder: 7x7 depthwise, expand, project."""
+
+    def __init__(self, n_f: int, expansion: int = 2):
+        super().__init__()
+        self.conv = nn.Sequential(
+            nn.Conv2d(n_f * 2, n_f * 2, 7, padding=3, groups=n_f * 2, bias=False),
+            nn.Conv2d(n_f * 2, n_f * 2 * expansion, 1),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(n_f * 2 * expansion, n_f, 1, bias=False),
+        )
+
+    def forward(self, x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
+        return x + self.conv(torch.cat([x, past], 1))
+
+
+MEMORY_BLOCKS = (MemBlock, SuperMemBlock)
+
+
+class TPool(nn.Module):
+    """Temporal pooling: ``stride`` consecutive frames stacked on channels, then 1x1 conv."""
+
+    def __init__(self, n_f: int, stride: int):
+        super().__init__()
+        self.stride = stride
+        self.conv = nn.Conv2d(n_f * stride, n_f, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, c, h, w = x.shape
+        return self.conv(x.reshape(-1, self.stride * c, h, w))
+
+
+class TGrow(nn.Module):
+    """Temporal upsampling: 1x1 conv to ``stride`` times the channels, split into frames."""
+
+    def __init__(self, n_f: int, stride: int):
+        super().__init__()
+        self.stride = stride
+        self.conv = nn.Conv2d(n_f, n_f * stride, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, c, h, w = x.shape
+        return self.conv(x).reshape(-1, c, h, w)
+
+
+def build_encoder(in_channels: int, latent_channels: int, time_downscale: Sequence[bool]) -> nn.Sequential:
+    stages = []
+    for down in time_downscale:
+        stages += [TPool(64, 2 if down else 1), conv(64, 64, stride=2, bias=False)]
+        stages += [MemBlock(64, 64) for _ in range(3)]
+    return nn.Sequential(conv(in_channels, 64), nn.ReLU(inplace=True), *stages, conv(64, latent_channels))
+
+
+def build_decoder(latent_channels: int, out_channels: int, time_upscale: Sequence[bool], space_upscale: Sequence[bool]) -> nn.Sequential:
+    n_f = [256, 128, 64, 64]
+    stages = []
+    for i, (t_up, s_up) in enumerate(zip(time_upscale, space_upscale)):
+        stages += [MemBlock(n_f[i], n_f[i]) for _ in range(3)]
+        stages += [nn.Upsample(scale_factor=2 if s_up else 1), TGrow(n_f[i], 2 if t_up else 1), conv(n_f[i], n_f[i + 1], bias=False)]
+    return nn.Sequential(
+        Clamp(), conv(latent_channels, n_f[0]), nn.ReLU(inplace=True), *stages, nn.ReLU(inplace=True), conv(n_f[3], out_channels)
+    )
+
+
+def build_super_decoder(latent_channels: int, out_channels: int, time_upscale: Sequence[bool], space_upscale: Sequence[bool]) -> nn.Sequential:
+    if not all(space_upscale):
+        raise NotImplementedError("the 'super' decoder upsamples with PixelShuffle and cannot disable spatial upscaling")
+    n_f = [512, 256, 128, 64]
+    stages = []
+    for i, t_up in enumerate(time_upscale):
+        stages += [SuperMemBlock(n_f[i]) for _ in range(3)]
+        stages += [nn.Conv2d(n_f[i], n_f[i + 1] * 4, 3, padding=1), nn.PixelShuffle(2), nn.ReLU(inplace=True)]
+        stages += [TGrow(n_f[i + 1], 2 if t_up else 1)]
+    return nn.Sequential(nn.Conv2d(latent_channels, n_f[0], 1, bias=False), *stages, conv(n_f[3], out_channels))
+
+
+# ---------------------------------------------------------------------------------------
+# Running a block sequence over time: in parallel (all frames at once, O(T) memory) or
+# step by step (O(1) memory in T, also the engine behind streaming).
+
+
+def run_parallel(blocks: nn.Sequential, x: torch.Tensor, show_progress_bar: bool = False) -> torch.Tensor:
+    """Apply ``blocks`` to an NTCHW tensor, all timesteps at once."""
+    n, t, c, h, w = x.shape
+    x = x.reshape(n * t, c, h, w)
+    for block in tqdm(blocks, disable=not show_progress_bar, desc="blocks"):
+        if isinstance(block, MEMORY_BLOCKS):
+            nt, c, h, w = x.shape
+            seq = x.view(n, nt // n, c, h, w)
+            past = torch.cat([seq.new_zeros(n, 1, c, h, w), seq[:, :-1]], 1).view(nt, c, h, w)
+            x = block(x, past)
+        else:
+            x = block(x)
+    nt, c, h, w = x.shape
+    return x.view(n, nt // n, c, h, w)
+
+
+class SequentialRunner:
+    """Step-by-step evaluation of a block sequence: one frame in, frames out when ready.
+
+    The sequence is a graph over (timestep, block): TPool waits for ``stride`` inputs,
+    TGrow emits ``stride`` outputs, memory blocks remember their previous input. Work is
+    visited depth-first so each frame leaves as soon as it can, and only one state tensor
+    per block is kept: memory does not grow with the number of frames.
+    """
+
+    def __init__(self, blocks: nn.Sequential):
+        self.blocks = blocks
+        self.queue: deque[tuple[torch.Tensor, int]] = deque()
+        self.memory: list = [None] * len(blocks)
+
+    def push(self, frame: torch.Tensor) -> None:
+        """Queue one NCHW input frame."""
+        self.queue.append((frame, 0))
+
+    def pull(self) -> torch.Tensor | None:
+        """Run until one NCHW output frame is ready; None when more input is needed."""
+        blocks, memory = self.blocks, self.memory
+        while self.queue:
+            x, i = self.queue.popleft()
+            if i == len(blocks):
+                return x
+            block = blocks[i]
+            if isinstance(block, MEMORY_BLOCKS):
+                past = memory[i] if memory[i] is not None else torch.zeros_like(x)
+                memory[i] = x
+                self.queue.appendleft((block(x, past), i + 1))
+            elif isinstance(block, TPool):
+                pending = memory[i] = (memory[i] or []) + [x]
+                if len(pending) == block.stride:
+                    memory[i] = None
+                    self.queue.appendleft((block(torch.stack(pending, 1).flatten(0, 1)), i + 1))
+            elif isinstance(block, TGrow):
+                y = block(x)
+                for frame in reversed(y.view(x.shape[0], block.stride, *y.shape[1:]).unbind(1)):
+                    self.queue.appendleft((frame, i + 1))
+            else:
+                self.queue.appendleft((block(x), i + 1))
+        return None
+
+    def drain(self) -> Iterator[torch.Tensor]:
+        while (y := self.pull()) is not None:
+            yield y
+
+
+def run_sequential(blocks: nn.Sequential, x: torch.Tensor, show_progress_bar: bool = False) -> torch.Tensor:
+    """Apply ``blocks`` to an NTCHW tensor one timestep at a time (memory flat in T)."""
+    runner = SequentialRunner(blocks)
+    out = []
+    for frame in tqdm(x.unbind(1), disable=not show_progress_bar, desc="frames"):
+        runner.push(frame)
+        out.extend(runner.drain())
+    return torch.stack(out, 1)
+
+
+def run_blocks(blocks: nn.Sequential, x: torch.Tensor, parallel: bool, show_progress_bar: bool = False) -> torch.Tensor:
+    if x.ndim != 5:
+        raise ValueError(f"TAEHV works on NTCHW tensors, got shape {tuple(x.shape)}")
+    return (run_parallel if parallel else run_sequential)(blocks, x, show_progress_bar)
+
+
+# ---------------------------------------------------------------------------------------
+
+
+class AutoencoderOutput(NamedTuple):
+    """What ``TAEHV.forward`` returns for training (decoded frames unclamped)."""
+
+    latents: torch.Tensor
+    decoded: torch.Tensor | None
+    decoded_from_reference: torch.Tensor | None
+
+
+class TAEHV(nn.Module):
+    def __init__(
+        self,
+        checkpoint_path: str | os.PathLike | None = None,
+        encoder_time_downscale: Sequence[bool] = (True, True, False),
+        decoder_time_upscale: Sequence[bool] = (False, True, True),
+        decoder_space_upscale: Sequence[bool] = (True, True, True),
+        patch_size: int = 1,
+        latent_channels: int = 16,
+        arch_variant: str = "base",
+        variant: str | None = None,
+    ):
+        """Build a TAEHV and optionally load published or trained weights.
+
+        Args:
+            checkpoint_path: ``.pth`` or ``.safetensors`` weights; None builds a fresh model.
+            encoder_time_downscale / decoder_time_upscale / decoder_space_upscale: per-stage
+                switches; a 2-tuple ``decoder_time_upscale`` gets ``False`` prepended.
+                Fewer upscales give a cheaper preview decoder that still loads full weights.
+            patch_size, latent_channels, arch_variant ("base" or "super"): architecture,
+                used when neither ``variant`` nor the checkpoint says otherwise.
+            variant: explicit variant name ("taehv", "taecvx", "taehv1_5", "taew2_2",
+                "taehv1_5_super", ...). Without it the variant comes from the safetensors
+                metadata or the file name, as users name the published files.
+        """
+        super().__init__()
+        metadata = read_metadata(checkpoint_path) if checkpoint_path is not None else None
+        spec = resolve_variant(variant, checkpoint_path, patch_size, latent_channels, arch_variant, metadata)
+        if len(decoder_time_upscale) == 2:
+            decoder_time_upscale = (False, *decoder_time_upscale)
+        self.spec = spec
+        self.variant = spec.name
+        self.patch_size = spec.patch_size
+        self.latent_channels = spec.latent_channels
+        self.arch_variant = spec.arch
+        self.is_cogvideox = spec.is_cogvideox
+        self.image_channels = 3
+        self.encoder_time_downscale = tuple(bool(v) for v in encoder_time_downscale)
+        self.decoder_time_upscale = tuple(bool(v) for v in decoder_time_upscale)
+        self.decoder_space_upscale = tuple(bool(v) for v in decoder_space_upscale)
+
+        pixels = self.image_channels * self.patch_size**2
+        self.encoder = build_encoder(pixels, self.latent_channels, self.encoder_time_downscale)
+        build = build_super_decoder if spec.arch == "super" else build_decoder
+        self.decoder = build(self.latent_channels, pixels, self.decoder_time_upscale, self.decoder_space_upscale)
+
+        self.t_downscale = 2 ** sum(b.stride == 2 for b in self.encoder if isinstance(b, TPool))
+        self.t_upscale = 2 ** sum(b.stride == 2 for b in self.decoder if isinstance(b, TGrow))
+        self.frames_to_trim = self.t_upscale - 1
+        if checkpoint_path is not None:
+            load_weights(self, checkpoint_path)
+
+    # -- frame arithmetic ---------------------------------------------------------------
+    def plan(self, input_frames: int) -> FramePlan:
+        """Frame counts for a clip of ``input_frames`` frames through this model."""
+        return plan_frames(input_frames, self.t_downscale, self.t_upscale, self.is_cogvideox)
+
+    # -- encode / decode ----------------------------------------------------------------
+    def preprocess_input_frames(self, x: torch.Tensor) -> torch.Tensor:
+        return F.pixel_unshuffle(x, self.patch_size) if self.patch_size > 1 else x
+
+    def postprocess_output_frames(self, x: torch.Tensor, clamp: bool = True) -> torch.Tensor:
+        if self.patch_size > 1:
+            x = F.pixel_shuffle(x, self.patch_size)
+        return x.clamp(0, 1) if clamp else x
+
+    def encode_video(self, x: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False) -> torch.Tensor:
+        """Encode NTCHW frames in [0, 1] to NTCHW latents (``plan(T).latent_frames`` of them)."""
+        if x.ndim != 5 or x.shape[2] != self.image_channels:
+            raise ValueError(f"expected NTCHW RGB frames, got shape {tuple(x.shape)}")
+        _check_spatial(x.shape[-2:], 8 * self.patch_size)
+        x = self.preprocess_input_frames(x)
+        pad = self.plan(x.shape[1]).padded_frames - x.shape[1]
+        if pad:
+            x = torch.cat([x, x[:, -1:].expand(-1, pad, -1, -1, -1)], 1)
+        return run_blocks(self.encoder, x, parallel, show_progress_bar)
+
+    def decode_video(
+        self, z: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False, clamp: bool = True
+    ) -> torch.Tensor:
+        """Decode NTCHW latents to NTCHW frames; frame i matches input frame i."""
+        if z.ndim != 5 or z.shape[2] != self.latent_channels:
+            raise ValueError(f"expected NTCHW latents with {self.latent_channels} channels, got shape {tuple(z.shape)}")
+        trim = self._frames_to_trim(z.shape[1])
+        x = run_blocks(self.decoder, z, parallel, show_progress_bar)
+        return self.postprocess_output_frames(x[:, trim:], clamp)
+
+    def _frames_to_trim(self, latent_frames: int) -> int:
+        return plan_frames(latent_frames * self.t_downscale, self.t_downscale, self.t_upscale, self.is_cogvideox).trimmed_frames
+
+    def forward(self, frames: torch.Tensor, reference_latents: torch.Tensor | None = None, decode_own: bool = True) -> AutoencoderOutput:
+        """Training step entry point (one call, so DDP/DeepSpeed wrappers see it).
+
+        Returns the latents of ``frames``, their decoding and, when given, the decoding of
+        the reference VAE's latents; decoded frames are not clamped, so gradients flow.
+        """
+        latents = self.encode_video(frames)
+        decoded = self.decode_video(latents, clamp=False) if decode_own else None
+        from_ref = self.decode_video(reference_latents, clamp=False) if reference_latents is not None else None
+        return AutoencoderOutput(latents, decoded, from_ref)
+
+    def stream(self) -> "StreamingTAEHV":
+        return StreamingTAEHV(self)
+
+
+def _check_spatial(hw: Sequence[int], multiple: int) -> None:
+    h, w = hw
+    if h % multiple or w % multiple:
+        raise ValueError(f"height and width must be multiples of {multiple} (8 * patch_size), got {h}x{w}")
+
+
+class StreamingTAEHV:
+    """Live video: feed frames, get latents; feed latents, get frames; flush at the end.
+
+        stream = model.stream()
+        for frame in camera:                      # N1CHW in [0, 1]
+            for latent in stream.encode(frame):   # usually empty: 4 frames -> 1 latent
+                for out in stream.decode(latent):
+                    show(out)
+        for out in stream.flush():
+            show(out)
+
+    Outputs equal ``decode_video(encode_video(video))`` (for taecvx only when the latent
+    count is odd: its trim rule depends on the total count, unknown while streaming).
+    """
+
+    def __init__(self, model: TAEHV):
+        self.model = model
+        self.reset()
+
+    def reset(self) -> None:
+        self._encoder = SequentialRunner(self.model.encoder)
+        self._decoder = SequentialRunner(self.model.decoder)
+        self._frames_in = 0
+        self._frames_out = 0
+        self._last_frame: torch.Tensor | None = None
+
+    def encode(self, frames: torch.Tensor) -> list[torch.Tensor]:
+        """Feed N,T,C,H,W frames (T >= 1); returns the N1CHW latents that became ready."""
+        self._last_frame = frames[:, -1:]
+        latents = []
+        for frame in self.model.preprocess_input_frames(frames).unbind(1):
+            self._encoder.push(frame)
+            self._frames_in += 1
+            latents += [z.unsqueeze(1) for z in self._encoder.drain()]
+        return latents
+
+    def decode(self, latents: torch.Tensor) -> list[torch.Tensor]:
+        """Feed N,T,C,H,W latents; returns the N1CHW frames (clamped) that became ready."""
+        out = []
+        for z in latents.unbind(1):
+            self._decoder.push(z)
+            for x in self._decoder.drain():
+                self._frames_out += 1
+                if self._frames_out > self.model.frames_to_trim:
+                    out.append(self.model.postprocess_output_frames(x.unsqueeze(1)))
+        return out
+
+    def flush(self) -> list[torch.Tensor]:
+        """Pad the last partial group of frames, encode and decode everything pending."""
+        out = []
+        pad = -self._frames_in % self.model.t_downscale
+        if pad and self._last_frame is not None:
+            for latent in self.encode(self._last_frame.expand(-1, pad, -1, -1, -1)):
+                out += self.decode(latent)
+        return out

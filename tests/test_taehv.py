@@ -1,0 +1,214 @@
+"""Variant selection, strict loading, saving, training forward and streaming."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from models.checkpoint import CheckpointMismatchError, read_metadata, read_state_dict, save_weights
+from models.taehv import TAEHV
+from models.variants import detect_variant, get_variant, known_variants
+from conftest import REPO_ROOT
+
+
+@pytest.mark.parametrize(
+    "file_name, variant",
+    [
+        ("taehv.pth", "taehv"),
+        ("taew2_1.pth", "taew2_1"),
+        ("taecvx.pth", "taecvx"),
+        ("my_taecvx_finetune.safetensors", "taecvx"),
+        ("taehv1_5.pth", "taehv1_5"),
+        ("taew2_2.pth", "taew2_2"),
+        ("taehv1_5_super.pth", "taehv1_5_super"),
+        ("final_model.pth", None),
+    ],
+)
+def test_variant_from_file_name(file_name, variant):
+    assert detect_variant(f"/some/dir/{file_name}") == variant
+
+
+@pytest.mark.parametrize("name", ["taeh3.pth", "taeltx_2.pth"])
+def test_unsupported_variants_say_so(name):
+    with pytest.raises(NotImplementedError, match="not supported"):
+        detect_variant(name)
+    with pytest.raises(NotImplementedError, match="not supported"):
+        TAEHV(variant=name.removesuffix(".pth"))
+
+
+def test_unknown_variant_lists_known_ones():
+    with pytest.raises(ValueError, match="taehv1_5_super"):
+        get_variant("taevae")
+
+
+def test_explicit_variant_beats_file_name(tmp_path):
+    path = tmp_path / "weights_without_a_hint.pth"
+    torch.save(TAEHV(variant="taehv1_5").state_dict(), path)
+    with pytest.raises(CheckpointMismatchError) as err:
+        TAEHV(path)  # nothing in the name: a default (taehv-shaped) model is built
+    message = str(err.value)
+    assert "missing keys" not in message and "shape mismatch encoder.0.weight" in message
+    assert "variant='taehv1_5'" in message
+    model = TAEHV(path, variant="taehv1_5")
+    assert (model.patch_size, model.latent_channels) == (2, 32)
+
+
+def test_mismatch_lists_missing_unexpected_and_shapes(tmp_path):
+    sd = TAEHV().state_dict()
+    sd.pop("decoder.22.bias")
+    sd["encoder.99.weight"] = torch.zeros(1)
+    sd["encoder.17.weight"] = torch.zeros(8, 64, 3, 3)
+    path = tmp_path / "taehv.pth"
+    torch.save(sd, path)
+    with pytest.raises(CheckpointMismatchError) as err:
+        TAEHV(path)
+    message = str(err.value)
+    assert "missing keys (1): decoder.22.bias" in message
+    assert "unexpected keys (1): encoder.99.weight" in message
+    assert "shape mismatch encoder.17.weight: model [16, 64, 3, 3], file [8, 64, 3, 3]" in message
+    assert "fits no known variant" in message
+
+
+def test_missing_file_and_non_state_dict(tmp_path):
+    with pytest.raises(FileNotFoundError, match="checkpoints/README.md"):
+        TAEHV(tmp_path / "taehv.pth")
+    path = tmp_path / "taehv.pth"
+    torch.save({"model": TAEHV().state_dict(), "step": 3}, path)
+    with pytest.raises(CheckpointMismatchError, match="not a plain state dict"):
+        TAEHV(path)
+
+
+def test_pth_with_pickled_objects_is_refused(tmp_path):
+    path = tmp_path / "taehv.pth"
+    torch.save({"encoder.0.weight": torch.zeros(1), "evil": object()}, path)
+    with pytest.raises(Exception, match="[Ww]eights only load failed"):
+        read_state_dict(path)
+
+
+@pytest.mark.parametrize("variant", ["taehv", "taecvx", "taehv1_5_super"])
+@pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
+def test_save_load_round_trip(tmp_path, variant, suffix):
+    torch.manual_seed(0)
+    model = TAEHV(variant=variant).to(torch.bfloat16)  # exports must still be fp32
+    path = save_weights(model, tmp_path / f"final_model{suffix}")
+    sd = read_state_dict(path)
+    assert all(v.dtype == torch.float32 for v in sd.values())
+    assert sd.keys() == model.state_dict().keys()
+    loaded = TAEHV(path, variant=variant if suffix == ".pth" else None)
+    assert loaded.variant == variant
+    for k, v in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v.float()), k
+    if suffix == ".safetensors":
+        meta = read_metadata(path)
+        assert meta["variant"] == variant and meta["patch_size"] == str(model.patch_size)
+        assert json.loads(meta["decoder_time_upscale"]) == [False, True, True]
+        assert "frame i matches input frame i" in meta["frame_rule"]
+
+
+def test_custom_architecture_round_trips_through_metadata(tmp_path):
+    model = TAEHV(patch_size=2, latent_channels=8)
+    path = save_weights(model, tmp_path / "tiny.safetensors")
+    loaded = TAEHV(path)
+    assert (loaded.variant, loaded.patch_size, loaded.latent_channels) == ("custom", 2, 8)
+
+
+def test_preview_decoder_loads_full_weights(tmp_path):
+    full = TAEHV(variant="taehv")
+    path = save_weights(full, tmp_path / "taehv.pth")
+    preview = TAEHV(path, decoder_time_upscale=(False, False))
+    assert preview.t_upscale == 1 and preview.frames_to_trim == 0
+    for i in (7, 13, 19):
+        key = f"decoder.{i}.conv.weight"
+        n = preview.state_dict()[key].shape[0]
+        assert torch.equal(preview.state_dict()[key], full.state_dict()[key][-n:])
+    with torch.no_grad():
+        assert preview.decode_video(torch.zeros(1, 3, 16, 4, 4)).shape == (1, 3, 3, 32, 32)
+
+
+def test_spatial_and_layout_errors():
+    model = TAEHV(variant="taehv1_5")
+    with pytest.raises(ValueError, match="multiples of 16"):
+        model.encode_video(torch.rand(1, 4, 3, 40, 64))
+    with pytest.raises(ValueError, match="NTCHW"):
+        model.encode_video(torch.rand(1, 3, 4, 32, 32))
+    with pytest.raises(ValueError, match="32 channels"):
+        model.decode_video(torch.rand(1, 2, 16, 4, 4))
+
+
+def test_forward_trains_through_decoder_without_inplace_clamp():
+    torch.manual_seed(0)
+    model = TAEHV()
+    x = torch.rand(2, 9, 3, 16, 16)
+    z_ref = torch.randn(2, 3, 16, 2, 2)
+    out = model(x, reference_latents=z_ref)
+    assert out.latents.shape == (2, 3, 16, 2, 2)
+    assert out.decoded.shape == out.decoded_from_reference.shape == (2, 9, 3, 16, 16)
+    with torch.no_grad():
+        model.decoder[-1].bias.fill_(5.0)  # push outputs far above 1: unclamped values must stay
+    out = model(x, reference_latents=z_ref)
+    assert out.decoded.max() > 1
+    loss = (out.decoded - 1).square().mean() + (out.latents - 0).square().mean()
+    loss.backward()
+    assert model.decoder[-1].bias.grad.abs().sum() > 0  # a clamp would zero this gradient
+    assert all(p.grad is not None for p in model.encoder.parameters())
+    with torch.no_grad():
+        assert model.decode_video(out.latents).max() <= 1
+
+
+@torch.no_grad()
+def test_streaming_accepts_chunks_and_matches_batch():
+    torch.manual_seed(0)
+    model = TAEHV().eval()
+    x = torch.rand(1, 11, 3, 16, 16)
+    reference = model.decode_video(model.encode_video(x))
+    stream = model.stream()
+    frames = []
+    for chunk in x.split(3, dim=1):
+        for latent in stream.encode(chunk):
+            frames += stream.decode(latent)
+    frames += stream.flush()
+    torch.testing.assert_close(torch.cat(frames, 1), reference, atol=1e-5, rtol=0)
+
+
+MEMORY_PROBE = textwrap.dedent(
+    """
+    import json, resource, sys, torch
+    sys.path.insert(0, {root!r})
+    from models.taehv import TAEHV
+    torch.set_num_threads(1)
+    model = TAEHV().eval()
+    latents = torch.randn(1, int(sys.argv[1]), 16, 16, 16)
+    with torch.inference_mode():
+        model.decode_video(latents[:, :1], parallel=sys.argv[2] == "parallel")  # warm-up
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        out = model.decode_video(latents, parallel=sys.argv[2] == "parallel")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({{"growth_mb": (peak - base) / 1024, "output_mb": out.numel() * 4 / 2**20}}))
+    """
+)
+
+
+def _decode_memory(tmp_path, latents: int, mode: str) -> dict:
+    script = tmp_path / "probe.py"
+    script.write_text(MEMORY_PROBE.format(root=str(REPO_ROOT)))
+    result = subprocess.run([sys.executable, str(script), str(latents), mode], capture_output=True, text=True, check=True)
+    return json.loads(result.stdout)
+
+
+def test_sequential_decode_memory_is_flat_in_t(tmp_path):
+    short = _decode_memory(tmp_path, 2, "sequential")
+    long = _decode_memory(tmp_path, 12, "sequential")
+    # activations are O(1) in T: beyond the output tensor itself, growth stays within noise
+    assert long["growth_mb"] - long["output_mb"] < short["growth_mb"] - short["output_mb"] + 40, (short, long)
+    parallel = _decode_memory(tmp_path, 12, "parallel")
+    assert parallel["growth_mb"] - parallel["output_mb"] > long["growth_mb"] - long["output_mb"] + 150, (long, parallel)
+
+
+def test_known_variants_all_build():
+    with torch.device("meta"):
+        for name in known_variants():
+            assert TAEHV(variant=name).variant == name
