@@ -16,7 +16,6 @@ import json
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor
 import platform
-import resource
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models.taehv import TAEHV  # noqa: E402
+from training.monitoring import peak_rss_bytes  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -38,7 +38,7 @@ def _sync(device: torch.device) -> None:
 def _peak_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_bytes() / 2**20
 
 
 def _timed(fn, device: torch.device, warmup: int, repeats: int) -> tuple[float, torch.Tensor]:

@@ -40,6 +40,18 @@ def _check_path(path: str | os.PathLike) -> Path:
     return path
 
 
+def find_weights(path: str | os.PathLike) -> Path:
+    """The weight file behind a path: the file itself, a training checkpoint folder
+    (``weights.safetensors``) or a run folder (``final_model.safetensors``)."""
+    path = Path(path)
+    if path.is_dir():
+        for name in ("weights.safetensors", "final_model.safetensors", "final_model.pth"):
+            if (path / name).is_file():
+                return path / name
+        raise FileNotFoundError(f"{path} holds no weights.safetensors (checkpoint folder) or final_model.* (run folder)")
+    return _check_path(path)
+
+
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     """Our safetensors metadata (variant, patch size, ...); empty for ``.pth`` files."""
     path = _check_path(path)

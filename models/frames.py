@@ -49,6 +49,15 @@ class FramePlan:
         return torch.cat([frames, pad], 1)
 
 
+    def aligned(self, decoded: torch.Tensor, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(decoded, input) restricted to the decoded frames that match a real input frame:
+        what metrics compare (frame i with frame i, padding excluded)."""
+        if decoded.shape[1] != self.decoded_frames or frames.shape[1] != self.input_frames:
+            raise ValueError(f"plan is for {self.input_frames} -> {self.decoded_frames} frames, "
+                             f"got {frames.shape[1]} -> {decoded.shape[1]}")
+        return decoded[:, : self.aligned_frames], frames[:, : self.aligned_frames]
+
+
 def plan_frames(input_frames: int, t_downscale: int = 4, t_upscale: int = 4, is_cogvideox: bool = False) -> FramePlan:
     """Frame counts for a clip of ``input_frames`` frames.
 

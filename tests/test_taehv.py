@@ -176,18 +176,19 @@ def test_streaming_accepts_chunks_and_matches_batch():
 
 MEMORY_PROBE = textwrap.dedent(
     """
-    import json, resource, sys, torch
+    import json, sys, torch
     sys.path.insert(0, {root!r})
     from models.taehv import TAEHV
+    from training.monitoring import peak_rss_bytes
     torch.set_num_threads(1)
     model = TAEHV().eval()
     latents = torch.randn(1, int(sys.argv[1]), 16, 16, 16)
     with torch.inference_mode():
         model.decode_video(latents[:, :1], parallel=sys.argv[2] == "parallel")  # warm-up
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        base = peak_rss_bytes()
         out = model.decode_video(latents, parallel=sys.argv[2] == "parallel")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({{"growth_mb": (peak - base) / 1024, "output_mb": out.numel() * 4 / 2**20}}))
+    peak = peak_rss_bytes()
+    print(json.dumps({{"growth_mb": (peak - base) / 2**20, "output_mb": out.numel() * 4 / 2**20}}))
     """
 )
 

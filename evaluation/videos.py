@@ -1,0 +1,80 @@
+"""Writing videos that browsers play (H.264 via PyAV) and labelled side-by-side comparisons."""
+from __future__ import annotations
+
+import logging
+from fractions import Fraction
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
+    """TCHW float in [0, 1] -> THWC uint8 RGB."""
+    return video.detach().float().clamp(0, 1).mul(255).round().byte().permute(0, 2, 3, 1).cpu().numpy()
+
+
+def _even(frames: np.ndarray) -> np.ndarray:
+    """H.264 with yuv420p needs even sizes: pad one row/column by edge replication."""
+    _, h, w, _ = frames.shape
+    return np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+
+
+def write_video(path: Path, frames: np.ndarray, fps: float) -> str:
+    """Write THWC uint8 RGB frames; H.264 (yuv420p) when PyAV has libx264, else mp4v with a
+    warning (mp4v plays in desktop players but not in browsers). Returns the codec used."""
+    import av
+
+    frames = _even(frames)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if "libx264" in av.codecs_available:
+        with av.open(str(path), mode="w") as container:
+            stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
+            stream.width, stream.height = frames.shape[2], frames.shape[1]
+            stream.pix_fmt = "yuv420p"
+            stream.options = {"crf": "18", "preset": "veryfast"}
+            for frame in frames:
+                for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                    container.mux(packet)
+            for packet in stream.encode():
+                container.mux(packet)
+        return "h264"
+    logger.warning("PyAV has no libx264 here: writing %s as mp4v, which browsers cannot play", path.name)
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (frames.shape[2], frames.shape[1]))
+    for frame in frames:
+        writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+    writer.release()
+    return "mp4v"
+
+
+def side_by_side(left: np.ndarray, right: np.ndarray, labels: tuple[str, str] = ("original", "TAEHV")) -> np.ndarray:
+    """Two THWC uint8 videos next to each other, each with its label burnt in."""
+    out = np.concatenate([left, right], axis=2).copy()
+    width = left.shape[2]
+    scale = max(0.35, left.shape[1] / 400)
+    for frame in out:
+        for i, label in enumerate(labels):
+            org = (i * width + 6, int(18 * scale) + 4)
+            cv2.putText(frame, label, org, cv2.FONT_HERSHEY_SIMPLEX, 0.5 * scale, (0, 0, 0), 3, cv2.LINE_AA)
+            cv2.putText(frame, label, org, cv2.FONT_HERSHEY_SIMPLEX, 0.5 * scale, (255, 255, 255), 1, cv2.LINE_AA)
+    return out
+
+
+def latent_picture(latents: torch.Tensor, scale: int = 4) -> np.ndarray:
+    """HWC uint8 RGB image of TCHW latents: the 3 principal components of the channels,
+    one tile per latent frame, so structure and temporal change are visible."""
+    t, c, h, w = latents.shape
+    flat = latents.detach().float().cpu().permute(0, 2, 3, 1).reshape(-1, c)
+    flat = flat - flat.mean(0)
+    _, _, v = torch.pca_lowrank(flat, q=min(3, c), center=False)
+    rgb = flat @ v[:, :3]
+    lo, hi = rgb.quantile(0.01, 0), rgb.quantile(0.99, 0)
+    rgb = ((rgb - lo) / (hi - lo).clamp_min(1e-6)).clamp(0, 1)
+    if rgb.shape[1] < 3:
+        rgb = torch.cat([rgb, rgb[:, :1].expand(-1, 3 - rgb.shape[1])], 1)
+    tiles = (rgb.reshape(t, h, w, 3) * 255).round().byte().numpy()
+    tiles = np.concatenate([np.pad(tile, ((0, 0), (0, 2), (0, 0)), constant_values=255) for tile in tiles], axis=1)
+    return cv2.resize(tiles, (tiles.shape[1] * scale, tiles.shape[0] * scale), interpolation=cv2.INTER_NEAREST)

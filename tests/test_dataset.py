@@ -1,0 +1,502 @@
+"""Video data pipeline: shapes, sampling, decoding, bad files, determinism, DataLoader."""
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import av
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from training.dataset import (
+    ClipTable,
+    EpochShuffleSampler,
+    VideoClipDataset,
+    VideoDataError,
+    VideoReader,
+    build_dataloader,
+    crop_box,
+    fit_stride,
+    probe_video,
+)
+from training.demo_data import make_demo_dataset
+from training.make_annotations import write_annotation
+
+SHADOW = "udacity_alf_project_video_shadow_160f.mp4"  # container says 162, 160 decode
+START = "udacity_alf_project_video_start_200f.mp4"  # audio is stream 0, moov at the end
+VEHDET = "udacity_vehdet_test_video.mp4"  # 38 frames
+GOPRO = "gopro_max_heromode.mp4"  # full-range yuvj420p, 848x480
+DOG = "sam2_01_dog.mp4"  # moov at the start: a truncated copy still opens
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def write_index_video(path: Path, n_frames: int, height: int = 48, width: int = 64) -> Path:
+    """Flat grey frames whose brightness encodes the frame index (survives crop/resize/flip)."""
+    assert n_frames <= 30
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 25, (width, height))
+    for i in range(n_frames):
+        writer.write(np.full((height, width, 3), 12 + 8 * i, np.uint8))
+    writer.release()
+    return path
+
+
+def frame_indices(frames: torch.Tensor) -> list[int]:
+    """Decode the indices written by write_index_video (mp4v shifts levels by ~3)."""
+    codes = (frames.float().mean(dim=(1, 2, 3)).numpy() - 9) / 8
+    assert np.abs(codes - codes.round()).max() < 0.3, codes
+    return codes.round().astype(int).tolist()
+
+
+def annotate(path: Path, entries: list[dict]) -> Path:
+    write_annotation(path, entries)
+    return path
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("index_videos")
+    write_index_video(root / "long.mp4", 30)
+    write_index_video(root / "short.mp4", 12)
+    for i in range(6):
+        write_index_video(root / f"clip{i}.mp4", 24)
+    return root
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("demo")
+    make_demo_dataset(root, num_clips=4, n_frames=16, height=48, width=64, seed=1)
+    return root
+
+
+def index_dataset(root: Path, tmp_path: Path, entries: list[dict], **kwargs) -> VideoClipDataset:
+    ann = annotate(tmp_path / "ann.json", entries)
+    defaults = dict(n_frames=4, height=16, width=24, stride_range=(1, 3), crop_scale=(0.5, 1.0))
+    return VideoClipDataset(root, ann, **{**defaults, **kwargs})
+
+
+# ------------------------------------------------------------------- shapes and colour
+
+
+@pytest.mark.parametrize("height,width", [(480, 720), (64, 96)])
+def test_real_clips_give_exact_non_square_shapes(videos_dir, tmp_path, height, width):
+    ann = annotate(tmp_path / "ann.json", [{"path": VEHDET, "frames": 38}, {"path": GOPRO, "frames": 315}])
+    ds = VideoClipDataset(videos_dir, ann, n_frames=5, height=height, width=width, stride_range=(1, 2))
+    for i in range(len(ds)):
+        sample = ds[i]
+        assert sample["frames"].dtype == torch.uint8
+        assert sample["frames"].shape == (5, 3, height, width)
+        assert sample["frames"].is_contiguous()
+        assert sample["index"] == i and sample["failures"] == 0
+
+
+def test_directory_source_scans_recursively(videos_dir):
+    ds = VideoClipDataset(videos_dir, n_frames=2, height=8, width=8)
+    assert len(ds) == 6
+    assert {Path(ds.clips.path(i)).name for i in range(len(ds))} >= {SHADOW, GOPRO}
+    assert (ds.clips.frames == -1).all()  # unknown: read from the container at load time
+
+
+def test_output_is_rgb(tmp_path):
+    path = tmp_path / "red.mp4"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 25, (64, 48))
+    for _ in range(4):
+        writer.write(np.full((48, 64, 3), (30, 90, 220), np.uint8))  # BGR: mostly red
+    writer.release()
+    frames = VideoClipDataset(tmp_path, n_frames=2, height=16, width=16, stride_range=(1, 1))[0]["frames"]
+    red, green, blue = frames.float().mean(dim=(0, 2, 3)).tolist()
+    assert red > 180 and blue < 60 and 60 < green < 120
+
+
+@pytest.mark.parametrize("height,width,tolerance", [(240, 360, 0.0), (64, 96, 3.0)])
+def test_pixels_match_a_plain_opencv_reference(videos_dir, tmp_path, height, width, tolerance):
+    # Val mode with a 1-frame annotation: frame 0, centred full-scale crop, no flip.
+    ann = annotate(tmp_path / "ann.json", [{"path": GOPRO, "frames": 1}])
+    ds = VideoClipDataset(videos_dir, ann, n_frames=1, height=height, width=width, crop_scale=(1.0, 1.0), mode="val")
+    ours = ds[0]["frames"][0].numpy().astype(np.float64)
+    ok, bgr = cv2.VideoCapture(str(videos_dir / GOPRO)).read()
+    y, x, h, w = crop_box(480, 848, height, width)  # 480x720 box, centred
+    assert (y, x, h, w) == (0, 64, 480, 720)
+    reference = cv2.resize(bgr[y : y + h, x : x + w], (width, height), interpolation=cv2.INTER_AREA)
+    reference = reference[:, :, ::-1].transpose(2, 0, 1).astype(np.float64)  # RGB, CHW
+    assert np.abs(ours - reference).mean() <= tolerance
+
+
+def test_crop_has_output_aspect_not_square():
+    for src_h, src_w in [(720, 1280), (480, 848), (1000, 300), (64, 64)]:
+        for out_h, out_w in [(480, 720), (64, 96), (256, 256), (96, 64)]:
+            for area in (0.3, 1.0):
+                y, x, h, w = crop_box(src_h, src_w, out_h, out_w, area, 0.99, 0.01)
+                assert 0 <= y and y + h <= src_h and 0 <= x and x + w <= src_w
+                assert abs(w / h - out_w / out_h) < 1.5 / h
+    # Full-scale centred crop of 1280x720 for 720x480 output: all the height, 1080 wide.
+    assert crop_box(720, 1280, 480, 720, 1.0) == (0, 100, 720, 1080)
+    assert crop_box(720, 1280, 480, 720, 0.25)[2:] == (360, 540)
+
+
+# ------------------------------------------------------------------- decoding (OpenCV)
+
+
+def test_video_stream_chosen_when_audio_is_stream_0(videos_dir):
+    with av.open(str(videos_dir / START)) as container:
+        assert container.streams[0].type == "audio"
+    info = probe_video(videos_dir / START)
+    assert (info.frames, info.width, info.height) == (200, 1280, 720)
+
+
+def test_container_count_lies_but_probe_counts_decodable(videos_dir):
+    with VideoReader(str(videos_dir / SHADOW)) as reader:
+        assert reader.container_frame_count == 162
+    assert probe_video(videos_dir / SHADOW).frames == 160
+    with VideoReader(str(videos_dir / SHADOW)) as reader:
+        frames, decoded = reader.read(start=150, stride=4, count=4)  # wants 150, 154, 158, 162
+    assert len(frames) == 3 and decoded == 160
+
+
+@pytest.mark.parametrize("name", [GOPRO, "imageio_cockatoo_yuv420.mp4"])  # GOP 10 and 76
+def test_seek_gives_the_same_frames_as_reading_on(videos_dir, name):
+    path = str(videos_dir / name)
+    with VideoReader(path, seek_threshold=1) as seeking, VideoReader(path, seek_threshold=10**9) as reading:
+        for start in (97, 40):  # forward jump, then backwards
+            a, end_a = seeking.read(start, 3, 3)
+            b, end_b = reading.read(start, 3, 3)
+            assert end_a is None and end_b is None
+            assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_full_range_yuvj420p_is_not_squeezed(videos_dir):
+    path = str(videos_dir / GOPRO)
+    with av.open(path) as container:
+        frame = next(container.decode(video=0))
+        assert frame.format.name == "yuvj420p"
+        plane = frame.planes[0]
+        luma = np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[: frame.height, : frame.width]
+    with VideoReader(path) as reader:
+        (bgr,), _ = reader.read(0, 1, 1)
+    ours = bgr.astype(np.float64) @ np.array([0.114, 0.587, 0.299])
+    full = luma.astype(np.float64)
+    limited = np.clip((full - 16) * 255 / 219, 0, 255)
+    assert np.abs(ours - full).mean() < 2.5
+    assert np.abs(ours - limited).mean() > 6
+
+
+# ------------------------------------------------------------------- temporal sampling
+
+
+def test_fit_stride_policies():
+    assert fit_stride(100, 12, 5, "lower_stride") == 5
+    assert fit_stride(20, 8, 4, "lower_stride") == 2  # (8 - 1) * 2 + 1 = 15 <= 20 < 22
+    assert fit_stride(20, 8, 4, "skip") is None
+    assert fit_stride(7, 8, 1, "lower_stride") is None
+    assert fit_stride(8, 8, 3, "lower_stride") == 1
+    assert fit_stride(1, 1, 5, "lower_stride") == 5
+
+
+def test_sampled_frames_increase_without_wraparound(index_dir, tmp_path):
+    entries = [{"path": "long.mp4", "frames": 30}] * 6  # six indices, six different draws
+    ds = index_dataset(index_dir, tmp_path, entries, n_frames=8, stride_range=(1, 4))
+    strides = set()
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        for i in range(6):
+            idx = frame_indices(ds[i]["frames"])
+            steps = set(np.diff(idx).tolist())
+            assert len(steps) == 1 and 1 <= min(steps) <= 4, idx
+            assert 0 <= idx[0] and idx[-1] < 30
+            strides |= steps
+    assert len(strides) > 1  # the stride is drawn, not fixed
+
+
+def test_overstated_frame_count_samples_only_decodable_frames(index_dir, tmp_path):
+    # The annotation says 200 frames; 30 decode. Samples must come from those 30.
+    entries = [{"path": "long.mp4", "frames": 200}] * 4
+    ds = index_dataset(index_dir, tmp_path, entries, n_frames=6, stride_range=(5, 5))
+    for i in range(4):
+        sample = ds[i]
+        idx = frame_indices(sample["frames"])
+        assert sample["failures"] == 0 and idx[-1] < 30
+        assert np.diff(idx).tolist() == [5] * 5
+
+
+def test_shadow_clip_container_count(videos_dir, tmp_path):
+    # 2 frames at stride 160 need 161 frames: fits the claimed 162, not the 160 that decode.
+    ann = annotate(tmp_path / "ann.json", [{"path": SHADOW, "frames": 162}])
+    ds = VideoClipDataset(videos_dir, ann, n_frames=2, height=8, width=8, stride_range=(160, 160))
+    sample = ds[0]
+    assert sample["frames"].shape == (2, 3, 8, 8) and sample["failures"] == 0
+
+
+def test_short_clip_lower_stride(index_dir, tmp_path):
+    entries = [{"path": "short.mp4", "frames": 12}]
+    ds = index_dataset(index_dir, tmp_path, entries, n_frames=6, stride_range=(4, 4))
+    idx = frame_indices(ds[0]["frames"])
+    assert np.diff(idx).tolist() == [2] * 5  # (6 - 1) * 2 + 1 = 11 <= 12
+
+
+@pytest.mark.parametrize("policy,n_frames,stride", [("skip", 6, 3), ("lower_stride", 13, 2), ("skip", 13, 2)])
+def test_short_clip_skipped_and_counted(index_dir, tmp_path, policy, n_frames, stride):
+    entries = [{"path": "short.mp4", "frames": 12}, {"path": "long.mp4", "frames": 30}]
+    ds = index_dataset(
+        index_dir, tmp_path, entries, n_frames=n_frames, stride_range=(stride, stride), short_clip_policy=policy
+    )
+    sample = ds[0]
+    assert (sample["index"], sample["failures"]) == (1, 1)
+    assert sample["frames"].shape[0] == n_frames
+
+
+def test_val_mode_is_fixed(index_dir, tmp_path):
+    entries = [{"path": "long.mp4", "frames": 30}]
+    ds = index_dataset(index_dir, tmp_path, entries, n_frames=8, stride_range=(1, 3), mode="val")
+    first = ds[0]["frames"]
+    ds.set_epoch(7)
+    assert torch.equal(first, ds[0]["frames"])
+    # middle stride 2, span 15, centred start (30 - 15) // 2 = 7
+    assert frame_indices(first) == list(range(7, 22, 2))
+
+
+def test_hflip_only_in_train_mode(tmp_path):
+    path = tmp_path / "halves.mp4"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 25, (64, 64))
+    frame = np.zeros((64, 64, 3), np.uint8)
+    frame[:, 32:] = 255  # dark left, bright right
+    for _ in range(4):
+        writer.write(frame)
+    writer.release()
+
+    def left_is_dark(ds: VideoClipDataset, i: int) -> bool:
+        f = ds[i]["frames"].float()
+        return bool(f[..., :8].mean() < f[..., -8:].mean())
+
+    kwargs = dict(n_frames=2, height=32, width=32, stride_range=(1, 1), crop_scale=(1.0, 1.0))
+    train = VideoClipDataset(tmp_path, **kwargs)
+    orientations = set()
+    for epoch in range(12):
+        train.set_epoch(epoch)
+        orientations.add(left_is_dark(train, 0))
+    assert orientations == {True, False}
+    val = VideoClipDataset(tmp_path, mode="val", **kwargs)
+    no_flip = VideoClipDataset(tmp_path, hflip=False, **kwargs)
+    assert all(left_is_dark(val, 0) and left_is_dark(no_flip, 0) for _ in range(3))
+
+
+# ------------------------------------------------------------------------ determinism
+
+
+def test_same_seed_epoch_index_same_sample(demo_dir):
+    def make(seed: int) -> VideoClipDataset:
+        ann = demo_dir / "annotations_train.json"
+        return VideoClipDataset(demo_dir, ann, n_frames=6, height=24, width=32, seed=seed)
+
+    a, b = make(0), make(0)
+    for i in range(len(a)):
+        assert torch.equal(a[i]["frames"], b[i]["frames"])
+    before = a[1]["frames"]
+    a.set_epoch(1)
+    assert not torch.equal(before, a[1]["frames"])
+    b.set_epoch(1)
+    assert torch.equal(a[1]["frames"], b[1]["frames"])
+    assert not torch.equal(make(5)[1]["frames"], before)
+
+
+def test_shuffle_order_depends_only_on_seed_and_epoch(demo_dir):
+    ds = VideoClipDataset(demo_dir, demo_dir / "annotations_train.json")
+    other = VideoClipDataset(demo_dir, demo_dir / "annotations_train.json")
+    order0 = list(EpochShuffleSampler(ds, seed=3))
+    assert sorted(order0) == list(range(len(ds)))
+    assert list(EpochShuffleSampler(other, seed=3)) == order0
+    orders = set()
+    for epoch in range(6):
+        sampler = EpochShuffleSampler(ds, seed=3)
+        sampler.set_epoch(epoch)  # forwards to the dataset: one source of truth
+        assert ds.epoch == epoch
+        orders.add(tuple(sampler))
+    assert len(orders) > 1
+
+
+# ------------------------------------------------------------------------- bad inputs
+
+
+@pytest.fixture
+def bad_files(videos_dir, tmp_path) -> dict[str, Path]:
+    (tmp_path / "zero.mp4").write_bytes(b"")
+    (tmp_path / "notes.mp4").write_text("not a video\n" * 100)
+    (tmp_path / "truncated.mp4").write_bytes((videos_dir / START).read_bytes()[:500_000])
+    return {
+        "missing": tmp_path / "missing.mp4",
+        "zero": tmp_path / "zero.mp4",
+        "text": tmp_path / "notes.mp4",
+        "truncated": tmp_path / "truncated.mp4",
+    }
+
+
+def test_bad_files_replaced_deterministically_and_logged_once(index_dir, bad_files, tmp_path, caplog):
+    good = [{"path": f"clip{i}.mp4", "frames": 24} for i in range(3)]
+    bad = [{"full_path": str(p), "frames": 200} for p in bad_files.values()]
+    ds = index_dataset(index_dir, tmp_path, good + bad)
+    caplog.set_level(logging.WARNING, logger="training.dataset")
+    for i in range(3, 7):
+        first, again = ds[i], ds[i]
+        assert first["failures"] >= 1
+        assert first["index"] < 3  # a good clip
+        assert first["frames"].shape == (4, 3, 16, 24)
+        assert (again["index"], again["failures"]) == (first["index"], first["failures"])
+        assert torch.equal(first["frames"], again["frames"])
+    for path in bad_files.values():
+        assert sum(str(path) in r.getMessage() for r in caplog.records) == 1, path
+    assert "missing" in caplog.text and "unreadable" in caplog.text
+
+
+def test_truncated_file_with_intact_index_uses_its_decodable_prefix(videos_dir, tmp_path):
+    (tmp_path / "dog_cut.mp4").write_bytes((videos_dir / DOG).read_bytes()[:400_000])
+    # The header still says 289 frames; far fewer decode.
+    ds = VideoClipDataset(tmp_path, n_frames=3, height=16, width=16, stride_range=(1, 1), seek_threshold=10**9)
+    decodable = probe_video(tmp_path / "dog_cut.mp4").frames
+    assert 3 <= decodable < 150
+    with VideoReader(str(tmp_path / "dog_cut.mp4")) as reader:
+        assert reader.container_frame_count == 289
+    sample = ds[0]
+    assert sample["failures"] == 0 and sample["frames"].shape == (3, 3, 16, 16)
+
+
+def test_replacement_is_iterative_and_bounded(tmp_path):
+    # 3000 consecutive failures: a recursive implementation would hit the recursion limit.
+    ann = annotate(tmp_path / "ann.json", [{"path": f"gone{i}.mp4", "frames": 10} for i in range(3)])
+    ds = VideoClipDataset(tmp_path, ann, max_replacement_attempts=3000)
+    with pytest.raises(VideoDataError, match="3001 clips in a row"):
+        ds[0]
+
+
+def test_validate_raises_above_failure_threshold(index_dir, bad_files, tmp_path):
+    good = [{"path": f"clip{i}.mp4", "frames": 24} for i in range(3)]
+    bad = [{"full_path": str(bad_files[k])} for k in ("missing", "zero")]
+    ds = index_dataset(index_dir, tmp_path, good + bad, max_failure_fraction=0.25)
+    with pytest.raises(VideoDataError, match="max_failure_fraction") as err:
+        ds.validate(sample_size=10)
+    assert "2 of 5" in str(err.value) and "make_annotations" in str(err.value)
+    ds.max_failure_fraction = 0.5
+    report = ds.validate(sample_size=10)
+    assert (report.probed, report.failed) == (5, 2)
+    assert report.reasons == {"missing": 1, "unreadable": 1}
+
+
+def test_empty_sources_are_clear_errors(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(VideoDataError, match="no clips.*make_annotations"):
+        VideoClipDataset(tmp_path / "empty")
+    ann = annotate(tmp_path / "ann.json", [])
+    with pytest.raises(VideoDataError, match="no clips"):
+        VideoClipDataset(tmp_path, ann)
+    with pytest.raises(ValueError, match="annotation_file"):
+        VideoClipDataset()
+
+
+# ---------------------------------------------------------------------- annotations
+
+
+def test_annotation_path_rules(tmp_path):
+    (tmp_path / "ann").mkdir()
+    ann = tmp_path / "ann" / "a.json"
+    ann.write_text(
+        json.dumps(
+            {
+                "total": 3,
+                "list": [
+                    {"path": "x/a.mp4", "full_path": "/abs/a.mp4", "frames": 5, "duration": 0.2},
+                    {"path": "b.mp4"},
+                    {"full_path": "/abs/c.mp4", "frames": 7},
+                ],
+            }
+        )
+    )
+    with_root = ClipTable.from_annotation(ann, "/data")
+    assert [with_root.path(i) for i in range(3)] == ["/data/x/a.mp4", "/data/b.mp4", "/abs/c.mp4"]
+    without = ClipTable.from_annotation(ann)
+    assert [without.path(i) for i in range(3)] == ["/abs/a.mp4", str(tmp_path / "ann" / "b.mp4"), "/abs/c.mp4"]
+    assert with_root.frames.tolist() == [5, -1, 7]
+
+
+def test_clip_table_is_compact_arrays():
+    paths = [f"dir/clip_{i}_é.mp4" for i in range(1000)]
+    table = ClipTable.from_lists("/root", paths, range(1000))
+    assert table.path_bytes.dtype == np.uint8 and table.offsets.dtype == np.int64
+    assert table.frames.dtype == np.int32 and len(table) == 1000
+    assert table.path(0) == "/root/dir/clip_0_é.mp4" and table.path(999) == "/root/dir/clip_999_é.mp4"
+
+
+# ----------------------------------------------------------------------- DataLoader
+
+
+def test_dataloader_two_workers_survives_corrupt_file(index_dir, tmp_path):
+    corrupt = tmp_path / "corrupt.mp4"
+    corrupt.write_bytes(np.random.default_rng(0).integers(0, 256, 50_000, dtype=np.uint8).tobytes())
+    entries = [{"path": f"clip{i}.mp4", "frames": 24} for i in range(6)]
+    entries.insert(3, {"full_path": str(corrupt), "frames": 24})
+    ds = index_dataset(index_dir, tmp_path, entries)
+    loader = build_dataloader(ds, batch_size=2, num_workers=2, shuffle=True, seed=0, drop_last=False)
+    batches = list(loader)
+    assert sum(b["frames"].shape[0] for b in batches) == 7
+    assert all(b["frames"].shape[1:] == (4, 3, 16, 24) and b["frames"].dtype == torch.uint8 for b in batches)
+    assert sum(int(b["failures"].sum()) for b in batches) == 1
+    assert 3 not in torch.cat([b["index"] for b in batches]).tolist()
+
+
+def test_persistent_workers_follow_set_epoch(index_dir, tmp_path):
+    entries = [{"path": f"clip{i}.mp4", "frames": 24} for i in range(4)]
+    ds = index_dataset(index_dir, tmp_path, entries, n_frames=6)
+    loader = build_dataloader(ds, batch_size=2, num_workers=2, shuffle=False, persistent_workers=True)
+    assert loader.persistent_workers and loader.prefetch_factor == 2
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        from_workers = torch.cat([b["frames"] for b in loader])
+        in_process = torch.stack([ds[i]["frames"] for i in range(4)])
+        assert torch.equal(from_workers, in_process), epoch
+
+
+ACCELERATE_SHARDS = """
+import sys
+from accelerate.data_loader import prepare_data_loader
+from training.dataset import EpochShuffleSampler, VideoClipDataset, build_dataloader
+
+root = sys.argv[1]
+ds = VideoClipDataset(root, root + "/annotations_train.json", n_frames=2, height=8, width=8)
+shards = []
+for rank in (0, 1):
+    loader = build_dataloader(ds, batch_size=1, num_workers=0, seed=5)
+    prepared = prepare_data_loader(loader, num_processes=2, process_index=rank, put_on_device=False)
+    prepared.set_epoch(2)  # Accelerate forwards it through the sampler to the dataset
+    assert ds.epoch == 2, ds.epoch
+    shards.append([int(b["index"]) for b in prepared])
+order = list(EpochShuffleSampler(ds, seed=5))  # epoch 2
+full = len(order) // 2 * 2  # drop_last: only whole rounds of 2 ranks x batch 1
+assert shards[0] == order[0:full:2] and shards[1] == order[1:full:2], (shards, order)
+assert shards[0] and set(shards[0]).isdisjoint(shards[1])
+print("ok")
+"""
+
+
+def test_accelerate_rank_sharding_and_set_epoch(demo_dir):
+    # In a subprocess: Accelerate's state is a process-wide singleton.
+    result = subprocess.run(
+        [sys.executable, "-c", ACCELERATE_SHARDS, str(demo_dir)],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_dataloader_without_workers_has_no_worker_options(index_dir, tmp_path):
+    ds = index_dataset(index_dir, tmp_path, [{"path": "clip0.mp4", "frames": 24}])
+    loader = build_dataloader(ds, batch_size=1, num_workers=0, persistent_workers=True, prefetch_factor=4)
+    assert loader.num_workers == 0 and not loader.persistent_workers and loader.prefetch_factor is None
+    assert isinstance(loader.sampler, EpochShuffleSampler)
+    batch = next(iter(loader))
+    assert batch["frames"].shape == (1, 4, 3, 16, 24)

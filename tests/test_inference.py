@@ -1,0 +1,176 @@
+"""inference.py on the shared clips: metrics, alignment, outputs, and the report in Chromium."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import av
+import cv2
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import REPO_ROOT
+from models.checkpoint import save_weights
+from models.frames import plan_frames
+from models.taehv import TAEHV
+from training.dataset import VideoClipDataset
+from training.metrics import video_mse, video_psnr, video_ssim, video_temporal_error
+
+INFERENCE = str(REPO_ROOT / "inference.py")
+CLIPS = ["udacity_vehdet_test_video.mp4", "gopro_max_heromode.mp4"]
+
+
+@pytest.fixture(scope="module")
+def real_clip(videos_dir) -> torch.Tensor:
+    """(1, 17, 3, 64, 96) frames of a real driving clip in [0, 1]."""
+    ds = VideoClipDataset(annotation_file=videos_dir, n_frames=17, height=64, width=96, mode="val")
+    index = next(i for i in range(len(ds)) if ds.clips.path(i).endswith(CLIPS[0]))
+    return ds[index]["frames"].unsqueeze(0).float().div(255)
+
+
+def ssim_reference(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Independent SSIM: Gaussian window 11, sigma 1.5, K1=0.01, K2=0.03, over the whole
+    image with reflected borders (the convention torchmetrics documents)."""
+    coords = torch.arange(11, dtype=torch.float64) - 5
+    g = torch.exp(-coords**2 / (2 * 1.5**2))
+    window = (g[:, None] * g[None, :] / g.sum() ** 2).expand(x.shape[1], 1, 11, 11)
+    x, y = x.double(), y.double()
+    blur = lambda t: F.conv2d(F.pad(t, (5, 5, 5, 5), mode="reflect"), window, groups=x.shape[1])  # noqa: E731
+    mx, my = blur(x), blur(y)
+    sxx, syy, sxy = blur(x * x) - mx**2, blur(y * y) - my**2, blur(x * y) - mx * my
+    c1, c2 = 0.01**2, 0.03**2
+    s = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx**2 + my**2 + c1) * (sxx + syy + c2))
+    return float(s.mean())
+
+
+def test_metrics_match_independent_computation(real_clip):
+    target = real_clip
+    noisy = (target + 0.03 * torch.randn(target.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
+    mse = float(((noisy - target) ** 2).mean())
+    assert float(video_mse(noisy, target)[0]) == pytest.approx(mse, rel=1e-5)
+    assert float(video_psnr(noisy, target)[0]) == pytest.approx(10 * math.log10(1 / mse), abs=1e-3)
+    assert float(video_ssim(noisy, target)[0]) == pytest.approx(ssim_reference(noisy[0], target[0]), abs=2e-3)
+    diffs = (noisy[0, 1:] - noisy[0, :-1]) - (target[0, 1:] - target[0, :-1])
+    assert float(video_temporal_error(noisy, target)[0]) == pytest.approx(float(diffs.abs().mean()), rel=1e-5)
+
+
+def test_shifted_frames_score_worse(real_clip):
+    plan = plan_frames(17)
+    decoded = (real_clip + 0.02 * torch.randn(real_clip.shape, generator=torch.Generator().manual_seed(1))).clamp(0, 1)
+    aligned = video_psnr(*plan.aligned(decoded, real_clip))
+    shifted = torch.cat([decoded[:, :1], decoded[:, :-1]], 1)  # decoded frame i shows input frame i-1
+    assert float(video_psnr(*plan.aligned(shifted, real_clip))) < float(aligned) - 3
+    with pytest.raises(ValueError, match="plan is for 17 -> 17"):
+        plan.aligned(decoded[:, 3:], real_clip)
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    model = TAEHV(variant="taecvx")
+    return save_weights(model, tmp_path_factory.mktemp("model") / "final_model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def ref_vae(tmp_path_factory) -> Path:
+    from diffusers import AutoencoderKLCogVideoX
+
+    root = tmp_path_factory.mktemp("cogvideox")
+    torch.manual_seed(0)
+    AutoencoderKLCogVideoX(block_out_channels=(16, 16, 32, 32), latent_channels=16, layers_per_block=1,
+                           norm_num_groups=8, down_block_types=("CogVideoXDownBlock3D",) * 4,
+                           up_block_types=("CogVideoXUpBlock3D",) * 4).save_pretrained(root / "vae")
+    return root
+
+
+@pytest.fixture(scope="module")
+def evaluation(tmp_path_factory, weights, ref_vae, videos_dir) -> Path:
+    out = tmp_path_factory.mktemp("results")
+    args = [sys.executable, INFERENCE, "--model_path", str(weights), "--videos", *[str(videos_dir / c) for c in CLIPS],
+            "--num_samples", "2", "--n_frames", "9", "--height", "64", "--width", "96", "--use_ref_vae",
+            "--ref_vae_path", str(ref_vae), "--output_dir", str(out)]
+    result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Final Evaluation Results" in result.stdout and "Speed-up" in result.stdout
+    return out
+
+
+def test_outputs_and_schema(evaluation):
+    metrics = json.loads((evaluation / "metrics.json").read_text())
+    assert len(metrics["samples"]) == 2
+    assert metrics["settings"]["compared_frames"] == 9
+    for sample in metrics["samples"]:
+        for who in ("taehv", "reference"):
+            for key in ("mse", "psnr", "ssim", "temporal_error", "encode_s", "decode_s"):
+                assert math.isfinite(sample[who][key]), (who, key)
+        assert sample["latent_shape"] == [1, 3, 16, 8, 12]
+    comparison = metrics["summary"]["comparison"]
+    assert {"encode_speedup", "decode_speedup", "total_speedup", "psnr_gap_db", "ssim_gap"} <= comparison.keys()
+    assert metrics["summary"]["taehv"]["psnr"]["mean"] == pytest.approx(
+        np.mean([s["taehv"]["psnr"] for s in metrics["samples"]]))
+    for i in range(2):
+        for kind, width in (("original", 96), ("reconstructed", 96), ("comparison", 192)):
+            path = evaluation / "comparison_videos" / f"test_{i}_{kind}.mp4"
+            with av.open(str(path)) as container:
+                stream = container.streams.video[0]
+                assert stream.codec_context.name == "h264"
+                frames = [f for f in container.decode(stream)]
+            assert len(frames) == 9 and frames[0].width == width and frames[0].height == 64
+        image = cv2.imread(str(evaluation / "latent_visualizations" / f"test_{i}_latents.png"))
+        assert image is not None and image.std() > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model_path", "nowhere.pth", "--videos", "x.mp4"], "not found"),
+    (["--num_samples", "0"], "--num_samples must be >= 1"),
+    (["--dtype", "fp16", "--device", "cpu"], "--dtype fp16 needs a CUDA device"),
+    (["--use_ref_vae"], "--use_ref_vae needs --ref_vae_path"),
+    (["--videos", "missing_clip.mp4"], "video file(s) not found: "),
+    ([], "give --videos, --annotation_file/--data_root or --config"),
+])
+def test_argument_errors(args, message, weights, tmp_path, videos_dir):
+    defaults = ["--model_path", str(weights), "--output_dir", str(tmp_path)]
+    if "--use_ref_vae" in args:
+        defaults += ["--videos", str(videos_dir / CLIPS[0])]
+    result = subprocess.run([sys.executable, INFERENCE, *defaults, *args], capture_output=True, text=True,
+                            cwd=REPO_ROOT, timeout=120)
+    assert result.returncode != 0
+    assert message in result.stdout + result.stderr
+
+
+def chromium() -> str:
+    """Path of a Chromium binary; installs Debian's package when missing (as root)."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.fail("Chromium is needed for the report test: apt-get install chromium")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, capture_output=True, timeout=600)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env, capture_output=True,
+                   timeout=900)
+    return shutil.which("chromium")
+
+
+def test_report_renders_in_chromium(evaluation, tmp_path):
+    browser = chromium()
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic",
+             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--window-size=1200,900"]
+    page = (evaluation / "summary_report.html").resolve().as_uri()
+    dom = subprocess.run([browser, *flags, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
+    durations = [float(d) for d in re.findall(r'data-duration="([0-9.]+)"', dom)]
+    assert len(durations) == 2 and all(d > 0 for d in durations), dom[:2000]
+    assert "data-error" not in dom
+    shot = tmp_path / "report.png"
+    subprocess.run([browser, *flags, f"--screenshot={shot}", page], capture_output=True, timeout=120)
+    image = cv2.imread(str(shot))
+    assert image is not None and image.std() > 10  # not a blank page

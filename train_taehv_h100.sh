@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Launch TAEHV training on 1, 8 or 16 GPUs (DeepSpeed ZeRO-2), or on CPU processes.
+# Run with --help for usage.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+if [[ -t 1 ]]; then RED=$'\e[31m'; GREEN=$'\e[32m'; YELLOW=$'\e[33m'; BOLD=$'\e[1m'; RESET=$'\e[0m'
+else RED=""; GREEN=""; YELLOW=""; BOLD=""; RESET=""; fi
+ok()   { echo "${GREEN}[ok]${RESET} $*"; }
+warn() { echo "${YELLOW}[warn]${RESET} $*"; }
+die()  { echo "${RED}[error]${RESET} $*" >&2; exit 2; }
+
+usage() {
+  cat <<EOF
+${BOLD}Usage:${RESET} ./train_taehv_h100.sh NUM_GPUS CONFIG_TYPE [custom CONFIG_PATH] [options] [--key=value ...]
+
+  NUM_GPUS      total processes (GPUs) across all nodes: 1, 8, 16, ...
+  CONFIG_TYPE   test | demo | 1gpu_h100 | h100 | a800 | 16gpu_h100 | custom
+                (training/configs/taehv_config_<CONFIG_TYPE>.py; custom takes a path)
+
+Options:
+  --resume PATH|NAME|latest  continue a run (latest: newest checkpoint of this config's runs)
+  --debug                    a few verbose steps with anomaly detection (into output/debug)
+  --profile                  torch profiler trace of a few steps (into output/profile)
+  --help                     this text
+  --key=value                any training config override, e.g. --learning_rate=3e-4
+
+Multi-node (run the same command on every node):
+  MASTER_ADDR, MASTER_PORT (default 29500), NNODES, NODE_RANK (RANK is accepted too)
+
+Without CUDA GPUs, NUM_GPUS CPU processes are started (gloo); meant for test and demo.
+
+Examples:
+  ./train_taehv_h100.sh 1 1gpu_h100
+  ./train_taehv_h100.sh 8 h100 --resume latest
+  ./train_taehv_h100.sh 8 custom training/configs/my_config.py --max_train_steps=5000
+  MASTER_ADDR=node1 NNODES=2 NODE_RANK=0 ./train_taehv_h100.sh 16 16gpu_h100   # node 1
+  MASTER_ADDR=node1 NNODES=2 NODE_RANK=1 ./train_taehv_h100.sh 16 16gpu_h100   # node 2
+EOF
+}
+
+[[ $# -eq 0 ]] && { usage; exit 2; }
+for arg in "$@"; do [[ "$arg" == "--help" || "$arg" == "-h" ]] && { usage; exit 0; }; done
+[[ $# -ge 2 ]] || die "need NUM_GPUS and CONFIG_TYPE (see --help)"
+
+NUM_GPUS=$1; CONFIG_TYPE=$2; shift 2
+[[ "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]] || die "NUM_GPUS must be a positive integer, got '$NUM_GPUS'"
+case "$CONFIG_TYPE" in
+  test|demo|1gpu_h100|h100|a800|16gpu_h100) CONFIG=training/configs/taehv_config_${CONFIG_TYPE}.py ;;
+  custom)
+    [[ $# -ge 1 && "$1" != --* ]] || die "custom needs a config path: ./train_taehv_h100.sh N custom PATH"
+    CONFIG=$1; shift ;;
+  *) die "unknown CONFIG_TYPE '$CONFIG_TYPE' (test, demo, 1gpu_h100, h100, a800, 16gpu_h100, custom)" ;;
+esac
+[[ -f "$CONFIG" ]] || die "config file $CONFIG not found"
+
+EXTRA=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --resume)
+      [[ $# -ge 2 ]] || die "--resume needs PATH, NAME or latest"
+      EXTRA+=("--resume_from_checkpoint=$2"); shift 2 ;;
+    --resume=*) EXTRA+=("--resume_from_checkpoint=${1#--resume=}"); shift ;;
+    --debug)
+      EXTRA+=(--detect_anomaly=true --log_every=1 --max_train_steps=4 --validation_every=4
+              --checkpointing_steps=4 --output_dir=output/debug)
+      export TORCH_DISTRIBUTED_DEBUG=DETAIL; shift ;;
+    --profile)
+      EXTRA+=(--profile_steps=3 --max_train_steps=6 --validation_every=6 --checkpointing_steps=6
+              --output_dir=output/profile)
+      shift ;;
+    --*=*) EXTRA+=("$1"); shift ;;
+    *) die "unexpected argument '$1' (overrides look like --key=value; see --help)" ;;
+  esac
+done
+
+# -- pre-flight -------------------------------------------------------------------------
+if [[ -n "${PYTHON:-}" ]]; then :; elif [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+"$PYTHON" -c "import torch, accelerate, deepspeed, diffusers" 2>/dev/null \
+  || die "the Python environment ($PYTHON) lacks torch/accelerate/deepspeed/diffusers: run 'make setup' or 'pip install -r requirements.txt'"
+ok "python environment: $PYTHON"
+ACCELERATE=$(dirname "$("$PYTHON" -c 'import sys; print(sys.executable)')")/accelerate
+[[ -x "$ACCELERATE" ]] || ACCELERATE=accelerate
+
+LOCAL_GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
+NODE_RANK=${NODE_RANK:-${RANK:-}}
+if [[ -n "$NODE_RANK" && -z "${NNODES:-}" ]]; then
+  die "NODE_RANK/RANK is set but NNODES is not: set NNODES (e.g. NNODES=2) so the nodes form one job"
+fi
+NNODES=${NNODES:-1}; NODE_RANK=${NODE_RANK:-0}
+(( NUM_GPUS % NNODES == 0 )) || die "NUM_GPUS=$NUM_GPUS is not divisible by NNODES=$NNODES"
+PER_NODE=$(( NUM_GPUS / NNODES ))
+
+if (( LOCAL_GPUS == 0 )); then
+  warn "no CUDA GPU: starting $NUM_GPUS CPU process(es) (fine for test/demo, far too slow for real training)"
+  case "$CONFIG_TYPE" in test|demo|custom) ;; *) warn "$CONFIG_TYPE is a GPU preset" ;; esac
+  (( NNODES == 1 )) || die "multi-node runs need GPUs"
+elif (( PER_NODE > LOCAL_GPUS )); then
+  die "asked for $PER_NODE GPU(s) on this node but only $LOCAL_GPUS are visible (NUM_GPUS=$NUM_GPUS, NNODES=$NNODES)"
+else
+  ok "$LOCAL_GPUS GPU(s) visible, using $PER_NODE on this node ($NNODES node(s))"
+fi
+
+"$PYTHON" - "$CONFIG" "${EXTRA[@]}" <<'EOF' || die "configuration check failed (see above)"
+import sys
+sys.path.insert(0, ".")
+from training.config import ConfigError, check, load_config
+try:
+    config = load_config(sys.argv[1], sys.argv[2:])
+    for note in check(config):
+        print(f"  note: {note}")
+except ConfigError as err:
+    print(f"  {err}", file=sys.stderr)
+    sys.exit(1)
+print(f"  data: {config.annotation_file or config.data_root}; reference VAE: {config.ref_vae_path or 'none (plain autoencoder)'}")
+EOF
+ok "config $CONFIG (data, reference VAE and frame counts checked)"
+
+# -- launch -----------------------------------------------------------------------------
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+TRAIN=(training/taehv_train.py --config "$CONFIG" "${EXTRA[@]}")
+MASTER_PORT=${MASTER_PORT:-29500}
+if (( NUM_GPUS == 1 && LOCAL_GPUS == 0 )); then
+  CMD=("$PYTHON" "${TRAIN[@]}")
+elif (( LOCAL_GPUS == 0 )); then
+  CMD=("$ACCELERATE" launch --use_deepspeed --zero_stage 2 --num_machines 1 --num_processes "$NUM_GPUS"
+       --main_process_port "$MASTER_PORT" "${TRAIN[@]}")
+elif (( NNODES > 1 )); then
+  [[ -n "${MASTER_ADDR:-}" ]] || die "multi-node runs need MASTER_ADDR (the address of node 0)"
+  CMD=("$ACCELERATE" launch --config_file accelerate_configs/deepspeed_16gpu.yaml --num_machines "$NNODES"
+       --num_processes "$NUM_GPUS" --machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR"
+       --main_process_port "$MASTER_PORT" "${TRAIN[@]}")
+elif (( NUM_GPUS == 1 )); then
+  CMD=("$ACCELERATE" launch --config_file accelerate_configs/deepspeed_1gpu.yaml --num_processes 1
+       --main_process_port "$MASTER_PORT" "${TRAIN[@]}")
+else
+  CMD=("$ACCELERATE" launch --config_file accelerate_configs/deepspeed_8gpu.yaml --num_processes "$NUM_GPUS"
+       --main_process_port "$MASTER_PORT" "${TRAIN[@]}")
+fi
+echo "${BOLD}launch:${RESET} ${CMD[*]}"
+exec "${CMD[@]}"

@@ -1,0 +1,598 @@
+"""Video clip dataset for TAEHV training: annotation or folder in, uint8 clips out.
+
+Each sample is ``{"frames": uint8 [T, 3, H, W] RGB, "index": int, "failures": int}``.
+``index`` is the clip actually used (a bad clip is replaced by another one) and
+``failures`` counts the clips that had to be replaced while producing the sample, so the
+training loop can sum it over batches even when samples come from worker processes.
+Normalisation to [0, 1] happens on the device in the training loop, not here.
+
+Sampling is a pure function of ``(seed, epoch, index)``: a resumed run, a different
+worker count or Accelerate's rank sharding all see the same clips for the same indices.
+See docs/data.md for the policies (short clips, bad files, seeking) and how to point
+training at real videos.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Literal, Sequence
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+logger = logging.getLogger(__name__)
+
+VIDEO_EXTENSIONS = (".mp4", ".avi", ".mov", ".mkv", ".webm")
+ShortClipPolicy = Literal["lower_stride", "skip"]
+
+
+class VideoDataError(RuntimeError):
+    """The data cannot feed training (empty, too many bad files); the message says what to do."""
+
+
+class BadClipError(Exception):
+    """One clip cannot produce a sample; the dataset counts it and uses another clip.
+
+    ``kind`` is a short category ("missing", "unreadable", ...) used to summarise reports.
+    """
+
+    def __init__(self, kind: str, detail: str = ""):
+        super().__init__(f"{kind}: {detail}" if detail else kind)
+        self.kind = kind
+
+
+def find_videos(directory: str | Path) -> list[str]:
+    """Video files under ``directory`` (recursive), as sorted POSIX paths relative to it."""
+    directory = Path(directory)
+    return sorted(
+        p.relative_to(directory).as_posix()
+        for p in directory.rglob("*")
+        if p.suffix.lower() in VIDEO_EXTENSIONS and not p.is_dir()
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# Compact clip table (shared by forked DataLoader workers without copy-on-access)
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClipTable:
+    """Paths and frame counts of all clips as three numpy arrays.
+
+    A list of millions of dicts would be copied page by page into every forked worker as
+    reference counts change; flat arrays are never written to, so workers share them.
+    ``frames`` is -1 where unknown (the container's count is used at load time).
+    """
+
+    root: str
+    path_bytes: np.ndarray  # uint8, all paths UTF-8 encoded back to back
+    offsets: np.ndarray  # int64, len(table) + 1
+    frames: np.ndarray  # int32
+
+    @classmethod
+    def from_lists(cls, root: str | Path, paths: Sequence[str], frames: Sequence[int]) -> "ClipTable":
+        encoded = [p.encode("utf-8") for p in paths]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=offsets[1:])
+        path_bytes = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        return cls(str(root), path_bytes, offsets, np.asarray(frames, dtype=np.int32))
+
+    @classmethod
+    def from_directory(cls, directory: str | Path) -> "ClipTable":
+        """All videos under ``directory``, frame counts unknown (read from the container)."""
+        paths = find_videos(directory)
+        return cls.from_lists(directory, paths, [-1] * len(paths))
+
+    @classmethod
+    def from_annotation(cls, annotation_file: str | Path, data_root: str | Path | None = None) -> "ClipTable":
+        """Users' format ``{"total": N, "list": [{"path" | "full_path", "frames", ...}]}``.
+
+        With ``data_root``, ``path`` is taken relative to it (``full_path`` when there is
+        no ``path``); without, ``full_path`` wins and ``path`` is relative to the
+        annotation file's folder. Absolute paths are used as they are.
+        """
+        annotation_file = Path(annotation_file)
+        with open(annotation_file, encoding="utf-8") as f:
+            entries = json.load(f)["list"]
+        if data_root is not None:
+            keys = ("path", "full_path")
+            root = str(data_root)
+        else:
+            keys = ("full_path", "path")
+            root = str(annotation_file.resolve().parent)
+        paths, frames = [], []
+        for i, entry in enumerate(entries):
+            key = next((k for k in keys if k in entry), None)
+            if key is None:
+                raise ValueError(f"{annotation_file}: entry {i} has neither 'path' nor 'full_path'")
+            paths.append(entry[key])
+            frames.append(int(entry.get("frames") or -1))  # missing/0/null: ask the container
+        return cls.from_lists(root, paths, frames)
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def path(self, i: int) -> str:
+        rel = self.path_bytes[self.offsets[i] : self.offsets[i + 1]].tobytes().decode("utf-8")
+        return os.path.join(self.root, rel)
+
+
+# ----------------------------------------------------------------------------------------
+# Decoding
+# ----------------------------------------------------------------------------------------
+
+
+class VideoReader:
+    """One opened video, read forward; seeks only when that beats reading on.
+
+    OpenCV's FFmpeg backend picks the best video stream (the Udacity clips have audio as
+    stream 0) and converts full-range yuvj420p correctly. ``grab()`` decodes without the
+    colour conversion, so frames skipped by the stride cost only their decode.
+    A seek decodes from the previous keyframe, so it pays off only for jumps of at least
+    ``seek_threshold`` frames; it is verified against the decoder's frame position, and a
+    seek that lands elsewhere is replaced by reading on from the start.
+    """
+
+    def __init__(self, path: str, *, seek_threshold: int = 32, threads: int = 1):
+        self.path = path
+        self.seek_threshold = seek_threshold
+        self.threads = threads
+        self._cap = self._open()
+        self._pos = 0  # index of the frame the next read() returns
+
+    def _open(self) -> cv2.VideoCapture:
+        if not os.path.exists(self.path):
+            raise BadClipError("missing")
+        cap = cv2.VideoCapture(self.path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, self.threads])
+        if not cap.isOpened():
+            raise BadClipError("unreadable", "not a video, unsupported codec or truncated container")
+        return cap
+
+    def _restart(self) -> None:
+        self._cap.release()
+        self._cap = self._open()
+        self._pos = 0
+
+    def __enter__(self) -> "VideoReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._cap.release()
+
+    @property
+    def container_frame_count(self) -> int:
+        """What the container claims; may be wrong (the shadow clip says 162, 160 decode)."""
+        return int(self._cap.get(cv2.CAP_PROP_FRAME_COUNT))
+
+    @property
+    def fps(self) -> float:
+        return float(self._cap.get(cv2.CAP_PROP_FPS))
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) of the decoded frames."""
+        return int(self._cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(self._cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+
+    def _seek(self, target: int) -> bool:
+        if self._cap.set(cv2.CAP_PROP_POS_FRAMES, target) and int(self._cap.get(cv2.CAP_PROP_POS_FRAMES)) == target:
+            self._pos = target
+            return True
+        logger.debug("seek to frame %d of %s did not land there; reading on from the start", target, self.path)
+        self._restart()
+        return False
+
+    def _skip_to(self, target: int) -> bool:
+        """Position so that the next read returns frame ``target``; False if the stream ends first."""
+        if target >= self.seek_threshold and (target < self._pos or target - self._pos >= self.seek_threshold):
+            if self._seek(target):
+                return True
+        if target < self._pos:
+            self._restart()
+        while self._pos < target:
+            if not self._cap.grab():
+                return False
+            self._pos += 1
+        return True
+
+    def read(
+        self, start: int, stride: int, count: int, transform: Callable[[np.ndarray], np.ndarray] | None = None
+    ) -> tuple[list[np.ndarray], int | None]:
+        """Frames ``start, start + stride, ...`` (BGR, or ``transform`` of them).
+
+        Returns ``(frames, None)`` when all ``count`` frames decoded, else the frames read
+        so far and the number of frames the stream actually decodes (its true length).
+        """
+        frames = []
+        for k in range(count):
+            if not self._skip_to(start + k * stride):
+                return frames, self._pos
+            ok, frame = self._cap.read()
+            if not ok:
+                return frames, self._pos
+            self._pos += 1
+            frames.append(frame if transform is None else transform(frame))
+        return frames, None
+
+    def count_frames(self) -> int:
+        """Decode to the end (no colour conversion); the number of frames that decode."""
+        while self._cap.grab():
+            self._pos += 1
+        return self._pos
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    frames: int  # frames that actually decode
+    fps: float
+    width: int
+    height: int
+
+
+def probe_video(path: str | Path, threads: int = 1) -> VideoInfo:
+    """Decode a whole video to learn its true length; raises BadClipError if unusable."""
+    with VideoReader(str(path), threads=threads) as reader:
+        fps, (width, height) = reader.fps, reader.size
+        frames = reader.count_frames()
+    if frames == 0:
+        raise BadClipError("no decodable frames")
+    return VideoInfo(frames=frames, fps=fps, width=width, height=height)
+
+
+# ----------------------------------------------------------------------------------------
+# Sampling geometry and frame conversion
+# ----------------------------------------------------------------------------------------
+
+
+def fit_stride(length: int, n_frames: int, stride: int, policy: ShortClipPolicy) -> int | None:
+    """The stride to use for a clip of ``length`` decodable frames, or None to skip it.
+
+    "lower_stride" lowers the stride to the largest one that fits; "skip" skips any clip
+    too short for the drawn stride. Either way a clip shorter than ``n_frames`` is skipped.
+    """
+    if (n_frames - 1) * stride + 1 <= length:
+        return stride
+    if policy == "skip" or length < n_frames:
+        return None
+    return 1 if n_frames == 1 else (length - 1) // (n_frames - 1)
+
+
+def crop_box(
+    src_h: int, src_w: int, out_h: int, out_w: int, area: float = 1.0, u_y: float = 0.5, u_x: float = 0.5
+) -> tuple[int, int, int, int]:
+    """``(y, x, h, w)`` of a crop with the output's aspect ratio (not square).
+
+    ``area`` is the fraction of the largest such crop that fits the source; ``u_y`` and
+    ``u_x`` in [0, 1) place it (0.5 = centred).
+    """
+    aspect = out_w / out_h
+    max_h = min(src_h, src_w / aspect)
+    h = max(1, min(src_h, round(max_h * math.sqrt(area))))
+    w = max(1, min(src_w, round(h * aspect)))
+    y = min(int(u_y * (src_h - h + 1)), src_h - h)
+    x = min(int(u_x * (src_w - w + 1)), src_w - w)
+    return y, x, h, w
+
+
+@dataclass
+class _CropResize:
+    """Crop, INTER_AREA resize and optional flip of one decoded (BGR) frame.
+
+    The box is computed on the first frame (decoded size, rotation applied) and reused,
+    so all frames of a clip share it. OpenCV's INTER_AREA is fast for exact halving and
+    slow (scalar code) for other factors, so a crop at least twice the output size is
+    first halved with INTER_AREA: 2-6x cheaper, and still box filtering (a slightly
+    smoother one: mean difference ~2 levels from a single INTER_AREA).
+    """
+
+    height: int
+    width: int
+    area: float
+    u_y: float
+    u_x: float
+    flip: bool
+    box: tuple[int, int, int, int] | None = field(default=None, init=False)
+
+    def __call__(self, frame: np.ndarray) -> np.ndarray:
+        if self.box is None:
+            self.box = crop_box(frame.shape[0], frame.shape[1], self.height, self.width, self.area, self.u_y, self.u_x)
+        y, x, h, w = self.box
+        crop = frame[y : y + h, x : x + w]
+        while w >= 2 * self.width and h >= 2 * self.height:
+            w, h = w // 2, h // 2
+            crop = cv2.resize(crop, (w, h), interpolation=cv2.INTER_AREA)
+        small = cv2.resize(crop, (self.width, self.height), interpolation=cv2.INTER_AREA)
+        return cv2.flip(small, 1) if self.flip else small
+
+
+def to_rgb_tensor(frames: Sequence[np.ndarray]) -> torch.Tensor:
+    """[T, 3, H, W] uint8 RGB from HxWx3 BGR frames.
+
+    cv2.split into the output planes is ~30x faster than a permute().contiguous() copy.
+    """
+    height, width = frames[0].shape[:2]
+    out = np.empty((len(frames), 3, height, width), np.uint8)
+    for k, frame in enumerate(frames):
+        cv2.split(frame, [out[k, 2], out[k, 1], out[k, 0]])
+    return torch.from_numpy(out)
+
+
+# ----------------------------------------------------------------------------------------
+# Dataset
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """Outcome of ``VideoClipDataset.validate``: unusable clips among those probed, by kind."""
+
+    probed: int
+    failed: int
+    reasons: dict[str, int]
+
+    @property
+    def failure_fraction(self) -> float:
+        return self.failed / max(self.probed, 1)
+
+
+class VideoClipDataset(Dataset):
+    """Map-style dataset of ``n_frames``-frame clips resized to exactly ``height x width``.
+
+    Args:
+        data_root: folder that annotation paths are relative to; scanned recursively for
+            videos when there is no ``annotation_file``.
+        annotation_file: users' JSON annotation, or a folder to scan.
+        n_frames, height, width: output clip shape (T, 3, H, W).
+        stride_range: inclusive (min, max) of the random temporal stride.
+        crop_scale: (min, max) area fraction of the largest crop with the output aspect.
+        hflip: random horizontal flips (train mode only).
+        mode: "train" (random) or "val" (middle stride, centred start and crop, no flip,
+            independent of the epoch).
+        seed: base of every random draw; a sample depends only on (seed, epoch, index).
+        short_clip_policy: "lower_stride" or "skip" (see ``fit_stride``).
+        max_failure_fraction: ``validate`` raises above this fraction of bad clips.
+        max_replacement_attempts: bad clips tried in a row before a sample raises.
+        seek_threshold: jump in frames from which a seek is cheaper than reading on.
+        decode_threads: FFmpeg threads per open video (1 suits many DataLoader workers).
+    """
+
+    def __init__(
+        self,
+        data_root: str | Path | None = None,
+        annotation_file: str | Path | None = None,
+        *,
+        n_frames: int = 12,
+        height: int = 64,
+        width: int = 64,
+        stride_range: tuple[int, int] = (1, 5),
+        crop_scale: tuple[float, float] = (0.5, 1.0),
+        hflip: bool = True,
+        mode: Literal["train", "val"] = "train",
+        seed: int = 0,
+        short_clip_policy: ShortClipPolicy = "lower_stride",
+        max_failure_fraction: float = 0.05,
+        max_replacement_attempts: int = 10,
+        seek_threshold: int = 32,
+        decode_threads: int = 1,
+    ):
+        if mode not in ("train", "val"):
+            raise ValueError(f"mode must be 'train' or 'val', got {mode!r}")
+        if short_clip_policy not in ("lower_stride", "skip"):
+            raise ValueError(f"short_clip_policy must be 'lower_stride' or 'skip', got {short_clip_policy!r}")
+        if not 1 <= stride_range[0] <= stride_range[1]:
+            raise ValueError(f"stride_range must be (min, max) with 1 <= min <= max, got {stride_range}")
+        if not 0 < crop_scale[0] <= crop_scale[1] <= 1:
+            raise ValueError(f"crop_scale must be (min, max) with 0 < min <= max <= 1, got {crop_scale}")
+        if min(n_frames, height, width) < 1:
+            raise ValueError(f"n_frames, height and width must be positive, got {n_frames}, {height}, {width}")
+
+        if annotation_file is not None and not Path(annotation_file).is_dir():
+            self.clips = ClipTable.from_annotation(annotation_file, data_root)
+            source = str(annotation_file)
+        elif annotation_file is not None or data_root is not None:
+            folder = annotation_file if annotation_file is not None else data_root
+            self.clips = ClipTable.from_directory(folder)
+            source = f"{folder} (scanned for {', '.join(VIDEO_EXTENSIONS)})"
+        else:
+            raise ValueError("give annotation_file (a JSON annotation or a folder) or data_root (a folder of videos)")
+        if len(self.clips) == 0:
+            raise VideoDataError(
+                f"no clips in {source}: point data_root/annotation_file at your videos, write an "
+                "annotation with `python -m training.make_annotations DIR -o annotations.json`, or "
+                "generate demo data with `python -m training.demo_data OUT_DIR`"
+            )
+
+        self.n_frames, self.height, self.width = n_frames, height, width
+        self.stride_range, self.crop_scale, self.hflip = stride_range, crop_scale, hflip
+        self.mode, self.seed, self.short_clip_policy = mode, seed, short_clip_policy
+        self.max_failure_fraction = max_failure_fraction
+        self.max_replacement_attempts = max_replacement_attempts
+        self.seek_threshold, self.decode_threads = seek_threshold, decode_threads
+        # In shared memory so that set_epoch reaches persistent DataLoader workers.
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._reported: set[tuple[int, int]] = set()  # (clip, log level) already logged here
+
+    def __len__(self) -> int:
+        return len(self.clips)
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's random draws; call before iterating each epoch."""
+        self._epoch.fill_(epoch)
+
+    def _rng(self, index: int) -> np.random.Generator:
+        epoch = 0 if self.mode == "val" else self.epoch
+        return np.random.default_rng([self.seed, epoch, index])
+
+    def __getitem__(self, index: int) -> dict:
+        index = int(index)
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} clips")
+        rng = self._rng(index)
+        clip = index
+        for failures in range(self.max_replacement_attempts + 1):
+            try:
+                frames = self._load(clip, rng)
+            except BadClipError as err:
+                self._log_once(clip, logging.WARNING, f"skipped: {err}")
+                # Deterministic replacement: another index from the sample's own generator.
+                clip = (clip + 1 + int(rng.integers(max(len(self) - 1, 1)))) % len(self)
+                continue
+            return {"frames": frames, "index": clip, "failures": failures}
+        raise VideoDataError(
+            f"sample {index}: {self.max_replacement_attempts + 1} clips in a row were unusable (see the "
+            "warnings above); clean the annotation with `python -m training.make_annotations` or "
+            "raise max_replacement_attempts"
+        )
+
+    def _log_once(self, clip: int, level: int, message: str) -> None:
+        key = (clip, level)
+        if key not in self._reported:
+            self._reported.add(key)
+            logger.log(level, "clip %d (%s) %s", clip, self.clips.path(clip), message)
+
+    def _draw_window(self, length: int, rng: np.random.Generator) -> tuple[int, int]:
+        lo, hi = self.stride_range
+        stride = (lo + hi) // 2 if self.mode == "val" else int(rng.integers(lo, hi + 1))
+        fitted = fit_stride(length, self.n_frames, stride, self.short_clip_policy)
+        if fitted is None:
+            raise BadClipError(
+                "too short",
+                f"{length} frames for {self.n_frames} frames at stride {stride} "
+                f"(short_clip_policy={self.short_clip_policy!r})",
+            )
+        last_start = length - ((self.n_frames - 1) * fitted + 1)
+        start = last_start // 2 if self.mode == "val" else int(rng.integers(last_start + 1))
+        return start, fitted
+
+    def _load(self, clip: int, rng: np.random.Generator) -> torch.Tensor:
+        path = self.clips.path(clip)
+        if self.mode == "val":
+            transform = _CropResize(self.height, self.width, self.crop_scale[1], 0.5, 0.5, False)
+        else:
+            area = float(rng.uniform(*self.crop_scale))
+            u_y, u_x = (float(u) for u in rng.random(2))
+            transform = _CropResize(self.height, self.width, area, u_y, u_x, self.hflip and bool(rng.random() < 0.5))
+        with VideoReader(path, seek_threshold=self.seek_threshold, threads=self.decode_threads) as reader:
+            length = int(self.clips.frames[clip])
+            if length < 0:
+                length = reader.container_frame_count
+            if length == 0:
+                raise BadClipError("no decodable frames", "the annotation or container says 0 frames")
+            start, stride = self._draw_window(length, rng)
+            frames, decoded = reader.read(start, stride, self.n_frames, transform)
+            if decoded is not None:
+                # Container (and some annotation) counts can exceed what decodes: draw
+                # again within the frames that really decode.
+                if decoded == 0:
+                    raise BadClipError("no decodable frames")
+                self._log_once(clip, logging.INFO, f"decodes {decoded} frames, not {length}; sampling within them")
+                start, stride = self._draw_window(decoded, rng)
+                frames, again = reader.read(start, stride, self.n_frames, transform)
+                if again is not None:
+                    raise BadClipError("truncated", f"decoding stopped at frame {again}, then at {decoded} before")
+        return to_rgb_tensor(frames)
+
+    def validate(self, sample_size: int = 64) -> ProbeReport:
+        """Load up to ``sample_size`` clips (seeded choice) without replacement and raise
+        VideoDataError if more than ``max_failure_fraction`` of them are unusable.
+
+        Call once at start-up so that a wrong data path or a broken dataset stops the run
+        before training instead of being papered over by replacements.
+        """
+        n = min(sample_size, len(self))
+        picks = np.sort(np.random.default_rng([self.seed, 1]).choice(len(self), size=n, replace=False))
+        reasons: dict[str, int] = {}
+        examples: list[str] = []
+        for clip in picks.tolist():
+            try:
+                self._load(clip, self._rng(clip))
+            except BadClipError as err:
+                self._log_once(clip, logging.WARNING, f"skipped: {err}")
+                reasons[err.kind] = reasons.get(err.kind, 0) + 1
+                examples.append(self.clips.path(clip))
+        report = ProbeReport(probed=n, failed=len(examples), reasons=reasons)
+        logger.info("probed %d clips: %d unusable %s", n, report.failed, reasons)
+        if report.failure_fraction > self.max_failure_fraction:
+            raise VideoDataError(
+                f"{report.failed} of {n} probed clips are unusable ({report.failure_fraction:.0%} > "
+                f"max_failure_fraction={self.max_failure_fraction:.0%}); reasons: {reasons}; e.g. "
+                f"{examples[:3]}. Check data_root/annotation_file, regenerate the annotation with "
+                "`python -m training.make_annotations DIR -o annotations.json` (it drops unusable "
+                "files), or raise max_failure_fraction."
+            )
+        return report
+
+
+# ----------------------------------------------------------------------------------------
+# DataLoader
+# ----------------------------------------------------------------------------------------
+
+
+class EpochShuffleSampler(Sampler[int]):
+    """A permutation that depends only on (seed, dataset.epoch).
+
+    Unlike a RandomSampler whose generator advances with each epoch, a resumed run gets
+    the same order for the same epoch, and every rank computes the same permutation
+    (Accelerate then gives each rank its share). ``set_epoch`` (called by Accelerate's
+    DataLoader wrapper) forwards to the dataset, so the epoch has a single source.
+    """
+
+    def __init__(self, dataset: VideoClipDataset, seed: int):
+        self.dataset = dataset
+        self.seed = seed
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.dataset.epoch)
+        return iter(torch.randperm(len(self.dataset), generator=generator).tolist())
+
+
+def build_dataloader(
+    dataset: VideoClipDataset,
+    batch_size: int,
+    num_workers: int = 4,
+    shuffle: bool = True,
+    seed: int = 0,
+    drop_last: bool = True,
+    prefetch_factor: int = 2,
+    persistent_workers: bool = True,
+    pin_memory: bool = False,
+) -> DataLoader:
+    """DataLoader over a VideoClipDataset; batches are ``{"frames": [N, T, 3, H, W], ...}``.
+
+    Pass it to ``accelerator.prepare`` for rank sharding, and call
+    ``dataset.set_epoch(epoch)`` (or the prepared loader's ``set_epoch``) each epoch.
+    """
+    # Do not call cv2.setNumThreads in a worker_init_fn: in a forked worker it can block
+    # forever on the parent's OpenCV thread-pool state. Decoding is already 1 thread/clip.
+    workers_kwargs = {}
+    if num_workers > 0:
+        workers_kwargs = dict(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=EpochShuffleSampler(dataset, seed) if shuffle else None,
+        num_workers=num_workers,
+        drop_last=drop_last,
+        pin_memory=pin_memory,
+        generator=torch.Generator().manual_seed(seed),
+        **workers_kwargs,
+    )

@@ -1,0 +1,113 @@
+"""TensorBoard scalars, image strips and the profiler for the training loop.
+
+Loss terms are summed as tensors between log steps (no host sync per step) and averaged
+across ranks only when logged.
+"""
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+
+from training.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+HPARAM_TYPES = (int, float, str, bool)
+
+
+def tensorboard_hparams(config: TrainConfig) -> dict:
+    """Only the value types TensorBoard's hparams accept (the seeds' error 3)."""
+    return {k: v for k, v in config.to_dict().items() if isinstance(v, HPARAM_TYPES)}
+
+
+def peak_rss_bytes() -> int:
+    """This process' peak resident memory. Read from /proc (VmHWM) where possible:
+    ``ru_maxrss`` keeps the high-water mark of the process that exec'd us (a big parent
+    makes every child look big)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except FileNotFoundError:  # not Linux: the rusage figure is the best available
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def memory_gb(device: torch.device) -> float:
+    """Peak GPU memory allocated, or the process' peak RSS on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return peak_rss_bytes() / 2**30
+
+
+class Monitor:
+    def __init__(self, accelerator: Accelerator, config: TrainConfig, run_dir: Path, start_step: int = 0):
+        self.accelerator, self.config, self.run_dir = accelerator, config, run_dir
+        accelerator.init_trackers("logs", config=tensorboard_hparams(config))
+        self._sums: dict[str, torch.Tensor] = {}
+        self._count = 0
+        self._failures = torch.zeros((), dtype=torch.long)
+        self._last_step, self._since = start_step, time.perf_counter()
+        self.total_failures = 0
+        self.last_psnr = float("nan")
+
+    def accumulate(self, losses: dict[str, torch.Tensor], failures: torch.Tensor) -> None:
+        for name, value in losses.items():
+            self._sums[name] = self._sums.get(name, 0) + value.detach().float()
+        self._count += 1
+        self._failures += failures.sum().cpu()
+
+    def log_train(self, step: int, lr: float, grad_norm, samples_per_step: int) -> dict[str, float]:
+        acc = self.accelerator
+        names = sorted(self._sums)
+        means = torch.stack([self._sums[n] / self._count for n in names]).to(acc.device)
+        means = acc.reduce(means, reduction="mean")
+        failures = int(acc.reduce(self._failures.to(acc.device), reduction="sum").item())
+        self.total_failures += failures
+        elapsed = time.perf_counter() - self._since
+        logs = {f"train/{n}": float(v) for n, v in zip(names, means.tolist())}
+        logs.update({
+            "train/learning_rate": lr,
+            "train/samples_per_second": (step - self._last_step) * samples_per_step / max(elapsed, 1e-9),
+            "train/gpu_memory_gb": memory_gb(acc.device),
+            "train/data_failures": float(self.total_failures),
+        })
+        if grad_norm is not None:
+            logs["train/gradient_norm"] = float(grad_norm)
+        acc.log(logs, step=step)
+        self._sums, self._count, self._failures = {}, 0, torch.zeros((), dtype=torch.long)
+        self._last_step, self._since = step, time.perf_counter()
+        return logs
+
+    def log_validation(self, step: int, metrics: dict) -> None:
+        strip = metrics.pop("strip", None)
+        self.last_psnr = metrics.get("val/psnr", float("nan"))
+        self.accelerator.log(metrics, step=step)
+        if self.accelerator.is_main_process:
+            logger.info("step %d validation: %s", step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+            every = self.config.image_log_every
+            if strip is not None and ((every and step % every == 0) or step == self.config.max_train_steps):
+                writer = self.accelerator.get_tracker("tensorboard", unwrap=True)
+                writer.add_image("val/reconstruction", strip, step, dataformats="CHW")
+
+    def profiler(self) -> torch.profiler.profile | None:
+        """A torch profiler over the first ``profile_steps`` steps, trace in run_dir/profile."""
+        if not self.config.profile_steps:
+            return None
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        trace_dir = self.run_dir / "profile"
+        prof = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(wait=1, warmup=1, active=self.config.profile_steps, repeat=1),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(str(trace_dir)),
+            record_shapes=True, profile_memory=True)
+        prof.start()
+        logger.info("profiling %d steps into %s", self.config.profile_steps, trace_dir)
+        return prof

@@ -1,0 +1,66 @@
+"""Validation on held-out clips: PSNR/SSIM (LPIPS when installed) of aligned frames.
+
+Samples are split across ranks and the per-sample metrics gathered, so every rank takes
+part in the same collectives (no rank waits on another that skipped work).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+from accelerate import Accelerator
+
+from models.taehv import TAEHV
+from training.config import TrainConfig
+from training.dataset import VideoClipDataset
+from training.metrics import lpips_unavailable_reason, video_lpips, video_mse, video_psnr, video_ssim
+from training.utils import ReferenceVAE
+
+logger = logging.getLogger(__name__)
+STRIP_FRAMES = 6
+
+
+def reconstruction_strip(original: torch.Tensor, decoded: torch.Tensor, frames: int = STRIP_FRAMES) -> torch.Tensor:
+    """CHW image: up to ``frames`` evenly spaced original frames on top, decoded below."""
+    idx = torch.linspace(0, original.shape[0] - 1, min(frames, original.shape[0])).round().long()
+    top = torch.cat(list(original[idx]), dim=2)
+    bottom = torch.cat(list(decoded[idx]), dim=2)
+    return torch.cat([top, bottom], dim=1).clamp(0, 1).cpu()
+
+
+@torch.no_grad()
+def validate(accelerator: Accelerator, model: TAEHV, dataset: VideoClipDataset, config: TrainConfig,
+             ref_vae: ReferenceVAE | None, dtype: torch.dtype) -> dict:
+    model.eval()
+    n = min(config.num_validation_samples, len(dataset))
+    mine = list(range(accelerator.process_index, n, accelerator.num_processes))
+    use_lpips = lpips_unavailable_reason() is None
+    rows, strip = [], None
+    for start in range(0, len(mine), config.validation_batch_size):
+        items = [dataset[i] for i in mine[start:start + config.validation_batch_size]]
+        frames = torch.stack([item["frames"] for item in items]).to(accelerator.device).float().div_(255)
+        plan = model.plan(frames.shape[1])
+        with accelerator.autocast():
+            decoded, target = plan.aligned(model.decode_video(model.encode_video(frames.to(dtype))).float(), frames)
+            columns = [video_mse(decoded, target), video_psnr(decoded, target), video_ssim(decoded, target)]
+            if use_lpips:
+                columns.append(video_lpips(decoded, target))
+            if ref_vae is not None:
+                from_ref, _ = plan.aligned(model.decode_video(ref_vae.encode(frames).to(dtype)).float(), frames)
+                columns.append(video_psnr(from_ref, target))
+        rows.append(torch.stack([c.float() for c in columns], 1))
+        if strip is None and accelerator.is_main_process:
+            strip = reconstruction_strip(target[0], decoded[0])
+    names = ["val/mse", "val/psnr", "val/ssim"] + (["val/lpips"] if use_lpips else []) + (
+        ["val/psnr_from_reference_latents"] if ref_vae is not None else [])
+    per_rank = -(-n // accelerator.num_processes)
+    local = torch.full((per_rank, len(names)), float("nan"), device=accelerator.device)
+    if rows:
+        local[: sum(len(r) for r in rows)] = torch.cat(rows)
+    gathered = accelerator.gather(local)
+    gathered = gathered[~gathered.isnan().any(1)]
+    metrics = {name: float(gathered[:, i].mean()) for i, name in enumerate(names)}
+    metrics["val/samples"] = float(len(gathered))
+    if strip is not None:
+        metrics["strip"] = strip
+    return metrics
