@@ -29,7 +29,7 @@ from evaluation.report import write_report  # noqa: E402
 from evaluation.videos import latent_picture, side_by_side, to_uint8_frames, write_video  # noqa: E402
 from models.checkpoint import find_weights  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
-from training.config import ConfigError, load_config, resolve_path  # noqa: E402
+from training.config import exit_on_config_error, load_config, resolve_path  # noqa: E402
 from training.dataset import VideoClipDataset, find_videos, probe_video  # noqa: E402
 from training.metrics import (  # noqa: E402
     lpips_unavailable_reason, video_lpips, video_mse, video_psnr, video_ssim, video_temporal_error)
@@ -294,8 +294,4 @@ def print_summary(results: dict) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ConfigError as err:
-        print(f"configuration error: {err}", file=sys.stderr)
-        sys.exit(2)
+    exit_on_config_error(main)

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import json
 import runpy
+import sys
 import typing
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -241,6 +242,16 @@ def check(config: TrainConfig) -> list[str]:
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
     return notes
+
+
+def exit_on_config_error(main: typing.Callable[[], object]) -> None:
+    """Run a CLI entry point; a configuration problem exits with status 2 and its message,
+    without a traceback (it is the user's to fix, not a crash)."""
+    try:
+        main()
+    except ConfigError as err:
+        print(f"configuration error: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 def describe(config: TrainConfig) -> str:

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm  # noqa: E402
 from models.checkpoint import save_weights  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
 from training.checkpointing import checkpoint_step, new_run_dir, resolve_resume, save_checkpoint  # noqa: E402
-from training.config import ConfigError, TrainConfig, check, describe, load_config, resolve_path  # noqa: E402
+from training.config import ConfigError, TrainConfig, check, describe, exit_on_config_error, load_config, resolve_path  # noqa: E402
 from training.dataset import VideoClipDataset, build_dataloader  # noqa: E402
 from training.losses import compute_losses  # noqa: E402
 from training.monitoring import Monitor  # noqa: E402
@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> Path:
     config = parse_args(argv)
     notes = check(config)
     backend = process_group_backend()
-    run_dir, resume_from = decide_run_dir(PartialState(**({"backend": backend} if backend else {})), config)
+    cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")  # DDP over CPU processes
+    run_dir, resume_from = decide_run_dir(PartialState(cpu=cpu, **({"backend": backend} if backend else {})), config)
     accelerator = make_accelerator(config, run_dir)
     setup_logging(run_dir, accelerator)
     for note in notes:
@@ -271,8 +272,4 @@ def ema_weights(ema: EMAModel | None, model: torch.nn.Module):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ConfigError as err:
-        print(f"configuration error: {err}", file=sys.stderr)
-        sys.exit(2)
+    exit_on_config_error(main)
