@@ -115,7 +115,7 @@ def test_loss_falls_when_overfitting_one_clip(tmp_path, data):
 
 def test_yaml_accumulation_conflict_is_an_error(tmp_path, data):
     args = [sys.executable, TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={data['root']}",
-            f"--annotation_file={data['train']}"]
+            f"--annotation_file={data['train']}", f"--val_annotation_file={data['val']}"]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
                             env={**os.environ, "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "8"})
     assert result.returncode == 2 and "remove it from the accelerate YAML" in result.stderr
@@ -124,13 +124,13 @@ def test_yaml_accumulation_conflict_is_an_error(tmp_path, data):
 def test_missing_reference_vae_is_an_error_not_a_fallback(tmp_path, data):
     (tmp_path / "empty").mkdir()
     args = [sys.executable, TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={data['root']}",
-            f"--annotation_file={data['train']}", f"--ref_vae_path={tmp_path / 'empty'}"]
+            f"--annotation_file={data['train']}", f"--val_annotation_file={data['val']}", f"--ref_vae_path={tmp_path / 'empty'}"]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert result.returncode != 0 and "reference VAE not found" in result.stderr
 
 
 def test_resume_of_missing_checkpoint_is_an_error(tmp_path, data):
     args = [sys.executable, TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={data['root']}",
-            f"--annotation_file={data['train']}", "--resume", str(tmp_path / "run" / "checkpoints" / "checkpoint-9")]
+            f"--annotation_file={data['train']}", f"--val_annotation_file={data['val']}", "--resume", str(tmp_path / "run" / "checkpoints" / "checkpoint-9")]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 2 and "does not exist" in result.stderr
