@@ -138,4 +138,20 @@ else
        --main_process_port "$MASTER_PORT" "${TRAIN[@]}")
 fi
 echo "${BOLD}launch:${RESET} ${CMD[*]}"
-exec "${CMD[@]}"
+
+# SIGTERM/SIGINT reach the training processes themselves: each finishes its step, they
+# save a checkpoint together and exit 0 (resume with --resume latest). Under accelerate
+# the signal goes to the workers, not to the launcher, which would otherwise kill them.
+"${CMD[@]}" &
+CHILD=$!
+forward() {
+  warn "$1: asking training to save a checkpoint and stop at the next step"
+  if [[ "${CMD[0]}" == "$ACCELERATE" ]]; then pkill -TERM -P "$CHILD" || true; else kill -TERM "$CHILD" || true; fi
+}
+trap 'forward SIGTERM' TERM
+trap 'forward SIGINT' INT
+STATUS=0
+while kill -0 "$CHILD" 2>/dev/null; do   # wait returns early when a trapped signal arrives
+  wait "$CHILD" && STATUS=0 || STATUS=$?
+done
+exit "$STATUS"

@@ -86,3 +86,25 @@ def plan_frames(input_frames: int, t_downscale: int = 4, t_upscale: int = 4, is_
 def exact_frame_counts(limit: int, t_downscale: int = 4, t_upscale: int = 4, is_cogvideox: bool = False) -> list[int]:
     """Input frame counts up to ``limit`` for which decoding returns exactly the input frames."""
     return [t for t in range(1, limit + 1) if plan_frames(t, t_downscale, t_upscale, is_cogvideox).exact]
+
+
+def group_frames(frames: torch.Tensor, group: int) -> torch.Tensor:
+    """(N, T, C, H, W) -> (N * T/group, group*C, H, W): ``group`` consecutive frames stacked
+    on channels (Seraena's samples). T must be a multiple of ``group``: nothing is trimmed."""
+    n, t, c, h, w = frames.shape
+    if t % group:
+        raise ValueError(f"{t} frames do not split into groups of {group}; valid group sizes: {group_sizes(t)}")
+    return frames.reshape(n * (t // group), group * c, h, w)
+
+
+def ungroup_frames(groups: torch.Tensor, group: int, frames: int) -> torch.Tensor:
+    """The exact inverse of ``group_frames`` for clips of ``frames`` frames."""
+    g, gc, h, w = groups.shape
+    if gc % group or g * group % frames:
+        raise ValueError(f"{tuple(groups.shape)} is not a grouping of {frames}-frame clips by {group}")
+    return groups.reshape(g * group // frames, frames, gc // group, h, w)
+
+
+def group_sizes(frames: int) -> list[int]:
+    """Group sizes that split ``frames`` decoded frames without a remainder."""
+    return [g for g in range(1, frames + 1) if frames % g == 0]

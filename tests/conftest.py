@@ -39,3 +39,28 @@ def compat_dir() -> Path:
 @pytest.fixture(scope="session")
 def videos_dir() -> Path:
     return _require(shared_dir() / "videos", "shared video clips")
+
+
+@pytest.fixture(scope="session")
+def demo_clips(tmp_path_factory) -> dict[str, Path]:
+    """Six procedural clips (48x64, 12 frames) with train/val annotations, for training runs."""
+    from training.demo_data import make_demo_dataset
+
+    root = tmp_path_factory.mktemp("demo_clips")
+    paths = make_demo_dataset(root, num_clips=6, n_frames=12, height=48, width=64, seed=1)
+    return {"root": root, **paths}
+
+
+@pytest.fixture(scope="session")
+def tiny_cogvideox_vae(tmp_path_factory) -> Path:
+    """A tiny CogVideoX VAE (16 latent channels) saved by diffusers, for the real loading path."""
+    import torch
+    from diffusers import AutoencoderKLCogVideoX
+
+    root = tmp_path_factory.mktemp("cogvideox")
+    torch.manual_seed(0)
+    vae = AutoencoderKLCogVideoX(
+        block_out_channels=(16, 16, 32, 32), latent_channels=16, layers_per_block=1, norm_num_groups=8,
+        down_block_types=("CogVideoXDownBlock3D",) * 4, up_block_types=("CogVideoXUpBlock3D",) * 4)
+    vae.save_pretrained(root / "vae")
+    return root

@@ -10,49 +10,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import REPO_ROOT
 from models.taehv import TAEHV
+from train_runs import DDP_ENV, ONE_PROCESS, TEST_CONFIG, TRAIN, ddp, deepspeed_zero2, run_dir, train
 from training.demo_data import make_demo_dataset
 
-TRAIN = str(REPO_ROOT / "training" / "taehv_train.py")
-TEST_CONFIG = str(REPO_ROOT / "training" / "configs" / "taehv_config_test.py")
-ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("data")
-    paths = make_demo_dataset(root, num_clips=6, n_frames=12, height=48, width=64, seed=1)
-    return {"root": root, **paths}
-
-
-@pytest.fixture(scope="module")
-def ref_vae(tmp_path_factory) -> Path:
-    from diffusers import AutoencoderKLCogVideoX
-
-    root = tmp_path_factory.mktemp("cogvideox")
-    torch.manual_seed(0)
-    vae = AutoencoderKLCogVideoX(
-        block_out_channels=(16, 16, 32, 32), latent_channels=16, layers_per_block=1, norm_num_groups=8,
-        down_block_types=("CogVideoXDownBlock3D",) * 4, up_block_types=("CogVideoXUpBlock3D",) * 4)
-    vae.save_pretrained(root / "vae")
-    return root
-
-
-def run_training(launcher: list[str], out: Path, data: dict, *overrides: str, env: dict | None = None,
-                 timeout: int = 240) -> Path:
-    args = [*launcher, TRAIN, "--config", TEST_CONFIG, f"--output_dir={out}", f"--data_root={data['root']}",
-            f"--annotation_file={data['train']}", f"--val_annotation_file={data['val']}", *overrides]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT,
-                            env={**os.environ, **(env or {})})
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    runs = [p for p in out.iterdir() if p.is_dir()]
-    assert len(runs) == 1, f"expected exactly one run directory, got {runs}"  # decided once for all ranks
-    return runs[0]
+def run_training(launcher: list[str], out: Path, data: dict, *overrides: str, env: dict | None = None) -> Path:
+    train(launcher, out, data, *overrides, env=env)
+    return run_dir(out)
 
 
 def scalars(run_dir: Path) -> dict[str, list[float]]:
@@ -69,8 +38,8 @@ def assert_exported(run_dir: Path, variant: str = "taecvx") -> None:
         assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
-def test_single_process_with_reference_vae_bf16(tmp_path, data, ref_vae):
-    run = run_training([sys.executable], tmp_path, data, f"--ref_vae_path={ref_vae}", "--ref_vae_dtype=fp32",
+def test_single_process_with_reference_vae_bf16(tmp_path, demo_clips, tiny_cogvideox_vae):
+    run = run_training(ONE_PROCESS, tmp_path, demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}", "--ref_vae_dtype=fp32",
                        "--mixed_precision=bf16", "--max_train_steps=4", "--gradient_accumulation_steps=2")
     assert_exported(run)
     logged = scalars(run)
@@ -85,52 +54,52 @@ def test_single_process_with_reference_vae_bf16(tmp_path, data, ref_vae):
     assert '"ref_vae_path"' in (run / "config.json").read_text()
 
 
-def test_deepspeed_zero2_two_processes(tmp_path, data, ref_vae):
-    run = run_training([ACCELERATE, "launch", "--use_deepspeed", "--zero_stage", "2", "--num_machines", "1",
-                        "--num_processes", "2", "--main_process_port", "29531"], tmp_path, data,
-                       f"--ref_vae_path={ref_vae}", "--ref_vae_dtype=fp32", "--gradient_accumulation_steps=2",
+def test_deepspeed_zero2_two_processes(tmp_path, demo_clips, tiny_cogvideox_vae):
+    run = run_training(deepspeed_zero2(29531), tmp_path, demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}", "--ref_vae_dtype=fp32", "--gradient_accumulation_steps=2",
                        "--max_grad_norm=0.5")
     assert_exported(run)
     assert "2 process(es), DistributedType.DEEPSPEED" in (run / "train.log").read_text()
     assert "train/encoder_loss" in scalars(run)
-    assert (run / "checkpoints" / "checkpoint-4" / "pytorch_model").is_dir()
+    checkpoint = run / "checkpoints" / "checkpoint-4"  # ZeRO-2: one optimizer shard per rank, no pickles
+    assert {p.name for p in checkpoint.iterdir()} >= {"optimizer_rank0.safetensors", "optimizer_rank1.safetensors",
+                                                      "rng_rank0.json", "rng_rank1.json", "model.safetensors"}
+    assert not list(checkpoint.rglob("*.pkl")) and not list(checkpoint.rglob("*.pt"))
 
 
-def test_ddp_two_processes(tmp_path, data):
-    run = run_training([ACCELERATE, "launch", "--multi_gpu", "--num_machines", "1", "--num_processes", "2",
-                        "--main_process_port", "29532"], tmp_path, data, env={"ACCELERATE_USE_CPU": "true"})
+def test_ddp_two_processes(tmp_path, demo_clips):
+    run = run_training(ddp(29532), tmp_path, demo_clips, env=DDP_ENV)
     assert_exported(run)
     assert "2 process(es), DistributedType.MULTI_CPU" in (run / "train.log").read_text()
 
 
-def test_loss_falls_when_overfitting_one_clip(tmp_path, data):
+def test_loss_falls_when_overfitting_one_clip(tmp_path):
     clip = make_demo_dataset(tmp_path / "one", num_clips=2, n_frames=12, height=48, width=64, seed=3)
     one = {"root": tmp_path / "one", **clip}
-    run = run_training([sys.executable], tmp_path / "out", one, "--max_train_steps=40", "--learning_rate=1e-3",
+    run = run_training(ONE_PROCESS, tmp_path / "out", one, "--max_train_steps=40", "--learning_rate=1e-3",
                        "--hflip=false", "--stride_max=1", "--crop_scale_min=1.0", "--validation_every=40",
                        "--checkpointing_steps=40", "--use_ema=false")
     losses = scalars(run)["train/reconstruction_loss"]
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:3]) / 3, losses
 
 
-def test_yaml_accumulation_conflict_is_an_error(tmp_path, data):
-    args = [sys.executable, TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={data['root']}",
-            f"--annotation_file={data['train']}", f"--val_annotation_file={data['val']}"]
+def test_yaml_accumulation_conflict_is_an_error(tmp_path, demo_clips):
+    args = [sys.executable, TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}",
+            f"--annotation_file={demo_clips['train']}", f"--val_annotation_file={demo_clips['val']}"]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
                             env={**os.environ, "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "8"})
     assert result.returncode == 2 and "remove it from the accelerate YAML" in result.stderr
 
 
-def test_missing_reference_vae_is_an_error_not_a_fallback(tmp_path, data):
+def test_missing_reference_vae_is_an_error_not_a_fallback(tmp_path, demo_clips):
     (tmp_path / "empty").mkdir()
-    args = [sys.executable, TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={data['root']}",
-            f"--annotation_file={data['train']}", f"--val_annotation_file={data['val']}", f"--ref_vae_path={tmp_path / 'empty'}"]
+    args = [sys.executable, TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}",
+            f"--annotation_file={demo_clips['train']}", f"--val_annotation_file={demo_clips['val']}", f"--ref_vae_path={tmp_path / 'empty'}"]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert result.returncode != 0 and "reference VAE not found" in result.stderr
 
 
-def test_resume_of_missing_checkpoint_is_an_error(tmp_path, data):
-    args = [sys.executable, TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={data['root']}",
-            f"--annotation_file={data['train']}", f"--val_annotation_file={data['val']}", "--resume", str(tmp_path / "run" / "checkpoints" / "checkpoint-9")]
+def test_resume_of_missing_checkpoint_is_an_error(tmp_path, demo_clips):
+    args = [sys.executable, TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}",
+            f"--annotation_file={demo_clips['train']}", f"--val_annotation_file={demo_clips['val']}", "--resume", str(tmp_path / "run" / "checkpoints" / "checkpoint-9")]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 2 and "does not exist" in result.stderr

@@ -17,7 +17,7 @@ import typing
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from models.frames import exact_frame_counts, plan_frames
+from models.frames import exact_frame_counts, group_sizes, plan_frames
 from models.variants import get_variant
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -67,6 +67,15 @@ class TrainConfig:
     ref_vae_subfolder: str = "vae"
     ref_vae_dtype: str = "bf16"  # "fp32", "bf16" or "fp16"
     ref_latent_sample: bool = True  # latent_dist.sample() (recipe); False: the mode
+    latent_cache_dir: str = ""  # reference latents precomputed by `python -m training.cache_latents`; empty: online
+    latent_cache_epochs: int = 1  # epochs of random draws (clip window, crop, flip) the cache holds
+
+    # -- Seraena adversarial targets (models/seraena.py) --------------------------------
+    use_seraena: bool = False
+    seraena_loss_weight: float = 1.0  # MSE(decoded, corrected target)
+    n_seraena_frames: int = 1  # decoded frames per discriminator sample (stacked on channels)
+    seraena_buffer_size: int = 16384  # replay buffer size in samples (memory is logged at start-up)
+    seraena_learning_rate: float = 3e-4
 
     # -- losses ----------------------------------------------------------------------
     encoder_loss_weight: float = 1.0  # MSE(encode(x), z_ref)
@@ -95,13 +104,21 @@ class TrainConfig:
     num_validation_samples: int = 20
     validation_batch_size: int = 2
     image_log_every: int = 1000  # reconstruction strips in TensorBoard; 0 disables
-    checkpointing_steps: int = 1000
-    checkpoints_total_limit: int = 3
+    checkpointing_steps: int = 1000  # also saved at the end and when SIGTERM/SIGINT arrives
+    checkpoints_total_limit: int = 3  # newest complete checkpoints kept (best_model/ is separate)
     resume_from_checkpoint: str = ""  # "latest", a checkpoint name or a path
+    auto_resume: bool = False  # continue the newest complete checkpoint of this run if any, else start fresh
+
+    # -- best model, early stopping and numerical faults -----------------------------
+    best_metric: str = "val/psnr"  # what best_model/ and early stopping follow (direction known per metric)
+    early_stopping_patience: int = 0  # validations without improvement before stopping; 0: never
+    early_stopping_min_delta: float = 0.0  # smallest change of best_metric that counts as improvement
+    max_consecutive_skipped_steps: int = 20  # non-finite or out-of-memory steps in a row before the run stops
 
     # -- debugging -------------------------------------------------------------------
     detect_anomaly: bool = False
     profile_steps: int = 0  # >0: write a torch profiler trace of that many steps
+    fault_injection: str = ""  # tests only: e.g. "nan_loss@3:1,sigterm@5" (training/resilience.py FaultPlan)
 
     def replace(self, **changes) -> "TrainConfig":
         return replace(self, **changes)
@@ -202,11 +219,13 @@ def check(config: TrainConfig) -> list[str]:
     need(config.ref_vae_class in REF_VAE_CLASSES, f"ref_vae_class must be one of {REF_VAE_CLASSES}")
     need(config.ref_vae_dtype in ("fp32", "bf16", "fp16"), "ref_vae_dtype must be fp32, bf16 or fp16")
     for name in ("train_batch_size", "gradient_accumulation_steps", "max_train_steps", "log_every",
-                 "validation_every", "validation_batch_size", "checkpointing_steps", "checkpoints_total_limit"):
+                 "validation_every", "validation_batch_size", "checkpointing_steps", "checkpoints_total_limit",
+                 "max_consecutive_skipped_steps", "n_seraena_frames"):
         need(getattr(config, name) >= 1, f"{name} must be >= 1")
     for name in ("encoder_loss_weight", "decoder_loss_weight", "reconstruction_loss_weight", "lpips_loss_weight",
+                 "seraena_loss_weight",
                  "max_grad_norm", "weight_decay", "lr_warmup_steps", "dataloader_num_workers", "image_log_every",
-                 "profile_steps", "num_validation_samples"):
+                 "profile_steps", "num_validation_samples", "early_stopping_patience", "early_stopping_min_delta"):
         need(getattr(config, name) >= 0, f"{name} must be >= 0")
     need(config.learning_rate > 0, "learning_rate must be > 0")
     need(0 < config.ema_decay < 1, "ema_decay must be in (0, 1)")
@@ -230,15 +249,45 @@ def check(config: TrainConfig) -> list[str]:
                          f"{', '.join(map(str, exact[:8]))}, ...")
         notes.append("no reference VAE: plain autoencoder training (encoder/decoder distillation losses off)")
 
-    for name in ("pretrained_model_path", "ref_vae_path", "annotation_file", "val_annotation_file", "data_root"):
+    if config.use_seraena:
+        sizes = group_sizes(plan.decoded_frames)
+        even = [g for g in sizes if config.train_batch_size * plan.decoded_frames // g % 2 == 0]
+        need(config.n_seraena_frames in sizes,
+             f"n_seraena_frames={config.n_seraena_frames} does not divide the {plan.decoded_frames} decoded frames of "
+             f"n_frames={config.n_frames} ({spec.name}); frames would be dropped. Valid: {', '.join(map(str, sizes))}")
+        need(config.n_seraena_frames not in sizes or config.n_seraena_frames in even,
+             f"Seraena splits each batch into halves, so train_batch_size x decoded frames / n_seraena_frames "
+             f"({config.train_batch_size} x {plan.decoded_frames} / {config.n_seraena_frames}) must be even: use an "
+             f"even train_batch_size" + (f" or n_seraena_frames in {even}" if even else ""))
+        need(config.seraena_buffer_size >= 1, "seraena_buffer_size must be >= 1")
+        need(config.seraena_learning_rate > 0, "seraena_learning_rate must be > 0")
+    need(config.latent_cache_epochs >= 1, "latent_cache_epochs must be >= 1")
+    need(not config.latent_cache_dir or bool(config.ref_vae_path),
+         "latent_cache_dir holds reference latents: set ref_vae_path to the VAE the cache was made with")
+
+    for name in ("pretrained_model_path", "ref_vae_path", "annotation_file", "val_annotation_file", "data_root",
+                 "latent_cache_dir"):
         value = getattr(config, name)
         need(not value or resolve_path(value).exists(), f"{name}: {resolve_path(value)} does not exist")
     need(bool(config.data_root or config.annotation_file), "set data_root (a folder of videos) or annotation_file")
-    if config.lpips_loss_weight > 0:
+    from training.best_model import METRIC_DIRECTIONS
+    from training.resilience import FaultPlan
+
+    need(config.best_metric in METRIC_DIRECTIONS,
+         f"best_metric={config.best_metric!r}: expected one of {', '.join(METRIC_DIRECTIONS)}")
+    need(config.best_metric != "val/psnr_from_reference_latents" or bool(config.ref_vae_path),
+         "best_metric=val/psnr_from_reference_latents needs a reference VAE (ref_vae_path)")
+    need(config.early_stopping_patience == 0 or bool(config.val_annotation_file and config.num_validation_samples),
+         "early_stopping_patience > 0 needs validation: set val_annotation_file and num_validation_samples > 0")
+    try:
+        FaultPlan.parse(config.fault_injection)
+    except ConfigError as err:
+        problems.append(str(err))
+    if config.lpips_loss_weight > 0 or config.best_metric == "val/lpips":
         from training.metrics import lpips_unavailable_reason
 
         reason = lpips_unavailable_reason()
-        need(reason is None, f"lpips_loss_weight > 0 but LPIPS is unusable: {reason}")
+        need(reason is None, f"lpips_loss_weight > 0 or best_metric=val/lpips, but LPIPS is unusable: {reason}")
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
     return notes

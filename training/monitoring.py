@@ -56,16 +56,24 @@ class Monitor:
         self.total_failures = 0
         self.last_psnr = float("nan")
 
-    def accumulate(self, losses: dict[str, torch.Tensor], failures: torch.Tensor) -> None:
+    def accumulate(self, losses: dict[str, torch.Tensor]) -> None:
+        """Add one micro-batch's (finite) loss terms."""
         for name, value in losses.items():
             self._sums[name] = self._sums.get(name, 0) + value.detach().float()
         self._count += 1
+
+    def count_failures(self, failures: torch.Tensor) -> None:
+        """Add the clips a batch had to replace (bad files)."""
         self._failures += failures.sum().cpu()
+
+    def log_skipped(self, step: int, total: int) -> None:
+        """``train/skipped_steps``: steps skipped on every rank so far."""
+        self.accelerator.log({"train/skipped_steps": float(total)}, step=step)
 
     def log_train(self, step: int, lr: float, grad_norm, samples_per_step: int) -> dict[str, float]:
         acc = self.accelerator
         names = sorted(self._sums)
-        means = torch.stack([self._sums[n] / self._count for n in names]).to(acc.device)
+        means = torch.stack([self._sums[n] / max(self._count, 1) for n in names]).to(acc.device)
         means = acc.reduce(means, reduction="mean")
         failures = int(acc.reduce(self._failures.to(acc.device), reduction="sum").item())
         self.total_failures += failures

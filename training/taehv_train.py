@@ -7,39 +7,71 @@
 
 One readable loop under Accelerate (1 process, DDP or DeepSpeed ZeRO-2; gloo on CPU):
 reference latents from the frozen VAE, the model called through ``forward``, losses on
-frames aligned by the model's FramePlan, EMA weights, TensorBoard, periodic checkpoints
-and a final fp32 export in the published key format.
+frames aligned by the model's FramePlan, EMA weights, TensorBoard, validation with the
+best model and early stopping, atomic checkpoints that resume bit-identically, and a
+final fp32 export in the published key format.
+
+Exit status: 0 when training finished, stopped early, or stopped on SIGTERM/SIGINT after
+saving a checkpoint (resume with ``--resume latest``); 1 when it gave up after too many
+skipped steps (a checkpoint is saved first); 2 for a configuration error.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import math
 import os
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from accelerate import Accelerator, PartialState  # noqa: E402
-from accelerate.utils import InitProcessGroupKwargs, set_seed  # noqa: E402
+from accelerate.utils import DistributedType, InitProcessGroupKwargs, set_seed  # noqa: E402
 from diffusers.optimization import get_scheduler  # noqa: E402
 from diffusers.training_utils import EMAModel  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from models.checkpoint import save_weights  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
-from training.checkpointing import checkpoint_step, new_run_dir, resolve_resume, save_checkpoint  # noqa: E402
+from training.best_model import BestTracker  # noqa: E402
+from training.checkpointing import (  # noqa: E402
+    TrainingObjects,
+    load_training_state,
+    new_run_dir,
+    remove_partial_checkpoints,
+    resolve_resume,
+    save_checkpoint,
+    write_atomically,
+)
 from training.config import ConfigError, TrainConfig, check, describe, exit_on_config_error, load_config, resolve_path  # noqa: E402
 from training.dataset import VideoClipDataset, build_dataloader  # noqa: E402
 from training.losses import compute_losses  # noqa: E402
 from training.monitoring import Monitor  # noqa: E402
+from training.resilience import FaultPlan, StopRequest, agree, broadcast_flag, is_finite_number, poisoned  # noqa: E402
 from training.utils import ReferenceVAE  # noqa: E402
 from training.validation import validate  # noqa: E402
 
 logger = logging.getLogger("taehv_train")
+
+
+class TrainingAborted(RuntimeError):
+    """The run cannot go on (e.g. every step is non-finite); a checkpoint was saved first."""
+
+
+@dataclass
+class Progress:
+    """Where the run is: saved in every checkpoint so a resumed run continues identically."""
+
+    step: int = 0  # optimizer steps applied
+    epoch: int = 0
+    batch_in_epoch: int = 0  # micro-batches of this epoch already consumed (per process)
+    skipped_steps: int = 0  # steps skipped on all ranks (non-finite loss/gradient, out of memory)
+    consecutive_skips: int = 0
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
@@ -130,21 +162,73 @@ def build_datasets(config: TrainConfig) -> tuple[VideoClipDataset, VideoClipData
     return train, val
 
 
-def export_weights(model: TAEHV, ema: EMAModel | None, directory: Path, stem: str,
-                   suffixes: tuple[str, ...] = (".pth", ".safetensors")) -> None:
-    """fp32 weights in the published key format (the EMA weights when kept)."""
-    state_dict = None
+def fp32_weights(accelerator: Accelerator, model: torch.nn.Module, ema: EMAModel | None) -> dict[str, torch.Tensor]:
+    """Full fp32 weights in the published key format: the EMA weights when kept, else the
+    optimizer's fp32 master weights (DeepSpeed bf16/fp16 keeps the module itself in low
+    precision). Under DeepSpeed every rank must call this (the master weights are sharded)."""
+    net = accelerator.unwrap_model(model)
+    state = {k: v.detach().float() for k, v in net.state_dict().items()}
+    names = [name for name, _ in net.named_parameters()]
     if ema is not None:
-        names = [name for name, _ in model.named_parameters()]
-        state_dict = dict(model.state_dict())
-        state_dict.update({name: p for name, p in zip(names, ema.shadow_params)})
-    for suffix in suffixes:
-        save_weights(model, directory / f"{stem}{suffix}", state_dict)
+        state.update(zip(names, ema.shadow_params))
+    elif accelerator.distributed_type == DistributedType.DEEPSPEED:
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        for name, param in net.named_parameters():
+            full = safe_get_full_fp32_param(param)
+            if full is None and param.dtype != torch.float32:
+                raise RuntimeError(f"cannot recover fp32 master weights of {name} from DeepSpeed")
+            state[name] = (param if full is None else full).detach().float()
+    return state
+
+
+def export_weights(accelerator: Accelerator, model: torch.nn.Module, ema: EMAModel | None, directory: Path,
+                   stem: str, suffixes: tuple[str, ...] = (".pth", ".safetensors")) -> None:
+    """Write fp32 published-format weights (call on every rank; the main process writes)."""
+    state = fp32_weights(accelerator, model, ema)
+    if accelerator.is_main_process:
+        for suffix in suffixes:
+            save_weights(accelerator.unwrap_model(model), directory / f"{stem}{suffix}", state)
+
+
+def export_best_model(accelerator: Accelerator, model: torch.nn.Module, ema: EMAModel | None, run_dir: Path,
+                      info: dict) -> None:
+    """Atomically replace ``best_model/`` (weights + ``model_info.json``)."""
+    def write(tmp: Path) -> None:
+        export_weights(accelerator, model, ema, tmp, "weights")
+        if accelerator.is_main_process:
+            (tmp / "model_info.json").write_text(json.dumps(info, indent=1))
+
+    write_atomically(accelerator, run_dir / "best_model", write, {"step": info["step"]})
+
+
+def placeholder_batch(net: TAEHV, config: TrainConfig, device: torch.device,
+                      with_reference: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A tiny clip (and reference latents) with the training shapes' frame count: the
+    forward pass a rank runs when its own ran out of memory, so its backward pass joins
+    the same gradient collectives as the other ranks."""
+    size = 8 * net.patch_size
+    frames = torch.zeros(1, config.n_frames, 3, size, size, device=device)
+    if not with_reference:
+        return frames, None
+    latents = net.plan(config.n_frames).latent_frames
+    return frames, torch.zeros(1, latents, net.latent_channels, 1, 1, device=device)
+
+
+def training_losses(accelerator: Accelerator, model: torch.nn.Module, frames: torch.Tensor, z_ref: torch.Tensor | None,
+                    config: TrainConfig, input_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    plan = accelerator.unwrap_model(model).plan(frames.shape[1])
+    with accelerator.autocast():
+        out = model(frames.to(input_dtype), None if z_ref is None else z_ref.to(input_dtype),
+                    decode_own=z_ref is None or config.reconstruction_loss_weight > 0)
+    return compute_losses(out, plan.target(frames), z_ref, config.encoder_loss_weight, config.decoder_loss_weight,
+                          config.reconstruction_loss_weight, config.lpips_loss_weight)
 
 
 def main(argv: list[str] | None = None) -> Path:
     config = parse_args(argv)
     notes = check(config)
+    faults = FaultPlan.parse(config.fault_injection)
     backend = process_group_backend()
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")  # DDP over CPU processes
     run_dir, resume_from = decide_run_dir(PartialState(cpu=cpu, **({"backend": backend} if backend else {})), config)
@@ -154,13 +238,14 @@ def main(argv: list[str] | None = None) -> Path:
         logger.info(note)
     logger.info("run directory %s; %d process(es), %s, mixed precision %s", run_dir, accelerator.num_processes,
                 accelerator.distributed_type, config.mixed_precision)
+    checkpoints = run_dir / "checkpoints"
     if accelerator.is_main_process:
         (run_dir / "config.json").write_text(describe(config))
+        remove_partial_checkpoints(checkpoints)
     set_seed(config.seed)  # identical initial weights on every rank
     torch.autograd.set_detect_anomaly(config.detect_anomaly)
 
     model = build_model(config)
-    plan = model.plan(config.n_frames)
     ref_vae = None
     if config.ref_vae_path:
         ref_vae = ReferenceVAE(resolve_path(config.ref_vae_path), config.ref_vae_class, config.ref_vae_subfolder,
@@ -185,76 +270,167 @@ def main(argv: list[str] | None = None) -> Path:
     ema = EMAModel([p.detach().float() for p in net.parameters()], decay=config.ema_decay) if config.use_ema else None
     if ema is not None:
         ema.to(accelerator.device)
-        accelerator.register_for_checkpointing(ema)
+    generator = torch.Generator(accelerator.device).manual_seed(config.seed * 1000 + accelerator.process_index)
+    objects = TrainingObjects(accelerator, model, optimizer, scheduler, ema, generator)
 
-    checkpoints = run_dir / "checkpoints"
-    global_step = 0
+    progress = Progress()
+    tracker = BestTracker(config.best_metric, config.early_stopping_patience, config.early_stopping_min_delta)
     if resume_from is not None:
-        accelerator.load_state(str(resume_from))
-        global_step = checkpoint_step(resume_from)
-        logger.info("resumed from %s at step %d", resume_from, global_step)
-    monitor = Monitor(accelerator, config, run_dir, global_step)
+        saved = load_training_state(objects, resume_from)
+        progress = Progress(**saved["progress"])
+        tracker = BestTracker.replay(saved["validation_history"], config.best_metric,
+                                     config.early_stopping_patience, config.early_stopping_min_delta)
+        logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume_from, progress.step, progress.epoch,
+                    progress.batch_in_epoch)
+    monitor = Monitor(accelerator, config, run_dir, progress.step)
+
+    def checkpoint() -> Path:
+        trainer_state = {"progress": asdict(progress), "validation_history": tracker.history, "config": config.to_dict()}
+        return save_checkpoint(
+            objects, checkpoints, progress.step, config.checkpoints_total_limit, trainer_state,
+            export=lambda d: export_weights(accelerator, model, ema, d, "weights", (".safetensors",)),
+            before_commit=lambda: faults.maybe_crash_in_save(progress.step, accelerator.process_index))
 
     input_dtype = next(net.parameters()).dtype  # DeepSpeed bf16/fp16 casts the weights themselves
-    generator = torch.Generator(accelerator.device).manual_seed(config.seed * 1000 + accelerator.process_index)
     samples_per_step = config.train_batch_size * config.gradient_accumulation_steps * accelerator.num_processes
-    progress = tqdm(total=config.max_train_steps, initial=global_step, disable=not accelerator.is_local_main_process,
-                    desc="train", dynamic_ncols=True)
+    progress_bar = tqdm(total=config.max_train_steps, initial=progress.step, disable=not accelerator.is_local_main_process,
+                        desc="train", dynamic_ncols=True)
     profiler = monitor.profiler()
-    epoch = global_step * config.gradient_accumulation_steps // max(len(loader), 1)
+    stop = StopRequest().install()
+    stop_reason = "finished" if progress.step >= config.max_train_steps else None
+    window_problem = None  # why the current accumulation window must be skipped
     model.train()
-    while global_step < config.max_train_steps:
-        train_set.set_epoch(epoch)
-        for batch in loader:
+    while stop_reason is None:
+        loader.set_epoch(progress.epoch)  # the sampler's permutation and the dataset's draws follow the epoch
+        epoch_loader = accelerator.skip_first_batches(loader, progress.batch_in_epoch) if progress.batch_in_epoch else loader
+        for batch in epoch_loader:
+            progress.batch_in_epoch += 1
+            rank, window = accelerator.process_index, progress.step + progress.skipped_steps + 1
+            faults.maybe_signal(window, rank)
             with accelerator.accumulate(model):
-                frames = batch["frames"].to(accelerator.device, non_blocking=True).float().div_(255)
-                targets = plan.target(frames)
-                z_ref = ref_vae.encode(frames, generator) if ref_vae is not None else None
-                with accelerator.autocast():
-                    out = model(frames.to(input_dtype), None if z_ref is None else z_ref.to(input_dtype),
-                                decode_own=z_ref is None or config.reconstruction_loss_weight > 0)
-                losses = compute_losses(out, targets, z_ref, config.encoder_loss_weight, config.decoder_loss_weight,
-                                        config.reconstruction_loss_weight, config.lpips_loss_weight)
-                accelerator.backward(losses["loss"])
+                losses, out_of_memory = None, False
+                try:
+                    frames = batch["frames"].to(accelerator.device, non_blocking=True).float().div_(255)
+                    z_ref = ref_vae.encode(frames, generator) if ref_vae is not None else None
+                    losses = training_losses(accelerator, model, frames, z_ref, config, input_dtype)
+                    losses["loss"] = faults.inject_forward(window, rank, losses["loss"])
+                except torch.OutOfMemoryError as err:
+                    logger.error("out of memory in the forward pass of step %d: %s", progress.step + 1, err)
+                    out_of_memory = True
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
+                local_nonfinite = losses is not None and not bool(torch.isfinite(losses["loss"]))
+                any_oom, any_nonfinite, any_signal = agree([out_of_memory, local_nonfinite, stop.requested],
+                                                           accelerator.device)
+                if any_oom or any_nonfinite:
+                    window_problem = "out of memory" if any_oom else "non-finite loss"
+                    if losses is None:
+                        losses = training_losses(accelerator, model, *placeholder_batch(
+                            net, config, accelerator.device, ref_vae is not None), config, input_dtype)
+                    accelerator.backward(poisoned(losses["loss"]))
+                else:
+                    accelerator.backward(losses["loss"])
+                    monitor.accumulate(losses)
                 grad_norm = None
                 if accelerator.sync_gradients:
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm or math.inf)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-            monitor.accumulate(losses, batch["failures"])
+                    applied = window_problem is None and is_finite_number(grad_norm)
+                    if applied:
+                        optimizer.step()
+                        scheduler.step()
+                    elif accelerator.scaler is not None:
+                        accelerator.scaler.update()  # fp16: lower the loss scale as the scaler's own skip would
+                    optimizer.zero_grad(set_to_none=True)
+            monitor.count_failures(batch["failures"])
             if not accelerator.sync_gradients:
                 continue
-            global_step += 1
-            if ema is not None:
-                ema.step(net.parameters())
-            if profiler is not None:
-                profiler.step()
-            progress.update(1)
-            if global_step % config.log_every == 0 or global_step == config.max_train_steps:
-                logs = monitor.log_train(global_step, scheduler.get_last_lr()[0], grad_norm, samples_per_step)
-                progress.set_postfix(loss=f"{logs['train/loss']:.4f}", psnr=f"{monitor.last_psnr:.2f}")
-            if val_set is not None and (global_step % config.validation_every == 0 or global_step == config.max_train_steps):
-                with ema_weights(ema, net):
-                    metrics = validate(accelerator, net, val_set, config, ref_vae, input_dtype)
-                monitor.log_validation(global_step, metrics)
-                model.train()
-            if global_step % config.checkpointing_steps == 0 or global_step == config.max_train_steps:
-                save_checkpoint(accelerator, checkpoints, global_step, config.checkpoints_total_limit,
-                                export=lambda d: export_weights(net, ema, d, "weights", (".safetensors",)))
-            if global_step >= config.max_train_steps:
+
+            if applied:
+                progress.step += 1
+                progress.consecutive_skips = 0
+                if ema is not None:
+                    ema.step(net.parameters())
+                if profiler is not None:
+                    profiler.step()
+                progress_bar.update(1)
+                stop_reason = after_step(config, accelerator, model, net, ema, val_set, ref_vae, input_dtype, monitor,
+                                         tracker, progress, run_dir, scheduler, grad_norm, samples_per_step,
+                                         progress_bar, checkpoint)
+            else:
+                progress.skipped_steps += 1
+                progress.consecutive_skips += 1
+                logger.warning("step %d skipped on every rank: %s (%d in a row, %d in total)", progress.step + 1,
+                               window_problem or "non-finite gradient", progress.consecutive_skips,
+                               progress.skipped_steps)
+                monitor.log_skipped(progress.step, progress.skipped_steps)
+                if progress.consecutive_skips >= config.max_consecutive_skipped_steps:
+                    stop_reason = "skipped"
+            window_problem = None
+            if any_signal and stop_reason is None:
+                stop_reason = "signal"
+            if stop_reason is not None:
                 break
-        epoch += 1
+        else:
+            progress.epoch += 1
+            progress.batch_in_epoch = 0
 
     if profiler is not None:
         profiler.stop()
-    progress.close()
-    accelerator.wait_for_everyone()
+    progress_bar.close()
+    stop.uninstall()
+    if stop_reason in ("signal", "skipped"):
+        path = checkpoint()
+        accelerator.end_training()
+        if stop_reason == "skipped":
+            raise TrainingAborted(
+                f"{progress.consecutive_skips} steps in a row were skipped (non-finite loss or gradient, or out of "
+                f"memory); saved {path}. Lower learning_rate, enable max_grad_norm, use bf16 instead of fp16, or "
+                "check the data and the reference VAE, then resume with --resume latest")
+        logger.info("stopped on %s at step %d; saved %s. Resume with --resume latest (or --auto_resume=true)",
+                    stop.signal_name or "a signal received by another rank", progress.step, path)
+        return run_dir
+    if stop_reason == "early_stop":
+        logger.info("early stopping at step %d: %s did not improve for %d validations (best %.4f at step %s)",
+                    progress.step, config.best_metric, tracker.bad_validations, tracker.best_value, tracker.best_step)
+        checkpoint()
+    export_weights(accelerator, model, ema, run_dir, "final_model")
     if accelerator.is_main_process:
-        export_weights(net, ema, run_dir, "final_model")
         logger.info("saved %s and %s", run_dir / "final_model.pth", run_dir / "final_model.safetensors")
     accelerator.end_training()
     return run_dir
+
+
+def after_step(config: TrainConfig, accelerator: Accelerator, model: torch.nn.Module, net: TAEHV,
+               ema: EMAModel | None, val_set: VideoClipDataset | None, ref_vae: ReferenceVAE | None,
+               input_dtype: torch.dtype, monitor: Monitor, tracker: BestTracker, progress: Progress, run_dir: Path,
+               scheduler, grad_norm, samples_per_step: int, progress_bar: tqdm, checkpoint) -> str | None:
+    """Logging, validation (best model, early stopping) and checkpointing after an applied
+    step; returns why training stops now, or None."""
+    step, last = progress.step, progress.step >= config.max_train_steps
+    if step % config.log_every == 0 or last:
+        logs = monitor.log_train(step, scheduler.get_last_lr()[0], grad_norm, samples_per_step)
+        progress_bar.set_postfix(loss=f"{logs['train/loss']:.4f}", psnr=f"{monitor.last_psnr:.2f}")
+    early_stop = False
+    if val_set is not None and (step % config.validation_every == 0 or last):
+        with ema_weights(ema, net):
+            metrics = validate(accelerator, net, val_set, config, ref_vae, input_dtype)
+        monitor.log_validation(step, metrics)
+        model.train()
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, float)}
+        if tracker.update(step, scalars):
+            export_best_model(accelerator, model, ema, run_dir, {
+                "step": step, "metric": config.best_metric, "value": scalars[config.best_metric], "metrics": scalars,
+                "variant": net.variant, "ema": ema is not None, "config_file": config.config_file})
+            logger.info("new best %s=%.4f at step %d: saved %s", config.best_metric, scalars[config.best_metric],
+                        step, run_dir / "best_model")
+        if accelerator.is_main_process:
+            tracker.write_history(run_dir)
+        early_stop = broadcast_flag(tracker.should_stop, accelerator.device)
+    if step % config.checkpointing_steps == 0 or last:
+        checkpoint()
+    if last:
+        return "finished"
+    return "early_stop" if early_stop else None
 
 
 @contextlib.contextmanager
@@ -271,5 +447,13 @@ def ema_weights(ema: EMAModel | None, model: torch.nn.Module):
         ema.restore(model.parameters())
 
 
+def entry_point() -> None:
+    try:
+        exit_on_config_error(main)
+    except TrainingAborted as err:
+        logger.error("%s", err)
+        sys.exit(1)
+
+
 if __name__ == "__main__":
-    exit_on_config_error(main)
+    entry_point()

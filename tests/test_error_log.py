@@ -1,0 +1,91 @@
+"""The failures of the original error log (../shared/seeds/004_*), one test each.
+
+Each shows the failure cannot happen in this design, or stops at start-up with a message
+that says what to change. Errors 5, 8 (tests/test_fault_tolerance.py) and 7, 9
+(tests/test_checkpointing.py) need real training processes or checkpoint folders and live
+there; docs/fault_tolerance.md has the full table.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from conftest import REPO_ROOT
+from models.frames import group_frames, plan_frames, ungroup_frames
+from models.taehv import TAEHV
+from training.config import ConfigError, TrainConfig, check, load_config, resolve_path
+from training.monitoring import tensorboard_hparams
+from training.resilience import is_finite_number
+
+CONFIGS = REPO_ROOT / "training" / "configs"
+
+
+def valid(tmp_path, **changes) -> TrainConfig:
+    (tmp_path / "videos").mkdir(exist_ok=True)
+    return TrainConfig(data_root=str(tmp_path / "videos"), pretrained_model_path="").replace(**changes)
+
+
+def test_error01_config_paths_resolve_from_the_repository_and_missing_ones_stop_start_up(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # launched from anywhere: paths still mean the repository's
+    assert resolve_path("checkpoints/taecvx.pth") == REPO_ROOT / "checkpoints" / "taecvx.pth"
+    with pytest.raises(ConfigError, match=r"pretrained_model_path: .*checkpoints/taecvx_missing.pth does not exist"):
+        check(valid(tmp_path, pretrained_model_path="checkpoints/taecvx_missing.pth"))
+
+
+def test_error02_the_reference_vae_is_frozen_and_never_prepared(tiny_cogvideox_vae):
+    from training.utils import ReferenceVAE
+
+    ref = ReferenceVAE(tiny_cogvideox_vae, dtype="fp32")
+    assert not isinstance(ref, torch.nn.Module)  # cannot be handed to accelerator.prepare by mistake
+    assert not any(p.requires_grad for p in ref.vae.parameters())
+    latents = ref.encode(torch.rand(1, 9, 3, 32, 32))
+    assert latents.shape == (1, 3, 16, 4, 4) and not latents.requires_grad
+    # the 2-process ZeRO-2 run with this VAE: tests/test_train.py::test_deepspeed_zero2_two_processes
+
+
+@pytest.mark.parametrize("name", ["taehv_config", "taehv_config_h100", "taehv_config_demo", "taehv_config_test"])
+def test_error03_tensorboard_gets_only_the_types_it_accepts(tmp_path, name):
+    hparams = tensorboard_hparams(load_config(CONFIGS / f"{name}.py"))
+    assert hparams and all(isinstance(v, (int, float, str, bool)) for v in hparams.values())
+    accelerator = Accelerator(cpu=True, log_with="tensorboard", project_dir=str(tmp_path))
+    accelerator.init_trackers("logs", config=hparams)  # the call that raised ValueError in the error log
+    accelerator.end_training()
+    assert any((tmp_path / "logs").rglob("events.out.tfevents.*"))
+
+
+def test_error04_inputs_follow_the_dtype_of_low_precision_weights():
+    from training.taehv_train import training_losses
+
+    config = TrainConfig(n_frames=9)
+    model = TAEHV(variant="taecvx").to(torch.bfloat16)  # as DeepSpeed bf16 casts the module
+    frames, z_ref = torch.rand(1, 9, 3, 16, 16), torch.randn(1, 3, 16, 2, 2)  # float32, as the loop has them
+    losses = training_losses(Accelerator(cpu=True), model, frames, z_ref, config, torch.bfloat16)
+    assert losses["loss"].dtype == torch.float32 and bool(torch.isfinite(losses["loss"]))
+
+
+def test_error06_grad_norms_are_checked_as_floats_or_tensors():
+    assert is_finite_number(1.0) and is_finite_number(torch.tensor(2.0)) and is_finite_number(None)
+    assert not is_finite_number(float("inf")) and not is_finite_number(torch.tensor(float("nan")))
+
+
+def test_error12_19_frames_are_refused_with_a_reference_vae_and_aligned_without(tmp_path):
+    (tmp_path / "vae").mkdir()
+    with pytest.raises(ConfigError, match=r"n_frames=19 does not work with a reference VAE.*Valid: 5, 9, 13, 17"):
+        check(valid(tmp_path, n_frames=19, variant="taehv", ref_vae_path=str(tmp_path)))
+    plan = plan_frames(19)  # plain autoencoder: 17 decoded frames, compared with input frames 0..16
+    frames = torch.rand(1, 19, 3, 8, 8)
+    assert plan.decoded_frames == 17 and plan.target(frames).shape[1] == 17
+    decoded = TAEHV(variant="taehv").decode_video(torch.zeros(1, plan.latent_frames, 16, 1, 1))
+    assert decoded.shape[1] == plan.target(frames).shape[1]
+
+
+def test_error14_taecvx_16_frames_decode_to_16_targets():
+    model = TAEHV(variant="taecvx")
+    plan = model.plan(16)
+    frames = torch.rand(1, 16, 3, 8, 8)
+    with torch.no_grad():
+        decoded = model.decode_video(model.encode_video(frames))
+    assert decoded.shape[1] == plan.decoded_frames == plan.target(frames).shape[1] == 16

@@ -1,0 +1,182 @@
+"""Fault tolerance of real training processes: exact resume, SIGTERM, crash during save,
+kill -9, non-finite and out-of-memory steps agreed across ranks, early stopping.
+
+The exactness chains interrupt a run twice (SIGTERM at one step, then a crash while a
+later checkpoint is being written) and resume it twice; the result must be bit-identical
+to an uninterrupted run. Faults are injected at fixed windows in both runs (an
+out-of-memory forward on one rank, a NaN loss on the other), so the chains also show that
+skipped steps are skipped identically on every rank and after a resume.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import REPO_ROOT
+from train_runs import (
+    DDP_ENV,
+    ONE_PROCESS,
+    assert_identical,
+    ddp,
+    deepspeed_zero2,
+    kill_session,
+    start,
+    tensors,
+    train,
+    train_args,
+    wait_for,
+)
+from training.checkpointing import MANIFEST, list_checkpoints
+
+STEPS = 6
+FAULTS = "oom@2:1,nan_loss@4:0"  # window 2: rank 1 runs out of memory; window 4: rank 0's loss is NaN
+FAULTS_ONE_PROCESS = "oom@2,nan_loss@4"
+
+
+def trainer_state(checkpoint) -> dict:
+    return json.loads((checkpoint / "trainer_state.json").read_text())
+
+
+def assert_same_training(full, resumed) -> None:
+    """Bit-identical weights, EMA, optimizer state and validation history."""
+    last = f"checkpoints/checkpoint-{STEPS}"
+    assert_identical(full / "final_model.safetensors", resumed / "final_model.safetensors")
+    for name in sorted(p.name for p in (full / last).glob("*.safetensors")):
+        assert_identical(full / last / name, resumed / last / name)
+    for key in ("progress", "validation_history"):
+        assert trainer_state(full / last)[key] == trainer_state(resumed / last)[key]
+    assert (full / "validation_history.json").read_text() == (resumed / "validation_history.json").read_text()
+
+
+def interrupted_chain(launcher, out, clips, faults: str, *common: str, signal_rank: str = "") -> None:
+    """SIGTERM in window 3 (to one rank only when given), resume; crash while writing
+    checkpoint-4, resume to the end."""
+    train(launcher, out, clips, *common, f"--fault_injection={faults},sigterm@3{signal_rank}")
+    checkpoints = out / "run" / "checkpoints"
+    assert [p.name for p in list_checkpoints(checkpoints)] == ["checkpoint-1", "checkpoint-2"]
+    assert "stopped on" in (out / "run" / "train.log").read_text()
+
+    crashed = subprocess.run(train_args(launcher, out, clips, *common, "--resume=latest",
+                                        f"--fault_injection={faults},crash_in_save@4"),
+                             capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert crashed.returncode != 0
+    assert (checkpoints / ".tmp-checkpoint-4").is_dir() and not (checkpoints / ".tmp-checkpoint-4" / MANIFEST).exists()
+    assert [p.name for p in list_checkpoints(checkpoints)] == ["checkpoint-2", "checkpoint-3"]  # nothing lost
+
+    train(launcher, out, clips, *common, "--resume=latest", f"--fault_injection={faults}")
+    assert not (checkpoints / ".tmp-checkpoint-4").exists()  # the partial save was cleaned up
+    assert "resumed from" in (out / "run" / "train.log").read_text()
+
+
+@pytest.mark.parametrize("launcher, faults, signal_rank, accumulation", [
+    pytest.param(ONE_PROCESS, FAULTS_ONE_PROCESS, "", 1, id="1-process"),
+    pytest.param(deepspeed_zero2(29541), FAULTS, ":1", 2, id="2-process-deepspeed-zero2"),
+])
+def test_exact_resume_after_sigterm_and_crash_during_save(tmp_path, demo_clips, launcher, faults, signal_rank,
+                                                          accumulation):
+    common = [f"--max_train_steps={STEPS}", "--run_name=run", "--checkpoints_total_limit=2",
+              "--checkpointing_steps=1", f"--gradient_accumulation_steps={accumulation}"]
+    train(launcher, tmp_path / "full", demo_clips, *common, f"--fault_injection={faults}")
+    full = tmp_path / "full" / "run"
+    state = trainer_state(full / f"checkpoints/checkpoint-{STEPS}")["progress"]
+    assert (state["step"], state["skipped_steps"]) == (STEPS, 2)  # both faults skipped a step, none hung
+
+    interrupted_chain(launcher, tmp_path / "resumed", demo_clips, faults, *common, signal_rank=signal_rank)
+    assert_same_training(full, tmp_path / "resumed" / "run")
+    final = tensors(full / "final_model.safetensors")
+    assert all(t.dtype == torch.float32 and bool(t.isfinite().all()) for t in final.values())
+
+
+def test_error05_nonfinite_and_oom_steps_are_skipped_together_under_ddp(tmp_path, demo_clips):
+    train(ddp(29542), tmp_path, demo_clips, f"--max_train_steps={STEPS}", "--run_name=run",
+          "--gradient_accumulation_steps=2", f"--fault_injection={FAULTS}", env=DDP_ENV)
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "step 2 skipped on every rank: out of memory" in log
+    assert "step 3 skipped on every rank: non-finite loss" in log
+    events = EventAccumulator(str(tmp_path / "run" / "logs"))
+    events.Reload()
+    assert [e.value for e in events.Scalars("train/skipped_steps")] == [1.0, 2.0]
+    assert trainer_state(tmp_path / "run" / f"checkpoints/checkpoint-{STEPS}")["progress"]["step"] == STEPS
+
+
+def test_too_many_consecutive_skips_stop_with_a_checkpoint(tmp_path, demo_clips):
+    result = train(ONE_PROCESS, tmp_path, demo_clips, "--run_name=run", "--max_train_steps=20",
+                   "--fault_injection=nan_loss@3-100", "--max_consecutive_skipped_steps=3", expect=1)
+    assert "3 steps in a row were skipped" in result.stderr and "--resume latest" in result.stderr
+    latest = list_checkpoints(tmp_path / "run" / "checkpoints")[-1]
+    assert trainer_state(latest)["progress"]["step"] == 2 and f"saved {latest}" in result.stderr
+    assert not (tmp_path / "run" / "final_model.safetensors").exists()
+
+
+def test_error08_sigterm_to_the_launch_script_checkpoints_and_resumes(tmp_path, demo_clips):
+    """A real SIGTERM (as a scheduler sends) to ./train_taehv_h100.sh with 2 DeepSpeed
+    processes: both stop at the same step boundary, save, and exit 0; the resumed run
+    finishes with the configured number of optimizer steps."""
+    script = ["bash", str(REPO_ROOT / "train_taehv_h100.sh"), "2", "test", f"--output_dir={tmp_path}",
+              f"--data_root={demo_clips['root']}", f"--annotation_file={demo_clips['train']}",
+              f"--val_annotation_file={demo_clips['val']}", "--run_name=run", "--max_train_steps=16",
+              "--checkpointing_steps=3", "--validation_every=100"]
+    env = {"MASTER_PORT": "29543"}
+    process = start(script, tmp_path / "first.log", env=env)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    wait_for(lambda: (checkpoints / "checkpoint-3").is_dir(), what="checkpoint-3")
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 0, (tmp_path / "first.log").read_text()[-4000:]
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "stopped on SIGTERM" in log
+    stopped_at = max(trainer_state(c)["progress"]["step"] for c in list_checkpoints(checkpoints))
+    assert 3 <= stopped_at < 16
+
+    resumed = subprocess.run(script + ["--resume", "latest"], capture_output=True, text=True, timeout=300,
+                             cwd=REPO_ROOT, env={**os.environ, **env})
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
+    assert f"resumed from {checkpoints / f'checkpoint-{stopped_at}'} at step {stopped_at}" in \
+        (tmp_path / "run" / "train.log").read_text()
+    assert trainer_state(list_checkpoints(checkpoints)[-1])["progress"]["step"] == 16
+    assert (tmp_path / "run" / "final_model.safetensors").is_file()
+
+
+def test_kill_9_at_a_random_moment_loses_no_checkpoint(tmp_path, demo_clips):
+    args = train_args(ONE_PROCESS, tmp_path, demo_clips, "--run_name=run", "--max_train_steps=30",
+                      "--checkpointing_steps=3", "--validation_every=100", "--auto_resume=true")
+    checkpoints = tmp_path / "run" / "checkpoints"
+    process = start(args, tmp_path / "first.log")
+    wait_for(lambda: len(list_checkpoints(checkpoints)) >= 1, what="a first checkpoint")
+    time.sleep(random.uniform(0, 2))  # a random moment: mid-step, mid-validation or mid-save
+    kill_session(process)
+    before = [p.name for p in list_checkpoints(checkpoints)]
+    assert before, "the first checkpoint must survive kill -9"
+
+    train(ONE_PROCESS, tmp_path, demo_clips, "--run_name=run", "--max_train_steps=30", "--checkpointing_steps=3",
+          "--validation_every=100", "--auto_resume=true")  # the same command restarts the job
+    after = list_checkpoints(checkpoints)
+    assert trainer_state(after[-1])["progress"]["step"] == 30
+    assert all((p / MANIFEST).is_file() for p in after)
+    assert not list(checkpoints.glob(".tmp-*"))
+
+
+def test_early_stopping_and_best_model_on_two_processes(tmp_path, demo_clips):
+    """Patience 1 with an unreachable min_delta: the second validation stops the run on
+    both ranks at once (no hang), best_model/ keeps the first validation's weights."""
+    train(ddp(29544), tmp_path, demo_clips, "--run_name=run", "--max_train_steps=20", "--validation_every=2",
+          "--early_stopping_patience=1", "--early_stopping_min_delta=1000", env=DDP_ENV)
+    run = tmp_path / "run"
+    history = json.loads((run / "validation_history.json").read_text())
+    assert [h["step"] for h in history] == [2, 4]
+    info = json.loads((run / "best_model" / "model_info.json").read_text())
+    assert (info["step"], info["metric"], info["value"]) == (2, "val/psnr", history[0]["val/psnr"])
+    assert "early stopping at step 4" in (run / "train.log").read_text()
+    assert trainer_state(list_checkpoints(run / "checkpoints")[-1])["progress"]["step"] == 4
+    from models.taehv import TAEHV
+
+    for weights in (run / "best_model" / "weights.safetensors", run / "best_model" / "weights.pth",
+                    run / "final_model.safetensors"):
+        TAEHV(weights, variant="taecvx")  # strict load of full fp32 published-format weights

@@ -1,0 +1,86 @@
+"""Running real training processes in tests: launchers, runs, and what they leave behind."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from conftest import REPO_ROOT
+
+TRAIN = str(REPO_ROOT / "training" / "taehv_train.py")
+TEST_CONFIG = str(REPO_ROOT / "training" / "configs" / "taehv_config_test.py")
+ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
+ONE_PROCESS = [sys.executable]
+
+
+def deepspeed_zero2(port: int) -> list[str]:
+    return [ACCELERATE, "launch", "--use_deepspeed", "--zero_stage", "2", "--num_machines", "1",
+            "--num_processes", "2", "--main_process_port", str(port)]
+
+
+def ddp(port: int) -> list[str]:
+    """Plain DDP over 2 CPU processes (needs ACCELERATE_USE_CPU=true in the environment)."""
+    return [ACCELERATE, "launch", "--multi_gpu", "--num_machines", "1", "--num_processes", "2",
+            "--main_process_port", str(port)]
+
+
+DDP_ENV = {"ACCELERATE_USE_CPU": "true"}
+
+
+def train_args(launcher: list[str], out: Path, data: dict, *overrides: str) -> list[str]:
+    return [*launcher, TRAIN, "--config", TEST_CONFIG, f"--output_dir={out}", f"--data_root={data['root']}",
+            f"--annotation_file={data['train']}", f"--val_annotation_file={data['val']}", *overrides]
+
+
+def train(launcher: list[str], out: Path, data: dict, *overrides: str, env: dict | None = None, timeout: int = 300,
+          expect: int = 0) -> subprocess.CompletedProcess:
+    """Run training to its end and check the exit status."""
+    result = subprocess.run(train_args(launcher, out, data, *overrides), capture_output=True, text=True,
+                            timeout=timeout, cwd=REPO_ROOT, env={**os.environ, **(env or {})})
+    assert result.returncode == expect, f"exit {result.returncode}\n" + result.stdout[-3000:] + result.stderr[-6000:]
+    return result
+
+
+def start(args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    """Start a process in its own session (so it can be signalled as a whole), output to ``log``."""
+    return subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+
+
+def wait_for(condition, timeout: float = 180, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def kill_session(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    os.killpg(process.pid, sig)
+    process.wait(timeout=60)
+
+
+def run_dir(out: Path, name: str | None = None) -> Path:
+    if name is not None:
+        return out / name
+    runs = [p for p in out.iterdir() if p.is_dir()]
+    assert len(runs) == 1, f"expected exactly one run directory, got {runs}"  # decided once for all ranks
+    return runs[0]
+
+
+def tensors(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path))
+
+
+def assert_identical(a: Path, b: Path) -> None:
+    """Two safetensors files hold bit-identical tensors."""
+    left, right = tensors(a), tensors(b)
+    assert left.keys() == right.keys(), (a, b)
+    different = [k for k in left if not torch.equal(left[k], right[k])]
+    assert not different, f"{len(different)} tensors differ between {a} and {b}, e.g. {different[:3]}"

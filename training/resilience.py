@@ -1,0 +1,138 @@
+"""Stopping and skipping the same way on every rank.
+
+A rank that skips a backward pass or leaves the loop on its own hangs the others in the
+next collective (the seeds' errors 5 and 8). So every decision here is taken together:
+each rank contributes its local flags (a signal arrived, the loss is not finite, the
+forward pass ran out of memory) and all ranks act on the maximum.
+
+A bad micro-batch is not skipped by leaving out its backward pass: every rank still runs
+one, on a loss multiplied by NaN, so the gradient collectives (DDP buckets, ZeRO
+reduce-scatter) happen in the same order everywhere; the resulting non-finite gradient
+norm then makes every rank skip the optimizer step (DeepSpeed's own overflow check does
+the same inside its step).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+from dataclasses import dataclass, field
+
+import torch
+
+from training.config import ConfigError
+
+logger = logging.getLogger(__name__)
+FAULT_KINDS = ("nan_loss", "oom", "crash_in_save", "sigterm")
+
+
+class StopRequest:
+    """Remembers SIGTERM/SIGINT instead of dying mid-step; the loop checkpoints and exits
+    at the next step boundary. A second SIGINT (Ctrl+C twice) interrupts at once."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> "StopRequest":
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signal_name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+        logger.warning("received %s: will save a checkpoint and stop at the next step boundary", self.signal_name)
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+
+def agree(flags: list[bool], device: torch.device) -> list[bool]:
+    """Element-wise OR of ``flags`` over all ranks (one small all-reduce)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return list(flags)
+    tensor = torch.tensor([float(f) for f in flags], device=device)
+    torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+    return [bool(v) for v in tensor.tolist()]
+
+
+def broadcast_flag(flag: bool, device: torch.device) -> bool:
+    """Rank 0's ``flag`` on every rank (decisions such as early stopping are taken once)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return flag
+    tensor = torch.tensor([float(flag)], device=device)
+    torch.distributed.broadcast(tensor, src=0)
+    return bool(tensor.item())
+
+
+def is_finite_number(value) -> bool:
+    """True for a finite float or 0-dim tensor (grad norms come as either; the seeds' error 6)."""
+    if value is None:
+        return True
+    return math.isfinite(float(value))
+
+
+def poisoned(loss: torch.Tensor) -> torch.Tensor:
+    """The same graph with NaN gradients everywhere: backward still runs every collective."""
+    return loss * float("nan")
+
+
+@dataclass
+class FaultPlan:
+    """Deliberate faults for testing the recovery paths (config ``fault_injection``).
+
+    Format: ``kind@N[-M][:rank]`` items separated by commas, e.g. ``nan_loss@3:1,oom@5``.
+    ``nan_loss`` and ``oom`` hit the forward passes of accumulation windows N..M
+    (counted from 1, skipped windows included, so a fault fires once per window),
+    ``sigterm`` sends SIGTERM to the process in window N, ``crash_in_save`` kills the
+    process while checkpoint N is being written (after the files, before the manifest).
+    Without a rank, every rank is hit.
+    """
+
+    faults: set[tuple[str, int, int | None]] = field(default_factory=set)
+
+    @classmethod
+    def parse(cls, spec: str) -> "FaultPlan":
+        faults = set()
+        for item in filter(None, (part.strip() for part in spec.split(","))):
+            try:
+                kind, rest = item.split("@")
+                steps, _, rank = rest.partition(":")
+                first, _, last = steps.partition("-")
+                faults.update((kind, n, int(rank) if rank else None) for n in range(int(first), int(last or first) + 1))
+            except ValueError:
+                raise ConfigError(f"fault_injection item {item!r}: expected kind@N, kind@N-M or kind@N:rank") from None
+            if kind not in FAULT_KINDS:
+                raise ConfigError(f"fault_injection kind {kind!r}: expected one of {FAULT_KINDS}")
+        return cls(faults)
+
+    def fires(self, kind: str, step: int, rank: int) -> bool:
+        return (kind, step, rank) in self.faults or (kind, step, None) in self.faults
+
+    def inject_forward(self, step: int, rank: int, loss: torch.Tensor) -> torch.Tensor:
+        """Raise a simulated out-of-memory error or return a NaN loss at ``step``."""
+        if self.fires("oom", step, rank):
+            raise torch.OutOfMemoryError(f"injected out-of-memory error at step {step} (fault_injection)")
+        if self.fires("nan_loss", step, rank):
+            return loss * float("nan")
+        return loss
+
+    def maybe_signal(self, step: int, rank: int) -> None:
+        """Send SIGTERM to this process once, at the first micro-batch of ``step``."""
+        if self.fires("sigterm", step, rank):
+            self.faults -= {("sigterm", step, rank), ("sigterm", step, None)}
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def maybe_crash_in_save(self, step: int, rank: int) -> None:
+        if self.fires("crash_in_save", step, rank):
+            logger.error("fault_injection: killing the process while checkpoint-%d is being written", step)
+            os._exit(9)
