@@ -93,7 +93,8 @@ def group_frames(frames: torch.Tensor, group: int) -> torch.Tensor:
     on channels (Seraena's samples). T must be a multiple of ``group``: nothing is trimmed."""
     n, t, c, h, w = frames.shape
     if t % group:
-        raise ValueError(f"{t} frames do not split into groups of {group}; valid group sizes: {group_sizes(t)}")
+        raise ValueError(f"{t} frames do not split into groups of {group}; valid group sizes: "
+                         f"{', '.join(map(str, group_sizes(t)))}")
     return frames.reshape(n * (t // group), group * c, h, w)
 
 

@@ -7,7 +7,6 @@ there; docs/fault_tolerance.md has the full table.
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -57,12 +56,12 @@ def test_error03_tensorboard_gets_only_the_types_it_accepts(tmp_path, name):
 
 
 def test_error04_inputs_follow_the_dtype_of_low_precision_weights():
-    from training.taehv_train import training_losses
+    from training.taehv_train import training_forward
 
     config = TrainConfig(n_frames=9)
     model = TAEHV(variant="taecvx").to(torch.bfloat16)  # as DeepSpeed bf16 casts the module
     frames, z_ref = torch.rand(1, 9, 3, 16, 16), torch.randn(1, 3, 16, 2, 2)  # float32, as the loop has them
-    losses = training_losses(Accelerator(cpu=True), model, frames, z_ref, config, torch.bfloat16)
+    losses = training_forward(Accelerator(cpu=True), model, frames, z_ref, config, torch.bfloat16).losses
     assert losses["loss"].dtype == torch.float32 and bool(torch.isfinite(losses["loss"]))
 
 
@@ -89,3 +88,50 @@ def test_error14_taecvx_16_frames_decode_to_16_targets():
     with torch.no_grad():
         decoded = model.decode_video(model.encode_video(frames))
     assert decoded.shape[1] == plan.decoded_frames == plan.target(frames).shape[1] == 16
+
+
+def test_error10_seraena_stays_out_of_prepare_and_identical_across_ranks():
+    """The discriminator has its own optimizer and is never handed to DeepSpeed; the
+    2-process ZeRO-2 run (tests/test_seraena_training.py) shows it identical on both ranks."""
+    import inspect
+
+    from training import adversarial, taehv_train
+
+    prepared = [line for line in inspect.getsource(taehv_train.main).splitlines() if "accelerator.prepare(" in line]
+    assert len(prepared) == 1 and "seraena" not in prepared[0]
+    assert "Seraena(" in inspect.getsource(adversarial.build_seraena)
+
+
+@pytest.mark.parametrize("frames, group", [(9, 3), (12, 3), (17, 1), (17, 17), (16, 4)])
+def test_error11_grouping_for_seraena_is_exactly_invertible(frames, group):
+    clips = torch.rand(2, frames, 3, 8, 16)
+    grouped = group_frames(clips, group)
+    assert grouped.shape == (2 * frames // group, 3 * group, 8, 16)
+    assert torch.equal(ungroup_frames(grouped, group, frames), clips)
+
+
+def test_error13_seraena_group_size_that_drops_frames_stops_start_up(tmp_path):
+    with pytest.raises(ConfigError, match=r"n_seraena_frames=8 does not divide the 17 decoded frames.*Valid: 1, 17"):
+        check(valid(tmp_path, variant="taehv", n_frames=20, use_seraena=True, n_seraena_frames=8, train_batch_size=2))
+    with pytest.raises(ValueError, match="valid group sizes: 1, 17"):
+        group_frames(torch.rand(1, 17, 3, 8, 8), 8)  # never trimmed at run time either
+    check(valid(tmp_path, variant="taehv", n_frames=20, use_seraena=True, n_seraena_frames=1, train_batch_size=2))
+
+
+@pytest.mark.parametrize("variant, n_frames", [("taecvx", 16), ("taecvx", 17), ("taehv", 19), ("taehv", 20)])
+def test_error15_16_seraena_follows_the_decoded_tensor(variant, n_frames):
+    """Groups and context come from the decoded tensor (16 for taecvx's 16 frames, 17 for
+    taehv's 19), so frames, targets and context always line up."""
+    from models.seraena import Seraena
+    from training.adversarial import seraena_loss
+
+    model = TAEHV(variant=variant)
+    plan = model.plan(n_frames)
+    frames = torch.rand(2, n_frames, 3, 16, 16)
+    with torch.no_grad():
+        latents = model.encode_video(frames)
+        decoded = model.decode_video(latents, clamp=False)
+    assert decoded.shape[1] == plan.decoded_frames
+    seraena = Seraena(3, model.latent_channels, buffer_size=8)
+    loss, stats = seraena_loss(seraena, decoded.requires_grad_(), plan.target(frames), latents, group=1)
+    assert loss.ndim == 0 and bool(torch.isfinite(loss)) and bool(torch.isfinite(stats["disc_loss"]))

@@ -76,14 +76,19 @@ def interrupted_chain(launcher, out, clips, faults: str, *common: str, signal_ra
     assert "resumed from" in (out / "run" / "train.log").read_text()
 
 
-@pytest.mark.parametrize("launcher, faults, signal_rank, accumulation", [
-    pytest.param(ONE_PROCESS, FAULTS_ONE_PROCESS, "", 1, id="1-process"),
-    pytest.param(deepspeed_zero2(29541), FAULTS, ":1", 2, id="2-process-deepspeed-zero2"),
+SERAENA = ["--use_seraena=true", "--train_batch_size=2", "--n_seraena_frames=3"]  # 2 x 9 frames -> 6 groups
+
+
+@pytest.mark.parametrize("launcher, faults, signal_rank, options", [
+    pytest.param(ONE_PROCESS, FAULTS_ONE_PROCESS, "", [], id="1-process"),
+    pytest.param(ONE_PROCESS, FAULTS_ONE_PROCESS, "", SERAENA, id="1-process-seraena"),
+    pytest.param(deepspeed_zero2(29541), FAULTS, ":1", ["--gradient_accumulation_steps=2", *SERAENA],
+                 id="2-process-deepspeed-zero2-seraena"),
 ])
 def test_exact_resume_after_sigterm_and_crash_during_save(tmp_path, demo_clips, launcher, faults, signal_rank,
-                                                          accumulation):
+                                                          options):
     common = [f"--max_train_steps={STEPS}", "--run_name=run", "--checkpoints_total_limit=2",
-              "--checkpointing_steps=1", f"--gradient_accumulation_steps={accumulation}"]
+              "--checkpointing_steps=1", *options]
     train(launcher, tmp_path / "full", demo_clips, *common, f"--fault_injection={faults}")
     full = tmp_path / "full" / "run"
     state = trainer_state(full / f"checkpoints/checkpoint-{STEPS}")["progress"]
@@ -93,6 +98,12 @@ def test_exact_resume_after_sigterm_and_crash_during_save(tmp_path, demo_clips, 
     assert_same_training(full, tmp_path / "resumed" / "run")
     final = tensors(full / "final_model.safetensors")
     assert all(t.dtype == torch.float32 and bool(t.isfinite().all()) for t in final.values())
+    seraena = sorted((full / f"checkpoints/checkpoint-{STEPS}").glob("seraena_rank*.safetensors"))
+    if launcher is not ONE_PROCESS and seraena:  # ranks see different data, yet one discriminator
+        ranks = [tensors(path) for path in seraena]
+        weights = [k for k in ranks[0] if k.startswith("discriminator.")]
+        assert len(ranks) == 2 and weights and all(torch.equal(ranks[0][k], ranks[1][k]) for k in weights)
+        assert not torch.equal(ranks[0]["buffer.images"], ranks[1]["buffer.images"])  # each rank its own fakes
 
 
 def test_error05_nonfinite_and_oom_steps_are_skipped_together_under_ddp(tmp_path, demo_clips):

@@ -54,15 +54,20 @@ def test_single_process_with_reference_vae_bf16(tmp_path, demo_clips, tiny_cogvi
     assert '"ref_vae_path"' in (run / "config.json").read_text()
 
 
-def test_deepspeed_zero2_two_processes(tmp_path, demo_clips, tiny_cogvideox_vae):
-    run = run_training(deepspeed_zero2(29531), tmp_path, demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}", "--ref_vae_dtype=fp32", "--gradient_accumulation_steps=2",
+def test_deepspeed_zero2_two_processes_with_seraena(tmp_path, demo_clips, tiny_cogvideox_vae):
+    run = run_training(deepspeed_zero2(29531), tmp_path, demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}",
+                       "--use_seraena=true", "--train_batch_size=2", "--n_seraena_frames=9", "--max_train_steps=2", "--ref_vae_dtype=fp32", "--gradient_accumulation_steps=2",
                        "--max_grad_norm=0.5")
     assert_exported(run)
     assert "2 process(es), DistributedType.DEEPSPEED" in (run / "train.log").read_text()
-    assert "train/encoder_loss" in scalars(run)
-    checkpoint = run / "checkpoints" / "checkpoint-4"  # ZeRO-2: one optimizer shard per rank, no pickles
+    logged = scalars(run)
+    for tag in ("train/encoder_loss", "train/seraena_loss", "train/seraena_disc_loss"):
+        assert tag in logged and all(v == v for v in logged[tag]), tag
+    assert "Seraena: 7.5M parameters" in (run / "train.log").read_text()
+    checkpoint = run / "checkpoints" / "checkpoint-2"  # ZeRO-2: one optimizer shard per rank, no pickles
     assert {p.name for p in checkpoint.iterdir()} >= {"optimizer_rank0.safetensors", "optimizer_rank1.safetensors",
-                                                      "rng_rank0.json", "rng_rank1.json", "model.safetensors"}
+                                                      "rng_rank0.json", "rng_rank1.json", "model.safetensors",
+                                                      "seraena_rank0.safetensors", "seraena_rank1.safetensors"}
     assert not list(checkpoint.rglob("*.pkl")) and not list(checkpoint.rglob("*.pt"))
 
 

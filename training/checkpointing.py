@@ -304,9 +304,10 @@ def load_training_state(objects: TrainingObjects, path: Path) -> dict:
     if manifest["distributed_type"] != str(acc.distributed_type):
         raise ConfigError(f"{path} was saved under {manifest['distributed_type']} but this run uses "
                           f"{acc.distributed_type}: resume with the same launcher (DeepSpeed or not)")
-    objects.module.load_state_dict(load_file(str(path / "model.safetensors"), device=str(acc.device)), strict=True)
+    # everything is read to the CPU; load_state_dict copies it into the live tensors on their device
+    objects.module.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
     if objects.deepspeed:
-        _load_deepspeed_optimizer_state(objects.model.optimizer, load_tree(path / f"optimizer_rank{rank}", acc.device),
+        _load_deepspeed_optimizer_state(objects.model.optimizer, load_tree(path / f"optimizer_rank{rank}"),
                                         rank, acc.num_processes)
     else:
         objects.optimizer.load_state_dict(load_tree(path / "optimizer"))
@@ -317,7 +318,7 @@ def load_training_state(objects: TrainingObjects, path: Path) -> dict:
         objects.ema.load_state_dict(load_tree(path / "ema"))
         objects.ema.to(acc.device)
     for name, extra in objects.extras.items():
-        extra.load_training_state(load_file(str(path / f"{name}_rank{rank}.safetensors"), device=str(acc.device)))
+        extra.load_training_state(load_file(str(path / f"{name}_rank{rank}.safetensors")))
     set_rng_state(load_tree(path / f"rng_rank{rank}"), objects.generator)
     return read_trainer_state(path)
 

@@ -74,8 +74,8 @@ def save_tree(stem: Path, tree: Any) -> list[Path]:
     return written
 
 
-def load_tree(stem: Path, device: torch.device | str = "cpu") -> Any:
-    """Rebuild what ``save_tree(stem, ...)`` wrote; tensors land on ``device``."""
+def load_tree(stem: Path) -> Any:
+    """Rebuild what ``save_tree(stem, ...)`` wrote, tensors on the CPU."""
     document = json.loads(stem.with_suffix(".json").read_text())
-    tensors = load_file(str(stem.with_suffix(".safetensors")), device=str(device)) if document["tensors"] else {}
+    tensors = load_file(str(stem.with_suffix(".safetensors"))) if document["tensors"] else {}
     return _decode(document["tree"], tensors)

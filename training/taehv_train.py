@@ -26,6 +26,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -37,8 +38,10 @@ from diffusers.training_utils import EMAModel  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from models.checkpoint import save_weights  # noqa: E402
-from models.taehv import TAEHV  # noqa: E402
+from models.seraena import Seraena  # noqa: E402
+from models.taehv import TAEHV, AutoencoderOutput  # noqa: E402
 from training.best_model import BestTracker  # noqa: E402
+from training.adversarial import build_seraena, seraena_loss  # noqa: E402
 from training.checkpointing import (  # noqa: E402
     TrainingObjects,
     load_training_state,
@@ -49,7 +52,9 @@ from training.checkpointing import (  # noqa: E402
     write_atomically,
 )
 from training.config import ConfigError, TrainConfig, check, describe, exit_on_config_error, load_config, resolve_path  # noqa: E402
+from training.cache_latents import CachedLatentDataset  # noqa: E402
 from training.dataset import VideoClipDataset, build_dataloader  # noqa: E402
+from training.distributed import process_group_backend, process_state  # noqa: E402
 from training.losses import compute_losses  # noqa: E402
 from training.monitoring import Monitor  # noqa: E402
 from training.resilience import FaultPlan, StopRequest, agree, broadcast_flag, is_finite_number, poisoned  # noqa: E402
@@ -82,12 +87,6 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     if args.resume:
         overrides.append(f"--resume_from_checkpoint={args.resume}")
     return load_config(args.config, overrides)
-
-
-def process_group_backend() -> str | None:
-    """gloo for multi-process runs without CUDA (NCCL needs GPUs); Accelerate's default otherwise."""
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    return "gloo" if distributed and not torch.cuda.is_available() else None
 
 
 def make_accelerator(config: TrainConfig, run_dir: Path) -> Accelerator:
@@ -215,23 +214,41 @@ def placeholder_batch(net: TAEHV, config: TrainConfig, device: torch.device,
     return frames, torch.zeros(1, latents, net.latent_channels, 1, 1, device=device)
 
 
-def training_losses(accelerator: Accelerator, model: torch.nn.Module, frames: torch.Tensor, z_ref: torch.Tensor | None,
-                    config: TrainConfig, input_dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    plan = accelerator.unwrap_model(model).plan(frames.shape[1])
+class Forward(NamedTuple):
+    out: AutoencoderOutput
+    targets: torch.Tensor  # input frames aligned with the decoded frames (FramePlan.target)
+    losses: dict[str, torch.Tensor]
+
+
+def training_forward(accelerator: Accelerator, model: torch.nn.Module, frames: torch.Tensor,
+                     z_ref: torch.Tensor | None, config: TrainConfig, input_dtype: torch.dtype) -> Forward:
+    """The model's forward pass and the recipe's losses; inputs are cast to the weights'
+    dtype here, once (DeepSpeed bf16 keeps the module in bf16: the seeds' error 4)."""
+    targets = accelerator.unwrap_model(model).plan(frames.shape[1]).target(frames)
     with accelerator.autocast():
         out = model(frames.to(input_dtype), None if z_ref is None else z_ref.to(input_dtype),
                     decode_own=z_ref is None or config.reconstruction_loss_weight > 0)
-    return compute_losses(out, plan.target(frames), z_ref, config.encoder_loss_weight, config.decoder_loss_weight,
-                          config.reconstruction_loss_weight, config.lpips_loss_weight)
+    losses = compute_losses(out, targets, z_ref, config.encoder_loss_weight, config.decoder_loss_weight,
+                            config.reconstruction_loss_weight, config.lpips_loss_weight)
+    return Forward(out, targets, losses)
+
+
+def add_seraena_loss(forward: Forward, seraena: Seraena, z_ref: torch.Tensor | None, config: TrainConfig) -> None:
+    """Seraena on the frames the decoder makes from the reference latents (its own
+    latents without a reference VAE), with those latents as context."""
+    out, losses = forward.out, forward.losses
+    decoded, latents = (out.decoded_from_reference, z_ref) if z_ref is not None else (out.decoded, out.latents)
+    loss, stats = seraena_loss(seraena, decoded, forward.targets, latents, config.n_seraena_frames)
+    losses["seraena_loss"] = loss
+    losses["seraena_disc_loss"] = stats["disc_loss"].detach()
+    losses["loss"] = losses["loss"] + config.seraena_loss_weight * loss
 
 
 def main(argv: list[str] | None = None) -> Path:
     config = parse_args(argv)
     notes = check(config)
     faults = FaultPlan.parse(config.fault_injection)
-    backend = process_group_backend()
-    cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")  # DDP over CPU processes
-    run_dir, resume_from = decide_run_dir(PartialState(cpu=cpu, **({"backend": backend} if backend else {})), config)
+    run_dir, resume_from = decide_run_dir(process_state(), config)
     accelerator = make_accelerator(config, run_dir)
     setup_logging(run_dir, accelerator)
     for note in notes:
@@ -257,6 +274,10 @@ def main(argv: list[str] | None = None) -> Path:
     train_set, val_set = build_datasets(config)
     report = train_set.validate()
     logger.info("training clips: %d (%s)", len(train_set), report)
+    if config.latent_cache_dir:  # reference latents precomputed for these clips and crops
+        train_set = CachedLatentDataset.from_config(train_set, config)
+        logger.info("reference latents from the cache %s (%d epochs)", config.latent_cache_dir,
+                    train_set.cache.epochs)
     loader = build_dataloader(train_set, config.train_batch_size, config.dataloader_num_workers, shuffle=True,
                               seed=config.seed, drop_last=True, prefetch_factor=config.prefetch_factor,
                               persistent_workers=config.persistent_workers)
@@ -271,7 +292,9 @@ def main(argv: list[str] | None = None) -> Path:
     if ema is not None:
         ema.to(accelerator.device)
     generator = torch.Generator(accelerator.device).manual_seed(config.seed * 1000 + accelerator.process_index)
-    objects = TrainingObjects(accelerator, model, optimizer, scheduler, ema, generator)
+    seraena = build_seraena(config, net, accelerator.device) if config.use_seraena else None
+    objects = TrainingObjects(accelerator, model, optimizer, scheduler, ema, generator,
+                              {"seraena": seraena} if seraena is not None else {})
 
     progress = Progress()
     tracker = BestTracker(config.best_metric, config.early_stopping_patience, config.early_stopping_min_delta)
@@ -311,8 +334,12 @@ def main(argv: list[str] | None = None) -> Path:
                 losses, out_of_memory = None, False
                 try:
                     frames = batch["frames"].to(accelerator.device, non_blocking=True).float().div_(255)
-                    z_ref = ref_vae.encode(frames, generator) if ref_vae is not None else None
-                    losses = training_losses(accelerator, model, frames, z_ref, config, input_dtype)
+                    if "latents" in batch:
+                        z_ref = batch["latents"].to(accelerator.device, non_blocking=True).float()
+                    else:
+                        z_ref = ref_vae.encode(frames, generator) if ref_vae is not None else None
+                    forward = training_forward(accelerator, model, frames, z_ref, config, input_dtype)
+                    losses = forward.losses
                     losses["loss"] = faults.inject_forward(window, rank, losses["loss"])
                 except torch.OutOfMemoryError as err:
                     logger.error("out of memory in the forward pass of step %d: %s", progress.step + 1, err)
@@ -325,10 +352,12 @@ def main(argv: list[str] | None = None) -> Path:
                 if any_oom or any_nonfinite:
                     window_problem = "out of memory" if any_oom else "non-finite loss"
                     if losses is None:
-                        losses = training_losses(accelerator, model, *placeholder_batch(
-                            net, config, accelerator.device, ref_vae is not None), config, input_dtype)
+                        losses = training_forward(accelerator, model, *placeholder_batch(
+                            net, config, accelerator.device, ref_vae is not None), config, input_dtype).losses
                     accelerator.backward(poisoned(losses["loss"]))
                 else:
+                    if seraena is not None:  # after the agreement: every rank takes the discriminator step
+                        add_seraena_loss(forward, seraena, z_ref, config)
                     accelerator.backward(losses["loss"])
                     monitor.accumulate(losses)
                 grad_norm = None

@@ -1,0 +1,227 @@
+"""Reference-latent cache (training/cache_latents.py): built by the real CLI in subprocesses
+for the demo clips and a tiny CogVideoX VAE, then compared with the latents training would
+compute online. (Two processes, under ``accelerate launch`` or torchrun, run the same code
+with a shard partition; left out here to keep this file fast.)
+
+The annotation has one missing file, so one sample is always a replacement clip.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT
+from train_runs import TEST_CONFIG
+from training.cache_latents import CachedLatentDataset, LatentCache, entry_point, latent_sample_generator
+from training.config import ConfigError, TrainConfig, load_config
+from training.dataset import VideoClipDataset, VideoDataError, build_dataloader
+from training.make_annotations import write_annotation
+from training.utils import ReferenceVAE
+
+MISSING = 5  # index of the missing file in the annotation (6 clips: shards {0, 1}, {2, 3}, {4, 5})
+LATENT_SHAPE = (3, 16, 4, 4)  # 9 frames at 32x32 -> 3 latent frames of 16 x 4 x 4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny convolutions: a second thread only adds contention on a busy machine (10x here)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data(demo_clips, tmp_path_factory) -> dict:
+    """The demo training clips plus an entry whose file does not exist."""
+    entries = json.loads(demo_clips["train"].read_text())["list"]
+    annotation = tmp_path_factory.mktemp("annotation") / "train_with_missing.json"
+    write_annotation(annotation, entries + [{"path": "videos/missing.mp4", "frames": 12}])
+    assert len(entries) == MISSING
+    return {**demo_clips, "train": annotation}
+
+
+def overrides(data: dict, vae: Path, *extra: str) -> list[str]:
+    """Config overrides shared by the CLI runs and the in-process checks."""
+    return [f"--data_root={data['root']}", f"--annotation_file={data['train']}", f"--val_annotation_file={data['val']}",
+            f"--ref_vae_path={vae}", "--ref_vae_dtype=fp32", "--latent_cache_epochs=2", "--max_failure_fraction=0.5",
+            *extra]
+
+
+def cli_args(data: dict, vae: Path, output: Path, *extra: str) -> list[str]:
+    return ["--config", TEST_CONFIG, *overrides(data, vae), "--output", str(output), "--shard_size", "2",
+            "--dtype", "fp32", *extra]
+
+
+def run_cli(args: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "training.cache_latents", *args], capture_output=True, text=True,
+                            timeout=300, cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+
+
+def online(vae: ReferenceVAE, frames: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """What training computes for one clip: uint8 frames -> [0, 1] NTCHW -> raw latents."""
+    return vae.encode(frames[None].float().div(255), generator)[0]
+
+
+def dataset_and_vae(data: dict, vae_path: Path, *extra: str) -> tuple[TrainConfig, VideoClipDataset, ReferenceVAE]:
+    """The config, training set and reference VAE that training would build."""
+    from training.taehv_train import build_datasets
+
+    config = load_config(TEST_CONFIG, overrides(data, vae_path, *extra))
+    vae = ReferenceVAE(vae_path, config.ref_vae_class, config.ref_vae_subfolder, config.ref_vae_dtype, "cpu",
+                       config.ref_latent_sample)
+    return config, build_datasets(config)[0], vae
+
+
+def shard_files(directory: Path) -> dict[str, Path]:
+    return {p.relative_to(directory).as_posix(): p for p in sorted(directory.glob("epoch*/shard*.safetensors"))}
+
+
+@pytest.fixture(scope="module")
+def sampled_cache(data, tiny_cogvideox_vae, tmp_path_factory) -> Path:
+    """One process, latent_dist.sample(), one clip per VAE call (bit-exact comparisons)."""
+    output = tmp_path_factory.mktemp("sampled") / "cache"
+    run_cli(cli_args(data, tiny_cogvideox_vae, output, "--batch_size", "1"))
+    return output
+
+
+def test_sampled_latents_equal_online_latents(sampled_cache, data, tiny_cogvideox_vae):
+    config, dataset, vae = dataset_and_vae(data, tiny_cogvideox_vae)
+    cache = LatentCache(sampled_cache)
+    cache.check(config, len(dataset))
+    assert list(shard_files(sampled_cache)) == [f"epoch00{e}/shard00000{k}.safetensors" for e in (0, 1)
+                                                for k in (0, 1, 2)]
+    for epoch in (0, 1):
+        dataset.set_epoch(epoch)
+        for index in range(len(dataset)):
+            expected = online(vae, dataset[index]["frames"], latent_sample_generator(config.seed, epoch, index))
+            cached = cache.latents(epoch, index)
+            assert cached.dtype == torch.float32 and cached.shape == LATENT_SHAPE
+            assert torch.equal(cached, expected), (epoch, index)
+            assert torch.equal(cache.latents(epoch + 2, index), cached)  # epochs repeat modulo the cached ones
+    assert not torch.equal(cache.latents(0, 0), cache.latents(1, 0))  # each epoch has its own draws
+
+
+def test_mode_latents_equal_online_latents(data, tiny_cogvideox_vae, tmp_path):
+    output = tmp_path / "cache"
+    run_cli(cli_args(data, tiny_cogvideox_vae, output, "--ref_latent_sample=false", "--batch_size", "1"))
+    config, dataset, vae = dataset_and_vae(data, tiny_cogvideox_vae, "--ref_latent_sample=false")
+    cache = LatentCache(output)
+    cache.check(config, len(dataset))
+    for epoch in (0, 1):
+        dataset.set_epoch(epoch)
+        for index in range(len(dataset)):
+            assert torch.equal(cache.latents(epoch, index), online(vae, dataset[index]["frames"])), (epoch, index)
+
+
+def test_rerun_computes_only_missing_shards(sampled_cache, data, tiny_cogvideox_vae, tmp_path):
+    """An interrupted cache finished with three clips per VAE call: complete shards are
+    untouched, missing ones come back with the same latents."""
+    output = tmp_path / "cache"
+    shutil.copytree(sampled_cache, output)
+    deleted = ["epoch000/shard000000.safetensors", "epoch000/shard000002.safetensors",
+               "epoch001/shard000001.safetensors"]
+    for name in deleted:
+        (output / name).unlink()
+    config, dataset, _ = dataset_and_vae(data, tiny_cogvideox_vae)
+    with pytest.raises(ConfigError, match="incomplete: 3 shard"):
+        LatentCache(output).check(config, len(dataset))
+    kept = {name: path.stat().st_mtime_ns for name, path in shard_files(output).items()}
+
+    # Indices 0, 1 and 4 of epoch 0 share a batch that straddles two missing shards.
+    run_cli(cli_args(data, tiny_cogvideox_vae, output, "--batch_size", "3"))
+    files = shard_files(output)
+    assert sorted(files) == sorted(shard_files(sampled_cache))
+    assert {name: files[name].stat().st_mtime_ns for name in kept} == kept
+    reference, rerun = LatentCache(sampled_cache), LatentCache(output)
+    rerun.check(config, len(dataset))
+    for epoch, index in [(0, 0), (0, 1), (0, 4), (0, 5), (1, 2), (1, 3)]:
+        # Same per-sample noise whatever the batch; batched CPU convolutions differ from
+        # single-clip ones in the last bits only.
+        torch.testing.assert_close(rerun.latents(epoch, index), reference.latents(epoch, index), rtol=0, atol=1e-5)
+        assert rerun.clip(epoch, index) == reference.clip(epoch, index)
+
+
+def test_manifest_mismatch_is_a_clear_error(sampled_cache, data, tiny_cogvideox_vae, capsys):
+    before = (sampled_cache / "manifest.json").read_text()
+    with pytest.raises(SystemExit) as exit_info:
+        entry_point(cli_args(data, tiny_cogvideox_vae, sampled_cache, "--n_frames=17"))
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err
+    assert "n_frames: cache 9, now 17" in message and "delete" in message and "another --output" in message
+    assert (sampled_cache / "manifest.json").read_text() == before
+
+    config, dataset, _ = dataset_and_vae(data, tiny_cogvideox_vae)
+    cache = LatentCache(sampled_cache)
+    with pytest.raises(ConfigError, match=r"n_frames: cache 9, now 17") as error:
+        cache.check(config.replace(n_frames=17, hflip=False), len(dataset))
+    assert "hflip: cache True, now False" in str(error.value)
+    with pytest.raises(ConfigError, match=r"n_clips: cache 6, now 7"):
+        cache.check(config, len(dataset) + 1)
+
+
+def test_cached_dataset_gives_the_latents_of_a_replaced_clip(sampled_cache, data, tiny_cogvideox_vae):
+    config, dataset, vae = dataset_and_vae(data, tiny_cogvideox_vae)
+    wrapped = CachedLatentDataset.from_config(dataset, config.replace(latent_cache_dir=str(sampled_cache)))
+    for epoch in (1, 2, 3):
+        wrapped.set_epoch(epoch)
+        assert (wrapped.epoch, dataset.epoch) == (epoch, epoch % 2)
+        item = wrapped[MISSING]
+        assert item["failures"] >= 1 and item["index"] != MISSING
+        assert item["latents"].shape == LATENT_SHAPE
+        generator = latent_sample_generator(config.seed, epoch % 2, MISSING)
+        assert torch.equal(item["latents"], online(vae, item["frames"], generator))
+        # The replacement's crop and window come from the requested index's draws: the same
+        # clip requested directly is another sample, with other latents.
+        direct = dataset[item["index"]]
+        assert not torch.equal(direct["frames"], item["frames"])
+
+    dataset.set_epoch(5)  # bypassing the wrapper would pair epoch-5 frames with cached epoch 1
+    with pytest.raises(ValueError, match="set_epoch"):
+        wrapped[0]
+
+    loader = build_dataloader(wrapped, batch_size=2, num_workers=0, shuffle=True, seed=config.seed)
+    loader.sampler.set_epoch(2)
+    assert dataset.epoch == 0
+    batches = list(loader)
+    assert len(batches) == 3 and all(b["latents"].shape == (2, *LATENT_SHAPE) for b in batches)
+
+
+def test_cached_dataset_refuses_a_clip_that_changed_since_caching(sampled_cache, data, tiny_cogvideox_vae, tmp_path):
+    """The missing file appears after caching: sample 5 now uses its own clip, whose
+    latents the cache does not hold."""
+    root = tmp_path / "data"
+    shutil.copytree(data["root"], root)
+    shutil.copy(root / "videos" / "clip_00000.mp4", root / "videos" / "missing.mp4")
+    _, dataset, _ = dataset_and_vae({**data, "root": root}, tiny_cogvideox_vae)
+    wrapped = CachedLatentDataset(dataset, LatentCache(sampled_cache))
+    assert wrapped[0]["latents"].shape == LATENT_SHAPE
+    with pytest.raises(VideoDataError, match="changed since the cache was built"):
+        wrapped[MISSING]
+
+def test_errors_exit_with_status_2_and_say_what_to_set(data, tiny_cogvideox_vae, tmp_path, capsys):
+    args = cli_args(data, tiny_cogvideox_vae, tmp_path / "cache")
+    with pytest.raises(SystemExit) as exit_info:
+        entry_point([*args, "--ref_vae_path="])
+    assert exit_info.value.code == 2 and "set ref_vae_path" in capsys.readouterr().err
+
+    without_output = args[: args.index("--output")] + args[args.index("--output") + 2:]
+    with pytest.raises(SystemExit) as exit_info:
+        entry_point(without_output)
+    assert exit_info.value.code == 2 and "--output DIR or set latent_cache_dir" in capsys.readouterr().err
+
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "notes.txt").write_text("not a cache")
+    with pytest.raises(SystemExit) as exit_info:
+        entry_point(args)
+    assert exit_info.value.code == 2 and "not empty" in capsys.readouterr().err
+    assert not (tmp_path / "cache" / "manifest.json").exists()
+

@@ -1,0 +1,22 @@
+"""Process-group set-up shared by training and the latent cache (CPU runs use gloo)."""
+from __future__ import annotations
+
+import os
+
+import torch
+from accelerate import PartialState
+
+
+def process_group_backend() -> str | None:
+    """gloo for multi-process runs without CUDA (NCCL needs GPUs); Accelerate's default otherwise."""
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return "gloo" if distributed and not torch.cuda.is_available() else None
+
+
+def process_state() -> PartialState:
+    """Accelerate's process state. Several processes without CUDA need ``cpu=True`` as well
+    as gloo: otherwise (``accelerate launch --multi_gpu`` with ACCELERATE_USE_CPU, or
+    torchrun on CPU) Accelerate counts the ranks but its barriers do nothing."""
+    backend = process_group_backend()
+    cpu = backend == "gloo" or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    return PartialState(cpu=cpu, **({"backend": backend} if backend else {}))
