@@ -91,8 +91,9 @@ def test_error14_taecvx_16_frames_decode_to_16_targets():
 
 
 def test_error10_seraena_stays_out_of_prepare_and_identical_across_ranks():
-    """The discriminator has its own optimizer and is never handed to DeepSpeed; the
-    2-process ZeRO-2 run (tests/test_seraena_training.py) shows it identical on both ranks."""
+    """The discriminator has its own optimizer and is never handed to DeepSpeed. The
+    2-process ZeRO-2 runs (tests/test_train.py, tests/test_fault_tolerance.py) train with it
+    and show it identical on both ranks."""
     import inspect
 
     from training import adversarial, taehv_train

@@ -316,6 +316,36 @@ def main(argv: list[str] | None = None) -> Path:
 
     input_dtype = next(net.parameters()).dtype  # DeepSpeed bf16/fp16 casts the weights themselves
     samples_per_step = config.train_batch_size * config.gradient_accumulation_steps * accelerator.num_processes
+
+    def after_step(grad_norm) -> str | None:
+        """Logging, validation (best model, early stopping) and checkpointing after an
+        applied step; returns why training stops now, or None."""
+        step, last = progress.step, progress.step >= config.max_train_steps
+        if step % config.log_every == 0 or last:
+            logs = monitor.log_train(step, scheduler.get_last_lr()[0], grad_norm, samples_per_step)
+            progress_bar.set_postfix(loss=f"{logs['train/loss']:.4f}", psnr=f"{monitor.last_psnr:.2f}")
+        early_stop = False
+        if val_set is not None and (step % config.validation_every == 0 or last):
+            with ema_weights(ema, net):
+                metrics = validate(accelerator, net, val_set, config, ref_vae, input_dtype)
+            monitor.log_validation(step, metrics)
+            model.train()
+            scalars = {k: v for k, v in metrics.items() if isinstance(v, float)}
+            if tracker.update(step, scalars):
+                export_best_model(accelerator, model, ema, run_dir, {
+                    "step": step, "metric": config.best_metric, "value": scalars[config.best_metric],
+                    "metrics": scalars, "variant": net.variant, "ema": ema is not None, "config_file": config.config_file})
+                logger.info("new best %s=%.4f at step %d: saved %s", config.best_metric, scalars[config.best_metric],
+                            step, run_dir / "best_model")
+            if accelerator.is_main_process:
+                tracker.write_history(run_dir)
+            early_stop = broadcast_flag(tracker.should_stop, accelerator.device)  # decided once, obeyed by all
+        if step % config.checkpointing_steps == 0 or last:
+            checkpoint()
+        if last:
+            return "finished"
+        return "early_stop" if early_stop else None
+
     progress_bar = tqdm(total=config.max_train_steps, initial=progress.step, disable=not accelerator.is_local_main_process,
                         desc="train", dynamic_ncols=True)
     profiler = monitor.profiler()
@@ -382,9 +412,7 @@ def main(argv: list[str] | None = None) -> Path:
                 if profiler is not None:
                     profiler.step()
                 progress_bar.update(1)
-                stop_reason = after_step(config, accelerator, model, net, ema, val_set, ref_vae, input_dtype, monitor,
-                                         tracker, progress, run_dir, scheduler, grad_norm, samples_per_step,
-                                         progress_bar, checkpoint)
+                stop_reason = after_step(grad_norm)
             else:
                 progress.skipped_steps += 1
                 progress.consecutive_skips += 1
@@ -427,39 +455,6 @@ def main(argv: list[str] | None = None) -> Path:
         logger.info("saved %s and %s", run_dir / "final_model.pth", run_dir / "final_model.safetensors")
     accelerator.end_training()
     return run_dir
-
-
-def after_step(config: TrainConfig, accelerator: Accelerator, model: torch.nn.Module, net: TAEHV,
-               ema: EMAModel | None, val_set: VideoClipDataset | None, ref_vae: ReferenceVAE | None,
-               input_dtype: torch.dtype, monitor: Monitor, tracker: BestTracker, progress: Progress, run_dir: Path,
-               scheduler, grad_norm, samples_per_step: int, progress_bar: tqdm, checkpoint) -> str | None:
-    """Logging, validation (best model, early stopping) and checkpointing after an applied
-    step; returns why training stops now, or None."""
-    step, last = progress.step, progress.step >= config.max_train_steps
-    if step % config.log_every == 0 or last:
-        logs = monitor.log_train(step, scheduler.get_last_lr()[0], grad_norm, samples_per_step)
-        progress_bar.set_postfix(loss=f"{logs['train/loss']:.4f}", psnr=f"{monitor.last_psnr:.2f}")
-    early_stop = False
-    if val_set is not None and (step % config.validation_every == 0 or last):
-        with ema_weights(ema, net):
-            metrics = validate(accelerator, net, val_set, config, ref_vae, input_dtype)
-        monitor.log_validation(step, metrics)
-        model.train()
-        scalars = {k: v for k, v in metrics.items() if isinstance(v, float)}
-        if tracker.update(step, scalars):
-            export_best_model(accelerator, model, ema, run_dir, {
-                "step": step, "metric": config.best_metric, "value": scalars[config.best_metric], "metrics": scalars,
-                "variant": net.variant, "ema": ema is not None, "config_file": config.config_file})
-            logger.info("new best %s=%.4f at step %d: saved %s", config.best_metric, scalars[config.best_metric],
-                        step, run_dir / "best_model")
-        if accelerator.is_main_process:
-            tracker.write_history(run_dir)
-        early_stop = broadcast_flag(tracker.should_stop, accelerator.device)
-    if step % config.checkpointing_steps == 0 or last:
-        checkpoint()
-    if last:
-        return "finished"
-    return "early_stop" if early_stop else None
 
 
 @contextlib.contextmanager
