@@ -24,6 +24,7 @@ The step is assembled from the training loop's own pieces (``training_forward``,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import platform
@@ -101,6 +102,12 @@ class Bench:
 
 
 def main() -> None:
+    with contextlib.redirect_stdout(sys.stderr):  # libraries' log lines (DeepSpeed's) stay out of the JSON
+        result = run()
+    print(json.dumps(result, indent=1))
+
+
+def run() -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--variant", default="taecvx")
@@ -151,7 +158,7 @@ def main() -> None:
     bare = rows[0]["step_s"]
     for row in rows:
         row["ratio_to_bare"] = round(row["step_s"] / bare, 3)
-    print(json.dumps({
+    return {
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -159,7 +166,7 @@ def main() -> None:
         "variant": args.variant, "frames": args.frames, "height": args.height, "width": args.width,
         "batch": args.batch, "mixed_precision": precision, "reference_vae": args.ref_vae or None,
         "steps": rows,
-    }, indent=1))
+    }
 
 
 if __name__ == "__main__":
