@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import REPO_ROOT
@@ -54,11 +55,17 @@ def test_single_process_with_reference_vae_bf16(tmp_path, demo_clips, tiny_cogvi
     assert '"ref_vae_path"' in (run / "config.json").read_text()
 
 
-def test_deepspeed_zero2_two_processes_with_seraena(tmp_path, demo_clips, tiny_cogvideox_vae):
+def test_deepspeed_zero2_two_processes_bf16_with_seraena(tmp_path, demo_clips, tiny_cogvideox_vae):
+    """ZeRO-2 keeps the module in bf16; without EMA the export must be its fp32 master weights."""
     run = run_training(deepspeed_zero2(29531), tmp_path, demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}",
-                       "--use_seraena=true", "--train_batch_size=2", "--n_seraena_frames=9", "--max_train_steps=2", "--ref_vae_dtype=fp32", "--gradient_accumulation_steps=2",
-                       "--max_grad_norm=0.5")
+                       "--use_seraena=true", "--train_batch_size=2", "--n_seraena_frames=9", "--max_train_steps=2",
+                       "--ref_vae_dtype=fp32", "--gradient_accumulation_steps=2", "--max_grad_norm=0.5",
+                       "--mixed_precision=bf16", "--use_ema=false")
     assert_exported(run)
+    exported = load_file(str(run / "final_model.safetensors"))
+    module = load_file(str(run / "checkpoints" / "checkpoint-2" / "model.safetensors"))
+    assert {t.dtype for t in module.values()} == {torch.bfloat16}
+    assert any(not torch.equal(t, t.bfloat16().float()) for t in exported.values())  # not a bf16 cast
     assert "2 process(es), DistributedType.DEEPSPEED" in (run / "train.log").read_text()
     logged = scalars(run)
     for tag in ("train/encoder_loss", "train/seraena_loss", "train/seraena_disc_loss"):
