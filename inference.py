@@ -42,7 +42,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_path", required=True,
-                   help="weights (.pth/.safetensors, ours or published), a training checkpoint folder or a run folder")
+                   help="weights (.pth/.safetensors, ours or published), a training checkpoint or best_model folder, "
+                        "or a run folder")
     p.add_argument("--variant", default=None, help="architecture when the file does not say (e.g. taecvx)")
     p.add_argument("--config", default=None, help="training config: default data (val set), size and frames")
     src = p.add_argument_group("data (one of --videos, --annotation_file/--data_root, --config)")

@@ -41,8 +41,8 @@ def _check_path(path: str | os.PathLike) -> Path:
 
 
 def find_weights(path: str | os.PathLike) -> Path:
-    """The weight file behind a path: the file itself, a training checkpoint folder
-    (``weights.safetensors``) or a run folder (``final_model.safetensors``)."""
+    """The weight file behind a path: the file itself, a training checkpoint or
+    ``best_model`` folder (``weights.safetensors``) or a run folder (``final_model.safetensors``)."""
     path = Path(path)
     if path.is_dir():
         for name in ("weights.safetensors", "final_model.safetensors", "final_model.pth"):

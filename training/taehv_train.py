@@ -374,8 +374,8 @@ def main(argv: list[str] | None = None) -> Path:
                 except torch.OutOfMemoryError as err:
                     logger.error("out of memory in the forward pass of step %d: %s", progress.step + 1, err)
                     out_of_memory = True
-                    if torch.cuda.is_available():
-                        torch.cuda.empty_cache()
+                if out_of_memory and torch.cuda.is_available():
+                    torch.cuda.empty_cache()  # outside the except block, whose traceback holds the activations
                 local_nonfinite = losses is not None and not bool(torch.isfinite(losses["loss"]))
                 any_oom, any_nonfinite, any_signal = agree([out_of_memory, local_nonfinite, stop.requested],
                                                            accelerator.device)
