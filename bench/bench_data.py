@@ -4,23 +4,29 @@
     python bench/bench_data.py --videos-dir ../shared/videos --n-frames 12 \\
         --sizes 720x480 256x256 --clips 48 --workers 0 1 2
 
+Resize: per-frame cost with one OpenCV thread of a single ``cv2.INTER_AREA`` and of the
+loader's ``area_resize`` on loader-like crops (crop scale drawn from ``--crop-scale``) of
+real frames, timed interleaved crop by crop (median over repeats), and how far apart the
+two outputs are (mean and max absolute difference in 8-bit levels).
 Raw decode: open each file and read ``n_frames`` consecutive frames from the start with
 ``cv2.VideoCapture.read`` (decode + BGR conversion, one FFmpeg thread, as the loader).
-Raw decode at random starts: the same, from a uniformly drawn start (seeking as the
-loader does), i.e. the decoding cost of the loader's access pattern without its
-crop/resize/tensor work.
-Loader: ``VideoClipDataset`` samples of ``n_frames`` frames (random crop, INTER_AREA
-resize to WxH, flip, RGB tensor) in two windows:
+Raw decode of the loader's windows: the same files, starts and strides that the loader
+reads in a row (recorded from a dry pass; seeking as the loader does), i.e. the decoding
+cost of the loader's access pattern without its crop/resize/tensor work.
+Loader: ``VideoClipDataset`` samples of ``n_frames`` frames (random crop, area resize to
+WxH, flip, RGB tensor) in two windows:
 - "random": the training sampler (start uniform over the decodable frames, stride in
   ``--stride-range``): includes the cost of random access (a seek decodes from the
   keyframe before the start);
 - "first": the annotation claims each clip has exactly ``n_frames`` frames, so the
   window starts at frame 0 like the raw read: isolates the loader's own overhead.
 Workers 0 is the dataset called in this process, otherwise ``build_dataloader`` with
-batch size 1 (clock started after the first batch, so worker start-up is not counted).
-"per worker" divides by max(workers, 1). Clips cycle through the files. Ratios:
-``vs_raw_sequential`` against the sequential raw read, ``vs_raw_same_starts`` against
-the raw read with the window's access pattern (random starts or frame 0).
+batch size 1; both time samples 1..clips (sample 0 is the warm-up: imports, first open,
+worker start-up). "per worker" divides by max(workers, 1). Clips cycle through the
+files. Each loader row is the median of ``--repeats`` rounds, each round a raw decode of
+the row's windows right before the loader pass, so that both see the same machine load.
+Ratios: ``vs_raw_sequential`` against the sequential raw read, ``vs_raw_same_starts``
+the median of the rounds' loader / raw-of-the-same-windows ratios.
 """
 from __future__ import annotations
 
@@ -31,7 +37,9 @@ import platform
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import cv2
 import numpy as np
@@ -40,11 +48,68 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from training.dataset import (  # noqa: E402
     VideoClipDataset,
     VideoReader,
+    area_resize,
     build_dataloader,
+    crop_box,
     find_videos,
     probe_video,
 )
 from training.make_annotations import write_annotation  # noqa: E402
+
+Window = tuple[str, int, int, int]  # path, start, stride, count
+
+
+def sample_crops(paths: list[str], width: int, height: int, crop_scale: tuple[float, float]) -> list[np.ndarray]:
+    """Four loader-like crops (area fraction, position) of frames 0, 10 and 20 of each file."""
+    rng = np.random.default_rng(0)
+    crops = []
+    for path in paths:
+        with VideoReader(path) as reader:
+            frames, _ = reader.read(0, 10, 3)
+        for frame in frames:
+            for _ in range(4):
+                area, u_y, u_x = float(rng.uniform(*crop_scale)), float(rng.random()), float(rng.random())
+                y, x, h, w = crop_box(frame.shape[0], frame.shape[1], height, width, area, u_y, u_x)
+                crops.append(frame[y : y + h, x : x + w])
+    return crops
+
+
+def inter_area(crop: np.ndarray, width: int, height: int) -> np.ndarray:
+    return cv2.resize(crop, (width, height), interpolation=cv2.INTER_AREA)
+
+
+def resize_cost(crops: list[np.ndarray], width: int, height: int, repeats: int = 9) -> dict:
+    """ms per frame (one OpenCV thread) of INTER_AREA and area_resize, interleaved per crop."""
+    resizers = {"inter_area": inter_area, "area_resize": area_resize}
+    seconds: dict[str, list[float]] = {name: [] for name in resizers}
+    threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        for repeat in range(repeats):
+            order = list(resizers) if repeat % 2 == 0 else list(resizers)[::-1]
+            total = dict.fromkeys(resizers, 0.0)
+            for crop in crops:
+                for name in order:
+                    start = time.perf_counter()
+                    resizers[name](crop, width, height)
+                    total[name] += time.perf_counter() - start
+            for name in resizers:
+                seconds[name].append(total[name] / len(crops))
+    finally:
+        cv2.setNumThreads(threads)
+    diff = np.concatenate(
+        [np.abs(area_resize(c, width, height).astype(np.int16) - inter_area(c, width, height)).ravel() for c in crops]
+    )
+    ms = {name: float(np.median(v)) * 1e3 for name, v in seconds.items()}
+    return {
+        "size": f"{width}x{height}",
+        "crops": len(crops),
+        "inter_area_ms": round(ms["inter_area"], 3),
+        "area_resize_ms": round(ms["area_resize"], 3),
+        "speed_up": round(ms["inter_area"] / ms["area_resize"], 2),
+        "mean_abs_diff": round(float(diff.mean()), 3),
+        "max_abs_diff": int(diff.max()),
+    }
 
 
 def raw_decode(paths: list[str], n_clips: int, n_frames: int) -> dict:
@@ -62,38 +127,78 @@ def raw_decode(paths: list[str], n_clips: int, n_frames: int) -> dict:
     return {"clips_per_s": round(n_clips / seconds, 2), "frames_per_s": round(frames / seconds, 1)}
 
 
-def raw_decode_random_start(paths: list[str], lengths: list[int], n_clips: int, n_frames: int) -> dict:
-    rng = np.random.default_rng(0)
+@contextmanager
+def recorded_reads(windows: list[Window]) -> Iterator[None]:
+    """Append the (path, start, stride, count) of every VideoReader.read to ``windows``."""
+    read = VideoReader.read
+
+    def recording(self: VideoReader, start: int, stride: int, count: int, transform=None):
+        windows.append((self.path, start, stride, count))
+        return read(self, start, stride, count, transform)
+
+    VideoReader.read = recording
+    try:
+        yield
+    finally:
+        VideoReader.read = read
+
+
+def loader_windows(dataset: VideoClipDataset) -> list[Window]:
+    """The windows the timed samples (1..len-1) read: they depend only on (seed, epoch, index)."""
+    windows: list[Window] = []
+    with recorded_reads(windows):
+        for i in range(1, len(dataset)):
+            dataset[i]
+    return windows
+
+
+def raw_decode_windows(windows: list[Window]) -> float:
+    """Frames per second decoding exactly these windows as the loader does, minus its transform."""
     frames = 0
     start = time.perf_counter()
-    for i in range(n_clips):
-        first = int(rng.integers(lengths[i % len(paths)] - n_frames + 1))
-        with VideoReader(paths[i % len(paths)]) as reader:
-            frames += len(reader.read(first, 1, n_frames)[0])
-    seconds = time.perf_counter() - start
-    return {"clips_per_s": round(n_clips / seconds, 2), "frames_per_s": round(frames / seconds, 1)}
+    for path, first, stride, count in windows:
+        with VideoReader(path) as reader:
+            frames += len(reader.read(first, stride, count)[0])
+    return frames / (time.perf_counter() - start)
 
 
-def loader_rate(dataset: VideoClipDataset, n_clips: int, workers: int) -> dict:
+def loader_rate(dataset: VideoClipDataset, workers: int) -> float:
+    """Frames per second of samples 1..len-1 (sample 0 warms up: imports, first open, workers)."""
     if workers == 0:
-        dataset[0]  # warm-up (imports, first open)
+        dataset[0]
         start = time.perf_counter()
-        frames = sum(dataset[i % len(dataset)]["frames"].shape[0] for i in range(n_clips))
+        frames = sum(dataset[i]["frames"].shape[0] for i in range(1, len(dataset)))
     else:
         loader = build_dataloader(dataset, batch_size=1, num_workers=workers, shuffle=False, drop_last=False)
         batches = iter(loader)
         next(batches)
         start = time.perf_counter()
         frames = sum(b["frames"].shape[1] for b in batches)
-        n_clips = len(dataset) - 1
-    seconds = time.perf_counter() - start
+    return frames / (time.perf_counter() - start)
+
+
+def loader_row(dataset: VideoClipDataset, windows: list[Window], workers: int, repeats: int, sequential: float) -> dict:
+    """Median over ``repeats`` rounds of (raw decode of the same windows, then the loader).
+
+    Pairing each loader measurement with a raw one taken just before it keeps the ratio
+    meaningful on a machine whose load changes during the run.
+    """
+    raw, loader = [], []
+    for _ in range(repeats):
+        raw.append(raw_decode_windows(windows))
+        loader.append(loader_rate(dataset, workers))
     per = max(workers, 1)
+    frames_per_s = float(np.median(loader))
+    n_frames = dataset.n_frames
     return {
         "workers": workers,
-        "clips_per_s": round(n_clips / seconds, 2),
-        "frames_per_s": round(frames / seconds, 1),
-        "clips_per_s_per_worker": round(n_clips / seconds / per, 2),
-        "frames_per_s_per_worker": round(frames / seconds / per, 1),
+        "clips_per_s": round(frames_per_s / n_frames, 2),
+        "frames_per_s": round(frames_per_s, 1),
+        "clips_per_s_per_worker": round(frames_per_s / n_frames / per, 2),
+        "frames_per_s_per_worker": round(frames_per_s / per, 1),
+        "raw_same_starts_frames_per_s": round(float(np.median(raw)), 1),
+        "vs_raw_sequential": round(frames_per_s / per / sequential, 2),
+        "vs_raw_same_starts": round(float(np.median([ld / per / rw for ld, rw in zip(loader, raw)])), 2),
     }
 
 
@@ -107,11 +212,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--stride-range", type=int, nargs=2, default=[1, 1])
     parser.add_argument("--crop-scale", type=float, nargs=2, default=[0.5, 1.0])
+    parser.add_argument("--repeats", type=int, default=3, help="rounds per loader row (medians)")
     args = parser.parse_args()
 
     rel_paths = find_videos(args.videos_dir)
     paths = [str(args.videos_dir / p) for p in rel_paths]
     entries = [{"path": p, "frames": probe_video(args.videos_dir / p).frames} for p in rel_paths]
+    sizes = [tuple(int(v) for v in size.split("x")) for size in args.sizes]
     result = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "cpu_threads_opencv": cv2.getNumThreads(),
@@ -120,14 +227,11 @@ def main() -> None:
         "n_frames": args.n_frames,
         "stride_range": args.stride_range,
         "clips": args.clips,
+        "repeats": args.repeats,
+        "resize": [resize_cost(sample_crops(paths, w, h, tuple(args.crop_scale)), w, h) for w, h in sizes],
         "raw_decode": raw_decode(paths, args.clips, args.n_frames),
-        "raw_decode_random_start": raw_decode_random_start(
-            paths, [e["frames"] for e in entries], args.clips, args.n_frames
-        ),
         "loader": [],
     }
-    # Raw rate with the same access pattern as each loader window.
-    baseline = {"random": result["raw_decode_random_start"], "first": result["raw_decode"]}
     with tempfile.TemporaryDirectory() as tmp:
         for window in ("random", "first"):
             # Repeat the clip list so that one epoch holds --clips samples (+1 warm-up).
@@ -136,8 +240,7 @@ def main() -> None:
             if window == "first":
                 clips = [{**e, "frames": args.n_frames} for e in clips]
             write_annotation(annotation, clips)
-            for size in args.sizes:
-                width, height = (int(v) for v in size.split("x"))
+            for width, height in sizes:
                 dataset = VideoClipDataset(
                     args.videos_dir,
                     annotation,
@@ -147,12 +250,10 @@ def main() -> None:
                     stride_range=tuple(args.stride_range),
                     crop_scale=tuple(args.crop_scale),
                 )
+                windows = loader_windows(dataset)
                 for workers in args.workers:
-                    rate = loader_rate(dataset, args.clips, workers)
-                    per_worker = rate["frames_per_s_per_worker"]
-                    rate["vs_raw_sequential"] = round(per_worker / result["raw_decode"]["frames_per_s"], 2)
-                    rate["vs_raw_same_starts"] = round(per_worker / baseline[window]["frames_per_s"], 2)
-                    result["loader"].append({"window": window, "size": size, **rate})
+                    row = loader_row(dataset, windows, workers, args.repeats, result["raw_decode"]["frames_per_s"])
+                    result["loader"].append({"window": window, "size": f"{width}x{height}", **row})
     print(json.dumps(result, indent=1))
 
 

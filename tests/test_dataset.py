@@ -19,6 +19,7 @@ from training.dataset import (
     VideoClipDataset,
     VideoDataError,
     VideoReader,
+    area_resize,
     build_dataloader,
     crop_box,
     fit_stride,
@@ -139,6 +140,62 @@ def test_crop_has_output_aspect_not_square():
     # Full-scale centred crop of 1280x720 for 720x480 output: all the height, 1080 wide.
     assert crop_box(720, 1280, 480, 720, 1.0) == (0, 100, 720, 1080)
     assert crop_box(720, 1280, 480, 720, 0.25)[2:] == (360, 540)
+
+
+# ----------------------------------------------------------------------- area resize
+
+
+def inter_area(image: np.ndarray, width: int, height: int) -> np.ndarray:
+    return cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
+
+
+def abs_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.abs(a.astype(np.int16) - b.astype(np.int16))
+
+
+@pytest.mark.parametrize(
+    "src_hw,out_hw",
+    [((720, 1080), (480, 720)), ((643, 964), (480, 720)), ((720, 720), (256, 256)), ((480, 720), (64, 96)),
+     ((339, 509), (480, 720)), ((481, 700), (480, 720)), ((720, 1280), (8, 8)), ((100, 60), (48, 32))],
+)
+def test_area_resize_gives_exact_non_square_shapes(src_hw, out_hw):
+    image = np.random.default_rng(0).integers(0, 256, (*src_hw, 3), dtype=np.uint8)
+    out = area_resize(image, out_hw[1], out_hw[0])
+    assert out.shape == (*out_hw, 3) and out.dtype == np.uint8
+
+
+# (area, u_y, u_x) of 720x480 crops; 0.7975 gives a 643x964 crop, whose scale factors hit
+# OpenCV's floating-point floor at exact integers (56 levels off without the guard).
+@pytest.mark.parametrize("out_hw", [(480, 720), (256, 256), (64, 96)])
+@pytest.mark.parametrize("area,u_y,u_x", [(1.0, 0.5, 0.5), (0.7975, 0.3, 0.7), (0.667, 0.9, 0.1), (0.5, 0.2, 0.4)])
+def test_area_resize_matches_inter_area_on_a_real_frame(videos_dir, out_hw, area, u_y, u_x):
+    ok, frame = cv2.VideoCapture(str(videos_dir / START)).read()
+    assert ok and frame.shape == (720, 1280, 3)
+    y, x, h, w = crop_box(720, 1280, *out_hw, area, u_y, u_x)
+    crop = frame[y : y + h, x : x + w]
+    diff = abs_diff(area_resize(crop, out_hw[1], out_hw[0]), inter_area(crop, out_hw[1], out_hw[0]))
+    assert diff.max() <= 1 and diff.mean() <= 0.25  # only the uint8 rounding of the sub-boxes
+
+
+@pytest.mark.parametrize("src_hw", [(643, 964), (588, 882), (654, 981), (555, 832)])
+def test_area_resize_has_no_misplaced_sub_boxes_on_noise(src_hw):
+    # Noise makes a sub-box averaged over the wrong source pixel show up as a large error.
+    image = np.random.default_rng(1).integers(0, 256, (*src_hw, 3), dtype=np.uint8)
+    assert abs_diff(area_resize(image, 720, 480), inter_area(image, 720, 480)).max() <= 1
+
+
+@pytest.mark.parametrize("src_hw,out_hw", [((643, 964), (480, 720)), ((720, 720), (256, 256)), ((30, 50), (64, 96))])
+def test_area_resize_keeps_a_constant_image_constant(src_hw, out_hw):
+    image = np.full((*src_hw, 3), (17, 137, 250), np.uint8)
+    out = area_resize(image, out_hw[1], out_hw[0])
+    assert (out == np.array((17, 137, 250), np.uint8)).all()
+
+
+@pytest.mark.parametrize("factors", [(2, 2), (3, 3), (4, 4), (2, 3), (1, 2)])
+def test_area_resize_integer_factors_agree_with_inter_area(factors):
+    fy, fx = factors
+    image = np.random.default_rng(2).integers(0, 256, (48 * fy, 72 * fx, 3), dtype=np.uint8)
+    assert abs_diff(area_resize(image, 72, 48), inter_area(image, 72, 48)).max() <= 1
 
 
 # ------------------------------------------------------------------- decoding (OpenCV)

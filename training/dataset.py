@@ -283,15 +283,40 @@ def crop_box(
     return y, x, h, w
 
 
+# OpenCV floors ``dst_index * src_size / dst_size`` in floating point; where the exact
+# product is an integer it can land just below it and put a whole sub-box on the wrong
+# source pixel (seen: errors up to 56 levels). Asking for scale factors this hair below
+# the exact ones keeps every floor right; positions move by < 1e-5 pixels.
+_AREA_SCALE_SHRINK = 1 - 1e-9
+
+
+def area_resize(image: np.ndarray, width: int, height: int) -> np.ndarray:
+    """Area (box-filter) resampling of ``image`` to exactly ``width x height``.
+
+    Equal to one ``cv2.INTER_AREA`` resize within 1 level (mean ~0.1), but up to 2x faster at
+    non-integer downscale factors, where INTER_AREA runs scalar code (~5 ms for a 720p crop
+    to 720x480). It chains two vectorised INTER_AREA paths that are both exact box filters:
+    upscaling to ``k`` times the output (``k`` = the factor rounded up) cuts each output
+    pixel's footprint into k x k equal sub-boxes, each smaller than a source pixel and so
+    averaged exactly with 2 taps per axis; the integer k x k reduction then averages the
+    sub-boxes. The only extra error is rounding the sub-box averages to uint8.
+    """
+    src_h, src_w = image.shape[:2]
+    k = max(math.ceil(src_w / width), math.ceil(src_h / height))
+    if k == 1 or (src_w == k * width and src_h == k * height):
+        return cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)  # already a fast path
+    fx = k * width / src_w * _AREA_SCALE_SHRINK
+    fy = k * height / src_h * _AREA_SCALE_SHRINK
+    sub_boxes = cv2.resize(image, None, fx=fx, fy=fy, interpolation=cv2.INTER_AREA)
+    return cv2.resize(sub_boxes, (width, height), interpolation=cv2.INTER_AREA)
+
+
 @dataclass
 class _CropResize:
-    """Crop, INTER_AREA resize and optional flip of one decoded (BGR) frame.
+    """Crop, area resize (``area_resize``) and optional flip of one decoded (BGR) frame.
 
     The box is computed on the first frame (decoded size, rotation applied) and reused,
-    so all frames of a clip share it. OpenCV's INTER_AREA is fast for exact halving and
-    slow (scalar code) for other factors, so a crop at least twice the output size is
-    first halved with INTER_AREA: 2-6x cheaper, and still box filtering (a slightly
-    smoother one: mean difference ~2 levels from a single INTER_AREA).
+    so all frames of a clip share it.
     """
 
     height: int
@@ -306,11 +331,7 @@ class _CropResize:
         if self.box is None:
             self.box = crop_box(frame.shape[0], frame.shape[1], self.height, self.width, self.area, self.u_y, self.u_x)
         y, x, h, w = self.box
-        crop = frame[y : y + h, x : x + w]
-        while w >= 2 * self.width and h >= 2 * self.height:
-            w, h = w // 2, h // 2
-            crop = cv2.resize(crop, (w, h), interpolation=cv2.INTER_AREA)
-        small = cv2.resize(crop, (self.width, self.height), interpolation=cv2.INTER_AREA)
+        small = area_resize(frame[y : y + h, x : x + w], self.width, self.height)
         return cv2.flip(small, 1) if self.flip else small
 
 
