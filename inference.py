@@ -61,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--parallel", dest="parallel", action="store_true", default=True, help="all frames at once (default)")
     mode.add_argument("--sequential", dest="parallel", action="store_false", help="frame by frame, memory flat in T")
     p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
+    p.add_argument("--channels_last", action=argparse.BooleanOptionalAction, default=True,
+                   help="channels-last convolutions (default; faster on CPU and tensor-core GPUs, same results to fp rounding)")
+    p.add_argument("--compile", action="store_true", help="torch.compile encode/decode (pays compile time on the first sample)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0, help="which samples are drawn (deterministic)")
     p.add_argument("--fps", type=float, default=None, help="fps of written videos (default: the source's)")
@@ -84,6 +87,10 @@ def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtyp
     if variant is None and path.suffix == ".pth" and run_config.is_file():
         variant = json.loads(run_config.read_text())["variant"]  # our own run: its config says
     model = TAEHV(path, variant=variant).to(device, dtype).eval()
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if args.compile:
+        model.encode_video, model.decode_video = torch.compile(model.encode_video), torch.compile(model.decode_video)
     return model, path
 
 
@@ -255,6 +262,7 @@ def main(argv: list[str] | None = None) -> dict:
         "model": {"path": str(weights), "variant": model.variant, "parameters_m": n_params / 1e6},
         "settings": {"n_frames": n_frames, "height": dataset.height, "width": dataset.width, "parallel": args.parallel,
                      "dtype": args.dtype, "device": str(device), "seed": args.seed,
+                     "channels_last": args.channels_last, "compile": args.compile,
                      "latent_frames": plan.latent_frames, "compared_frames": plan.aligned_frames,
                      "lpips": use_lpips, "reference_vae": bool(ref_vae)},
         "samples": samples,

@@ -1,29 +1,42 @@
 #!/usr/bin/env python3
-"""Encode/decode latency and peak memory of TAEHV; prints one JSON object.
+"""Encode/decode latency and peak memory of TAEHV next to the CogVideoX-2b VAE; prints JSON.
 
-    python bench/bench_model.py --frames 9 17 --height 128 --width 128
-    python bench/bench_model.py --device cuda --dtype bfloat16 --frames 17 49 --height 480 --width 720
+    python bench/bench_model.py --frames 9 17 49 --height 128 --width 128
+    python bench/bench_model.py --frames 9 --height 256 --width 256 --dtypes float32 bfloat16
+    python bench/bench_model.py --device cuda --dtypes bfloat16 --frames 17 49 --height 480 --width 720
 
-Each configuration runs in a fresh process, so CPU peak memory (max RSS growth over the
-loaded model and inputs) is not polluted by earlier runs; on CUDA the peak is
-``torch.cuda.max_memory_allocated`` above the inputs. Timings are medians over
+For each (dtype, T) the reference, diffusers ``AutoencoderKLCogVideoX`` with the
+CogVideoX-2b architecture (random weights: speed does not depend on them), is measured
+by the same harness with the same threads, and every TAEHV row (parallel and sequential)
+carries ``decode_speedup`` / ``encode_speedup`` (reference seconds over ours) and
+``decode_memory_saving`` (1 - our peak / the reference's peak). ``--reference none``
+skips it; ``--ref-repeats`` (default 1: a 9x128x128 reference decode takes ~17 s on a
+2-core CPU) sets its repetitions.
+
+Each measurement (model x operation) runs in a fresh process, so CPU peak memory (max RSS
+growth over the loaded model and inputs) is not polluted by earlier runs; on CUDA the
+peak is ``torch.cuda.max_memory_allocated`` above the inputs. Timings are medians over
 ``--repeats`` runs after ``--warmup`` runs, synchronised on CUDA, under inference_mode.
+Inputs: TAEHV gets NTCHW frames in [0, 1] (encode) or random latents of its latent shape;
+the reference gets NCTHW frames in [-1, 1] or random latents of its own latent shape.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import multiprocessing as mp
-from concurrent.futures import ProcessPoolExecutor
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.make_reference_vae import COGVIDEOX_2B  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
 from training.monitoring import peak_rss_bytes  # noqa: E402
 
@@ -41,7 +54,7 @@ def _peak_mb(device: torch.device) -> float:
     return peak_rss_bytes() / 2**20
 
 
-def _timed(fn, device: torch.device, warmup: int, repeats: int) -> tuple[float, torch.Tensor]:
+def _timed(fn: Callable[[], torch.Tensor], device: torch.device, warmup: int, repeats: int) -> tuple[float, torch.Tensor]:
     for _ in range(warmup):
         out = fn()
     times = []
@@ -54,24 +67,46 @@ def _timed(fn, device: torch.device, warmup: int, repeats: int) -> tuple[float, 
     return statistics.median(times), out
 
 
+def _taehv_operation(config: dict, device: torch.device, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
+    torch.manual_seed(0)
+    model = TAEHV(variant=config["variant"]).to(device, dtype).eval()
+    memory_format = torch.channels_last if config["channels_last"] else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
+    parallel = config["mode"] == "parallel"
+    encode_fn, decode_fn = model.encode_video, model.decode_video
+    if config["compile"]:
+        encode_fn, decode_fn = torch.compile(encode_fn), torch.compile(decode_fn)
+    if config["op"] == "encode":
+        frames = torch.rand(1, config["frames"], 3, config["height"], config["width"], device=device, dtype=dtype)
+        return lambda: encode_fn(frames, parallel=parallel)
+    scale = 8 * model.patch_size
+    latents = torch.randn(1, model.plan(config["frames"]).latent_frames, model.latent_channels,
+                          config["height"] // scale, config["width"] // scale, device=device, dtype=dtype)
+    return lambda: decode_fn(latents, parallel=parallel)
+
+
+def _reference_operation(config: dict, device: torch.device, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
+    from diffusers import AutoencoderKLCogVideoX
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLCogVideoX(**COGVIDEOX_2B).to(device, dtype).eval()
+    if config["op"] == "encode":
+        frames = torch.rand(1, 3, config["frames"], config["height"], config["width"], device=device, dtype=dtype) * 2 - 1
+        return lambda: vae.encode(frames).latent_dist.mode()
+    t = (config["frames"] - 1) // vae.config.temporal_compression_ratio + 1  # CogVideoX: 1 + 4k frames
+    scale = 2 ** (len(vae.config.block_out_channels) - 1)
+    latents = torch.randn(1, vae.config.latent_channels, t, config["height"] // scale, config["width"] // scale,
+                          device=device, dtype=dtype)
+    return lambda: vae.decode(latents).sample
+
+
 def measure(config: dict) -> dict:
-    """One configuration and operation ("encode" or "decode"): latency and peak memory."""
+    """One model ("taehv" or "cogvideox-2b") and operation ("encode"/"decode"): latency, peak memory."""
     if config["threads"]:
         torch.set_num_threads(config["threads"])
     device, dtype = torch.device(config["device"]), DTYPES[config["dtype"]]
-    parallel = config["mode"] == "parallel"
-    torch.manual_seed(0)
-    model = TAEHV(variant=config["variant"]).to(device, dtype).eval()
-    if config["channels_last"]:
-        model = model.to(memory_format=torch.channels_last)
-    plan = model.plan(config["frames"])
-    if config["op"] == "encode":
-        inputs = torch.rand(1, config["frames"], 3, config["height"], config["width"], device=device, dtype=dtype)
-        run = lambda: model.encode_video(inputs, parallel=parallel)  # noqa: E731
-    else:
-        h, w = config["height"] // (8 * model.patch_size), config["width"] // (8 * model.patch_size)
-        inputs = torch.randn(1, plan.latent_frames, model.latent_channels, h, w, device=device, dtype=dtype)
-        run = lambda: model.decode_video(inputs, parallel=parallel)  # noqa: E731
+    build = _reference_operation if config["model"] == "cogvideox-2b" else _taehv_operation
+    run = build(config, device, dtype)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with torch.inference_mode():
@@ -81,15 +116,29 @@ def measure(config: dict) -> dict:
     return {"seconds": seconds, "peak_mb": peak, "output_shape": list(out.shape)}
 
 
-def _run_isolated(config: dict) -> dict:
+def run_isolated(config: dict) -> dict:
     """Encode and decode, each measured in a fresh process (CPU peak RSS is a high-water mark)."""
     result = dict(config)
     for op in ("encode", "decode"):
         with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
             r = pool.submit(measure, {**config, "op": op}).result()
-            result[f"{op}_s"], result[f"{op}_peak_mb"], result[f"{op}_output_shape"] = r["seconds"], r["peak_mb"], r["output_shape"]
-    result["decode_frames_per_s"] = result["decode_output_shape"][1] / result["decode_s"]
+        result[f"{op}_s"], result[f"{op}_peak_mb"], result[f"{op}_output_shape"] = r["seconds"], r["peak_mb"], r["output_shape"]
     return result
+
+
+def add_ratios(row: dict, reference: dict) -> None:
+    """Speed-ups and memory saving of a TAEHV row against the reference row of the same shape."""
+    for op in ("encode", "decode"):
+        row[f"{op}_speedup"] = round(reference[f"{op}_s"] / row[f"{op}_s"], 2)
+        row[f"{op}_memory_saving"] = round(1 - row[f"{op}_peak_mb"] / reference[f"{op}_peak_mb"], 3)
+
+
+def _log(row: dict) -> None:
+    label = row["model"] if row["model"] != "taehv" else f"taehv {row['mode']}"
+    ratio = f" x{row['decode_speedup']} decode" if "decode_speedup" in row else ""
+    print(f"{label:18s} {row['dtype']:8s} T={row['frames']:3d} {row['height']}x{row['width']}: "
+          f"encode {row['encode_s']:.3f}s ({row['encode_peak_mb']:.0f} MB) "
+          f"decode {row['decode_s']:.3f}s ({row['decode_peak_mb']:.0f} MB){ratio}", file=sys.stderr, flush=True)
 
 
 def main() -> None:
@@ -100,26 +149,35 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=["parallel", "sequential"], default=["parallel", "sequential"])
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["float32"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--variant", default="taehv")
+    parser.add_argument("--variant", default="taecvx", help="TAEHV variant (taecvx: CogVideoX latents)")
+    parser.add_argument("--reference", choices=["cogvideox-2b", "none"], default="cogvideox-2b")
     parser.add_argument("--channels-last", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="torch.compile TAEHV's encode/decode")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ref-warmup", type=int, default=0)
+    parser.add_argument("--ref-repeats", type=int, default=1)
     args = parser.parse_args()
 
+    common = dict(height=args.height, width=args.width, device=args.device, threads=args.threads,
+                  variant=args.variant, channels_last=args.channels_last, compile=args.compile)
     runs = []
     for dtype in args.dtypes:
-        for mode in args.modes:
-            for frames in args.frames:
-                config = dict(
-                    frames=frames, height=args.height, width=args.width, mode=mode, dtype=dtype, device=args.device,
-                    variant=args.variant, channels_last=args.channels_last, threads=args.threads,
-                    warmup=args.warmup, repeats=args.repeats,
-                )
-                runs.append(_run_isolated(config))
-                r = runs[-1]
-                print(f"{mode:10s} {dtype:8s} T={frames:3d}: encode {r['encode_s']:.3f}s ({r['encode_peak_mb']:.0f} MB) "
-                      f"decode {r['decode_s']:.3f}s ({r['decode_peak_mb']:.0f} MB)", file=sys.stderr)
+        for frames in args.frames:
+            reference = None
+            if args.reference != "none":
+                reference = run_isolated({**common, "model": args.reference, "mode": "reference", "frames": frames,
+                                          "dtype": dtype, "warmup": args.ref_warmup, "repeats": args.ref_repeats})
+                runs.append(reference)
+                _log(reference)
+            for mode in args.modes:
+                row = run_isolated({**common, "model": "taehv", "mode": mode, "frames": frames, "dtype": dtype,
+                                    "warmup": args.warmup, "repeats": args.repeats})
+                if reference is not None:
+                    add_ratios(row, reference)
+                runs.append(row)
+                _log(row)
     machine = {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
                "threads": torch.get_num_threads(), "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
     print(json.dumps({"benchmark": "model", "machine": machine, "runs": runs}, indent=2))

@@ -53,7 +53,13 @@ class MemBlock(nn.Module):
         self.act = nn.ReLU(inplace=True)
 
     def forward(self, x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
-        return self.act(self.conv(torch.cat([x, past], 1)) + self.skip(x))
+        return self.forward_stacked(x, torch.cat([x, past], 1))
+
+    def forward_stacked(self, x: torch.Tensor, x_and_past: torch.Tensor) -> torch.Tensor:
+        """``forward`` given ``cat([x, past], 1)``, which ``run_parallel`` builds in one copy."""
+        y = self.conv(x_and_past)
+        y += self.skip(x)  # in place: the conv's backward does not need its output
+        return self.act(y)
 
 
 class SuperMemBlock(nn.Module):
@@ -69,7 +75,12 @@ class SuperMemBlock(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
-        return x + self.conv(torch.cat([x, past], 1))
+        return self.forward_stacked(x, torch.cat([x, past], 1))
+
+    def forward_stacked(self, x: torch.Tensor, x_and_past: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x_and_past)
+        y += x
+        return y
 
 
 MEMORY_BLOCKS = (MemBlock, SuperMemBlock)
@@ -137,18 +148,26 @@ def build_super_decoder(latent_channels: int, out_channels: int, time_upscale: S
 # step by step (O(1) memory in T, also the engine behind streaming).
 
 
+def with_past(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``cat([x, past], 1)`` for (N*T)CHW frames, ``past`` being each frame's predecessor
+    (zeros before the first), written in one copy in ``x``'s memory format."""
+    nt, c, h, w = x.shape
+    channels_last = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.empty((nt, 2 * c, h, w), dtype=x.dtype, device=x.device, memory_format=fmt)
+    seq, stacked = x.view(n, nt // n, c, h, w), out.view(n, nt // n, 2 * c, h, w)
+    stacked[:, :, :c] = seq
+    stacked[:, :1, c:] = 0
+    stacked[:, 1:, c:] = seq[:, :-1]
+    return out
+
+
 def run_parallel(blocks: nn.Sequential, x: torch.Tensor, show_progress_bar: bool = False) -> torch.Tensor:
     """Apply ``blocks`` to an NTCHW tensor, all timesteps at once."""
     n, t, c, h, w = x.shape
     x = x.reshape(n * t, c, h, w)
     for block in tqdm(blocks, disable=not show_progress_bar, desc="blocks"):
-        if isinstance(block, MEMORY_BLOCKS):
-            nt, c, h, w = x.shape
-            seq = x.view(n, nt // n, c, h, w)
-            past = torch.cat([seq.new_zeros(n, 1, c, h, w), seq[:, :-1]], 1).view(nt, c, h, w)
-            x = block(x, past)
-        else:
-            x = block(x)
+        x = block.forward_stacked(x, with_past(x, n)) if isinstance(block, MEMORY_BLOCKS) else block(x)
     nt, c, h, w = x.shape
     return x.view(n, nt // n, c, h, w)
 

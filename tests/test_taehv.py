@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models.checkpoint import CheckpointMismatchError, read_metadata, read_state_dict, save_weights
-from models.taehv import TAEHV
+from models.taehv import TAEHV, MemBlock, SuperMemBlock, with_past
 from models.variants import detect_variant, get_variant, known_variants
 from conftest import REPO_ROOT
 
@@ -213,3 +213,43 @@ def test_known_variants_all_build():
     with torch.device("meta"):
         for name in known_variants():
             assert TAEHV(variant=name).variant == name
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_with_past_is_the_shifted_concatenation(channels_last):
+    n, t, c, h, w = 2, 3, 4, 5, 6
+    x = torch.randn(n * t, c, h, w)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    seq = x.view(n, t, c, h, w)
+    past = torch.cat([torch.zeros(n, 1, c, h, w), seq[:, :-1]], 1).view(n * t, c, h, w)
+    stacked = with_past(x, n)
+    assert torch.equal(stacked, torch.cat([x, past], 1))
+    assert stacked.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+def test_parallel_memory_blocks_match_their_per_frame_form_with_gradients():
+    """run_parallel's one-copy input and in-place residual give the same values and gradients."""
+    torch.manual_seed(0)
+    for block in (MemBlock(8, 8), MemBlock(8, 4), SuperMemBlock(8)):
+        x = torch.randn(2 * 3, 8, 6, 6, requires_grad=True)
+        past = torch.cat([torch.zeros(2, 1, 8, 6, 6), x.view(2, 3, 8, 6, 6)[:, :-1]], 1).view(6, 8, 6, 6)
+        expected = block(x, past)
+        (grad_expected,) = torch.autograd.grad(expected.square().sum(), x)
+        got = block.forward_stacked(x, with_past(x, 2))
+        (grad_got,) = torch.autograd.grad(got.square().sum(), x)
+        assert torch.equal(got, expected)
+        assert torch.allclose(grad_got, grad_expected, atol=1e-6)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("parallel", [True, False])
+def test_channels_last_gives_the_same_video(parallel):
+    torch.manual_seed(0)
+    model = TAEHV(variant="taecvx").eval()
+    x = torch.rand(1, 9, 3, 32, 48)
+    expected = model.decode_video(model.encode_video(x, parallel=parallel), parallel=parallel)
+    model = model.to(memory_format=torch.channels_last)
+    got = model.decode_video(model.encode_video(x, parallel=parallel), parallel=parallel)
+    assert got.shape == expected.shape
+    assert torch.allclose(got, expected, atol=1e-5)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from accelerate import Accelerator, PartialState  # noqa: E402
-from accelerate.utils import DistributedType, InitProcessGroupKwargs, set_seed  # noqa: E402
+from accelerate.utils import DataLoaderConfiguration, DistributedType, InitProcessGroupKwargs, set_seed  # noqa: E402
 from diffusers.optimization import get_scheduler  # noqa: E402
 from diffusers.training_utils import EMAModel  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
@@ -106,6 +106,8 @@ def make_accelerator(config: TrainConfig, run_dir: Path) -> Accelerator:
         log_with="tensorboard",
         project_dir=str(run_dir),
         kwargs_handlers=[InitProcessGroupKwargs(backend=backend)] if backend else [],
+        # pinned batches copied asynchronously to the GPU (the loader pins them on CUDA)
+        dataloader_config=DataLoaderConfiguration(non_blocking=torch.cuda.is_available()),
     )
 
 
@@ -280,7 +282,7 @@ def main(argv: list[str] | None = None) -> Path:
                     train_set.cache.epochs)
     loader = build_dataloader(train_set, config.train_batch_size, config.dataloader_num_workers, shuffle=True,
                               seed=config.seed, drop_last=True, prefetch_factor=config.prefetch_factor,
-                              persistent_workers=config.persistent_workers)
+                              persistent_workers=config.persistent_workers, pin_memory=accelerator.device.type == "cuda")
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate,
                                   betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay)
     scheduler = get_scheduler(config.lr_scheduler, optimizer, num_warmup_steps=config.lr_warmup_steps * accelerator.num_processes,

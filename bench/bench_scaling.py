@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Data-parallel scaling: training throughput with 1 and 2 (or more) processes; prints JSON.
+
+    python bench/bench_scaling.py --processes 1 2 --steps 30             # CPU, gloo, DDP
+    python bench/bench_scaling.py --processes 1 2 --deepspeed           # DeepSpeed ZeRO-2
+
+Runs the real training script (``training/taehv_train.py``, demo config: taecvx from
+scratch on procedural clips, no reference VAE) for ``--steps`` optimizer steps per
+process count, with the same per-process batch (weak scaling), logging every step and no
+validation or checkpoints in the timed window. ``samples_per_s`` is the median of the
+loop's own ``train/samples_per_second`` over the steps after ``--skip`` warm-up steps
+(read back from its TensorBoard events); ``efficiency`` is samples/s per process over the
+1-process figure. On CPU one process uses all cores (torch threads) and N processes
+split them (``--num_cpu_threads_per_process``), so the CPU rows show the cost of the
+gradient all-reduce and the process split, not added hardware.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from training.demo_data import make_demo_dataset  # noqa: E402
+
+TRAIN = REPO / "training" / "taehv_train.py"
+DEMO_CONFIG = REPO / "training" / "configs" / "taehv_config_demo.py"
+ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
+
+
+def launcher(processes: int, deepspeed: bool, threads: int, port: int) -> list[str]:
+    if processes == 1 and not deepspeed:
+        return [sys.executable]
+    args = [ACCELERATE, "launch", "--num_machines", "1", "--num_processes", str(processes),
+            "--main_process_port", str(port), "--num_cpu_threads_per_process", str(threads)]
+    return args + (["--use_deepspeed", "--zero_stage", "2"] if deepspeed else ["--multi_gpu"])
+
+
+def samples_per_second(run_dir: Path, skip: int) -> list[float]:
+    events = EventAccumulator(str(run_dir / "logs"), size_guidance={"scalars": 0})
+    events.Reload()
+    return [e.value for e in events.Scalars("train/samples_per_second") if e.step > skip]
+
+
+def run(processes: int, args: argparse.Namespace, data: dict, work: Path) -> dict:
+    out = work / f"p{processes}"
+    cpu = not torch.cuda.is_available()
+    threads = max(1, (os.cpu_count() or 1) // processes)
+    command = [
+        *launcher(processes, args.deepspeed, threads, 29500 + processes), str(TRAIN), "--config", str(DEMO_CONFIG),
+        f"--output_dir={out}", "--run_name=run", f"--data_root={data['root']}",
+        f"--annotation_file={data['train']}", f"--val_annotation_file={data['val']}",
+        f"--max_train_steps={args.steps}", "--log_every=1", f"--validation_every={10 * args.steps}",
+        f"--image_log_every={10 * args.steps}", f"--checkpointing_steps={10 * args.steps}",
+        f"--train_batch_size={args.batch_size}", f"--dataloader_num_workers={args.workers}",
+        f"--height={args.height}", f"--width={args.width}", f"--n_frames={args.frames}",
+    ]
+    ddp_on_cpu = cpu and processes > 1 and not args.deepspeed  # DeepSpeed runs need no flag (gloo: training/distributed.py)
+    env = {**os.environ, **({"ACCELERATE_USE_CPU": "true"} if ddp_on_cpu else {})}
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"training with {processes} process(es) failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
+    rates = samples_per_second(out / "run", args.skip)
+    return {"processes": processes, "threads_per_process": threads, "steps_timed": len(rates),
+            "samples_per_s": round(statistics.median(rates), 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--deepspeed", action="store_true", help="DeepSpeed ZeRO-2 instead of DDP")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--skip", type=int, default=5, help="warm-up steps left out of the median")
+    parser.add_argument("--batch-size", type=int, default=4, help="per process")
+    parser.add_argument("--workers", type=int, default=0, help="data-loader workers per process")
+    parser.add_argument("--frames", type=int, default=9)
+    parser.add_argument("--height", type=int, default=64)
+    parser.add_argument("--width", type=int, default=64)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        data = make_demo_dataset(work / "data", num_clips=16, n_frames=max(args.frames, 12), height=args.height,
+                                 width=args.width, seed=0)
+        data = {"root": work / "data", **data}
+        rows = [run(p, args, data, work) for p in args.processes]
+    base = rows[0]["samples_per_s"] / rows[0]["processes"]
+    for row in rows:
+        row["efficiency"] = round(row["samples_per_s"] / row["processes"] / base, 3)
+    machine = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
+               "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    print(json.dumps({"benchmark": "scaling", "machine": machine, "config": vars(args), "runs": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
