@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--sequential", dest="parallel", action="store_false", help="frame by frame, memory flat in T")
     p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
     p.add_argument("--channels_last", action=argparse.BooleanOptionalAction, default=True,
-                   help="channels-last convolutions (default; faster on CPU and tensor-core GPUs, same results to fp rounding)")
+                   help="channels-last convolutions (default; faster on CPU, see docs/benchmarks.md; same results to fp rounding)")
     p.add_argument("--compile", action="store_true", help="torch.compile encode/decode (pays compile time on the first sample)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0, help="which samples are drawn (deterministic)")

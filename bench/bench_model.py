@@ -10,7 +10,7 @@ CogVideoX-2b architecture (random weights: speed does not depend on them), is me
 by the same harness with the same threads, and every TAEHV row (parallel and sequential)
 carries ``decode_speedup`` / ``encode_speedup`` (reference seconds over ours) and
 ``decode_memory_saving`` (1 - our peak / the reference's peak). ``--reference none``
-skips it; ``--ref-repeats`` (default 1: a 9x128x128 reference decode takes ~17 s on a
+skips it; ``--ref-repeats`` (default 1: a 9x128x128 reference decode takes 17-40 s on a
 2-core CPU) sets its repetitions.
 
 Each measurement (model x operation) runs in a fresh process, so CPU peak memory (max RSS

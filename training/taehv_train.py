@@ -107,7 +107,7 @@ def make_accelerator(config: TrainConfig, run_dir: Path) -> Accelerator:
         project_dir=str(run_dir),
         kwargs_handlers=[InitProcessGroupKwargs(backend=backend)] if backend else [],
         # pinned batches copied asynchronously to the GPU (the loader pins them on CUDA)
-        dataloader_config=DataLoaderConfiguration(non_blocking=torch.cuda.is_available()),
+        dataloader_config=DataLoaderConfiguration(non_blocking=torch.cuda.is_available()),  # device is cuda iff available
     )
 
 
