@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
 """Data loader throughput next to raw OpenCV decoding of the same files; prints JSON.
 
-    python bench/bench_data.py --videos-dir ../shared/videos --n-frames 12 \\
-        --sizes 720x480 256x256 --clips 48 --workers 0 1 2
+    python bench/bench_data.py --videos-dir ../shared/videos --sizes 720x480 256x256 \\
+        --clips 48 --workers 0 1 2
+
+Clip length, stride range and crop scale default to the training defaults
+(``training/config.py``: 17 frames, stride 1-3, crop area 0.6-1.0); ``--n-frames 12
+--stride-range 1 1`` is the hardest case for the ratios (no skipped frames, so the
+least decoding per output frame).
 
 Resize: per-frame cost with one OpenCV thread of a single ``cv2.INTER_AREA`` and of the
 loader's ``area_resize`` on loader-like crops (crop scale drawn from ``--crop-scale``) of
@@ -12,7 +17,9 @@ Raw decode: open each file and read ``n_frames`` consecutive frames from the sta
 ``cv2.VideoCapture.read`` (decode + BGR conversion, one FFmpeg thread, as the loader).
 Raw decode of the loader's windows: the same files, starts and strides that the loader
 reads in a row (recorded from a dry pass; seeking as the loader does), i.e. the decoding
-cost of the loader's access pattern without its crop/resize/tensor work.
+cost of the loader's access pattern without its crop/resize/tensor work. For N >= 2
+workers it runs in N processes at once, each decoding its share (as the workers do), so
+that both sides of the per-worker ratio get the same share of the machine.
 Loader: ``VideoClipDataset`` samples of ``n_frames`` frames (random crop, area resize to
 WxH, flip, RGB tensor) in two windows:
 - "random": the training sampler (start uniform over the decodable frames, stride in
@@ -20,11 +27,13 @@ WxH, flip, RGB tensor) in two windows:
   keyframe before the start);
 - "first": the annotation claims each clip has exactly ``n_frames`` frames, so the
   window starts at frame 0 like the raw read: isolates the loader's own overhead.
-Workers 0 is the dataset called in this process, otherwise ``build_dataloader`` with
-batch size 1; both time samples 1..clips (sample 0 is the warm-up: imports, first open,
-worker start-up). "per worker" divides by max(workers, 1). Clips cycle through the
-files. Each loader row is the median of ``--repeats`` rounds, each round a raw decode of
-the row's windows right before the loader pass, so that both see the same machine load.
+Workers 0 is the dataset called in this process with one OpenCV thread (a worker's
+share: forked DataLoader workers resize single-threaded too), otherwise
+``build_dataloader`` with batch size 1; both time samples 1..clips (sample 0 is the
+warm-up: imports, first open, worker start-up). "per worker" divides by max(workers, 1).
+Clips cycle through the files. Each loader row is the median of ``--repeats`` rounds,
+each round a raw decode of the row's windows right before the loader pass, so that both
+see the same machine load.
 Ratios: ``vs_raw_sequential`` against the sequential raw read, ``vs_raw_same_starts``
 the median of the rounds' loader / raw-of-the-same-windows ratios.
 """
@@ -32,11 +41,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import platform
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -54,6 +65,7 @@ from training.dataset import (  # noqa: E402
     find_videos,
     probe_video,
 )
+from training.config import TrainConfig  # noqa: E402
 from training.make_annotations import write_annotation  # noqa: E402
 
 Window = tuple[str, int, int, int]  # path, start, stride, count
@@ -162,12 +174,45 @@ def raw_decode_windows(windows: list[Window]) -> float:
     return frames / (time.perf_counter() - start)
 
 
+_start_together: mp.synchronize.Barrier | None = None  # set in raw-decode processes
+
+
+def _join_barrier(barrier: mp.synchronize.Barrier) -> None:
+    global _start_together
+    _start_together = barrier
+
+
+def _decode_share(windows: list[Window]) -> float:
+    _start_together.wait()
+    return raw_decode_windows(windows)
+
+
+def raw_decode_per_process(windows: list[Window], processes: int) -> float:
+    """Frames per second per process when ``processes`` processes decode their shares at once.
+
+    The raw rate one of N DataLoader workers could reach: they share cores, caches and
+    memory bandwidth (and here only 2 cores). Fresh (spawned) processes, started together.
+    """
+    if processes <= 1:
+        return raw_decode_windows(windows)
+    context = mp.get_context("spawn")
+    barrier = context.Barrier(processes)
+    with ProcessPoolExecutor(processes, mp_context=context, initializer=_join_barrier, initargs=(barrier,)) as pool:
+        rates = list(pool.map(_decode_share, [windows[i::processes] for i in range(processes)]))
+    return float(np.mean(rates))
+
+
 def loader_rate(dataset: VideoClipDataset, workers: int) -> float:
     """Frames per second of samples 1..len-1 (sample 0 warms up: imports, first open, workers)."""
     if workers == 0:
-        dataset[0]
-        start = time.perf_counter()
-        frames = sum(dataset[i]["frames"].shape[0] for i in range(1, len(dataset)))
+        threads = cv2.getNumThreads()
+        cv2.setNumThreads(1)
+        try:
+            dataset[0]
+            start = time.perf_counter()
+            frames = sum(dataset[i]["frames"].shape[0] for i in range(1, len(dataset)))
+        finally:
+            cv2.setNumThreads(threads)
     else:
         loader = build_dataloader(dataset, batch_size=1, num_workers=workers, shuffle=False, drop_last=False)
         batches = iter(loader)
@@ -185,7 +230,7 @@ def loader_row(dataset: VideoClipDataset, windows: list[Window], workers: int, r
     """
     raw, loader = [], []
     for _ in range(repeats):
-        raw.append(raw_decode_windows(windows))
+        raw.append(raw_decode_per_process(windows, workers))
         loader.append(loader_rate(dataset, workers))
     per = max(workers, 1)
     frames_per_s = float(np.median(loader))
@@ -196,7 +241,7 @@ def loader_row(dataset: VideoClipDataset, windows: list[Window], workers: int, r
         "frames_per_s": round(frames_per_s, 1),
         "clips_per_s_per_worker": round(frames_per_s / n_frames / per, 2),
         "frames_per_s_per_worker": round(frames_per_s / per, 1),
-        "raw_same_starts_frames_per_s": round(float(np.median(raw)), 1),
+        "raw_same_starts_frames_per_s_per_process": round(float(np.median(raw)), 1),
         "vs_raw_sequential": round(frames_per_s / per / sequential, 2),
         "vs_raw_same_starts": round(float(np.median([ld / per / rw for ld, rw in zip(loader, raw)])), 2),
     }
@@ -206,12 +251,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     default_dir = Path(__file__).resolve().parents[2] / "shared" / "videos"
     parser.add_argument("--videos-dir", type=Path, default=default_dir)
-    parser.add_argument("--n-frames", type=int, default=12)
-    parser.add_argument("--sizes", nargs="+", default=["720x480", "256x256"], help="WxH outputs")
+    train = TrainConfig()
+    parser.add_argument("--n-frames", type=int, default=train.n_frames)
+    parser.add_argument("--sizes", nargs="+", default=[f"{train.width}x{train.height}", "256x256"], help="WxH outputs")
     parser.add_argument("--clips", type=int, default=48, help="samples per measurement")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--stride-range", type=int, nargs=2, default=[1, 1])
-    parser.add_argument("--crop-scale", type=float, nargs=2, default=[0.5, 1.0])
+    parser.add_argument("--stride-range", type=int, nargs=2, default=[train.stride_min, train.stride_max])
+    parser.add_argument("--crop-scale", type=float, nargs=2, default=[train.crop_scale_min, train.crop_scale_max])
     parser.add_argument("--repeats", type=int, default=3, help="rounds per loader row (medians)")
     args = parser.parse_args()
 
@@ -226,6 +272,7 @@ def main() -> None:
         "videos": len(paths),
         "n_frames": args.n_frames,
         "stride_range": args.stride_range,
+        "crop_scale": args.crop_scale,
         "clips": args.clips,
         "repeats": args.repeats,
         "resize": [resize_cost(sample_crops(paths, w, h, tuple(args.crop_scale)), w, h) for w, h in sizes],

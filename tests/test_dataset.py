@@ -14,11 +14,13 @@ import pytest
 import torch
 
 from training.dataset import (
+    AreaResizer,
     ClipTable,
     EpochShuffleSampler,
     VideoClipDataset,
     VideoDataError,
     VideoReader,
+    _ClipWriter,
     area_resize,
     build_dataloader,
     crop_box,
@@ -196,6 +198,33 @@ def test_area_resize_integer_factors_agree_with_inter_area(factors):
     fy, fx = factors
     image = np.random.default_rng(2).integers(0, 256, (48 * fy, 72 * fx, 3), dtype=np.uint8)
     assert abs_diff(area_resize(image, 72, 48), inter_area(image, 72, 48)).max() <= 1
+
+
+def test_area_resizer_reuses_buffers_without_mixing_frames():
+    # One resizer fed images of changing content and size (its sub-box buffer is reused,
+    # then reallocated) gives what a fresh resize of each image gives.
+    rng = np.random.default_rng(3)
+    resizer, out = AreaResizer(720, 480), np.empty((480, 720, 3), np.uint8)
+    for src_hw in [(643, 964), (643, 964), (555, 832), (480, 720), (960, 1440), (643, 964)]:
+        image = rng.integers(0, 256, (*src_hw, 3), dtype=np.uint8)
+        assert resizer(image, out=out) is out
+        assert np.array_equal(out, area_resize(image, 720, 480))
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_clip_writer_writes_each_frame_as_rgb_planes(flip):
+    # Distinct frames through the writer's shared buffers: frame k of the output is the
+    # crop of input k, area-resized, flipped if asked, as RGB planes.
+    rng = np.random.default_rng(4)
+    frames = [rng.integers(0, 256, (720, 1280, 3), dtype=np.uint8) for _ in range(3)]
+    writer = _ClipWriter(3, 480, 720, area=0.7975, u_y=0.3, u_x=0.7, flip=flip)
+    for k, frame in enumerate(frames):
+        writer(frame, k)
+    y, x, h, w = crop_box(720, 1280, 480, 720, 0.7975, 0.3, 0.7)
+    for k, frame in enumerate(frames):
+        expected = area_resize(frame[y : y + h, x : x + w], 720, 480)
+        expected = expected[:, ::-1] if flip else expected
+        assert np.array_equal(writer.frames[k], expected[..., ::-1].transpose(2, 0, 1))
 
 
 # ------------------------------------------------------------------- decoding (OpenCV)
