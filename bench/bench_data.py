@@ -36,11 +36,16 @@ each round a raw decode of the row's windows right before the loader pass, so th
 see the same machine load.
 Ratios: ``vs_raw_sequential`` against the sequential raw read, ``vs_raw_same_starts``
 the median of the rounds' loader / raw-of-the-same-windows ratios.
+Time split: for each window and size, the shares of a sample's time (in this process,
+one OpenCV thread) spent seeking, in the per-frame writer (crop, resize, flip, RGB
+planes) and in the rest (open, decode, sampling). Worker transfer: ms per sample to hand
+a ready sample of the loader's shape from one worker to the main process.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing as mp
 import os
 import platform
@@ -54,11 +59,14 @@ from typing import Iterator
 
 import cv2
 import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from training.dataset import (  # noqa: E402
     VideoClipDataset,
     VideoReader,
+    _ClipWriter,
     area_resize,
     build_dataloader,
     crop_box,
@@ -86,6 +94,17 @@ def sample_crops(paths: list[str], width: int, height: int, crop_scale: tuple[fl
     return crops
 
 
+@contextmanager
+def one_opencv_thread() -> Iterator[None]:
+    """One core's worth of OpenCV (as in a forked DataLoader worker)."""
+    threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        yield
+    finally:
+        cv2.setNumThreads(threads)
+
+
 def inter_area(crop: np.ndarray, width: int, height: int) -> np.ndarray:
     return cv2.resize(crop, (width, height), interpolation=cv2.INTER_AREA)
 
@@ -94,9 +113,7 @@ def resize_cost(crops: list[np.ndarray], width: int, height: int, repeats: int =
     """ms per frame (one OpenCV thread) of INTER_AREA and area_resize, interleaved per crop."""
     resizers = {"inter_area": inter_area, "area_resize": area_resize}
     seconds: dict[str, list[float]] = {name: [] for name in resizers}
-    threads = cv2.getNumThreads()
-    cv2.setNumThreads(1)
-    try:
+    with one_opencv_thread():
         for repeat in range(repeats):
             order = list(resizers) if repeat % 2 == 0 else list(resizers)[::-1]
             total = dict.fromkeys(resizers, 0.0)
@@ -107,8 +124,6 @@ def resize_cost(crops: list[np.ndarray], width: int, height: int, repeats: int =
                     total[name] += time.perf_counter() - start
             for name in resizers:
                 seconds[name].append(total[name] / len(crops))
-    finally:
-        cv2.setNumThreads(threads)
     diff = np.concatenate(
         [np.abs(area_resize(c, width, height).astype(np.int16) - inter_area(c, width, height)).ravel() for c in crops]
     )
@@ -205,14 +220,10 @@ def raw_decode_per_process(windows: list[Window], processes: int) -> float:
 def loader_rate(dataset: VideoClipDataset, workers: int) -> float:
     """Frames per second of samples 1..len-1 (sample 0 warms up: imports, first open, workers)."""
     if workers == 0:
-        threads = cv2.getNumThreads()
-        cv2.setNumThreads(1)
-        try:
+        with one_opencv_thread():
             dataset[0]
             start = time.perf_counter()
             frames = sum(dataset[i]["frames"].shape[0] for i in range(1, len(dataset)))
-        finally:
-            cv2.setNumThreads(threads)
     else:
         loader = build_dataloader(dataset, batch_size=1, num_workers=workers, shuffle=False, drop_last=False)
         batches = iter(loader)
@@ -220,6 +231,74 @@ def loader_rate(dataset: VideoClipDataset, workers: int) -> float:
         start = time.perf_counter()
         frames = sum(b["frames"].shape[1] for b in batches)
     return frames / (time.perf_counter() - start)
+
+
+def time_split(dataset: VideoClipDataset) -> dict:
+    """Where a sample's time goes, in this process with one OpenCV thread.
+
+    ``seek`` is ``VideoReader._seek`` (decoding from the keyframe before the target),
+    ``writer`` the per-frame crop, area resize, flip and RGB planes (``_ClipWriter``), and
+    ``rest`` everything else: opening the file, decoding the frames read, sampling.
+    """
+    totals = {"seek": 0.0, "writer": 0.0}
+    targets = {"seek": (VideoReader, "_seek"), "writer": (_ClipWriter, "__call__")}
+    originals = {name: getattr(owner, attr) for name, (owner, attr) in targets.items()}
+
+    def timed(name: str):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return originals[name](*args, **kwargs)
+            finally:
+                totals[name] += time.perf_counter() - start
+        return call
+
+    for name, (owner, attr) in targets.items():
+        setattr(owner, attr, timed(name))
+    try:
+        with one_opencv_thread():
+            dataset[0]
+            totals.update(seek=0.0, writer=0.0)
+            start = time.perf_counter()
+            for i in range(1, len(dataset)):
+                dataset[i]
+            total = time.perf_counter() - start
+    finally:
+        for name, (owner, attr) in targets.items():
+            setattr(owner, attr, originals[name])
+    return {
+        "ms_per_sample": round(total / (len(dataset) - 1) * 1e3, 1),
+        "seek_share": round(totals["seek"] / total, 3),
+        "writer_share": round(totals["writer"] / total, 3),
+        "rest_share": round(1 - (totals["seek"] + totals["writer"]) / total, 3),
+    }
+
+
+class _FixedSample(Dataset):
+    """Samples of the loader's shape with no decoding: what is left is the hand-over."""
+
+    def __init__(self, shape: tuple[int, ...], length: int):
+        self.frames, self.length = torch.zeros(shape, dtype=torch.uint8), length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict:
+        return {"frames": self.frames, "index": index, "failures": 0}
+
+
+def worker_transfer(shape: tuple[int, ...], samples: int = 24) -> dict:
+    """ms per sample to hand a sample from one DataLoader worker to the main process.
+
+    The worker's collate copies it into fresh shared memory; the main process maps it.
+    """
+    batches = iter(DataLoader(_FixedSample(shape, samples + 1), batch_size=1, num_workers=1))
+    next(batches)
+    start = time.perf_counter()
+    for _ in batches:
+        pass
+    return {"mb_per_sample": round(math.prod(shape) / 1e6, 1),
+            "ms_per_sample": round((time.perf_counter() - start) / samples * 1e3, 2)}
 
 
 def loader_row(dataset: VideoClipDataset, windows: list[Window], workers: int, repeats: int, sequential: float) -> dict:
@@ -277,6 +356,8 @@ def main() -> None:
         "repeats": args.repeats,
         "resize": [resize_cost(sample_crops(paths, w, h, tuple(args.crop_scale)), w, h) for w, h in sizes],
         "raw_decode": raw_decode(paths, args.clips, args.n_frames),
+        "worker_transfer": [{"size": f"{w}x{h}", **worker_transfer((args.n_frames, 3, h, w))} for w, h in sizes],
+        "time_split": [],
         "loader": [],
     }
     with tempfile.TemporaryDirectory() as tmp:
@@ -298,6 +379,7 @@ def main() -> None:
                     crop_scale=tuple(args.crop_scale),
                 )
                 windows = loader_windows(dataset)
+                result["time_split"].append({"window": window, "size": f"{width}x{height}", **time_split(dataset)})
                 for workers in args.workers:
                     row = loader_row(dataset, windows, workers, args.repeats, result["raw_decode"]["frames_per_s"])
                     result["loader"].append({"window": window, "size": f"{width}x{height}", **row})
