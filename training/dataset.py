@@ -294,7 +294,7 @@ class AreaResizer:
     """Area (box-filter) resampling to exactly ``width x height``, for a stream of images.
 
     Equal to one ``cv2.INTER_AREA`` resize within 1 level (mean ~0.1), but up to 2x faster at
-    non-integer downscale factors, where INTER_AREA runs scalar code (~5 ms for a 720p crop
+    non-integer downscale factors, where INTER_AREA runs scalar code (~4-5 ms for a 720p crop
     to 720x480). It chains two vectorised INTER_AREA paths that are both exact box filters:
     upscaling to ``k`` times the output (``k`` = the factor rounded up) cuts each output
     pixel's footprint into k x k equal sub-boxes, each smaller than a source pixel and so
@@ -302,7 +302,7 @@ class AreaResizer:
     sub-boxes. The only extra error is rounding the sub-box averages to uint8.
 
     The sub-box image (k^2 times the output, several MB) is kept between calls: allocating
-    it per frame costs page faults worth a quarter or more of the resize inside the loader.
+    it per frame costs page faults worth a fifth or more of the resize inside the loader.
     """
 
     def __init__(self, width: int, height: int):
