@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo bench clean
+.PHONY: setup browser test demo bench clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,20 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 setup: $(STAMP)
 
-test: $(STAMP)
+# Debian's Chromium, for the test that renders the HTML report: installed when neither
+# chromium nor chromium-browser is on PATH (needs root; otherwise it says what to run).
+browser:
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then \
+		echo "chromium: $$(command -v chromium || command -v chromium-browser)"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "chromium is missing: installing Debian's chromium with apt-get"; \
+		export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq chromium; \
+	else \
+		echo "chromium is missing and installing it needs root: run 'sudo apt-get install chromium', then make test" >&2; \
+		exit 1; \
+	fi
+
+test: $(STAMP) browser
 	$(PY) -m pytest -q
 
 demo: $(STAMP)

@@ -29,14 +29,14 @@ from evaluation.report import write_report  # noqa: E402
 from evaluation.videos import latent_picture, side_by_side, to_uint8_frames, write_video  # noqa: E402
 from models.checkpoint import find_weights  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
-from training.config import exit_on_config_error, load_config, resolve_path  # noqa: E402
-from training.dataset import VideoClipDataset, find_videos, probe_video  # noqa: E402
+from training.config import DTYPES, REF_VAE_CLASSES, TrainConfig, load_config, resolve_path  # noqa: E402
+from training.dataset import VideoClipDataset, find_videos, frames_to_unit, probe_video  # noqa: E402
+from training.errors import exit_on_config_error  # noqa: E402
 from training.metrics import (  # noqa: E402
     lpips_unavailable_reason, video_lpips, video_mse, video_psnr, video_ssim, video_temporal_error)
-from training.utils import ReferenceVAE  # noqa: E402
+from training.reference_vae import ReferenceVAE  # noqa: E402
 
 logger = logging.getLogger("inference")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--use_ref_vae", action="store_true", help="also evaluate the reference VAE and report ratios")
     p.add_argument("--ref_vae_path", default=None, help="diffusers folder (default: the config's ref_vae_path)")
-    p.add_argument("--ref_vae_class", default=None, choices=["cogvideox", "hunyuan", "wan"])
+    p.add_argument("--ref_vae_class", default=None, choices=list(REF_VAE_CLASSES))
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--parallel", dest="parallel", action="store_true", default=True, help="all frames at once (default)")
     mode.add_argument("--sequential", dest="parallel", action="store_false", help="frame by frame, memory flat in T")
@@ -80,11 +80,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def run_config_of(weights: Path) -> Path | None:
+    """The ``config.json`` of the training run that wrote ``weights``: next to
+    ``final_model.*``, one level above ``best_model/``, two above ``checkpoints/checkpoint-N/``."""
+    folder = weights.parent
+    if weights.name.startswith("final_model"):
+        run_dir = folder
+    elif folder.name == "best_model":
+        run_dir = folder.parent
+    elif folder.parent.name == "checkpoints":
+        run_dir = folder.parent.parent
+    else:
+        return None
+    return run_dir / "config.json" if (run_dir / "config.json").is_file() else None
+
+
 def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[TAEHV, Path]:
     path = find_weights(args.model_path)
     variant = args.variant
-    run_config = path.parent / "config.json" if path.name.startswith("final_model") else path.parent.parent.parent / "config.json"
-    if variant is None and path.suffix == ".pth" and run_config.is_file():
+    run_config = run_config_of(path)
+    if variant is None and path.suffix == ".pth" and run_config is not None:
         variant = json.loads(run_config.read_text())["variant"]  # our own run: its config says
     model = TAEHV(path, variant=variant).to(device, dtype).eval()
     if args.channels_last:
@@ -125,6 +140,18 @@ def build_dataset(args: argparse.Namespace, model: TAEHV, output_dir: Path) -> t
     dataset = VideoClipDataset(data_root, annotation, n_frames=n_frames, height=height, width=width, mode="val",
                                seed=args.seed, crop_scale=(1.0, 1.0))
     return dataset, n_frames
+
+
+def reference_vae(args: argparse.Namespace, model: TAEHV, device: torch.device) -> ReferenceVAE:
+    """The reference VAE of ``--config`` (or the defaults), with ``--ref_vae_path`` /
+    ``--ref_vae_class`` and ``--dtype`` applied; latents are its mode, not samples."""
+    config = load_config(args.config) if args.config else TrainConfig()
+    config = config.replace(ref_vae_path=args.ref_vae_path or config.ref_vae_path,
+                            ref_vae_class=args.ref_vae_class or config.ref_vae_class,
+                            ref_vae_dtype=args.dtype, ref_latent_sample=False, variant=model.variant)
+    if not config.ref_vae_path:
+        raise SystemExit("error: --use_ref_vae needs --ref_vae_path (or a --config with ref_vae_path)")
+    return ReferenceVAE.from_config(config, device, model.latent_channels)
 
 
 def timed(fn, device: torch.device) -> tuple[torch.Tensor, float, float | None]:
@@ -196,15 +223,8 @@ def main(argv: list[str] | None = None) -> dict:
     plan = model.plan(n_frames)
     ref_vae = None
     if args.use_ref_vae:
-        config = load_config(args.config) if args.config else None
-        ref_path = args.ref_vae_path or (config.ref_vae_path if config else None)
-        if not ref_path:
-            raise SystemExit("error: --use_ref_vae needs --ref_vae_path (or a --config with ref_vae_path)")
-        ref_vae = ReferenceVAE(resolve_path(ref_path), args.ref_vae_class or (config.ref_vae_class if config else "cogvideox"),
-                               dtype=args.dtype, device=device, sample=False)
-    use_lpips = lpips_unavailable_reason() is None
-    if not use_lpips:
-        logger.info("LPIPS not reported: %s", lpips_unavailable_reason())
+        ref_vae = reference_vae(args, model, device)
+    use_lpips = lpips_unavailable_reason() is None  # metrics logs why not
 
     count = min(args.num_samples, len(dataset))
     order = np.random.default_rng(args.seed).permutation(len(dataset))[:count] if not args.videos else np.arange(count)
@@ -219,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
     samples = []
     for i, index in enumerate(tqdm(order, desc="samples", disable=None)):
         item = dataset[int(index)]
-        frames = item["frames"].unsqueeze(0).to(device).to(dtype).div(255)
+        frames = frames_to_unit(item["frames"].unsqueeze(0), device, dtype)
         if i == 0:
             warm_up(frames)
         latents, enc_s, enc_mb = timed(lambda: model.encode_video(frames, parallel=args.parallel), device)

@@ -2,8 +2,8 @@
 """Encode/decode latency and peak memory of TAEHV next to the CogVideoX-2b VAE; prints JSON.
 
     python bench/bench_model.py --frames 9 17 49 --height 128 --width 128
-    python bench/bench_model.py --frames 9 --height 256 --width 256 --dtypes float32 bfloat16
-    python bench/bench_model.py --device cuda --dtypes bfloat16 --frames 17 49 --height 480 --width 720
+    python bench/bench_model.py --frames 9 --height 256 --width 256 --dtypes fp32 bf16
+    python bench/bench_model.py --device cuda --dtypes bf16 --frames 17 49 --height 480 --width 720
 
 For each (dtype, T) the reference, diffusers ``AutoencoderKLCogVideoX`` with the
 CogVideoX-2b architecture (random weights: speed does not depend on them), is measured
@@ -38,9 +38,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.make_reference_vae import COGVIDEOX_2B  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
+from training.config import DTYPES  # noqa: E402
 from training.monitoring import peak_rss_bytes  # noqa: E402
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _sync(device: torch.device) -> None:
@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument("--height", type=int, default=128)
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--modes", nargs="+", choices=["parallel", "sequential"], default=["parallel", "sequential"])
-    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["float32"])
+    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["fp32"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--variant", default="taecvx", help="TAEHV variant (taecvx: CogVideoX latents)")
     parser.add_argument("--reference", choices=["cogvideox-2b", "none"], default="cogvideox-2b")

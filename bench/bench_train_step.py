@@ -11,22 +11,20 @@ in-memory batch (data loading is measured by bench/bench_data.py), synchronised 
 
 - ``bare``: the autoencoder's forward pass on the batch and its reference latents, the
   recipe's losses and the backward pass; nothing else.
-- ``cached`` / ``none``: the loop's full step with reference latents already in the batch
-  (as the latent cache delivers them) / without a reference VAE: forward, losses, the
-  cross-rank finiteness agreement, backward, gradient clipping, optimizer and scheduler
-  step, EMA update; optionally with Seraena.
-- ``online``: the same with the reference VAE encoding the batch first (``--ref-vae``).
+- ``cached`` / ``none``: the product's training step (``training.step.TrainStep``, the
+  object the training loop calls) with reference latents in the batch, as the latent
+  cache delivers them / without a reference VAE: normalisation, forward, losses, the
+  cross-rank agreement, backward, gradient clipping, optimizer, scheduler and EMA steps;
+  optionally with Seraena.
+- ``online``: the same step with the reference VAE encoding the batch (``--ref-vae``).
 
-The step is assembled from the training loop's own pieces (``training_forward``,
-``add_seraena_loss``, ``agree``), one process; ``ratio_to_bare`` is the step time over
-``bare``.
+One process; ``ratio_to_bare`` is the step time over ``bare``.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
-import math
 import platform
 import statistics
 import sys
@@ -37,15 +35,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from accelerate import Accelerator  # noqa: E402
-from diffusers.optimization import get_scheduler  # noqa: E402
-from diffusers.training_utils import EMAModel  # noqa: E402
 
 from models.taehv import TAEHV  # noqa: E402
-from training.adversarial import build_seraena  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
-from training.resilience import agree, is_finite_number  # noqa: E402
-from training.taehv_train import add_seraena_loss, training_forward  # noqa: E402
-from training.utils import ReferenceVAE  # noqa: E402
+from training.data import ReferenceLatents  # noqa: E402
+from training.reference_vae import ReferenceVAE  # noqa: E402
+from training.step import TrainStep  # noqa: E402
 
 
 def _sync(device: torch.device) -> None:
@@ -66,39 +61,18 @@ def timed(step, device: torch.device, warmup: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-class Bench:
-    """One model, optimizer, scheduler and EMA, prepared by Accelerate like training's."""
+def train_step(config: TrainConfig, device: torch.device, latents: ReferenceLatents, seraena: bool) -> TrainStep:
+    """The training loop's step, built the way the loop builds it (one process)."""
+    accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=config.mixed_precision)
+    step, _ = TrainStep.build(config.replace(use_seraena=seraena), accelerator, TAEHV(variant=config.variant), latents)
+    step.model.train()
+    return step
 
-    def __init__(self, config: TrainConfig, device: torch.device, seraena: bool):
-        self.config = config.replace(use_seraena=seraena)
-        self.accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=config.mixed_precision)
-        model = TAEHV(variant=config.variant)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, betas=(0.9, 0.95))
-        scheduler = get_scheduler("constant", optimizer)
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
-        self.net = self.accelerator.unwrap_model(self.model)
-        self.ema = EMAModel([p.detach().float() for p in self.net.parameters()], decay=0.999)
-        self.ema.to(self.accelerator.device)
-        self.seraena = build_seraena(self.config, self.net, self.accelerator.device) if seraena else None
-        self.dtype = next(self.net.parameters()).dtype
 
-    def bare(self, frames: torch.Tensor, z_ref: torch.Tensor | None) -> None:
-        losses = training_forward(self.accelerator, self.model, frames, z_ref, self.config, self.dtype).losses
-        self.accelerator.backward(losses["loss"])
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def full(self, frames: torch.Tensor, z_ref: torch.Tensor | None) -> None:
-        forward = training_forward(self.accelerator, self.model, frames, z_ref, self.config, self.dtype)
-        agree([False, not bool(torch.isfinite(forward.losses["loss"])), False], self.accelerator.device)
-        if self.seraena is not None:
-            add_seraena_loss(forward, self.seraena, z_ref, self.config)
-        self.accelerator.backward(forward.losses["loss"])
-        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm or math.inf)
-        if is_finite_number(grad_norm):
-            self.optimizer.step()
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.ema.step(self.net.parameters())
+def forward_backward(step: TrainStep, frames: torch.Tensor, z_ref: torch.Tensor) -> None:
+    """Forward, losses and backward of the same step, nothing else."""
+    step.accelerator.backward(step.forward(frames, z_ref).losses["loss"])
+    step.optimizer.zero_grad(set_to_none=True)
 
 
 def main() -> None:
@@ -131,30 +105,40 @@ def run() -> dict:
                          train_batch_size=args.batch, mixed_precision=precision, n_seraena_frames=args.n_seraena_frames,
                          seraena_buffer_size=args.seraena_buffer, learning_rate=1e-4)
     torch.manual_seed(0)
-    frames = torch.rand(args.batch, args.frames, 3, args.height, args.width, device=device)
+    frames = torch.randint(0, 256, (args.batch, args.frames, 3, args.height, args.width), dtype=torch.uint8)
+    unit = frames.to(device).float().div(255)
     ref_vae = None
     if args.ref_vae:
         ref_vae = ReferenceVAE(args.ref_vae, dtype="bf16" if device.type == "cuda" else "fp32", device=device)
-        z_ref = ref_vae.encode(frames)
+        z_ref = ref_vae.encode(unit)
     else:  # latents of the right shape stand in for the cache
-        plan = TAEHV(variant=args.variant).plan(args.frames)
-        z_ref = torch.randn(args.batch, plan.latent_frames, 16, args.height // 8, args.width // 8, device=device)
+        model = TAEHV(variant=args.variant)
+        size = (args.height // (8 * model.patch_size), args.width // (8 * model.patch_size))
+        z_ref = torch.randn(args.batch, model.plan(args.frames).latent_frames, model.latent_channels, *size, device=device)
+    cached_batch = {"frames": frames, "latents": z_ref}
+    plain_batch = {"frames": frames}
+    cache, no_reference = ReferenceLatents(None, cached=True), ReferenceLatents(None, cached=False)
 
     rows = []
 
-    def record(name: str, seraena: bool, seconds: float) -> None:
+    def record(name: str, seraena: bool, run, warmup: int = args.warmup) -> None:
+        seconds = timed(run, device, warmup, args.repeats)
         rows.append({"scenario": name, "seraena": seraena, "step_s": round(seconds, 4),
                      "samples_per_s": round(args.batch / seconds, 2)})
 
-    plain = Bench(config, device, seraena=False)
-    record("bare", False, timed(lambda: plain.bare(frames, z_ref), device, args.warmup, args.repeats))
-    record("cached", False, timed(lambda: plain.full(frames, z_ref), device, args.warmup, args.repeats))
-    record("none", False, timed(lambda: plain.full(frames, None), device, args.warmup, args.repeats))
+    def steps(step: TrainStep, batch: dict):
+        windows = iter(range(1, 1 << 30))
+        return lambda: step(batch, next(windows))
+
+    cached = train_step(config, device, cache, seraena=False)
+    record("bare", False, lambda: forward_backward(cached, unit, z_ref))
+    record("cached", False, steps(cached, cached_batch))
+    record("none", False, steps(train_step(config, device, no_reference, seraena=False), plain_batch))
     if ref_vae is not None:
-        record("online", False, timed(lambda: plain.full(frames, ref_vae.encode(frames)), device, 1, args.repeats))
-    adversarial = Bench(config, device, seraena=True)
-    record("cached", True, timed(lambda: adversarial.full(frames, z_ref), device, args.warmup, args.repeats))
-    record("none", True, timed(lambda: adversarial.full(frames, None), device, args.warmup, args.repeats))
+        online = train_step(config, device, ReferenceLatents(ref_vae, cached=False), seraena=False)
+        record("online", False, steps(online, plain_batch), warmup=1)
+    record("cached", True, steps(train_step(config, device, cache, seraena=True), cached_batch))
+    record("none", True, steps(train_step(config, device, no_reference, seraena=True), plain_batch))
     bare = rows[0]["step_s"]
     for row in rows:
         row["ratio_to_bare"] = round(row["step_s"] / bare, 3)

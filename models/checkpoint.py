@@ -10,16 +10,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
+import torch.nn as nn
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
+from .atomic import atomic_write
 from .variants import known_variants
-
-if TYPE_CHECKING:
-    from .taehv import TAEHV
 
 FORMAT_NAME = "taehv"
 WEIGHT_SUFFIXES = (".pth", ".pt", ".safetensors")
@@ -75,23 +73,6 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return state_dict
 
 
-def adapt_tgrow_weights(model: TAEHV, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Fit weights trained with more temporal upscaling into a preview decoder.
-
-    A TGrow with stride 1 keeps the output channels of the last timestep of a stride-2
-    TGrow, as the published loader does.
-    """
-    from .taehv import TGrow
-
-    own = model.state_dict()
-    adapted = dict(state_dict)
-    for i, block in enumerate(model.decoder):
-        key = f"decoder.{i}.conv.weight"
-        if isinstance(block, TGrow) and key in adapted and adapted[key].shape[0] > own[key].shape[0]:
-            adapted[key] = adapted[key][-own[key].shape[0]:]
-    return adapted
-
-
 def shape_signature(state_dict: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in state_dict.items()}
 
@@ -113,25 +94,25 @@ def describe_mismatch(expected: dict[str, tuple], found: dict[str, tuple]) -> li
     return lines
 
 
-def fitting_variants(signature: dict[str, tuple[int, ...]]) -> list[str]:
-    """Variants whose (full) architecture has exactly these keys and shapes."""
-    from .taehv import TAEHV
-
+def fitting_variants(model_class: type[nn.Module], signature: dict[str, tuple[int, ...]]) -> list[str]:
+    """Variants whose (full) architecture, built by ``model_class(variant=...)``, has
+    exactly these keys and shapes."""
     fits = []
     with torch.device("meta"):
         for name in known_variants():
-            if shape_signature(TAEHV(variant=name).state_dict()) == signature:
+            if shape_signature(model_class(variant=name).state_dict()) == signature:
                 fits.append(name)
     return fits
 
 
-def load_weights(model: TAEHV, path: str | os.PathLike) -> None:
-    """Load a weight file into ``model`` strictly, or raise one error that says what differs."""
-    found = adapt_tgrow_weights(model, read_state_dict(path))
+def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
+    """Load a weight file into a TAEHV ``model`` strictly, or raise one error that says what
+    differs. ``model.adapt_state_dict`` fits full weights into a preview decoder first."""
+    found = model.adapt_state_dict(read_state_dict(path))
     expected = shape_signature(model.state_dict())
     problems = describe_mismatch(expected, shape_signature(found))
     if problems:
-        fits = fitting_variants(shape_signature(read_state_dict(path)))
+        fits = fitting_variants(type(model), shape_signature(read_state_dict(path)))
         hint = (
             f"the file fits variant(s) {', '.join(fits)}: pass variant='{fits[0]}' (or --variant {fits[0]})"
             if fits
@@ -146,7 +127,7 @@ def load_weights(model: TAEHV, path: str | os.PathLike) -> None:
     model.load_state_dict(found, strict=True)
 
 
-def weights_metadata(model: TAEHV) -> dict[str, str]:
+def weights_metadata(model: nn.Module) -> dict[str, str]:
     """What a saved file needs to rebuild ``model`` without guessing from its name."""
     return {
         "format": FORMAT_NAME,
@@ -170,11 +151,11 @@ def export_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", torch.float32).contiguous().clone() for k, v in model.state_dict().items()}
 
 
-def save_weights(model: TAEHV, path: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
-    """Save fp32 weights in the published key format (``.pth``) or with metadata (``.safetensors``).
+def save_weights(model: nn.Module, path: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    """Save a TAEHV's fp32 weights in the published key format (``.pth``) or with metadata
+    (``.safetensors``), atomically.
 
     ``state_dict`` overrides the model's own weights (e.g. EMA or gathered ZeRO weights).
-    The file is written next to its final name and renamed, so a crash leaves no half file.
     """
     path = Path(path)
     if path.suffix not in (".pth", ".safetensors"):
@@ -183,11 +164,6 @@ def save_weights(model: TAEHV, path: str | os.PathLike, state_dict: dict[str, to
     problems = describe_mismatch(shape_signature(model.state_dict()), shape_signature(tensors))
     if problems:
         raise CheckpointMismatchError("refusing to save weights that do not fit the model:\n  " + "\n  ".join(problems))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".safetensors":
-        save_file(tensors, str(tmp), metadata=weights_metadata(model))
-    else:
-        torch.save(tensors, tmp)
-    os.replace(tmp, path)
-    return path
+        return atomic_write(path, save(tensors, metadata=weights_metadata(model)))
+    return atomic_write(path, lambda tmp: torch.save(tensors, tmp))

@@ -299,6 +299,18 @@ class TAEHV(nn.Module):
         if checkpoint_path is not None:
             load_weights(self, checkpoint_path)
 
+    def adapt_state_dict(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Fit weights trained with more temporal upscaling into a preview decoder: a TGrow
+        with stride 1 keeps the output channels of the last timestep of a stride-2 TGrow,
+        as the published loader does."""
+        own = self.state_dict()
+        adapted = dict(state_dict)
+        for i, block in enumerate(self.decoder):
+            key = f"decoder.{i}.conv.weight"
+            if isinstance(block, TGrow) and key in adapted and adapted[key].shape[0] > own[key].shape[0]:
+                adapted[key] = adapted[key][-own[key].shape[0]:]
+        return adapted
+
     # -- frame arithmetic ---------------------------------------------------------------
     def plan(self, input_frames: int) -> FramePlan:
         """Frame counts for a clip of ``input_frames`` frames through this model."""

@@ -13,7 +13,7 @@ from accelerate import Accelerator
 
 from training.best_model import BestTracker
 from training.checkpointing import (
-    MANIFEST,
+    CHECKPOINT_MANIFEST,
     list_checkpoints,
     rng_state,
     remove_partial_checkpoints,
@@ -89,7 +89,7 @@ def test_error07_incomplete_or_damaged_checkpoints_are_never_latest(tmp_path):
     (tmp_path / "checkpoint-3").mkdir()  # an old-style or interrupted folder: no manifest
     (tmp_path / "checkpoint-2" / "model.safetensors").write_bytes(b"truncated")  # wrong size
     assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-1"]
-    manifest = json.loads((tmp_path / "checkpoint-1" / MANIFEST).read_text())
+    manifest = json.loads((tmp_path / "checkpoint-1" / CHECKPOINT_MANIFEST).read_text())
     assert manifest["files"] == {"model.safetensors": 1} and manifest["step"] == 1
 
 

@@ -1,6 +1,10 @@
 """Config loading, overrides and start-up validation."""
 from __future__ import annotations
 
+import json
+import logging
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -9,6 +13,8 @@ from training.metrics import lpips_unavailable_reason
 from training.config import ConfigError, TrainConfig, apply_overrides, check, load_config, run_prefix
 
 CONFIGS = Path(__file__).resolve().parents[1] / "training" / "configs"
+PRESETS = ["taehv_config", "taehv_config_1gpu_h100", "taehv_config_h100", "taehv_config_a800",
+           "taehv_config_16gpu_h100", "taehv_config_demo", "taehv_config_test"]
 
 
 def valid(tmp_path: Path, **changes) -> TrainConfig:
@@ -16,11 +22,51 @@ def valid(tmp_path: Path, **changes) -> TrainConfig:
     return TrainConfig(data_root=str(tmp_path / "videos"), pretrained_model_path="").replace(**changes)
 
 
-@pytest.mark.parametrize("name", ["taehv_config", "taehv_config_1gpu_h100", "taehv_config_h100", "taehv_config_a800",
-                                  "taehv_config_16gpu_h100", "taehv_config_demo", "taehv_config_test"])
-def test_presets_load(name):
+def local_paths(config: TrainConfig, tmp_path: Path) -> dict[str, str]:
+    """Stand-ins on this machine for the paths a preset names (data, weights, reference VAE):
+    a folder for a folder, a small real file for a file. Paths the preset leaves empty stay
+    empty, so that, for example, the demo preset keeps training without a reference VAE."""
+    annotation = {"total": 1, "list": [{"path": "clip_0000.mp4", "frames": 64}]}
+    changes = {}
+    if config.data_root:
+        (tmp_path / "videos").mkdir()
+        changes["data_root"] = str(tmp_path / "videos")
+    for name in ("annotation_file", "val_annotation_file"):
+        if getattr(config, name):
+            path = tmp_path / f"{name}.json"
+            path.write_text(json.dumps(annotation))
+            changes[name] = str(path)
+    if config.pretrained_model_path:
+        path = tmp_path / Path(config.pretrained_model_path).name
+        path.write_bytes(b"weights")
+        changes["pretrained_model_path"] = str(path)
+    if config.ref_vae_path:
+        (tmp_path / "ref_vae" / config.ref_vae_subfolder).mkdir(parents=True)
+        changes["ref_vae_path"] = str(tmp_path / "ref_vae")
+    if config.latent_cache_dir:
+        (tmp_path / "latent_cache").mkdir()
+        changes["latent_cache_dir"] = str(tmp_path / "latent_cache")
+    return changes
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_load_and_pass_the_config_check(name, tmp_path):
     config = load_config(CONFIGS / f"{name}.py")
     assert isinstance(config, TrainConfig) and config.config_file.endswith(f"{name}.py")
+    changes = local_paths(config, tmp_path)
+    assert "data_root" in changes or "annotation_file" in changes  # every preset names its data
+    notes = check(config.replace(**changes))  # every other field as the preset sets it
+    assert ("no reference VAE: plain autoencoder training (encoder/decoder distillation losses off)" in notes) == (
+        not config.ref_vae_path)
+
+
+def test_preset_check_sees_the_replaced_paths(tmp_path):
+    """The stand-ins are what check() looks at: a missing one is still reported."""
+    config = load_config(CONFIGS / "taehv_config.py")
+    changes = local_paths(config, tmp_path)
+    Path(changes["pretrained_model_path"]).unlink()
+    with pytest.raises(ConfigError, match="pretrained_model_path: .* does not exist"):
+        check(config.replace(**changes))
 
 
 def test_overrides_are_typed_and_unknown_keys_suggest():
@@ -69,12 +115,80 @@ def test_patch_size_sets_the_spatial_multiple(tmp_path):
         check(valid(tmp_path, variant="taehv1_5", height=40, width=64))
 
 
-def test_unsupported_variant_and_lpips(tmp_path):
+def test_unsupported_variant(tmp_path):
     with pytest.raises(ConfigError, match="not supported"):
         check(valid(tmp_path, variant="taeltx_2"))
-    if lpips_unavailable_reason() is not None:  # the optional extra is not installed here
-        with pytest.raises(ConfigError, match="LPIPS is unusable"):
+
+
+@pytest.fixture
+def fresh_lpips_probe():
+    """lpips_unavailable_reason() caches its answer: start and leave with an empty cache."""
+    lpips_unavailable_reason.cache_clear()
+    yield
+    lpips_unavailable_reason.cache_clear()
+
+
+def fake_lpips_module(monkeypatch, constructor_error: Exception | None) -> None:
+    """Stand in for torchmetrics.image.lpip; its LPIPS class raises ``constructor_error``."""
+    module = types.ModuleType("torchmetrics.image.lpip")
+
+    class LearnedPerceptualImagePatchSimilarity:
+        def __init__(self, **kwargs):
+            if constructor_error is not None:
+                raise constructor_error
+
+    module.LearnedPerceptualImagePatchSimilarity = LearnedPerceptualImagePatchSimilarity
+    monkeypatch.setitem(sys.modules, "torchmetrics.image.lpip", module)
+
+
+def test_lpips_here_decides_the_config_check(tmp_path, fresh_lpips_probe):
+    """Whatever this environment has, check() follows lpips_unavailable_reason()."""
+    reason = lpips_unavailable_reason()
+    if reason is None:
+        check(valid(tmp_path, lpips_loss_weight=0.1))
+        check(valid(tmp_path, best_metric="val/lpips"))
+    else:
+        with pytest.raises(ConfigError, match="LPIPS is unusable") as err:
             check(valid(tmp_path, lpips_loss_weight=0.1))
+        assert reason in str(err.value)
+
+
+def test_lpips_missing_module_is_unavailable_and_refused(tmp_path, monkeypatch, caplog, fresh_lpips_probe):
+    # what torchmetrics' constructor raises when torchvision is not installed
+    fake_lpips_module(monkeypatch, ModuleNotFoundError("LPIPS metric requires that torchvision is installed."))
+    with caplog.at_level(logging.INFO, logger="training.metrics"):
+        reason = lpips_unavailable_reason()
+        lpips_unavailable_reason()  # cached: logged once
+    assert reason.startswith("ModuleNotFoundError: LPIPS metric requires that torchvision is installed.")
+    assert "requirements-lpips.txt" in reason
+    assert [r.getMessage() for r in caplog.records] == [f"LPIPS is unavailable: {reason}"]
+    with pytest.raises(ConfigError, match="LPIPS is unusable: ModuleNotFoundError: LPIPS metric requires"):
+        check(valid(tmp_path, lpips_loss_weight=0.1))
+    with pytest.raises(ConfigError, match="best_metric=val/lpips, but LPIPS is unusable"):
+        check(valid(tmp_path, best_metric="val/lpips"))
+
+    lpips_unavailable_reason.cache_clear()
+    monkeypatch.setitem(sys.modules, "torchmetrics.image.lpip", None)  # the module itself cannot be imported
+    assert lpips_unavailable_reason().startswith("ModuleNotFoundError: ")
+
+
+def test_lpips_usable_is_accepted(tmp_path, monkeypatch, fresh_lpips_probe):
+    fake_lpips_module(monkeypatch, None)
+    assert lpips_unavailable_reason() is None
+    check(valid(tmp_path, lpips_loss_weight=0.1))
+    check(valid(tmp_path, best_metric="val/lpips"))
+
+
+def test_lpips_other_errors_propagate(tmp_path, monkeypatch, fresh_lpips_probe):
+    """A broken install (e.g. backbone weights that cannot be loaded) is an error, not "unavailable"."""
+    fake_lpips_module(monkeypatch, RuntimeError("Error(s) in loading state_dict for Alexnet"))
+    with pytest.raises(RuntimeError, match="loading state_dict for Alexnet"):
+        lpips_unavailable_reason()
+    with pytest.raises(RuntimeError, match="loading state_dict for Alexnet"):
+        check(valid(tmp_path, lpips_loss_weight=0.1))
+    fake_lpips_module(monkeypatch, OSError("alexnet-owt-7be5be79.pth: no such file"))
+    with pytest.raises(OSError, match="alexnet-owt"):
+        lpips_unavailable_reason()
 
 
 def test_wrong_type_in_config_file(tmp_path):

@@ -464,10 +464,10 @@ def test_validate_raises_above_failure_threshold(index_dir, bad_files, tmp_path)
     bad = [{"full_path": str(bad_files[k])} for k in ("missing", "zero")]
     ds = index_dataset(index_dir, tmp_path, good + bad, max_failure_fraction=0.25)
     with pytest.raises(VideoDataError, match="max_failure_fraction") as err:
-        ds.validate(sample_size=10)
+        ds.probe(sample_size=10)
     assert "2 of 5" in str(err.value) and "make_annotations" in str(err.value)
     ds.max_failure_fraction = 0.5
-    report = ds.validate(sample_size=10)
+    report = ds.probe(sample_size=10)
     assert (report.probed, report.failed) == (5, 2)
     assert report.reasons == {"missing": 1, "unreadable": 1}
 

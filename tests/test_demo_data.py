@@ -36,7 +36,7 @@ def test_demo_dataset_feeds_the_dataset(tmp_path):
     ds = VideoClipDataset(tmp_path, paths["train"], n_frames=6, height=32, width=48)
     sample = ds[3]
     assert sample["frames"].shape == (6, 3, 32, 48) and sample["failures"] == 0
-    ds.validate()  # no unusable clips
+    ds.probe()  # no unusable clips
     # Annotation paths also resolve without data_root (relative to the annotation file).
     assert VideoClipDataset(annotation_file=paths["val"], n_frames=2, height=8, width=8)[0]["failures"] == 0
 

@@ -35,7 +35,7 @@ def test_error01_config_paths_resolve_from_the_repository_and_missing_ones_stop_
 
 
 def test_error02_the_reference_vae_is_frozen_and_never_prepared(tiny_cogvideox_vae):
-    from training.utils import ReferenceVAE
+    from training.reference_vae import ReferenceVAE
 
     ref = ReferenceVAE(tiny_cogvideox_vae, dtype="fp32")
     assert not isinstance(ref, torch.nn.Module)  # cannot be handed to accelerator.prepare by mistake
@@ -56,7 +56,7 @@ def test_error03_tensorboard_gets_only_the_types_it_accepts(tmp_path, name):
 
 
 def test_error04_inputs_follow_the_dtype_of_low_precision_weights():
-    from training.taehv_train import training_forward
+    from training.step import training_forward
 
     config = TrainConfig(n_frames=9)
     model = TAEHV(variant="taecvx").to(torch.bfloat16)  # as DeepSpeed bf16 casts the module
@@ -90,17 +90,25 @@ def test_error14_taecvx_16_frames_decode_to_16_targets():
     assert decoded.shape[1] == plan.decoded_frames == plan.target(frames).shape[1] == 16
 
 
-def test_error10_seraena_stays_out_of_prepare_and_identical_across_ranks():
-    """The discriminator has its own optimizer and is never handed to DeepSpeed. The
-    2-process ZeRO-2 runs (tests/test_train.py, tests/test_fault_tolerance.py) train with it
-    and show it identical on both ranks."""
-    import inspect
+def test_error10_seraena_stays_out_of_prepare_and_trains_on_its_own():
+    """The training step hands only the TAE to Accelerate (DeepSpeed takes one model per
+    Accelerator); the discriminator keeps its own optimizer and still learns. The 2-process
+    ZeRO-2 runs (tests/test_train.py, tests/test_fault_tolerance.py) show it identical on both ranks."""
+    from training.data import ReferenceLatents
+    from training.step import TrainStep
 
-    from training import adversarial, taehv_train
-
-    prepared = [line for line in inspect.getsource(taehv_train.main).splitlines() if "accelerator.prepare(" in line]
-    assert len(prepared) == 1 and "seraena" not in prepared[0]
-    assert "Seraena(" in inspect.getsource(adversarial.build_seraena)
+    config = TrainConfig(n_frames=9, height=16, width=16, train_batch_size=2, use_seraena=True, n_seraena_frames=9,
+                         seraena_buffer_size=8, mixed_precision="no")
+    accelerator = Accelerator(cpu=True)
+    step, _ = TrainStep.build(config, accelerator, TAEHV(variant="taecvx"), ReferenceLatents(None, cached=False))
+    discriminator = {id(p) for p in step.seraena.parameters()}
+    assert accelerator._models == [step.model] and step.model is step.net
+    assert not any(id(p) in discriminator for group in step.optimizer.param_groups for p in group["params"])
+    before = [p.detach().clone() for p in step.seraena.parameters()]
+    batch = {"frames": torch.randint(0, 256, (2, 9, 3, 16, 16), dtype=torch.uint8)}
+    result = step(batch, window=1)
+    assert result.applied and {"seraena_loss", "seraena_disc_loss"} <= set(result.losses)
+    assert any(not torch.equal(a, b) for a, b in zip(before, step.seraena.parameters()))
 
 
 @pytest.mark.parametrize("frames, group", [(9, 3), (12, 3), (17, 1), (17, 17), (16, 4)])

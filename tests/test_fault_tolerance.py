@@ -34,7 +34,7 @@ from train_runs import (
     train_args,
     wait_for,
 )
-from training.checkpointing import MANIFEST, list_checkpoints
+from training.checkpointing import CHECKPOINT_MANIFEST, list_checkpoints
 
 STEPS = 6
 FAULTS = "oom@2:1,nan_loss@4:0"  # window 2: rank 1 runs out of memory; window 4: rank 0's loss is NaN
@@ -68,7 +68,7 @@ def interrupted_chain(launcher, out, clips, faults: str, *common: str, signal_ra
                                         f"--fault_injection={faults},crash_in_save@4"),
                              capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert crashed.returncode != 0
-    assert (checkpoints / ".tmp-checkpoint-4").is_dir() and not (checkpoints / ".tmp-checkpoint-4" / MANIFEST).exists()
+    assert (checkpoints / ".tmp-checkpoint-4").is_dir() and not (checkpoints / ".tmp-checkpoint-4" / CHECKPOINT_MANIFEST).exists()
     assert [p.name for p in list_checkpoints(checkpoints)] == ["checkpoint-2", "checkpoint-3"]  # nothing lost
 
     train(launcher, out, clips, *common, "--resume=latest", f"--fault_injection={faults}")
@@ -170,7 +170,7 @@ def test_kill_9_at_a_random_moment_loses_no_checkpoint(tmp_path, demo_clips):
           "--validation_every=100", "--auto_resume=true")  # the same command restarts the job
     after = list_checkpoints(checkpoints)
     assert trainer_state(after[-1])["progress"]["step"] == 30
-    assert all((p / MANIFEST).is_file() for p in after)
+    assert all((p / CHECKPOINT_MANIFEST).is_file() for p in after)
     assert not list(checkpoints.glob(".tmp-*"))
 
 

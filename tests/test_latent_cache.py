@@ -1,4 +1,4 @@
-"""Reference-latent cache (training/cache_latents.py): built by the real CLI in subprocesses
+"""Reference-latent cache (built by training/cache_latents.py, read by training/latent_cache.py): built by the real CLI in subprocesses
 for the demo clips and a tiny CogVideoX VAE, then compared with the latents training would
 compute online. (Two processes, under ``accelerate launch`` or torchrun, run the same code
 with a shard partition; left out here to keep this file fast.)
@@ -18,12 +18,15 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT
+from models.variants import get_variant
 from train_runs import TEST_CONFIG
-from training.cache_latents import CachedLatentDataset, LatentCache, entry_point, latent_sample_generator
+from training.cache_latents import entry_point
 from training.config import ConfigError, TrainConfig, load_config
-from training.dataset import VideoClipDataset, VideoDataError, build_dataloader
+from training.data import build_datasets
+from training.dataset import VideoClipDataset, VideoDataError, build_dataloader, frames_to_unit
+from training.latent_cache import CachedLatentDataset, LatentCache, latent_sample_generator
 from training.make_annotations import write_annotation
-from training.utils import ReferenceVAE
+from training.reference_vae import ReferenceVAE
 
 MISSING = 5  # index of the missing file in the annotation (6 clips: shards {0, 1}, {2, 3}, {4, 5})
 LATENT_SHAPE = (3, 16, 4, 4)  # 9 frames at 32x32 -> 3 latent frames of 16 x 4 x 4
@@ -68,16 +71,13 @@ def run_cli(args: list[str]) -> None:
 
 def online(vae: ReferenceVAE, frames: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """What training computes for one clip: uint8 frames -> [0, 1] NTCHW -> raw latents."""
-    return vae.encode(frames[None].float().div(255), generator)[0]
+    return vae.encode(frames_to_unit(frames[None], "cpu"), generator)[0]
 
 
 def dataset_and_vae(data: dict, vae_path: Path, *extra: str) -> tuple[TrainConfig, VideoClipDataset, ReferenceVAE]:
     """The config, training set and reference VAE that training would build."""
-    from training.taehv_train import build_datasets
-
     config = load_config(TEST_CONFIG, overrides(data, vae_path, *extra))
-    vae = ReferenceVAE(vae_path, config.ref_vae_class, config.ref_vae_subfolder, config.ref_vae_dtype, "cpu",
-                       config.ref_latent_sample)
+    vae = ReferenceVAE.from_config(config, "cpu", get_variant(config.variant).latent_channels)
     return config, build_datasets(config)[0], vae
 
 

@@ -32,13 +32,14 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from safetensors.torch import load_file, save_file
 
-from training.config import ConfigError, TrainConfig, resolve_path, run_prefix
+from models.atomic import TMP_PREFIX, atomic_write, fsync_directory, temporary_name
+from training.config import TrainConfig, resolve_path, run_prefix
+from training.errors import ConfigError
 from training.state_io import load_tree, save_tree
 
 logger = logging.getLogger(__name__)
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-MANIFEST = "checkpoint.json"
-TMP_PREFIX = ".tmp-"
+CHECKPOINT_MANIFEST = "checkpoint.json"
 
 
 class Stateful(Protocol):
@@ -61,11 +62,11 @@ def checkpoint_step(path: Path) -> int:
     return int(match.group(1))
 
 
-def read_manifest(path: Path) -> dict:
+def read_checkpoint_manifest(path: Path) -> dict:
     """The manifest of a complete checkpoint; ConfigError if it is missing or files are absent."""
-    manifest_file = path / MANIFEST
+    manifest_file = path / CHECKPOINT_MANIFEST
     if not manifest_file.is_file():
-        raise ConfigError(f"checkpoint {path} is incomplete (no {MANIFEST}): it was being written when the run "
+        raise ConfigError(f"checkpoint {path} is incomplete (no {CHECKPOINT_MANIFEST}): it was being written when the run "
                           "stopped, or comes from an older version; resume from an earlier checkpoint")
     manifest = json.loads(manifest_file.read_text())
     missing = [name for name, size in manifest["files"].items()
@@ -78,7 +79,7 @@ def read_manifest(path: Path) -> dict:
 
 def is_complete(path: Path) -> bool:
     try:
-        read_manifest(path)
+        read_checkpoint_manifest(path)
     except ConfigError:
         return False
     return True
@@ -141,7 +142,7 @@ def resolve_resume(config: TrainConfig) -> tuple[Path | None, Path | None]:
     if not path.is_dir():
         raise ConfigError(f"--resume {spec}: checkpoint {path} does not exist")
     checkpoint_step(path)
-    read_manifest(path)
+    read_checkpoint_manifest(path)
     return path.parent.parent, path
 
 
@@ -157,14 +158,6 @@ def new_run_dir(config: TrainConfig) -> Path:
 # ----------------------------------------------------------------------------------------
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def remove_partial_checkpoints(directory: Path) -> None:
     """Delete temporary folders left by a save that was interrupted (main process only)."""
     if directory.is_dir():
@@ -178,7 +171,7 @@ def write_atomically(accelerator: Accelerator, final: Path, write: Callable[[Pat
     """Every rank calls ``write(tmp)``; then the main process writes the manifest and
     renames ``tmp`` to ``final``. ``before_commit`` runs on every rank just before the
     manifest (the test hook for a crash during saving)."""
-    tmp = final.with_name(TMP_PREFIX + final.name)
+    tmp = temporary_name(final)
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -188,14 +181,11 @@ def write_atomically(accelerator: Accelerator, final: Path, write: Callable[[Pat
     before_commit()
     if accelerator.is_main_process:
         files = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-        with open(tmp / MANIFEST, "w") as f:
-            json.dump({**info, "files": files}, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
+        atomic_write(tmp / CHECKPOINT_MANIFEST, json.dumps({**info, "files": files}, indent=1))
         if final.exists():  # an incomplete leftover of the same name
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_directory(final.parent)
     accelerator.wait_for_everyone()
     return final
 
@@ -296,7 +286,7 @@ def read_trainer_state(path: Path) -> dict:
 def load_training_state(objects: TrainingObjects, path: Path) -> dict:
     """Restore everything ``write_training_state`` saved; returns the trainer state."""
     acc, rank = objects.accelerator, objects.accelerator.process_index
-    manifest = read_manifest(path)
+    manifest = read_checkpoint_manifest(path)
     if manifest["world_size"] != acc.num_processes:
         raise ConfigError(f"{path} was saved by {manifest['world_size']} process(es) but this run has "
                           f"{acc.num_processes}: resume with the same number of GPUs/processes (the optimizer "

@@ -12,22 +12,30 @@ import dataclasses
 import difflib
 import json
 import runpy
-import sys
 import typing
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+import torch
+
 from models.frames import exact_frame_counts, group_sizes, plan_frames
 from models.variants import get_variant
+from training.best_model import METRIC_DIRECTIONS
+from training.errors import ConfigError
+from training.metrics import lpips_unavailable_reason
+from training.resilience import FaultPlan
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MIXED_PRECISION = ("no", "fp16", "bf16")
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
-REF_VAE_CLASSES = ("cogvideox", "hunyuan", "wan")
-
-
-class ConfigError(ValueError):
-    """A configuration problem, with a message that says what to change."""
+# ref_vae_class -> the diffusers class that loads it (training, the latent cache and inference)
+REF_VAE_CLASSES = {
+    "cogvideox": "AutoencoderKLCogVideoX",
+    "hunyuan": "AutoencoderKLHunyuanVideo",
+    "wan": "AutoencoderKLWan",
+}
+# dtype names users type (ref_vae_dtype, inference --dtype) -> torch dtypes
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,7 @@ class TrainConfig:
     validation_every: int = 1000
     num_validation_samples: int = 20
     validation_batch_size: int = 2
-    image_log_every: int = 1000  # reconstruction strips in TensorBoard; 0 disables
+    image_log_every: int = 1000  # reconstruction strips in TensorBoard, written at validation steps that are multiples of this (and the last); 0 disables
     checkpointing_steps: int = 1000  # also saved at the end and when SIGTERM/SIGINT arrives
     checkpoints_total_limit: int = 3  # newest complete checkpoints kept (best_model/ is separate)
     resume_from_checkpoint: str = ""  # "latest", a checkpoint name or a path
@@ -216,8 +224,8 @@ def check(config: TrainConfig) -> list[str]:
     need(config.short_clip_policy in ("lower_stride", "skip"), "short_clip_policy must be 'lower_stride' or 'skip'")
     need(config.mixed_precision in MIXED_PRECISION, f"mixed_precision must be one of {MIXED_PRECISION}")
     need(config.lr_scheduler in LR_SCHEDULERS, f"lr_scheduler must be one of {LR_SCHEDULERS}")
-    need(config.ref_vae_class in REF_VAE_CLASSES, f"ref_vae_class must be one of {REF_VAE_CLASSES}")
-    need(config.ref_vae_dtype in ("fp32", "bf16", "fp16"), "ref_vae_dtype must be fp32, bf16 or fp16")
+    need(config.ref_vae_class in REF_VAE_CLASSES, f"ref_vae_class must be one of {', '.join(REF_VAE_CLASSES)}")
+    need(config.ref_vae_dtype in DTYPES, f"ref_vae_dtype must be one of {', '.join(DTYPES)}")
     for name in ("train_batch_size", "gradient_accumulation_steps", "max_train_steps", "log_every",
                  "validation_every", "validation_batch_size", "checkpointing_steps", "checkpoints_total_limit",
                  "max_consecutive_skipped_steps", "n_seraena_frames"):
@@ -231,13 +239,13 @@ def check(config: TrainConfig) -> list[str]:
     need(0 < config.ema_decay < 1, "ema_decay must be in (0, 1)")
 
     plan = plan_frames(config.n_frames, 4, 4, spec.is_cogvideox)
-    exact = exact_frame_counts(64, 4, 4, spec.is_cogvideox)
+    exact = exact_frame_counts(max(64, config.n_frames), 4, 4, spec.is_cogvideox)  # the listing; the rule is plan.exact
     if config.ref_vae_path:
-        valid = [t for t in exact if (t - 1) % 4 == 0 and t > 1]
-        need(config.n_frames in valid,
+        valid = [t for t in exact if reference_vae_frames(t)][:8]
+        need(plan.exact and reference_vae_frames(config.n_frames),
              f"n_frames={config.n_frames} does not work with a reference VAE and {spec.name}: the reference VAE "
              f"encodes 4k+1 frames to k+1 latents and the decoder must return exactly the input frames "
-             f"(here {plan.decoded_frames} from {plan.latent_frames} latents). Valid: {', '.join(map(str, valid))}")
+             f"(here {plan.decoded_frames} from {plan.latent_frames} latents). Valid: {', '.join(map(str, valid))}, ...")
         need(config.encoder_loss_weight + config.decoder_loss_weight + config.reconstruction_loss_weight > 0,
              "all loss weights are 0")
     else:
@@ -270,9 +278,6 @@ def check(config: TrainConfig) -> list[str]:
         value = getattr(config, name)
         need(not value or resolve_path(value).exists(), f"{name}: {resolve_path(value)} does not exist")
     need(bool(config.data_root or config.annotation_file), "set data_root (a folder of videos) or annotation_file")
-    from training.best_model import METRIC_DIRECTIONS
-    from training.resilience import FaultPlan
-
     need(config.best_metric in METRIC_DIRECTIONS,
          f"best_metric={config.best_metric!r}: expected one of {', '.join(METRIC_DIRECTIONS)}")
     need(config.best_metric != "val/psnr_from_reference_latents" or bool(config.ref_vae_path),
@@ -284,8 +289,6 @@ def check(config: TrainConfig) -> list[str]:
     except ConfigError as err:
         problems.append(str(err))
     if config.lpips_loss_weight > 0 or config.best_metric == "val/lpips":
-        from training.metrics import lpips_unavailable_reason
-
         reason = lpips_unavailable_reason()
         need(reason is None, f"lpips_loss_weight > 0 or best_metric=val/lpips, but LPIPS is unusable: {reason}")
     if problems:
@@ -293,14 +296,9 @@ def check(config: TrainConfig) -> list[str]:
     return notes
 
 
-def exit_on_config_error(main: typing.Callable[[], object]) -> None:
-    """Run a CLI entry point; a configuration problem exits with status 2 and its message,
-    without a traceback (it is the user's to fix, not a crash)."""
-    try:
-        main()
-    except ConfigError as err:
-        print(f"configuration error: {err}", file=sys.stderr)
-        sys.exit(2)
+def reference_vae_frames(n_frames: int) -> bool:
+    """The reference VAEs' own rule: 4k+1 frames (k >= 1) encode to k+1 latents."""
+    return n_frames > 1 and (n_frames - 1) % 4 == 0
 
 
 def describe(config: TrainConfig) -> str:

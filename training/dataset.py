@@ -47,6 +47,12 @@ class BadClipError(Exception):
         self.kind = kind
 
 
+def frames_to_unit(frames: torch.Tensor, device: torch.device | str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 frames as the dataset delivers them -> ``dtype`` in [0, 1] on ``device``: the one
+    normalisation used by training, validation, the latent cache and inference."""
+    return frames.to(device, non_blocking=True).to(dtype).div_(255)
+
+
 def find_videos(directory: str | Path) -> list[str]:
     """Video files under ``directory`` (recursive), as sorted POSIX paths relative to it."""
     directory = Path(directory)
@@ -377,7 +383,26 @@ class ProbeReport:
         return self.failed / max(self.probed, 1)
 
 
-class VideoClipDataset(Dataset):
+def shared_epoch() -> torch.Tensor:
+    """An epoch counter in shared memory, so that ``set_epoch`` reaches persistent DataLoader workers."""
+    return torch.zeros((), dtype=torch.int64).share_memory_()
+
+
+class EpochDataset(Dataset):
+    """A dataset whose random draws follow the epoch (``self._epoch``, made by ``shared_epoch``)."""
+
+    _epoch: torch.Tensor
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's random draws; call before iterating each epoch."""
+        self._epoch.fill_(epoch)
+
+
+class VideoClipDataset(EpochDataset):
     """Map-style dataset of ``n_frames``-frame clips resized to exactly ``height x width``.
 
     Args:
@@ -450,20 +475,11 @@ class VideoClipDataset(Dataset):
         self.max_failure_fraction = max_failure_fraction
         self.max_replacement_attempts = max_replacement_attempts
         self.seek_threshold, self.decode_threads = seek_threshold, decode_threads
-        # In shared memory so that set_epoch reaches persistent DataLoader workers.
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._epoch = shared_epoch()
         self._reported: set[tuple[int, int]] = set()  # (clip, log level) already logged here
 
     def __len__(self) -> int:
         return len(self.clips)
-
-    @property
-    def epoch(self) -> int:
-        return int(self._epoch)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch's random draws; call before iterating each epoch."""
-        self._epoch.fill_(epoch)
 
     def _rng(self, index: int) -> np.random.Generator:
         epoch = 0 if self.mode == "val" else self.epoch
@@ -539,7 +555,7 @@ class VideoClipDataset(Dataset):
                     raise BadClipError("truncated", f"decoding stopped at frame {again}, then at {decoded} before")
         return torch.from_numpy(writer.frames)
 
-    def validate(self, sample_size: int = 64) -> ProbeReport:
+    def probe(self, sample_size: int = 64) -> ProbeReport:
         """Load up to ``sample_size`` clips (seeded choice) without replacement and raise
         VideoDataError if more than ``max_failure_fraction`` of them are unusable.
 

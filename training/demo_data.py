@@ -5,8 +5,9 @@
 Each clip is a camera panning and zooming over a large procedurally textured scene in
 which several textured objects move and rotate: enough motion, texture and occlusion
 for an autoencoder to have something to learn, deterministic given the seed. Clips are
-written as MP4 (``mp4v``, which OpenCV both writes and reads) to ``OUT_DIR/videos`` with
-``OUT_DIR/annotations_train.json`` and ``annotations_val.json`` in the users' format.
+written as H.264 MP4 (``evaluation.videos.write_video``, which browsers play) to
+``OUT_DIR/videos`` with ``OUT_DIR/annotations_train.json`` and ``annotations_val.json`` in
+the users' format.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Sequence
 import cv2
 import numpy as np
 
+from evaluation.videos import write_video
 from training.make_annotations import write_annotation
 
 
@@ -101,16 +103,6 @@ def render_clip(rng: np.random.Generator, n_frames: int, height: int, width: int
     return frames
 
 
-def write_video(path: Path, frames: np.ndarray, fps: float) -> None:
-    height, width = frames.shape[1:3]
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
-    if not writer.isOpened():
-        raise RuntimeError(f"OpenCV cannot write {path} with the mp4v codec")
-    for frame in frames:
-        writer.write(frame)
-    writer.release()
-
-
 def make_demo_dataset(
     out_dir: str | Path,
     num_clips: int = 32,
@@ -130,7 +122,8 @@ def make_demo_dataset(
     entries = []
     for i in range(num_clips):
         rel = f"videos/clip_{i:05d}.mp4"
-        write_video(out_dir / rel, render_clip(np.random.default_rng([seed, i]), n_frames, height, width), fps)
+        bgr = render_clip(np.random.default_rng([seed, i]), n_frames, height, width)
+        write_video(out_dir / rel, np.ascontiguousarray(bgr[..., ::-1]), fps)
         duration = round(n_frames / fps, 3)
         entries.append(
             {"path": rel, "frames": n_frames, "duration": duration, "fps": fps, "width": width, "height": height}

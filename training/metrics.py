@@ -6,9 +6,12 @@ Inputs are NTCHW videos in [0, 1] whose frame i already corresponds (see
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
+
+logger = logging.getLogger(__name__)
 
 
 def video_mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -36,13 +39,21 @@ def video_temporal_error(pred: torch.Tensor, target: torch.Tensor) -> torch.Tens
 
 @functools.cache
 def lpips_unavailable_reason() -> str | None:
-    """None when torchmetrics' LPIPS can be built here, else why not (an optional extra)."""
+    """None when torchmetrics' LPIPS can be built here, else why not.
+
+    LPIPS is an optional extra: only a missing module counts as "unavailable" (torchvision
+    not installed, for which torchmetrics' constructor raises ModuleNotFoundError, or no
+    LPIPS module in torchmetrics); the reason is logged once. Any other error, e.g. backbone
+    weights that cannot be loaded, propagates with its own message.
+    """
     try:
         from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
 
         LearnedPerceptualImagePatchSimilarity(net_type="alex", normalize=True)
-    except (ImportError, ModuleNotFoundError, OSError, RuntimeError) as err:
-        return f"{type(err).__name__}: {err} (install the optional extra: pip install -r requirements-lpips.txt)"
+    except ImportError as err:  # ModuleNotFoundError is a subclass
+        reason = f"{type(err).__name__}: {err} (install the optional extra: pip install -r requirements-lpips.txt)"
+        logger.info("LPIPS is unavailable: %s", reason)
+        return reason
     return None
 
 

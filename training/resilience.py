@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from training.config import ConfigError
+from training.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 FAULT_KINDS = ("nan_loss", "oom", "crash_in_save", "sigterm")

@@ -5,11 +5,11 @@
         training/taehv_train.py --config training/configs/taehv_config_h100.py [--key=value ...]
     python training/taehv_train.py --config training/configs/taehv_config_demo.py   # one process
 
-One readable loop under Accelerate (1 process, DDP or DeepSpeed ZeRO-2; gloo on CPU):
-reference latents from the frozen VAE, the model called through ``forward``, losses on
-frames aligned by the model's FramePlan, EMA weights, TensorBoard, validation with the
-best model and early stopping, atomic checkpoints that resume bit-identically, and a
-final fp32 export in the published key format.
+Set-up, then one loop under Accelerate (1 process, DDP or DeepSpeed ZeRO-2; gloo on CPU):
+the data and its reference latents come from ``training.data``, everything from a batch
+to the optimizer step is ``training.step.TrainStep``, and beside it ``Cadence`` logs to
+TensorBoard, validates (best model, early stopping) and writes atomic checkpoints that
+resume bit-identically; the run ends with a final fp32 export in the published key format.
 
 Exit status: 0 when training finished, stopped early, or stopped on SIGTERM/SIGINT after
 saving a checkpoint (resume with ``--resume latest``); 1 when it gave up after too many
@@ -18,47 +18,31 @@ skipped steps (a checkpoint is saved first); 2 for a configuration error.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import logging
-import math
 import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from accelerate import Accelerator, PartialState  # noqa: E402
-from accelerate.utils import DataLoaderConfiguration, DistributedType, InitProcessGroupKwargs, set_seed  # noqa: E402
-from diffusers.optimization import get_scheduler  # noqa: E402
-from diffusers.training_utils import EMAModel  # noqa: E402
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, set_seed  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from models.checkpoint import save_weights  # noqa: E402
-from models.seraena import Seraena  # noqa: E402
-from models.taehv import TAEHV, AutoencoderOutput  # noqa: E402
 from training.best_model import BestTracker  # noqa: E402
-from training.adversarial import build_seraena, seraena_loss  # noqa: E402
-from training.checkpointing import (  # noqa: E402
-    TrainingObjects,
-    load_training_state,
-    new_run_dir,
-    remove_partial_checkpoints,
-    resolve_resume,
-    save_checkpoint,
-    write_atomically,
-)
-from training.config import ConfigError, TrainConfig, check, describe, exit_on_config_error, load_config, resolve_path  # noqa: E402
-from training.cache_latents import CachedLatentDataset  # noqa: E402
-from training.dataset import VideoClipDataset, build_dataloader  # noqa: E402
+from training.checkpointing import load_training_state, new_run_dir, remove_partial_checkpoints, resolve_resume, save_checkpoint  # noqa: E402
+from training.config import TrainConfig, check, describe, load_config  # noqa: E402
+from training.data import build_train_loader, build_training_data  # noqa: E402
+from training.dataset import VideoClipDataset  # noqa: E402
 from training.distributed import process_group_backend, process_state  # noqa: E402
-from training.losses import compute_losses  # noqa: E402
+from training.errors import ConfigError, exit_on_config_error  # noqa: E402
+from training.export import export_best_model, export_weights  # noqa: E402
 from training.monitoring import Monitor  # noqa: E402
-from training.resilience import FaultPlan, StopRequest, agree, broadcast_flag, is_finite_number, poisoned  # noqa: E402
-from training.utils import ReferenceVAE  # noqa: E402
+from training.reference_vae import ReferenceVAE  # noqa: E402
+from training.resilience import FaultPlan, StopRequest, broadcast_flag  # noqa: E402
+from training.step import StepResult, TrainStep, build_model  # noqa: E402
 from training.validation import validate  # noqa: E402
 
 logger = logging.getLogger("taehv_train")
@@ -77,6 +61,11 @@ class Progress:
     batch_in_epoch: int = 0  # micro-batches of this epoch already consumed (per process)
     skipped_steps: int = 0  # steps skipped on all ranks (non-finite loss/gradient, out of memory)
     consecutive_skips: int = 0
+
+    @property
+    def window(self) -> int:
+        """The accumulation window being trained, counted from 1 (skipped ones included)."""
+        return self.step + self.skipped_steps + 1
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
@@ -136,114 +125,100 @@ def setup_logging(run_dir: Path, accelerator: Accelerator) -> None:
                         format=f"%(asctime)s [rank {accelerator.process_index}] %(levelname)s %(name)s: %(message)s")
 
 
-def build_model(config: TrainConfig) -> TAEHV:
-    if config.pretrained_model_path:
-        model = TAEHV(resolve_path(config.pretrained_model_path), variant=config.variant)
-        logger.info("initialised from %s", config.pretrained_model_path)
-    else:
-        model = TAEHV(variant=config.variant)
-        with torch.no_grad():
-            model.decoder[-1].bias.fill_(config.decoder_bias_init)  # start from mid-grey frames
-        logger.info("training %s from scratch", config.variant)
-    return model
+class Cadence:
+    """What happens beside the steps: the step count and skipped windows, TensorBoard
+    logging, validation with the best model and early stopping, and checkpoints, each at
+    its configured interval."""
 
+    def __init__(self, config: TrainConfig, step: TrainStep, progress: Progress, tracker: BestTracker,
+                 monitor: Monitor, run_dir: Path, val_set: VideoClipDataset | None, ref_vae: ReferenceVAE | None,
+                 faults: FaultPlan):
+        self.config, self.step, self.progress, self.tracker, self.monitor = config, step, progress, tracker, monitor
+        self.run_dir, self.val_set, self.ref_vae, self.faults = run_dir, val_set, ref_vae, faults
+        self.accelerator = step.accelerator
+        self.samples_per_step = config.train_batch_size * config.gradient_accumulation_steps * self.accelerator.num_processes
+        self.progress_bar = tqdm(total=config.max_train_steps, initial=progress.step, desc="train", dynamic_ncols=True,
+                                 disable=not self.accelerator.is_local_main_process)
+        self.profiler = monitor.profiler()
 
-def build_datasets(config: TrainConfig) -> tuple[VideoClipDataset, VideoClipDataset | None]:
-    common = dict(n_frames=config.n_frames, height=config.height, width=config.width, seed=config.seed,
-                  short_clip_policy=config.short_clip_policy, max_failure_fraction=config.max_failure_fraction)
-    data_root = resolve_path(config.data_root) if config.data_root else None
-    train = VideoClipDataset(
-        data_root, resolve_path(config.annotation_file) if config.annotation_file else None, mode="train",
-        stride_range=(config.stride_min, config.stride_max), crop_scale=(config.crop_scale_min, config.crop_scale_max),
-        hflip=config.hflip, **common)
-    val = None
-    if config.val_annotation_file and config.num_validation_samples > 0:
-        val = VideoClipDataset(data_root, resolve_path(config.val_annotation_file), mode="val",
-                               stride_range=(config.stride_min, config.stride_max), **common)
-    return train, val
+    def after_micro_batch(self, batch: dict, result: StepResult) -> str | None:
+        """Count the batch; at the end of a window, the step or the skip. Returns why
+        training stops now ("finished", "early_stop", "skipped", "signal"), or None."""
+        self.monitor.count_failures(batch["failures"])
+        if result.losses is not None:
+            self.monitor.accumulate(result.losses)
+        if not result.window_done:
+            return None
+        progress, stop_reason = self.progress, None
+        if result.applied:
+            progress.step += 1
+            progress.consecutive_skips = 0
+            if self.profiler is not None:
+                self.profiler.step()
+            self.progress_bar.update(1)
+            stop_reason = self.after_step(result.grad_norm)
+        else:
+            progress.skipped_steps += 1
+            progress.consecutive_skips += 1
+            logger.warning("step %d skipped on every rank: %s (%d in a row, %d in total)", progress.step + 1,
+                           result.skip_reason, progress.consecutive_skips, progress.skipped_steps)
+            self.monitor.log_skipped(progress.step, progress.skipped_steps)
+            if progress.consecutive_skips >= self.config.max_consecutive_skipped_steps:
+                stop_reason = "skipped"
+        if result.stop_requested and stop_reason is None:
+            stop_reason = "signal"
+        return stop_reason
 
+    def close(self) -> None:
+        if self.profiler is not None:
+            self.profiler.stop()
+        self.progress_bar.close()
 
-def fp32_weights(accelerator: Accelerator, model: torch.nn.Module, ema: EMAModel | None) -> dict[str, torch.Tensor]:
-    """Full fp32 weights in the published key format: the EMA weights when kept, else the
-    optimizer's fp32 master weights (DeepSpeed bf16/fp16 keeps the module itself in low
-    precision). Under DeepSpeed every rank must call this (the master weights are sharded)."""
-    net = accelerator.unwrap_model(model)
-    state = {k: v.detach().float() for k, v in net.state_dict().items()}
-    names = [name for name, _ in net.named_parameters()]
-    if ema is not None:
-        state.update(zip(names, ema.shadow_params))
-    elif accelerator.distributed_type == DistributedType.DEEPSPEED:
-        from deepspeed.utils import safe_get_full_fp32_param
+    def checkpoint(self) -> Path:
+        """Save the full training state (every rank calls it)."""
+        step, progress, acc = self.step, self.progress, self.accelerator
+        trainer_state = {"progress": asdict(progress), "validation_history": self.tracker.history,
+                         "config": self.config.to_dict()}
+        return save_checkpoint(
+            step.objects, self.run_dir / "checkpoints", progress.step, self.config.checkpoints_total_limit,
+            trainer_state, export=lambda d: export_weights(acc, step.model, step.ema, d, "weights", (".safetensors",)),
+            before_commit=lambda: self.faults.maybe_crash_in_save(progress.step, acc.process_index))
 
-        for name, param in net.named_parameters():
-            full = safe_get_full_fp32_param(param)
-            if full is None and param.dtype != torch.float32:
-                raise RuntimeError(f"cannot recover fp32 master weights of {name} from DeepSpeed")
-            state[name] = (param if full is None else full).detach().float()
-    return state
+    def after_step(self, grad_norm) -> str | None:
+        """Logging, validation and checkpointing after an applied step; returns why
+        training stops now ("finished", "early_stop"), or None."""
+        config, step = self.config, self.progress.step
+        last = step >= config.max_train_steps
+        if step % config.log_every == 0 or last:
+            logs = self.monitor.log_train(step, self.step.scheduler.get_last_lr()[0], grad_norm, self.samples_per_step)
+            self.progress_bar.set_postfix(loss=f"{logs['train/loss']:.4f}", psnr=f"{self.monitor.last_psnr:.2f}")
+        early_stop = False
+        if self.val_set is not None and (step % config.validation_every == 0 or last):
+            early_stop = self.validate(step)
+        if step % config.checkpointing_steps == 0 or last:
+            self.checkpoint()
+        if last:
+            return "finished"
+        return "early_stop" if early_stop else None
 
-
-def export_weights(accelerator: Accelerator, model: torch.nn.Module, ema: EMAModel | None, directory: Path,
-                   stem: str, suffixes: tuple[str, ...] = (".pth", ".safetensors")) -> None:
-    """Write fp32 published-format weights (call on every rank; the main process writes)."""
-    state = fp32_weights(accelerator, model, ema)
-    if accelerator.is_main_process:
-        for suffix in suffixes:
-            save_weights(accelerator.unwrap_model(model), directory / f"{stem}{suffix}", state)
-
-
-def export_best_model(accelerator: Accelerator, model: torch.nn.Module, ema: EMAModel | None, run_dir: Path,
-                      info: dict) -> None:
-    """Atomically replace ``best_model/`` (weights + ``model_info.json``)."""
-    def write(tmp: Path) -> None:
-        export_weights(accelerator, model, ema, tmp, "weights")
-        if accelerator.is_main_process:
-            (tmp / "model_info.json").write_text(json.dumps(info, indent=1))
-
-    write_atomically(accelerator, run_dir / "best_model", write, {"step": info["step"]})
-
-
-def placeholder_batch(net: TAEHV, config: TrainConfig, device: torch.device,
-                      with_reference: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A tiny clip (and reference latents) with the training shapes' frame count: the
-    forward pass a rank runs when its own ran out of memory, so its backward pass joins
-    the same gradient collectives as the other ranks."""
-    size = 8 * net.patch_size
-    frames = torch.zeros(1, config.n_frames, 3, size, size, device=device)
-    if not with_reference:
-        return frames, None
-    latents = net.plan(config.n_frames).latent_frames
-    return frames, torch.zeros(1, latents, net.latent_channels, 1, 1, device=device)
-
-
-class Forward(NamedTuple):
-    out: AutoencoderOutput
-    targets: torch.Tensor  # input frames aligned with the decoded frames (FramePlan.target)
-    losses: dict[str, torch.Tensor]
-
-
-def training_forward(accelerator: Accelerator, model: torch.nn.Module, frames: torch.Tensor,
-                     z_ref: torch.Tensor | None, config: TrainConfig, input_dtype: torch.dtype) -> Forward:
-    """The model's forward pass and the recipe's losses; inputs are cast to the weights'
-    dtype here, once (DeepSpeed bf16 keeps the module in bf16: the seeds' error 4)."""
-    targets = accelerator.unwrap_model(model).plan(frames.shape[1]).target(frames)
-    with accelerator.autocast():
-        out = model(frames.to(input_dtype), None if z_ref is None else z_ref.to(input_dtype),
-                    decode_own=z_ref is None or config.reconstruction_loss_weight > 0)
-    losses = compute_losses(out, targets, z_ref, config.encoder_loss_weight, config.decoder_loss_weight,
-                            config.reconstruction_loss_weight, config.lpips_loss_weight)
-    return Forward(out, targets, losses)
-
-
-def add_seraena_loss(forward: Forward, seraena: Seraena, z_ref: torch.Tensor | None, config: TrainConfig) -> None:
-    """Seraena on the frames the decoder makes from the reference latents (its own
-    latents without a reference VAE), with those latents as context."""
-    out, losses = forward.out, forward.losses
-    decoded, latents = (out.decoded_from_reference, z_ref) if z_ref is not None else (out.decoded, out.latents)
-    loss, stats = seraena_loss(seraena, decoded, forward.targets, latents, config.n_seraena_frames)
-    losses["seraena_loss"] = loss
-    losses["seraena_disc_loss"] = stats["disc_loss"].detach()
-    losses["loss"] = losses["loss"] + config.seraena_loss_weight * loss
+    def validate(self, step: int) -> bool:
+        """Validate the EMA weights, keep the best model; True when early stopping says stop
+        (decided on rank 0, obeyed by all)."""
+        config, trainer, acc = self.config, self.step, self.accelerator
+        with trainer.averaged_weights():
+            metrics = validate(acc, trainer.net, self.val_set, config, self.ref_vae, trainer.input_dtype)
+        self.monitor.log_validation(step, metrics)
+        trainer.model.train()
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, float)}
+        if self.tracker.update(step, scalars):
+            export_best_model(acc, trainer.model, trainer.ema, self.run_dir, {
+                "step": step, "metric": config.best_metric, "value": scalars[config.best_metric], "metrics": scalars,
+                "variant": trainer.net.variant, "ema": trainer.ema is not None, "config_file": config.config_file})
+            logger.info("new best %s=%.4f at step %d: saved %s", config.best_metric, scalars[config.best_metric],
+                        step, self.run_dir / "best_model")
+        if acc.is_main_process:
+            self.tracker.write_history(self.run_dir)
+        return broadcast_flag(self.tracker.should_stop, acc.device)
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -257,188 +232,57 @@ def main(argv: list[str] | None = None) -> Path:
         logger.info(note)
     logger.info("run directory %s; %d process(es), %s, mixed precision %s", run_dir, accelerator.num_processes,
                 accelerator.distributed_type, config.mixed_precision)
-    checkpoints = run_dir / "checkpoints"
     if accelerator.is_main_process:
         (run_dir / "config.json").write_text(describe(config))
-        remove_partial_checkpoints(checkpoints)
+        remove_partial_checkpoints(run_dir / "checkpoints")
     set_seed(config.seed)  # identical initial weights on every rank
     torch.autograd.set_detect_anomaly(config.detect_anomaly)
 
     model = build_model(config)
-    ref_vae = None
-    if config.ref_vae_path:
-        ref_vae = ReferenceVAE(resolve_path(config.ref_vae_path), config.ref_vae_class, config.ref_vae_subfolder,
-                               config.ref_vae_dtype, accelerator.device, config.ref_latent_sample)
-        if ref_vae.latent_channels != model.latent_channels:
-            raise ConfigError(f"the reference VAE has {ref_vae.latent_channels} latent channels but {config.variant} "
-                              f"has {model.latent_channels}: pick the matching variant")
-
-    train_set, val_set = build_datasets(config)
-    report = train_set.validate()
-    logger.info("training clips: %d (%s)", len(train_set), report)
-    if config.latent_cache_dir:  # reference latents precomputed for these clips and crops
-        train_set = CachedLatentDataset.from_config(train_set, config)
-        logger.info("reference latents from the cache %s (%d epochs)", config.latent_cache_dir,
-                    train_set.cache.epochs)
-    loader = build_dataloader(train_set, config.train_batch_size, config.dataloader_num_workers, shuffle=True,
-                              seed=config.seed, drop_last=True, prefetch_factor=config.prefetch_factor,
-                              persistent_workers=config.persistent_workers, pin_memory=accelerator.device.type == "cuda")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate,
-                                  betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay)
-    scheduler = get_scheduler(config.lr_scheduler, optimizer, num_warmup_steps=config.lr_warmup_steps * accelerator.num_processes,
-                              num_training_steps=config.max_train_steps * accelerator.num_processes)
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-    net: TAEHV = accelerator.unwrap_model(model)
-    # fp32 shadow weights even when DeepSpeed keeps the model itself in bf16/fp16
-    ema = EMAModel([p.detach().float() for p in net.parameters()], decay=config.ema_decay) if config.use_ema else None
-    if ema is not None:
-        ema.to(accelerator.device)
-    generator = torch.Generator(accelerator.device).manual_seed(config.seed * 1000 + accelerator.process_index)
-    seraena = build_seraena(config, net, accelerator.device) if config.use_seraena else None
-    objects = TrainingObjects(accelerator, model, optimizer, scheduler, ema, generator,
-                              {"seraena": seraena} if seraena is not None else {})
-
+    ref_vae = ReferenceVAE.from_config(config, accelerator.device, model.latent_channels) if config.ref_vae_path else None
+    data = build_training_data(config, ref_vae)
+    stop = StopRequest()
+    step, loader = TrainStep.build(config, accelerator, model, data.latents, faults, stop,
+                                   loader=build_train_loader(data.train, config, accelerator.device))
     progress = Progress()
     tracker = BestTracker(config.best_metric, config.early_stopping_patience, config.early_stopping_min_delta)
     if resume_from is not None:
-        saved = load_training_state(objects, resume_from)
+        saved = load_training_state(step.objects, resume_from)
         progress = Progress(**saved["progress"])
         tracker = BestTracker.replay(saved["validation_history"], config.best_metric,
                                      config.early_stopping_patience, config.early_stopping_min_delta)
         logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume_from, progress.step, progress.epoch,
                     progress.batch_in_epoch)
     monitor = Monitor(accelerator, config, run_dir, progress.step)
+    cadence = Cadence(config, step, progress, tracker, monitor, run_dir, data.val, ref_vae, faults)
 
-    def checkpoint() -> Path:
-        trainer_state = {"progress": asdict(progress), "validation_history": tracker.history, "config": config.to_dict()}
-        return save_checkpoint(
-            objects, checkpoints, progress.step, config.checkpoints_total_limit, trainer_state,
-            export=lambda d: export_weights(accelerator, model, ema, d, "weights", (".safetensors",)),
-            before_commit=lambda: faults.maybe_crash_in_save(progress.step, accelerator.process_index))
-
-    input_dtype = next(net.parameters()).dtype  # DeepSpeed bf16/fp16 casts the weights themselves
-    samples_per_step = config.train_batch_size * config.gradient_accumulation_steps * accelerator.num_processes
-
-    def after_step(grad_norm) -> str | None:
-        """Logging, validation (best model, early stopping) and checkpointing after an
-        applied step; returns why training stops now, or None."""
-        step, last = progress.step, progress.step >= config.max_train_steps
-        if step % config.log_every == 0 or last:
-            logs = monitor.log_train(step, scheduler.get_last_lr()[0], grad_norm, samples_per_step)
-            progress_bar.set_postfix(loss=f"{logs['train/loss']:.4f}", psnr=f"{monitor.last_psnr:.2f}")
-        early_stop = False
-        if val_set is not None and (step % config.validation_every == 0 or last):
-            with ema_weights(ema, net):
-                metrics = validate(accelerator, net, val_set, config, ref_vae, input_dtype)
-            monitor.log_validation(step, metrics)
-            model.train()
-            scalars = {k: v for k, v in metrics.items() if isinstance(v, float)}
-            if tracker.update(step, scalars):
-                export_best_model(accelerator, model, ema, run_dir, {
-                    "step": step, "metric": config.best_metric, "value": scalars[config.best_metric],
-                    "metrics": scalars, "variant": net.variant, "ema": ema is not None, "config_file": config.config_file})
-                logger.info("new best %s=%.4f at step %d: saved %s", config.best_metric, scalars[config.best_metric],
-                            step, run_dir / "best_model")
-            if accelerator.is_main_process:
-                tracker.write_history(run_dir)
-            early_stop = broadcast_flag(tracker.should_stop, accelerator.device)  # decided once, obeyed by all
-        if step % config.checkpointing_steps == 0 or last:
-            checkpoint()
-        if last:
-            return "finished"
-        return "early_stop" if early_stop else None
-
-    progress_bar = tqdm(total=config.max_train_steps, initial=progress.step, disable=not accelerator.is_local_main_process,
-                        desc="train", dynamic_ncols=True)
-    profiler = monitor.profiler()
-    stop = StopRequest().install()
+    stop.install()
     stop_reason = "finished" if progress.step >= config.max_train_steps else None
-    window_problem = None  # why the current accumulation window must be skipped
-    model.train()
+    step.model.train()
     while stop_reason is None:
         loader.set_epoch(progress.epoch)  # the sampler's permutation and the dataset's draws follow the epoch
         epoch_loader = accelerator.skip_first_batches(loader, progress.batch_in_epoch) if progress.batch_in_epoch else loader
         for batch in epoch_loader:
             progress.batch_in_epoch += 1
-            rank, window = accelerator.process_index, progress.step + progress.skipped_steps + 1
-            faults.maybe_signal(window, rank)
-            with accelerator.accumulate(model):
-                losses, out_of_memory = None, False
-                try:
-                    frames = batch["frames"].to(accelerator.device, non_blocking=True).float().div_(255)
-                    if "latents" in batch:
-                        z_ref = batch["latents"].to(accelerator.device, non_blocking=True).float()
-                    else:
-                        z_ref = ref_vae.encode(frames, generator) if ref_vae is not None else None
-                    forward = training_forward(accelerator, model, frames, z_ref, config, input_dtype)
-                    losses = forward.losses
-                    losses["loss"] = faults.inject_forward(window, rank, losses["loss"])
-                except torch.OutOfMemoryError as err:
-                    logger.error("out of memory in the forward pass of step %d: %s", progress.step + 1, err)
-                    out_of_memory = True
-                if out_of_memory and torch.cuda.is_available():
-                    torch.cuda.empty_cache()  # outside the except block, whose traceback holds the activations
-                local_nonfinite = losses is not None and not bool(torch.isfinite(losses["loss"]))
-                any_oom, any_nonfinite, any_signal = agree([out_of_memory, local_nonfinite, stop.requested],
-                                                           accelerator.device)
-                if any_oom or any_nonfinite:
-                    window_problem = "out of memory" if any_oom else "non-finite loss"
-                    if losses is None:
-                        losses = training_forward(accelerator, model, *placeholder_batch(
-                            net, config, accelerator.device, ref_vae is not None), config, input_dtype).losses
-                    accelerator.backward(poisoned(losses["loss"]))
-                else:
-                    if seraena is not None:  # after the agreement: every rank takes the discriminator step
-                        add_seraena_loss(forward, seraena, z_ref, config)
-                    accelerator.backward(losses["loss"])
-                    monitor.accumulate(losses)
-                grad_norm = None
-                if accelerator.sync_gradients:
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm or math.inf)
-                    applied = window_problem is None and is_finite_number(grad_norm)
-                    if applied:
-                        optimizer.step()
-                        scheduler.step()
-                    elif accelerator.scaler is not None:
-                        accelerator.scaler.update()  # fp16: lower the loss scale as the scaler's own skip would
-                    optimizer.zero_grad(set_to_none=True)
-            monitor.count_failures(batch["failures"])
-            if not accelerator.sync_gradients:
-                continue
-
-            if applied:
-                progress.step += 1
-                progress.consecutive_skips = 0
-                if ema is not None:
-                    ema.step(net.parameters())
-                if profiler is not None:
-                    profiler.step()
-                progress_bar.update(1)
-                stop_reason = after_step(grad_norm)
-            else:
-                progress.skipped_steps += 1
-                progress.consecutive_skips += 1
-                logger.warning("step %d skipped on every rank: %s (%d in a row, %d in total)", progress.step + 1,
-                               window_problem or "non-finite gradient", progress.consecutive_skips,
-                               progress.skipped_steps)
-                monitor.log_skipped(progress.step, progress.skipped_steps)
-                if progress.consecutive_skips >= config.max_consecutive_skipped_steps:
-                    stop_reason = "skipped"
-            window_problem = None
-            if any_signal and stop_reason is None:
-                stop_reason = "signal"
+            result = step(batch, progress.window)
+            stop_reason = cadence.after_micro_batch(batch, result)
             if stop_reason is not None:
                 break
         else:
             progress.epoch += 1
             progress.batch_in_epoch = 0
-
-    if profiler is not None:
-        profiler.stop()
-    progress_bar.close()
+    cadence.close()
     stop.uninstall()
+    return finish(stop_reason, cadence, stop)
+
+
+def finish(stop_reason: str, cadence: Cadence, stop: StopRequest) -> Path:
+    """Save what the way the run stopped calls for: a checkpoint after a signal or too many
+    skipped steps (then exit 1), a checkpoint and the final export after early stopping,
+    the final export when it finished."""
+    accelerator, progress, run_dir, step = cadence.accelerator, cadence.progress, cadence.run_dir, cadence.step
     if stop_reason in ("signal", "skipped"):
-        path = checkpoint()
+        path = cadence.checkpoint()
         accelerator.end_training()
         if stop_reason == "skipped":
             raise TrainingAborted(
@@ -449,28 +293,16 @@ def main(argv: list[str] | None = None) -> Path:
                     stop.signal_name or "a signal received by another rank", progress.step, path)
         return run_dir
     if stop_reason == "early_stop":
+        tracker = cadence.tracker
         logger.info("early stopping at step %d: %s did not improve for %d validations (best %.4f at step %s)",
-                    progress.step, config.best_metric, tracker.bad_validations, tracker.best_value, tracker.best_step)
-        checkpoint()
-    export_weights(accelerator, model, ema, run_dir, "final_model")
+                    progress.step, cadence.config.best_metric, tracker.bad_validations, tracker.best_value,
+                    tracker.best_step)
+        cadence.checkpoint()
+    export_weights(accelerator, step.model, step.ema, run_dir, "final_model")
     if accelerator.is_main_process:
         logger.info("saved %s and %s", run_dir / "final_model.pth", run_dir / "final_model.safetensors")
     accelerator.end_training()
     return run_dir
-
-
-@contextlib.contextmanager
-def ema_weights(ema: EMAModel | None, model: torch.nn.Module):
-    """Temporarily swap in the EMA weights (what gets exported) for validation."""
-    if ema is None:
-        yield
-        return
-    ema.store(model.parameters())
-    ema.copy_to(model.parameters())
-    try:
-        yield
-    finally:
-        ema.restore(model.parameters())
 
 
 def entry_point() -> None:

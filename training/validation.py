@@ -12,9 +12,9 @@ from accelerate import Accelerator
 
 from models.taehv import TAEHV
 from training.config import TrainConfig
-from training.dataset import VideoClipDataset
+from training.dataset import VideoClipDataset, frames_to_unit
 from training.metrics import lpips_unavailable_reason, video_lpips, video_mse, video_psnr, video_ssim
-from training.utils import ReferenceVAE
+from training.reference_vae import ReferenceVAE
 
 logger = logging.getLogger(__name__)
 STRIP_FRAMES = 6
@@ -38,7 +38,7 @@ def validate(accelerator: Accelerator, model: TAEHV, dataset: VideoClipDataset, 
     rows, strip = [], None
     for start in range(0, len(mine), config.validation_batch_size):
         items = [dataset[i] for i in mine[start:start + config.validation_batch_size]]
-        frames = torch.stack([item["frames"] for item in items]).to(accelerator.device).float().div_(255)
+        frames = frames_to_unit(torch.stack([item["frames"] for item in items]), accelerator.device)
         plan = model.plan(frames.shape[1])
         with accelerator.autocast():
             decoded, target = plan.aligned(model.decode_video(model.encode_video(frames.to(dtype))).float(), frames)

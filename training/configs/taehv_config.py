@@ -1,8 +1,10 @@
-"""Base training config: every option, with defaults that train well.
+"""Base training config. It sets only the fields below (data, model, reference VAE, loss
+weights and optimisation of the production recipe); every other field keeps its default.
+All fields, with their defaults and meaning, are in the TrainConfig dataclass in
+training/config.py.
 
 Presets (taehv_config_<name>.py) `replace` fields of this one; any field can also be
-overridden on the command line: `--n_frames=9 --learning_rate=3e-4`. The fields and
-their meaning are documented in training/config.py (TrainConfig).
+overridden on the command line: `--n_frames=9 --learning_rate=3e-4`.
 
 This base fine-tunes the published taecvx.pth in CogVideoX-2b's latent space on the
 users' driving clips at 480x720, with the distillation recipe: encoder MSE to the

@@ -1,8 +1,10 @@
 """The frozen reference VAE (CogVideoX, HunyuanVideo or Wan via diffusers).
 
 TAEHV lives in the reference VAE's latent space, so its latents are the teacher: encoder
-targets, and decoder inputs. It is loaded once, frozen, kept out of ``accelerator.prepare``
-(DeepSpeed would demand an optimizer for it), and a missing or broken model is an error at
+targets, and decoder inputs. Training, the latent-cache builder and ``inference.py
+--use_ref_vae`` all build it with ``ReferenceVAE.from_config``: loaded once, frozen, kept
+out of ``accelerator.prepare`` (DeepSpeed would demand an optimizer for it). A missing or
+broken model, or one whose latent channels do not fit the TAE variant, is an error at
 start-up, never a silent fallback to another VAE or to random latents.
 """
 from __future__ import annotations
@@ -12,14 +14,10 @@ from pathlib import Path
 
 import torch
 
-logger = logging.getLogger(__name__)
+from training.config import DTYPES, REF_VAE_CLASSES, TrainConfig, resolve_path
+from training.errors import ConfigError
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-VAE_CLASSES = {
-    "cogvideox": "AutoencoderKLCogVideoX",
-    "hunyuan": "AutoencoderKLHunyuanVideo",
-    "wan": "AutoencoderKLWan",
-}
+logger = logging.getLogger(__name__)
 
 
 def to_diffusers(frames: torch.Tensor) -> torch.Tensor:
@@ -39,25 +37,36 @@ class ReferenceVAE:
                  dtype: str = "bf16", device: torch.device | str = "cpu", sample: bool = True):
         import diffusers
 
-        if vae_class not in VAE_CLASSES:
-            raise ValueError(f"ref_vae_class must be one of {sorted(VAE_CLASSES)}, got {vae_class!r}")
+        if vae_class not in REF_VAE_CLASSES:
+            raise ConfigError(f"ref_vae_class must be one of {', '.join(REF_VAE_CLASSES)}, got {vae_class!r}")
         path = Path(path)
         if not (path / subfolder / "config.json").is_file():
-            raise FileNotFoundError(
+            raise ConfigError(
                 f"reference VAE not found: expected {path / subfolder / 'config.json'} "
                 f"(a diffusers model folder, e.g. a local copy of THUDM/CogVideoX-2b with its '{subfolder}' subfolder)"
             )
-        cls = getattr(diffusers, VAE_CLASSES[vae_class])
+        cls = getattr(diffusers, REF_VAE_CLASSES[vae_class])
         self.vae = cls.from_pretrained(path, subfolder=subfolder, torch_dtype=DTYPES[dtype]).to(device).eval()
         self.vae.requires_grad_(False)
         self.dtype = DTYPES[dtype]
         self.sample = sample
         self.latent_channels = self.vae.config.latent_channels
-        logger.info("reference VAE %s from %s (%s, %.1fM parameters, %d latent channels)", VAE_CLASSES[vae_class], path,
-                    dtype, sum(p.numel() for p in self.vae.parameters()) / 1e6, self.latent_channels)
+        logger.info("reference VAE %s from %s (%s, %.1fM parameters, %d latent channels)", REF_VAE_CLASSES[vae_class],
+                    path, dtype, sum(p.numel() for p in self.vae.parameters()) / 1e6, self.latent_channels)
+
+    @classmethod
+    def from_config(cls, config: TrainConfig, device: torch.device | str, latent_channels: int) -> ReferenceVAE:
+        """The reference VAE a config names (``ref_vae_*`` keys), checked against the
+        ``latent_channels`` of the TAE variant it teaches."""
+        vae = cls(resolve_path(config.ref_vae_path), config.ref_vae_class, config.ref_vae_subfolder,
+                  config.ref_vae_dtype, device, config.ref_latent_sample)
+        if vae.latent_channels != latent_channels:
+            raise ConfigError(f"the reference VAE has {vae.latent_channels} latent channels but {config.variant} "
+                              f"has {latent_channels}: pick the matching variant")
+        return vae
 
     @torch.no_grad()
-    def encode(self, frames: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def encode(self, frames: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None = None) -> torch.Tensor:
         """Raw latents (NTCHW, float32) of NTCHW frames in [0, 1]; no scaling factor applied."""
         dist = self.vae.encode(to_diffusers(frames).to(self.dtype)).latent_dist
         latents = dist.sample(generator=generator) if self.sample else dist.mode()

@@ -1,0 +1,131 @@
+"""The package's import graph: no cycles, and every module imports on its own in any order.
+
+An import cycle works or breaks depending on which module a user (or a DataLoader worker,
+or ``python -m``) imports first; a cycle hidden in a function-level import breaks at run
+time. So every import counts here, wherever it stands in the file.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from conftest import REPO_ROOT
+
+PACKAGES = ("models", "training", "evaluation")
+
+
+def project_modules() -> dict[str, Path]:
+    """Dotted name -> file for every module of models/, training/, evaluation/ and inference.py."""
+    modules = {"inference": REPO_ROOT / "inference.py"}
+    for package in PACKAGES:
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
+    """Project modules that ``name`` imports anywhere in its file (module level or inside
+    functions); ``from package import module`` counts as importing that module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:  # a symbol or submodule: its module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    known = set(modules)
+    return {name: imported_modules(name, path, known) for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_sees_function_level_imports(tmp_path):
+    (tmp_path / "a.py").write_text("import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from a import x\n")
+    graph = {name: imported_modules(name, tmp_path / f"{name}.py", {"a", "b"}) for name in ("a", "b")}
+    assert find_cycle(graph) == ["a", "b", "a"]
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    assert {"inference", "training.taehv_train", "training.step", "models.taehv"} <= set(graph)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_nothing_imports_the_train_script():
+    importers = [name for name, imports in import_graph().items() if "training.taehv_train" in imports]
+    assert importers == []
+
+
+IMPORT_EACH = textwrap.dedent("""
+    import importlib, os, random, sys
+    sys.path.insert(0, sys.argv[1])
+    import accelerate, cv2, diffusers, torch, torchmetrics  # third-party only: shared by the children
+    modules = sys.argv[2:]
+    orders = [[m] for m in modules] + [random.Random(seed).sample(modules, len(modules)) for seed in range(3)]
+    failed = []
+    for order in orders:
+        pid = os.fork()
+        if pid == 0:  # a child that has imported no project module yet
+            try:
+                for module in order:
+                    importlib.import_module(module)
+            except BaseException as err:
+                print(f"{order}: {type(err).__name__}: {err}", flush=True)
+                os._exit(1)
+            os._exit(0)
+        if os.waitpid(pid, 0)[1] != 0:
+            failed.append(order)
+    print(f"{len(orders) - len(failed)} of {len(orders)} import orders worked")
+    sys.exit(1 if failed else 0)
+""")
+
+
+def test_every_module_imports_alone_and_in_random_orders():
+    modules = sorted(project_modules())
+    result = subprocess.run([sys.executable, "-c", IMPORT_EACH, str(REPO_ROOT), *modules], capture_output=True,
+                            text=True, timeout=300, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert f"{len(modules) + 3} of {len(modules) + 3} import orders worked" in result.stdout

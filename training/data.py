@@ -1,0 +1,89 @@
+"""One way in for training data: the datasets a config describes, and where each batch's
+reference latents come from.
+
+    data = build_training_data(config, ref_vae)   # probes the clips, opens the latent cache
+    loader = build_train_loader(data.train, config, device)
+    z_ref = data.latents(batch, frames, generator)  # in the training step
+
+The latents come from exactly one source, decided here once: the latent cache (its
+dataset items carry them), the frozen reference VAE run on the batch, or nowhere (plain
+autoencoder training without a reference VAE).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from training.config import TrainConfig, resolve_path
+from training.dataset import VideoClipDataset, build_dataloader
+from training.latent_cache import CachedLatentDataset
+from training.reference_vae import ReferenceVAE
+
+logger = logging.getLogger(__name__)
+
+
+def build_datasets(config: TrainConfig) -> tuple[VideoClipDataset, VideoClipDataset | None]:
+    """The training clips (random windows, crops and flips) and the held-out clips (None
+    without ``val_annotation_file`` or with ``num_validation_samples=0``)."""
+    common = dict(n_frames=config.n_frames, height=config.height, width=config.width, seed=config.seed,
+                  short_clip_policy=config.short_clip_policy, max_failure_fraction=config.max_failure_fraction,
+                  stride_range=(config.stride_min, config.stride_max))
+    data_root = resolve_path(config.data_root) if config.data_root else None
+    train = VideoClipDataset(
+        data_root, resolve_path(config.annotation_file) if config.annotation_file else None, mode="train",
+        crop_scale=(config.crop_scale_min, config.crop_scale_max), hflip=config.hflip, **common)
+    val = None
+    if config.val_annotation_file and config.num_validation_samples > 0:
+        val = VideoClipDataset(data_root, resolve_path(config.val_annotation_file), mode="val", **common)
+    return train, val
+
+
+@dataclass
+class ReferenceLatents:
+    """Where a batch's reference latents come from: ``cached`` (the batch carries them),
+    else ``vae`` encodes the batch's frames, else there are none."""
+
+    vae: ReferenceVAE | None
+    cached: bool
+
+    @property
+    def available(self) -> bool:
+        return self.cached or self.vae is not None
+
+    def __call__(self, batch: dict, frames: torch.Tensor, generator: torch.Generator) -> torch.Tensor | None:
+        """Raw NTCHW float32 latents of ``frames`` (the batch's frames in [0, 1]), or None."""
+        if self.cached:
+            return batch["latents"].to(frames.device, non_blocking=True).float()
+        if self.vae is not None:
+            return self.vae.encode(frames, generator)
+        return None
+
+
+@dataclass
+class TrainingData:
+    train: Dataset  # a VideoClipDataset, wrapped by CachedLatentDataset with a latent cache
+    val: VideoClipDataset | None
+    latents: ReferenceLatents
+
+
+def build_training_data(config: TrainConfig, ref_vae: ReferenceVAE | None) -> TrainingData:
+    """The datasets of ``config``, probed (a broken dataset stops here), and the one source
+    of reference latents: the cache when ``latent_cache_dir`` is set (checked against the
+    config and the clips), else ``ref_vae`` online, else none."""
+    train, val = build_datasets(config)
+    logger.info("training clips: %d (%s)", len(train), train.probe())
+    if not config.latent_cache_dir:
+        return TrainingData(train, val, ReferenceLatents(ref_vae, cached=False))
+    cached = CachedLatentDataset.from_config(train, config)
+    logger.info("reference latents from the cache %s (%d epochs)", config.latent_cache_dir, cached.cache.epochs)
+    return TrainingData(cached, val, ReferenceLatents(ref_vae, cached=True))
+
+
+def build_train_loader(dataset: Dataset, config: TrainConfig, device: torch.device) -> DataLoader:
+    """The shuffled, epoch-seeded training loader (pinned batches on CUDA)."""
+    return build_dataloader(dataset, config.train_batch_size, config.dataloader_num_workers, shuffle=True,
+                            seed=config.seed, drop_last=True, prefetch_factor=config.prefetch_factor,
+                            persistent_workers=config.persistent_workers, pin_memory=device.type == "cuda")
