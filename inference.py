@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from evaluation.report import write_report  # noqa: E402
+from evaluation.stills import comparison_stills  # noqa: E402
 from evaluation.videos import latent_picture, side_by_side, to_uint8_frames, write_video  # noqa: E402
 from models.checkpoint import find_weights  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
@@ -33,7 +34,7 @@ from training.config import DTYPES, REF_VAE_CLASSES, TrainConfig, load_config, r
 from training.dataset import VideoClipDataset, find_videos, frames_to_unit, probe_video  # noqa: E402
 from training.errors import exit_on_config_error  # noqa: E402
 from training.metrics import (  # noqa: E402
-    lpips_unavailable_reason, video_lpips, video_mse, video_psnr, video_ssim, video_temporal_error)
+    frame_psnr, lpips_unavailable_reason, video_lpips, video_mse, video_psnr, video_ssim, video_temporal_error)
 from training.reference_vae import ReferenceVAE  # noqa: E402
 
 logger = logging.getLogger("inference")
@@ -175,6 +176,7 @@ def quality(decoded: torch.Tensor, target: torch.Tensor, use_lpips: bool) -> dic
         "psnr": float(video_psnr(decoded, target)[0]),
         "ssim": float(video_ssim(decoded, target)[0]),
         "temporal_error": float(video_temporal_error(decoded, target)[0]),
+        "psnr_per_frame": [round(float(v), 3) for v in frame_psnr(decoded, target)[0]],
     }
     if use_lpips:
         metrics["lpips"] = float(video_lpips(decoded, target)[0])
@@ -215,6 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
     output_dir = Path(args.output_dir)
     (output_dir / "comparison_videos").mkdir(parents=True, exist_ok=True)
     (output_dir / "latent_visualizations").mkdir(parents=True, exist_ok=True)
+    (output_dir / "stills").mkdir(parents=True, exist_ok=True)
 
     model, weights = load_model(args, device, dtype)
     n_params = sum(p.numel() for p in model.parameters())
@@ -269,13 +272,19 @@ def main(argv: list[str] | None = None) -> dict:
         original, reconstructed = to_uint8_frames(target[0]), to_uint8_frames(decoded[0])
         codec = write_video(output_dir / "comparison_videos" / f"{stem}_original.mp4", original, fps)
         write_video(output_dir / "comparison_videos" / f"{stem}_reconstructed.mp4", reconstructed, fps)
-        write_video(output_dir / "comparison_videos" / f"{stem}_comparison.mp4", side_by_side(original, reconstructed), fps)
-        cv2.imwrite(str(output_dir / "latent_visualizations" / f"{stem}_latents.png"),
-                    cv2.cvtColor(latent_picture(latents[0]), cv2.COLOR_RGB2BGR))
+        comparison = side_by_side(original, reconstructed)
+        write_video(output_dir / "comparison_videos" / f"{stem}_comparison.mp4", comparison, fps)
+        write_png(output_dir / "comparison_videos" / f"{stem}_poster.png", comparison[len(comparison) // 2])
+        write_png(output_dir / "latent_visualizations" / f"{stem}_latents.png", latent_picture(latents[0]))
+        reference = to_uint8_frames(ref_decoded[0, :n]) if ref_vae is not None else None
+        stills, shown = comparison_stills(original, reconstructed, reference)
+        write_png(output_dir / "stills" / f"{stem}_stills.png", stills)
         result["files"] = {"original_video": f"comparison_videos/{stem}_original.mp4",
                            "reconstructed_video": f"comparison_videos/{stem}_reconstructed.mp4",
                            "comparison_video": f"comparison_videos/{stem}_comparison.mp4",
-                           "latents_png": f"latent_visualizations/{stem}_latents.png", "codec": codec}
+                           "poster_png": f"comparison_videos/{stem}_poster.png",
+                           "latents_png": f"latent_visualizations/{stem}_latents.png",
+                           "stills_png": f"stills/{stem}_stills.png", "stills_frames": shown, "codec": codec}
         samples.append(result)
 
     results = {
@@ -293,6 +302,12 @@ def main(argv: list[str] | None = None) -> dict:
     print_summary(results)
     print(f"✅ Wrote {output_dir / 'metrics.json'}, {len(samples)} comparison videos and {report}")
     return results
+
+
+def write_png(path: Path, image: np.ndarray) -> None:
+    """An HWC uint8 RGB image as PNG."""
+    if not cv2.imwrite(str(path), cv2.cvtColor(image, cv2.COLOR_RGB2BGR)):
+        raise OSError(f"cannot write {path}")
 
 
 def probe_fps(path: str) -> float:

@@ -1,9 +1,15 @@
-"""summary_report.html: one self-contained page (tables, a per-sample chart, embedded videos)."""
+"""summary_report.html: one self-contained page a person can read: summary tables, a
+per-frame PSNR chart, and for each sample still frames (original | reconstruction |
+reference VAE | amplified difference), the comparison video with a poster frame, and its
+latents."""
 from __future__ import annotations
 
 import base64
 import html
+import math
 from pathlib import Path
+
+import cv2
 
 MAX_EMBED_BYTES = 64 * 2**20  # larger sets of videos are linked, not embedded
 
@@ -11,16 +17,31 @@ STYLE = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
 table{border-collapse:collapse;margin:12px 0}td,th{border:1px solid #ccc;padding:4px 10px;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
-video{max-width:100%;background:#000}.sample{margin:18px 0;padding-top:8px;border-top:1px solid #ddd}
-.bar{fill:#3b7dd8}.ref{fill:#e08a2c}small{color:#666}
+video{max-width:100%;background:#000;image-rendering:pixelated}
+.sample{margin:18px 0;padding-top:8px;border-top:1px solid #ddd}
+.stills{overflow-x:auto}.stills img{max-width:none;image-rendering:pixelated;display:block}
+.axis{stroke:#444}.grid{stroke:#e4e4e4}.line{fill:none;stroke-width:2}.ref{stroke-dasharray:5 3}
+small{color:#666}
 """
+COLORS = ("#3b7dd8", "#e0482c", "#2ca05a", "#9b4dca", "#e08a2c", "#1bb3c4", "#7f7f7f", "#c4a11b")
+MIN_VIDEO_WIDTH, MAX_VIDEO_WIDTH = 512, 1150
 
-# Each video reports its duration into the DOM once its metadata loads (tests read it).
+# Each video reports its duration, and each still picture its natural and displayed size
+# and position on the page, into the DOM once loaded (tests read them).
 SCRIPT = """
 document.querySelectorAll('video').forEach(function(v){
   function mark(){ v.dataset.duration = v.duration; }
   if (v.readyState >= 1) { mark(); } else { v.addEventListener('loadedmetadata', mark); }
   v.addEventListener('error', function(){ v.dataset.error = 'failed'; });
+});
+document.querySelectorAll('.stills img').forEach(function(img){
+  function mark(){
+    var r = img.getBoundingClientRect();
+    img.dataset.natural = img.naturalWidth + 'x' + img.naturalHeight;
+    img.dataset.shown = Math.round(r.width) + 'x' + Math.round(r.height);
+    img.dataset.at = Math.round(r.left + window.scrollX) + ',' + Math.round(r.top + window.scrollY);
+  }
+  if (img.complete) { mark(); } else { img.addEventListener('load', mark); }
 });
 """
 
@@ -37,30 +58,71 @@ def _table(headers: list[str], rows: list[list]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _chart(samples: list[dict]) -> str:
-    """Inline SVG bar chart of PSNR per sample (TAEHV, and the reference VAE when measured)."""
-    values = [(s["taehv"]["psnr"], s.get("reference", {}).get("psnr")) for s in samples]
-    top = max([v for pair in values for v in pair if v is not None] + [1.0]) * 1.1
-    width, height, bar = max(240, 40 * len(values) + 40), 180, 14
-    parts = [f'<svg width="{width}" height="{height + 30}" role="img" aria-label="PSNR per sample">']
-    for i, (ours, ref) in enumerate(values):
-        x = 30 + i * 40
-        h = height * ours / top
-        parts.append(f'<rect class="bar" x="{x}" y="{height - h:.1f}" width="{bar}" height="{h:.1f}">'
-                     f"<title>sample {i}: {ours:.2f} dB</title></rect>")
-        if ref is not None:
-            h = height * ref / top
-            parts.append(f'<rect class="ref" x="{x + bar}" y="{height - h:.1f}" width="{bar}" height="{h:.1f}">'
-                         f"<title>reference {i}: {ref:.2f} dB</title></rect>")
-        parts.append(f'<text x="{x}" y="{height + 15}" font-size="11">{i}</text>')
-    parts.append(f'<text x="0" y="12" font-size="11">{top:.0f} dB</text></svg>')
+def _png(path: Path) -> str:
+    return f"data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}"
+
+
+def _ticks(low: float, high: float, most: int = 6) -> list[float]:
+    """Round tick values (steps of 1, 2 or 5 times a power of ten) from ``low`` to ``high``."""
+    step = next(m * 10**e for e in range(-2, 6) for m in (1, 2, 5) if (high - low) / (m * 10**e) <= most)
+    first = math.ceil(low / step) * step
+    return [first + i * step for i in range(int((high - first) // step) + 1)]
+
+
+def _frame_chart(samples: list[dict]) -> str:
+    """Inline SVG line chart: PSNR (dB) against frame index, one line per sample (dashed:
+    the reference VAE on the same sample)."""
+    lines = [(i, "taehv", s["taehv"]["psnr_per_frame"]) for i, s in enumerate(samples)]
+    lines += [(i, "reference", s["reference"]["psnr_per_frame"]) for i, s in enumerate(samples) if "reference" in s]
+    values = [v for _, _, series in lines for v in series if math.isfinite(v)]
+    low, high = math.floor(min(values, default=0.0)) - 1, math.ceil(max(values, default=1.0)) + 1
+    frames = max(len(series) for _, _, series in lines)
+    left, top, width, height = 56, 10, 640, 220
+
+    def x(t: float) -> float:
+        return left + width * t / max(frames - 1, 1)
+
+    def y(v: float) -> float:
+        return top + height * (high - min(max(v, low), high)) / (high - low)
+
+    parts = [f'<svg width="{left + width + 180}" height="{top + height + 46}" role="img" '
+             'aria-label="PSNR per frame" font-size="11">']
+    for v in _ticks(low, high):
+        parts.append(f'<line class="grid" x1="{left}" x2="{left + width}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>'
+                     f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:g}</text>')
+    for t in sorted({round(v) for v in _ticks(0, max(frames - 1, 1), 8)} & set(range(frames))):
+        parts.append(f'<text x="{x(t):.1f}" y="{top + height + 16}" text-anchor="middle">{t}</text>')
+    parts.append(f'<line class="axis" x1="{left}" x2="{left}" y1="{top}" y2="{top + height}"/>'
+                 f'<line class="axis" x1="{left}" x2="{left + width}" y1="{top + height}" y2="{top + height}"/>'
+                 f'<text x="{left + width / 2}" y="{top + height + 36}" text-anchor="middle">frame</text>'
+                 f'<text transform="translate(14,{top + height / 2}) rotate(-90)" text-anchor="middle">PSNR (dB)</text>')
+    for n, (i, who, series) in enumerate(lines):
+        color = COLORS[i % len(COLORS)]
+        points = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in enumerate(series) if math.isfinite(v))
+        dashed = " ref" if who == "reference" else ""
+        label = f"sample {i}" + (" reference VAE" if who == "reference" else "")
+        parts.append(f'<polyline class="line{dashed}" stroke="{color}" points="{points}"><title>{label}</title></polyline>'
+                     f'<line class="line{dashed}" stroke="{color}" x1="{left + width + 12}" x2="{left + width + 36}" '
+                     f'y1="{top + 8 + 16 * n}" y2="{top + 8 + 16 * n}"/>'
+                     f'<text x="{left + width + 42}" y="{top + 12 + 16 * n}">{html.escape(label)}</text>')
+    parts.append("</svg>")
     return "".join(parts)
 
 
-def _video_tag(path: Path, output_dir: Path, embed: bool) -> str:
+def _video_tag(path: Path, poster: Path, output_dir: Path, embed: bool, width: int) -> str:
     src = (f"data:video/mp4;base64,{base64.b64encode(path.read_bytes()).decode()}" if embed
            else html.escape(str(path.relative_to(output_dir))))
-    return f'<video controls muted loop playsinline preload="metadata" src="{src}"></video>'
+    shown = min(max(width, MIN_VIDEO_WIDTH), MAX_VIDEO_WIDTH)
+    return (f'<video controls muted loop playsinline preload="metadata" width="{shown}" poster="{_png(poster)}" '
+            f'src="{src}"></video>')
+
+
+def _stills(path: Path, frames: list[int], reference: bool) -> str:
+    height, width = cv2.imread(str(path)).shape[:2]
+    columns = "original | TAEHV | " + ("reference VAE | " if reference else "") + "difference"
+    return (f"<div class='stills'><img alt='stills: {columns}, frames {frames}' width='{width}' height='{height}' "
+            f"src='{_png(path)}'></div><small>frames {', '.join(map(str, frames))}: {columns} "
+            "(absolute difference, amplified; black is exact)</small>")
 
 
 def write_report(output_dir: Path, results: dict) -> Path:
@@ -86,16 +148,20 @@ def write_report(output_dir: Path, results: dict) -> Path:
     if "comparison" in summary:
         parts += ["<h2>TAEHV vs reference VAE</h2>",
                   _table(["measure", "value"], [[k, v] for k, v in summary["comparison"].items()])]
-    parts += ["<h2>PSNR per sample</h2>", _chart(samples), "<h2>Samples</h2>"]
+    parts += ["<h2>PSNR per frame</h2>", _frame_chart(samples), "<h2>Samples</h2>"]
     sample_headers = ["sample", "source", "PSNR dB", "SSIM", "MSE", "temporal error", "encode s", "decode s"]
     parts.append(_table(sample_headers, [[i, Path(s["source"]).name, s["taehv"]["psnr"], s["taehv"]["ssim"],
                                           s["taehv"]["mse"], s["taehv"]["temporal_error"], s["taehv"]["encode_s"],
                                           s["taehv"]["decode_s"]] for i, s in enumerate(samples)]))
+    video_width = 2 * results["settings"]["width"]
     for i, (sample, video) in enumerate(zip(samples, videos)):
-        latents = output_dir / sample["files"]["latents_png"]
-        parts += [f"<div class='sample'><h3>Sample {i}: {html.escape(Path(sample['source']).name)}</h3>",
-                  _video_tag(video, output_dir, embed),
-                  f"<p><img alt='latents' src='data:image/png;base64,{base64.b64encode(latents.read_bytes()).decode()}'>"
+        files = sample["files"]
+        parts += [f"<div class='sample'><h3>Sample {i}: {html.escape(Path(sample['source']).name)} "
+                  f"<small>PSNR {sample['taehv']['psnr']:.2f} dB, SSIM {sample['taehv']['ssim']:.3f}</small></h3>",
+                  _stills(output_dir / files["stills_png"], files["stills_frames"], "reference" in sample),
+                  "<p>", _video_tag(video, output_dir / files["poster_png"], output_dir, embed, video_width),
+                  "<br><small>original | TAEHV, all compared frames (looping)</small></p>",
+                  f"<p><img alt='latents' src='{_png(output_dir / files['latents_png'])}'>"
                   "<br><small>latents: 3 principal components per latent frame</small></p></div>"]
     parts += [f"<script>{SCRIPT}</script></body></html>"]
     path = output_dir / "summary_report.html"

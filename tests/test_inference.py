@@ -125,6 +125,16 @@ def test_outputs_and_schema(evaluation):
             assert len(frames) == 9 and frames[0].width == width and frames[0].height == 64
         image = cv2.imread(str(evaluation / "latent_visualizations" / f"test_{i}_latents.png"))
         assert image is not None and image.std() > 0
+        sample = metrics["samples"][i]
+        for who in ("taehv", "reference"):
+            per_frame = sample[who]["psnr_per_frame"]
+            assert len(per_frame) == 9 and np.mean(per_frame) == pytest.approx(sample[who]["psnr"], abs=3)
+        # stills: 3 frames x (original | TAEHV | reference | difference), 96-px tiles upscaled 3x to 288 px
+        stills = cv2.imread(str(evaluation / sample["files"]["stills_png"]))
+        assert sample["files"]["stills_frames"] == [0, 4, 8]
+        assert stills.shape[1] == 4 * 288 + 3 * 4 and stills.shape[0] > 3 * 192
+        poster = cv2.imread(str(evaluation / sample["files"]["poster_png"]))
+        assert poster.shape == (64, 192, 3) and poster.std() > 10
 
 
 @pytest.mark.parametrize("args, message", [
@@ -155,19 +165,38 @@ def chromium() -> str:
 
 
 def test_report_renders_in_chromium(evaluation, tmp_path):
+    """Videos load (with a duration), and the still pictures are shown at their own size:
+    the screenshot's pixels where the page puts the first one are that picture."""
     browser = chromium()
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
              "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic",
-             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--window-size=1200,900"]
+             "--force-device-scale-factor=1", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
+             "--virtual-time-budget=10000"]
     page = (evaluation / "summary_report.html").resolve().as_uri()
-    dom = subprocess.run([browser, *flags, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
+    dom = subprocess.run([browser, *flags, "--window-size=1400,900", "--dump-dom", page], capture_output=True,
+                         text=True, timeout=120).stdout
     durations = [float(d) for d in re.findall(r'data-duration="([0-9.]+)"', dom)]
     assert len(durations) == 2 and all(d > 0 for d in durations), dom[:2000]
     assert "data-error" not in dom
+    assert len(re.findall(r"<video [^>]*poster=\"data:image/png", dom)) == 2  # never black before playing
+    assert "PSNR (dB)" in dom and ">frame<" in dom  # the per-frame chart's axis labels
+
+    stills = [dict(zip(("natural", "shown", "at"), found)) for found in re.findall(
+        r'data-natural="(\d+x\d+)" data-shown="(\d+x\d+)" data-at="(\d+,\d+)"', dom)]
+    assert len(stills) == 2, dom[:3000]
+    for still in stills:
+        width, height = map(int, still["natural"].split("x"))
+        assert still["shown"] == still["natural"] and width >= 4 * 256, still  # at its size, tiles >= 256 px
+    x, y = map(int, stills[0]["at"].split(","))
+    expected = cv2.imread(str(evaluation / "stills" / "test_0_stills.png"))
     shot = tmp_path / "report.png"
-    subprocess.run([browser, *flags, f"--screenshot={shot}", page], capture_output=True, timeout=120)
+    subprocess.run([browser, *flags, f"--window-size=1400,{y + expected.shape[0] + 50}", f"--screenshot={shot}", page],
+                   capture_output=True, timeout=120)
     image = cv2.imread(str(shot))
     assert image is not None and image.std() > 10  # not a blank page
+    shown = image[y:y + expected.shape[0], x:x + expected.shape[1]]
+    assert shown.shape == expected.shape and shown.std() > 20  # the stills, not a blank box
+    assert np.abs(shown.astype(np.int16) - expected.astype(np.int16)).mean() < 3  # pixel for pixel
 
 
 @pytest.mark.parametrize("where", ["final_model.pth", "best_model/weights.pth"])

@@ -24,6 +24,12 @@ def video_psnr(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.stack([peak_signal_noise_ratio(p.float(), t.float(), data_range=1.0) for p, t in zip(pred, target)])
 
 
+def frame_psnr(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-frame PSNR in dB (N, T), data range 1: where in a clip reconstruction fails."""
+    return torch.stack([peak_signal_noise_ratio(p.float(), t.float(), data_range=1.0, reduction="none", dim=(1, 2, 3))
+                        for p, t in zip(pred, target)])
+
+
 def video_ssim(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Per-video SSIM (Gaussian window 11) averaged over frames (N,)."""
     return torch.stack([structural_similarity_index_measure(p.float(), t.float(), data_range=1.0) for p, t in zip(pred, target)])

@@ -54,7 +54,7 @@ class Monitor:
         self._failures = torch.zeros((), dtype=torch.long)
         self._last_step, self._since = start_step, time.perf_counter()
         self.total_failures = 0
-        self.last_psnr = float("nan")
+        self.last_psnr: float | None = None  # none before the first validation
 
     def accumulate(self, losses: dict[str, torch.Tensor]) -> None:
         """Add one micro-batch's (finite) loss terms."""
@@ -94,7 +94,7 @@ class Monitor:
 
     def log_validation(self, step: int, metrics: dict) -> None:
         strip = metrics.pop("strip", None)
-        self.last_psnr = metrics.get("val/psnr", float("nan"))
+        self.last_psnr = metrics.get("val/psnr")
         self.accelerator.log(metrics, step=step)
         if self.accelerator.is_main_process:
             logger.info("step %d validation: %s", step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))

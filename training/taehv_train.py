@@ -191,7 +191,8 @@ class Cadence:
         last = step >= config.max_train_steps
         if step % config.log_every == 0 or last:
             logs = self.monitor.log_train(step, self.step.scheduler.get_last_lr()[0], grad_norm, self.samples_per_step)
-            self.progress_bar.set_postfix(loss=f"{logs['train/loss']:.4f}", psnr=f"{self.monitor.last_psnr:.2f}")
+            psnr = self.monitor.last_psnr  # shown from the first validation on
+            self.progress_bar.set_postfix(loss=f"{logs['train/loss']:.4f}", **({} if psnr is None else {"psnr": f"{psnr:.2f}"}))
         early_stop = False
         if self.val_set is not None and (step % config.validation_every == 0 or last):
             early_stop = self.validate(step)

@@ -1,0 +1,63 @@
+"""Still frames that show what was and was not reconstructed.
+
+One picture per sample: a row per chosen frame, columns original | TAEHV | (reference VAE)
+| |TAEHV - original| as a heat map, amplified. Small clips are upscaled with
+nearest-neighbour so every tile is at least ``min_tile_width`` pixels wide and pixels stay
+pixels; a header band names the columns.
+"""
+from __future__ import annotations
+
+import math
+
+import cv2
+import numpy as np
+
+HEADER_HEIGHT = 28
+GAP = 4
+
+
+def frame_indices(frames: int, count: int = 3) -> list[int]:
+    """``count`` evenly spaced frame indices (first, ..., last) of a ``frames``-frame clip."""
+    n = min(count, frames)
+    return sorted({round(i * (frames - 1) / max(n - 1, 1)) for i in range(n)})
+
+
+def difference_heat_map(original: np.ndarray, reconstructed: np.ndarray, amplify: float) -> np.ndarray:
+    """HWC uint8 RGB heat map of the mean absolute difference over channels, times ``amplify``
+    (near black: exact; yellow: off by 255 / amplify or more; matplotlib's inferno)."""
+    error = np.abs(original.astype(np.int16) - reconstructed.astype(np.int16)).mean(axis=2)
+    scaled = np.clip(error * amplify, 0, 255).astype(np.uint8)
+    return cv2.cvtColor(cv2.applyColorMap(scaled, cv2.COLORMAP_INFERNO), cv2.COLOR_BGR2RGB)
+
+
+def _label(band: np.ndarray, text: str, x: int) -> None:
+    cv2.putText(band, text, (x + 6, HEADER_HEIGHT - 9), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (255, 255, 255), 1, cv2.LINE_AA)
+
+
+def comparison_stills(original: np.ndarray, reconstructed: np.ndarray, reference: np.ndarray | None = None,
+                      count: int = 3, amplify: float = 4.0, min_tile_width: int = 256) -> tuple[np.ndarray, list[int]]:
+    """(HWC uint8 RGB picture, frame indices shown) for THWC uint8 RGB videos of the same
+    size; ``reference`` (the reference VAE's reconstruction) may have fewer frames."""
+    frames = len(original) if reference is None else min(len(original), len(reference))
+    indices = frame_indices(frames, count)
+    h, w = original.shape[1:3]
+    scale = max(1, math.ceil(min_tile_width / w))
+    columns = [("original", original), ("TAEHV", reconstructed)]
+    if reference is not None:
+        columns.append(("reference VAE", reference))
+    titles = [name for name, _ in columns] + [f"|TAEHV - original| x{amplify:g}"]
+    tile_w, tile_h = w * scale, h * scale
+    width = len(titles) * tile_w + (len(titles) - 1) * GAP
+    canvas = np.full((HEADER_HEIGHT + len(indices) * (tile_h + GAP), width, 3), 32, np.uint8)
+    for c, title in enumerate(titles):
+        _label(canvas[:HEADER_HEIGHT], title, c * (tile_w + GAP))
+    for r, t in enumerate(indices):
+        tiles = [video[t] for _, video in columns] + [difference_heat_map(original[t], reconstructed[t], amplify)]
+        y = HEADER_HEIGHT + r * (tile_h + GAP)
+        for c, tile in enumerate(tiles):
+            x = c * (tile_w + GAP)
+            canvas[y:y + tile_h, x:x + tile_w] = cv2.resize(tile, (tile_w, tile_h), interpolation=cv2.INTER_NEAREST)
+        cv2.putText(canvas, f"frame {t}", (6, y + tile_h - 8), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 3, cv2.LINE_AA)
+        cv2.putText(canvas, f"frame {t}", (6, y + tile_h - 8), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (255, 255, 255), 1,
+                    cv2.LINE_AA)
+    return canvas, indices

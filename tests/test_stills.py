@@ -1,0 +1,32 @@
+"""Still pictures for the report: which frames, tile sizes, and the difference heat map."""
+from __future__ import annotations
+
+import numpy as np
+
+from evaluation.stills import HEADER_HEIGHT, comparison_stills, difference_heat_map, frame_indices
+
+
+def test_frame_indices_are_first_middle_last():
+    assert frame_indices(9) == [0, 4, 8] and frame_indices(17) == [0, 8, 16]
+    assert frame_indices(2) == [0, 1] and frame_indices(1) == [0]
+
+
+def test_the_heat_map_is_black_where_exact_and_bright_where_off():
+    image = np.random.default_rng(0).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    assert difference_heat_map(image, image, 4).max() <= 4  # inferno's darkest colour
+    off = image.copy()
+    off[:4] = 255 - off[:4]
+    heat = difference_heat_map(image, off, 4).astype(int).sum(axis=2)
+    assert heat[4:].max() <= 4 and heat[:4].mean() > 300
+
+
+def test_small_clips_are_upscaled_to_256_px_tiles_with_nearest_neighbour():
+    video = np.random.default_rng(1).integers(0, 256, (9, 32, 48, 3), dtype=np.uint8)
+    picture, shown = comparison_stills(video, video, video[:5])
+    assert shown == [0, 2, 4]  # the reference VAE decoded only 5 frames: stay within both
+    tile = 48 * 6  # ceil(256 / 48) = 6
+    assert picture.shape == (HEADER_HEIGHT + 3 * (32 * 6 + 4), 4 * tile + 3 * 4, 3)
+    first = picture[HEADER_HEIGHT:HEADER_HEIGHT + 32 * 6, :tile]
+    assert np.array_equal(first[::6, ::6][12:, 40:], video[0][12:, 40:])  # nearest-neighbour (label corner left out)
+    without_reference, _ = comparison_stills(video, video)
+    assert without_reference.shape[1] == 3 * tile + 2 * 4
