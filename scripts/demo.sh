@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make demo`: train a small TAEHV on built-in procedural clips (or on your own videos) and
-# evaluate it on held-out clips. Runs on CPU in about 10 minutes; uses a GPU when present.
+# evaluate it on held-out clips. Runs on CPU in about 5 minutes (plus set-up); uses a GPU when present.
 #   DEMO_VIDEOS=/path/to/mp4s make demo     # train on real videos instead
 #   DEMO_STEPS=1000 make demo               # train longer
 set -euo pipefail
@@ -17,7 +17,7 @@ if [[ -n "${DEMO_VIDEOS:-}" ]]; then
 else
   if [[ ! -f "$DATA/annotations_train.json" ]]; then
     echo "== generating built-in demo clips in $DATA"
-    "$PYTHON" -m training.demo_data "$DATA" --num-clips 48 --frames 24 --height 96 --width 128
+    "$PYTHON" -m training.demo_data "$DATA" --num-clips 48 --frames 24 --height 96 --width 144
   fi
   DATA_ARGS=()
 fi

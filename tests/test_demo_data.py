@@ -55,3 +55,14 @@ def test_demo_cli(tmp_path):
     assert sorted(p.name for p in (out / "videos").iterdir()) == [f"clip_{i:05d}.mp4" for i in range(3)]
     assert (out / "annotations_train.json").exists() and (out / "annotations_val.json").exists()
     assert probe_video(out / "videos" / "clip_00002.mp4").width == 48
+
+
+def test_clips_are_driving_scenes_with_lane_markings_that_move():
+    for i in range(4):
+        clip = render_clip(np.random.default_rng([0, i]), 12, 96, 144)
+        road = clip[:, 66:].astype(np.int16).max(axis=3)  # the bottom of the frame: the road ahead
+        markings = road > np.median(road, axis=(1, 2), keepdims=True) + 40  # white or yellow on the asphalt
+        assert markings.mean(axis=(1, 2)).min() > 0.01, i  # lane markings in every frame
+        assert not np.array_equal(markings[0], markings[6]), i  # ... which move with the camera
+        sky = clip[:, :8].astype(np.int16)
+        assert (sky[..., 2] > sky[..., 0]).mean() > 0.8, i  # a blue sky on top

@@ -1,10 +1,15 @@
-"""Procedural demo videos, so that training runs end to end without a dataset.
+"""Procedural driving clips, so that training runs end to end without a dataset.
 
-    python -m training.demo_data OUT_DIR --num-clips 32 --frames 24 --height 96 --width 128 --seed 0
+    python -m training.demo_data OUT_DIR --num-clips 32 --frames 24 --height 96 --width 144 --seed 0
 
-Each clip is a camera panning and zooming over a large procedurally textured scene in
-which several textured objects move and rotate: enough motion, texture and occlusion
-for an autoencoder to have something to learn, deterministic given the seed. Clips are
+The first users train on driving scenes at 720x480, so each clip is one: a camera in the
+right lane of a (possibly curving) road in perspective, dashed lane markings and edge lines
+that move with the camera, vehicles in both directions that move and change scale,
+roadside posts, a sky gradient with drifting clouds, hills, textured verges, tree shadows
+and a slowly changing light, at the users' 3:2 aspect by default. Everything is drawn from
+the seed (clip ``i`` of seed ``s`` uses ``default_rng([s, i])``; held-out clips are the last
+ones, so they come from other seeds' streams), and the scenes keep fine structure (lane
+dashes, vehicle edges, texture) for the model to learn. Clips are
 written as H.264 MP4 (``evaluation.videos.write_video``, which browsers play) to
 ``OUT_DIR/videos`` with ``OUT_DIR/annotations_train.json`` and ``annotations_val.json`` in
 the users' format.
@@ -23,83 +28,156 @@ from evaluation.videos import write_video
 from training.make_annotations import write_annotation
 
 
-def _texture(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
-    """Multi-scale noise mapped between two random colours, plus oriented stripes of a
-    third colour and a little colour noise (uint8 BGR): detail at every scale."""
-    noise = np.zeros((height, width), np.float32)
-    for cells, weight in ((3, 0.45), (12, 0.35), (48, 0.2)):
-        grid = rng.random((cells, max(2, cells * width // height)), dtype=np.float32)
-        noise += weight * cv2.resize(grid, (width, height), interpolation=cv2.INTER_CUBIC)
-    colours = rng.random((3, 3), dtype=np.float32)
-    image = colours[0] + (colours[1] - colours[0]) * np.clip(noise, 0, 1)[..., None]
-    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
-    angle, period = rng.uniform(0, math.pi), rng.uniform(3, 12)
-    stripes = np.sin((xx * math.cos(angle) + yy * math.sin(angle)) * 2 * math.pi / period) > rng.uniform(0.3, 0.9)
-    image[stripes] = 0.4 * image[stripes] + 0.6 * colours[2]
-    image += rng.normal(0, 0.03, image.shape).astype(np.float32)
-    return np.clip(image * 255, 0, 255).astype(np.uint8)
+SUPERSAMPLE = 2  # rendered at twice the size, then area-resized: smooth edges on lane dashes and cars
 
 
-def _sprite(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """A textured ellipse, rectangle or triangle and its mask."""
-    texture = _texture(rng, size, size)
-    mask = np.zeros((size, size), np.uint8)
-    shape = rng.integers(3)
-    if shape == 0:
-        axes = (int(size * rng.uniform(0.25, 0.5)), int(size * rng.uniform(0.25, 0.5)))
-        cv2.ellipse(mask, (size // 2, size // 2), axes, 0, 0, 360, 255, -1)
-    elif shape == 1:
-        lo, hi = int(size * rng.uniform(0, 0.25)), int(size * rng.uniform(0.75, 1))
-        cv2.rectangle(mask, (lo, lo), (hi, hi), 255, -1)
-    else:
-        points = (rng.random((3, 2)) * size).astype(np.int32)
-        cv2.fillPoly(mask, [points], 255)
-    return texture, mask
+def _noise(rng: np.random.Generator, size: int, scales: Sequence[tuple[int, float]]) -> np.ndarray:
+    """Tileable multi-scale value noise in [0, 1] (float32, size x size)."""
+    out = np.zeros((size, size), np.float32)
+    for cells, weight in scales:
+        grid = rng.random((cells, cells), dtype=np.float32)
+        tiled = np.tile(grid, (3, 3))  # wrap around so that the texture tiles
+        up = cv2.resize(tiled, (3 * size, 3 * size), interpolation=cv2.INTER_CUBIC)[size:2 * size, size:2 * size]
+        out += weight * up
+    return np.clip(out / sum(w for _, w in scales), 0, 1)
+
+
+def _sample(texture: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``texture`` (tileable) looked up at texel coordinates (u, v), wrapping around."""
+    return cv2.remap(texture, u.astype(np.float32), v.astype(np.float32), cv2.INTER_LINEAR, borderMode=cv2.BORDER_WRAP)
+
+
+def _colour(rng: np.random.Generator, base: Sequence[float], spread: float) -> np.ndarray:
+    return np.clip(np.asarray(base, np.float32) + rng.uniform(-spread, spread, 3).astype(np.float32), 0, 1)
+
+
+class _Scene:
+    """One driving clip's world, drawn frame by frame from a camera in the right lane."""
+
+    ROAD_HALF, LANE, CAMERA_HEIGHT, DASH_PERIOD, DASH_LENGTH = 3.6, 1.8, 1.4, 9.0, 3.0
+
+    def __init__(self, rng: np.random.Generator, height: int, width: int):
+        self.h, self.w = height * SUPERSAMPLE, width * SUPERSAMPLE
+        self.focal = 0.9 * self.w
+        self.speed = rng.uniform(0.5, 1.4)  # metres per frame
+        self.curve, self.curve_change = rng.uniform(-0.004, 0.004), rng.uniform(-0.0002, 0.0002)
+        self.sway = (rng.uniform(0, 0.35), rng.uniform(0.05, 0.2), rng.uniform(0, 2 * math.pi))
+        self.pitch = (rng.uniform(0, 0.01), rng.uniform(0.2, 0.6))
+        self.light = (rng.uniform(0.05, 0.18), rng.uniform(0.05, 0.25), rng.uniform(0, 2 * math.pi))
+        self.sky_top, self.sky_horizon = _colour(rng, (0.25, 0.45, 0.8), 0.15), _colour(rng, (0.75, 0.8, 0.85), 0.1)
+        self.asphalt = _colour(rng, (0.33, 0.33, 0.35), 0.06)
+        self.verge = _colour(rng, (0.3, 0.45, 0.2), 0.12)
+        self.hills = _colour(rng, (0.3, 0.38, 0.35), 0.08)
+        self.line_colour = np.float32([0.95, 0.95, 0.9]) if rng.random() < 0.6 else np.float32([0.95, 0.8, 0.2])
+        self.grain = _noise(rng, 256, ((64, 0.5), (128, 0.5)))  # asphalt and verge grain
+        self.patches = _noise(rng, 256, ((4, 0.6), (16, 0.4)))  # large patches: grass, repairs, shade
+        self.clouds = _noise(rng, 256, ((3, 0.5), (8, 0.35), (24, 0.15)))
+        self.ridge = _noise(rng, 256, ((6, 0.7), (24, 0.3)))[0]
+        self.posts = rng.uniform(8, 20)  # roadside posts every this many metres
+        self.vehicles = [self._vehicle(rng) for _ in range(int(rng.integers(2, 6)))]
+
+    def _vehicle(self, rng: np.random.Generator) -> dict:
+        oncoming = rng.random() < 0.4
+        return dict(lane=-self.LANE if oncoming else self.LANE, z0=rng.uniform(6, 45),
+                    speed=-rng.uniform(0.4, 1.2) if oncoming else self.speed + rng.uniform(-0.35, 0.35),
+                    colour=_colour(rng, rng.choice([(0.8, 0.1, 0.1), (0.1, 0.2, 0.7), (0.9, 0.9, 0.9),
+                                                    (0.15, 0.15, 0.15), (0.8, 0.7, 0.1)]), 0.08),
+                    size=(rng.uniform(1.7, 2.1), rng.uniform(1.3, 1.9)), oncoming=oncoming)
+
+    def _road_offset(self, z: np.ndarray | float, t: int) -> np.ndarray | float:
+        """Lateral position of the road centre at distance z, relative to the camera."""
+        curve = self.curve + self.curve_change * t
+        amplitude, frequency, phase = self.sway
+        return curve * np.square(z) - (self.LANE + amplitude * math.sin(frequency * t + phase))
+
+    def frame(self, t: int) -> np.ndarray:
+        h, w, f = self.h, self.w, self.focal
+        travelled = self.speed * t
+        horizon = h * (0.42 + self.pitch[0] * math.sin(self.pitch[1] * t))
+        ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
+
+        # sky, clouds drifting slowly, and a ridge of hills on the horizon
+        height_above = np.clip((horizon - ys) / max(horizon, 1), 0, 1)[..., None]
+        image = self.sky_horizon + (self.sky_top - self.sky_horizon) * height_above
+        clouds = _sample(self.clouds, xs * 0.6 + 0.3 * t, ys * 0.9)[..., None]
+        image = image + (1 - image) * np.clip(clouds - 0.45, 0, 1)[..., None][..., 0] * 1.4 * height_above
+        ridge = horizon - (0.04 + 0.08 * self.ridge[(np.arange(w) * 256 // w + int(0.2 * t)) % 256]) * h
+        hills = (ys > ridge[None, :]) & (ys <= horizon)
+        image[hills] = self.hills * (0.85 + 0.3 * _sample(self.patches, xs, ys * 2)[hills][:, None])
+
+        # the ground in perspective: distance z and lateral position u (0 at the road centre)
+        below = ys > horizon + 0.5
+        z = np.where(below, f * self.CAMERA_HEIGHT / np.maximum(ys - horizon, 0.5), 1e4)
+        u = (xs - w / 2) * z / f - self._road_offset(z, t)
+        along = z + travelled
+        grain = _sample(self.grain, u * 24, along * 24)
+        patches = _sample(self.patches, u * 3, along * 3)
+        on_road = np.abs(u) < self.ROAD_HALF
+        ground = np.where(on_road[..., None], self.asphalt * (0.8 + 0.4 * grain)[..., None],
+                          self.verge * (0.55 + 0.45 * patches + 0.3 * grain)[..., None])
+        dashes = (np.abs(u) < 0.12) & (np.mod(along, self.DASH_PERIOD) < self.DASH_LENGTH)
+        edges = np.abs(np.abs(u) - (self.ROAD_HALF - 0.25)) < 0.1
+        ground[dashes | edges] = self.line_colour
+        shade = 1 - 0.35 * (_sample(self.patches, u * 0.7 + 40, along * 0.5) > 0.62)  # tree shadows across the road
+        ground = ground * shade[..., None]
+        fog = np.exp(-z / 90)[..., None]
+        ground = ground * fog + self.sky_horizon * (1 - fog)
+        image = np.where(below[..., None], ground, image)
+        image = np.ascontiguousarray((np.clip(image, 0, 1) * 255).astype(np.uint8))
+
+        # roadside posts and vehicles, far to near
+        things = [(d, "post", side) for side in (-1, 1)
+                  for d in np.arange(self.posts - np.mod(travelled, self.posts), 80, self.posts)]
+        things += [(v["z0"] + (v["speed"] - self.speed) * t, "vehicle", v) for v in self.vehicles]
+        for distance, kind, what in sorted(things, key=lambda thing: -thing[0]):
+            if distance < 1.5:
+                continue
+            scale = f / distance
+            ground_y = horizon + scale * self.CAMERA_HEIGHT
+            if kind == "post":
+                x = w / 2 + scale * (self._road_offset(distance, t) + what * (self.ROAD_HALF + 1.2))
+                self._box(image, x, ground_y, 0.15 * scale, 2.2 * scale, (235, 235, 225))
+                self._box(image, x, ground_y - 1.6 * scale, 0.16 * scale, 0.3 * scale, (220, 40, 30))
+            else:
+                x = w / 2 + scale * (self._road_offset(distance, t) + what["lane"])
+                self._vehicle_sprite(image, what, x, ground_y, scale)
+        gain, frequency, phase = self.light
+        lit = image.astype(np.float32) * (1 + gain * math.sin(frequency * t + phase))
+        return np.clip(lit, 0, 255).astype(np.uint8)
+
+    @staticmethod
+    def _box(image: np.ndarray, x: float, bottom: float, width: float, height: float, colour) -> None:
+        """A filled box whose bottom centre is at (x, bottom)."""
+        left, right = int(round(x - width / 2)), int(round(x + width / 2))
+        top = int(round(bottom - height))
+        if right >= 0 and left < image.shape[1] and int(round(bottom)) >= 0 and top < image.shape[0]:
+            cv2.rectangle(image, (left, top), (max(right - 1, left), int(round(bottom)) - 1),
+                          tuple(int(c) for c in colour), -1)
+
+    def _vehicle_sprite(self, image: np.ndarray, vehicle: dict, x: float, bottom: float, scale: float) -> None:
+        width, height = vehicle["size"][0] * scale, vehicle["size"][1] * scale
+        body = vehicle["colour"] * 255
+        cv2.ellipse(image, (int(x), int(bottom)), (max(int(width * 0.6), 1), max(int(height * 0.12), 1)), 0, 0, 360,
+                    (25, 25, 25), -1)  # shadow
+        self._box(image, x, bottom - 0.1 * height, width, 0.6 * height, body)
+        self._box(image, x, bottom - 0.65 * height, 0.8 * width, 0.35 * height, body * 0.8)
+        self._box(image, x, bottom - 0.68 * height, 0.66 * width, 0.25 * height, (40, 50, 60))  # window
+        lights = (250, 240, 180) if vehicle["oncoming"] else (220, 20, 20)
+        for side in (-1, 1):
+            self._box(image, x + side * 0.38 * width, bottom - 0.45 * height, 0.18 * width, 0.1 * height, lights)
+            self._box(image, x + side * 0.35 * width, bottom, 0.2 * width, 0.14 * height, (15, 15, 15))  # wheels
+        self._box(image, x, bottom - 0.2 * height, 0.3 * width, 0.08 * height, (230, 230, 230))  # number plate
 
 
 def render_clip(rng: np.random.Generator, n_frames: int, height: int, width: int) -> np.ndarray:
-    """``[T, H, W, 3]`` uint8 BGR frames of one procedural clip."""
-    world_h, world_w = 3 * height, 3 * width
-    world = _texture(rng, world_h, world_w)
-    # Camera: centre pans along a line with a wobble, zoom oscillates.
-    cam_start = np.array([world_w / 2, world_h / 2]) + rng.uniform(-0.3, 0.3, 2) * (width, height)
-    cam_vel = rng.uniform(-2, 2, 2) * min(height, width) / 64
-    zoom0, zoom_amp, zoom_freq = rng.uniform(0.9, 1.4), rng.uniform(0, 0.3), rng.uniform(0.05, 0.2)
-    # Objects start around the middle of the camera path and drift with it, so most are seen.
-    path_middle = cam_start + cam_vel * n_frames / 2
-    objects = []
-    for _ in range(int(rng.integers(3, 7))):
-        size = int(min(height, width) * rng.uniform(0.25, 0.6))
-        texture, mask = _sprite(rng, size)
-        objects.append(
-            dict(
-                texture=texture,
-                mask=mask,
-                pos=path_middle + rng.uniform(-0.6, 0.6, 2) * (width, height),
-                vel=cam_vel + rng.uniform(-2, 2, 2) * min(height, width) / 64,
-                angle=rng.uniform(0, 360),
-                spin=rng.uniform(-6, 6),
-            )
-        )
-
+    """``[T, H, W, 3]`` uint8 RGB frames of one procedural driving clip: a road in
+    perspective with dashed lane markings that move with the camera, vehicles in both
+    directions that move and change scale, roadside posts, a sky gradient with clouds,
+    hills, textured verges, tree shadows and a slowly changing light."""
+    scene = _Scene(rng, height, width)
     frames = np.empty((n_frames, height, width, 3), np.uint8)
     for t in range(n_frames):
-        centre = cam_start + cam_vel * t + 4 * np.sin(0.3 * t + np.arange(2))
-        zoom = zoom0 * (1 + zoom_amp * math.sin(zoom_freq * t))
-        # world -> screen: scale about the camera centre, then move it to the frame centre
-        cam = np.array([[zoom, 0, width / 2 - zoom * centre[0]], [0, zoom, height / 2 - zoom * centre[1]]])
-        frame = cv2.warpAffine(world, cam, (width, height), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
-        for obj in objects:
-            size = obj["mask"].shape[0]
-            pos = obj["pos"] + obj["vel"] * t
-            place = cv2.getRotationMatrix2D((size / 2, size / 2), obj["angle"] + obj["spin"] * t, 1.0)
-            place[:, 2] += pos - size / 2
-            to_screen = cam @ np.vstack([place, [0, 0, 1]])
-            sprite = cv2.warpAffine(obj["texture"], to_screen, (width, height), flags=cv2.INTER_LINEAR)
-            alpha = cv2.warpAffine(obj["mask"], to_screen, (width, height), flags=cv2.INTER_LINEAR)
-            alpha = alpha[..., None].astype(np.float32) / 255
-            frame = (frame * (1 - alpha) + sprite * alpha).astype(np.uint8)
-        frames[t] = frame
+        frames[t] = cv2.resize(scene.frame(t), (width, height), interpolation=cv2.INTER_AREA)
     return frames
 
 
@@ -122,8 +200,7 @@ def make_demo_dataset(
     entries = []
     for i in range(num_clips):
         rel = f"videos/clip_{i:05d}.mp4"
-        bgr = render_clip(np.random.default_rng([seed, i]), n_frames, height, width)
-        write_video(out_dir / rel, np.ascontiguousarray(bgr[..., ::-1]), fps)
+        write_video(out_dir / rel, render_clip(np.random.default_rng([seed, i]), n_frames, height, width), fps)
         duration = round(n_frames / fps, 3)
         entries.append(
             {"path": rel, "frames": n_frames, "duration": duration, "fps": fps, "width": width, "height": height}
@@ -141,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--num-clips", type=int, default=32)
     parser.add_argument("--frames", type=int, default=24)
     parser.add_argument("--height", type=int, default=96)
-    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--width", type=int, default=144)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--val-fraction", type=float, default=0.125)
     parser.add_argument("--fps", type=float, default=24.0)
