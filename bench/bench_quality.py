@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Quality at equal budget: the project's recipe against a naive loop; prints one JSON
+object and writes it with a PNG plot of the held-out curves.
+
+    python bench/bench_quality.py                                  # ../shared/videos, 300 steps
+    python bench/bench_quality.py --videos /data/clips --steps 1000 --out bench_quality_out
+    python bench/bench_quality.py --recipe-overrides --ema_decay=0.9 --lr_scheduler=constant   # an ablation
+
+Both arms train the published TAEHV architecture (``--variant``) from the same seed on the
+same clips, with the same steps, batch, size, frame count and learning rate, and are scored
+on the same held-out clips (other files than the training clips) by the same validation
+code (``training.validation.validate``: PSNR/SSIM of aligned frames):
+
+- ``recipe``: the product, run as a user runs it (``training/taehv_train.py`` with
+  ``--config``, default the demo config, plus the shared settings and any
+  ``--recipe-overrides``): its EMA weights, schedule, warm-up, clipping, crops, strides
+  and decoder bias initialisation; validation uses the EMA weights it exports.
+- ``naive``: plain AdamW on the reconstruction MSE, constant learning rate, no EMA, no
+  clipping, default initialisation, on batches from the same loader.
+
+``seconds`` is wall time from the start of each arm (the recipe's includes starting its
+process); both include their validations. Run on a quiet machine.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+from accelerate import Accelerator  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+from models.taehv import TAEHV  # noqa: E402
+from training.config import TrainConfig, load_config  # noqa: E402
+from training.data import build_datasets, build_train_loader  # noqa: E402
+from training.dataset import find_videos, frames_to_unit  # noqa: E402
+from training.make_annotations import write_annotation  # noqa: E402
+from training.validation import validate  # noqa: E402
+
+SHARED_VIDEOS = Path(os.environ.get("TAEHV_SHARED_DIR", REPO_ROOT.parent / "shared")) / "videos"
+DEMO_CONFIG = REPO_ROOT / "training" / "configs" / "taehv_config_demo.py"
+
+
+def split_clips(folder: Path, out: Path, every: int) -> tuple[Path, Path, list[str]]:
+    """Train/held-out annotations: every ``every``-th file (sorted, from the third) is held
+    out, so held-out clips are other files than the training clips."""
+    files = find_videos(folder)
+    held_out = files[every - 1::every]
+    train = [f for f in files if f not in held_out]
+    if not train or not held_out:
+        raise SystemExit(f"error: {folder} needs at least {every} videos for a train/held-out split, has {len(files)}")
+    paths = out / "annotations_train.json", out / "annotations_val.json"
+    write_annotation(paths[0], [{"path": f} for f in train])
+    write_annotation(paths[1], [{"path": f} for f in held_out])
+    return *paths, held_out
+
+
+def shared_settings(args: argparse.Namespace, folder: Path, train: Path, val: Path, n_val: int) -> list[str]:
+    """The ``--key=value`` settings both arms share."""
+    every = max(1, args.steps // args.points)
+    return [f"--data_root={folder}", f"--annotation_file={train}", f"--val_annotation_file={val}",
+            f"--variant={args.variant}", f"--n_frames={args.frames}", f"--height={args.size}", f"--width={args.size}",
+            f"--train_batch_size={args.batch}", f"--learning_rate={args.lr}", f"--max_train_steps={args.steps}",
+            f"--seed={args.seed}", f"--validation_every={every}", f"--num_validation_samples={n_val}",
+            f"--log_every={every}", "--image_log_every=0", f"--checkpointing_steps={args.steps}",
+            "--dataloader_num_workers=0", "--mixed_precision=no", "--pretrained_model_path=", "--ref_vae_path="]
+
+
+def run_recipe(args: argparse.Namespace, settings: list[str], out: Path) -> list[dict]:
+    """The training script, as a user runs it; the curve from its validation history."""
+    command = [sys.executable, str(REPO_ROOT / "training" / "taehv_train.py"), "--config", str(args.config), *settings,
+               f"--output_dir={out}", "--run_name=recipe", *args.recipe_overrides]
+    start = time.time()
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
+    if result.returncode != 0:
+        raise SystemExit(f"error: the recipe run failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+    run = out / "recipe"
+    events = EventAccumulator(str(run / "logs"), size_guidance={"scalars": 0})
+    events.Reload()
+    wall = {e.step: e.wall_time - start for e in events.Scalars("val/psnr")}
+    history = json.loads((run / "validation_history.json").read_text())
+    return [{"step": h["step"], "psnr": h["val/psnr"], "ssim": h["val/ssim"], "seconds": round(wall[h["step"]], 1)}
+            for h in history]
+
+
+def run_naive(config: TrainConfig, every: int) -> list[dict]:
+    """Plain AdamW on MSE(decode(encode(x)), x), constant LR, no EMA, no clipping."""
+    start = time.time()
+    accelerator = Accelerator(cpu=True)
+    train_set, val_set = build_datasets(config)
+    torch.manual_seed(config.seed)
+    model = TAEHV(variant=config.variant)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
+    loader = build_train_loader(train_set, config, accelerator.device)
+    curve, step, epoch = [], 0, 0
+    while step < config.max_train_steps:
+        loader.sampler.set_epoch(epoch)
+        for batch in loader:
+            frames = frames_to_unit(batch["frames"], accelerator.device)
+            model.train()
+            decoded = model(frames).decoded
+            loss = torch.nn.functional.mse_loss(decoded, model.plan(frames.shape[1]).target(frames))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if step % every == 0 or step == config.max_train_steps:
+                metrics = validate(accelerator, model, val_set, config, None, torch.float32)
+                curve.append({"step": step, "psnr": metrics["val/psnr"], "ssim": metrics["val/ssim"],
+                              "seconds": round(time.time() - start, 1)})
+            if step == config.max_train_steps:
+                break
+        epoch += 1
+    return curve
+
+
+def plot(curves: dict[str, list[dict]], path: Path, title: str) -> None:
+    """Two panels (PSNR and SSIM against steps), one line per arm, drawn with OpenCV."""
+    colours = {"recipe": (216, 125, 59), "naive": (44, 72, 224)}  # BGR
+    width, height, margin = 560, 360, 60
+    panels = []
+    for key, label in (("psnr", "held-out PSNR (dB)"), ("ssim", "held-out SSIM")):
+        image = np.full((height, width, 3), 255, np.uint8)
+        values = [p[key] for curve in curves.values() for p in curve]
+        low, high = min(values), max(values)
+        low, high = low - 0.05 * (high - low + 1e-6), high + 0.05 * (high - low + 1e-6)
+        last = max(p["step"] for curve in curves.values() for p in curve)
+
+        def xy(step: float, value: float) -> tuple[int, int]:
+            return (int(margin + (width - 1.5 * margin) * step / last),
+                    int(height - margin - (height - 1.6 * margin) * (value - low) / (high - low)))
+
+        cv2.line(image, xy(0, low), xy(last, low), (0, 0, 0), 1)
+        cv2.line(image, xy(0, low), xy(0, high), (0, 0, 0), 1)
+        for i in range(5):
+            value = low + (high - low) * i / 4
+            cv2.putText(image, f"{value:.3g}", (4, xy(0, value)[1] + 4), cv2.FONT_HERSHEY_SIMPLEX, 0.38, (0, 0, 0), 1)
+            step = last * i / 4
+            cv2.putText(image, f"{step:.0f}", (xy(step, low)[0] - 8, height - margin + 16), cv2.FONT_HERSHEY_SIMPLEX,
+                        0.38, (0, 0, 0), 1)
+        cv2.putText(image, "step", (width // 2 - 12, height - 14), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1)
+        cv2.putText(image, label, (margin, 24), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1)
+        for n, (arm, curve) in enumerate(curves.items()):
+            points = np.array([xy(p["step"], p[key]) for p in curve], np.int32)
+            cv2.polylines(image, [points], False, colours[arm], 2, cv2.LINE_AA)
+            cv2.putText(image, arm, (width - 120, 48 + 18 * n), cv2.FONT_HERSHEY_SIMPLEX, 0.45, colours[arm], 1)
+        panels.append(image)
+    header = np.full((30, 2 * width, 3), 255, np.uint8)
+    cv2.putText(header, title, (10, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1)
+    if not cv2.imwrite(str(path), np.concatenate([header, np.concatenate(panels, 1)], 0)):
+        raise OSError(f"cannot write {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--videos", type=Path, default=SHARED_VIDEOS, help="clip folder (default: ../shared/videos)")
+    parser.add_argument("--hold-out-every", type=int, default=3, help="every N-th file (sorted) is held out")
+    parser.add_argument("--config", type=Path, default=DEMO_CONFIG, help="the recipe's config file")
+    parser.add_argument("--variant", default="taehv")
+    parser.add_argument("--frames", type=int, default=13)
+    parser.add_argument("--size", type=int, default=64, help="square crop size")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--points", type=int, default=12, help="validations along each curve")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--out", type=Path, default=None, help="folder for quality.json and quality.png (default: a temporary one)")
+    parser.add_argument("--recipe-overrides", nargs=argparse.REMAINDER, default=[],
+                        help="--key=value settings for the recipe arm only (everything after this flag)")
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="bench_quality_"))
+    out.mkdir(parents=True, exist_ok=True)
+    folder = args.videos.resolve()
+    train, val, held_out = split_clips(folder, out, args.hold_out_every)
+    settings = shared_settings(args, folder, train, val, len(held_out))
+    with contextlib.redirect_stdout(sys.stderr):  # libraries' log lines stay out of the JSON
+        recipe = run_recipe(args, settings, out)
+        naive = run_naive(load_config(args.config, settings), max(1, args.steps // args.points))
+    result = {
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads", "torch": torch.__version__,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "videos": str(folder), "held_out": held_out, "variant": args.variant, "frames": args.frames,
+        "size": args.size, "batch": args.batch, "lr": args.lr, "steps": args.steps, "seed": args.seed,
+        "recipe_config": str(args.config), "recipe_overrides": args.recipe_overrides,
+        "curves": {"recipe": recipe, "naive": naive},
+        "final": {arm: {"psnr": curve[-1]["psnr"], "ssim": curve[-1]["ssim"]}
+                  for arm, curve in (("recipe", recipe), ("naive", naive))},
+    }
+    (out / "quality.json").write_text(json.dumps(result, indent=1))
+    plot(result["curves"], out / "quality.png",
+         f"{args.variant}, {args.frames} frames at {args.size}x{args.size}, batch {args.batch}, lr {args.lr:g}, "
+         f"{args.steps} steps; held out: {', '.join(held_out)}")
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
