@@ -198,3 +198,11 @@ def test_wrong_type_in_config_file(tmp_path):
     bad.write_text("config = dict(n_frames=9)\n")
     with pytest.raises(ConfigError, match="must define `config = TrainConfig"):
         load_config(bad)
+
+
+@pytest.mark.parametrize("variant, frames", [("taehv", 65), ("taehv", 101), ("taecvx", 73)])
+def test_frame_counts_above_64_work_with_a_reference_vae(tmp_path, variant, frames):
+    (tmp_path / "vae").mkdir()
+    check(valid(tmp_path, variant=variant, n_frames=frames, ref_vae_path=str(tmp_path)))
+    with pytest.raises(ConfigError, match=f"n_frames={frames + 2} does not work"):
+        check(valid(tmp_path, variant=variant, n_frames=frames + 2, ref_vae_path=str(tmp_path)))

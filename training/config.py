@@ -239,7 +239,7 @@ def check(config: TrainConfig) -> list[str]:
     need(0 < config.ema_decay < 1, "ema_decay must be in (0, 1)")
 
     plan = plan_frames(config.n_frames, 4, 4, spec.is_cogvideox)
-    exact = exact_frame_counts(max(64, config.n_frames), 4, 4, spec.is_cogvideox)  # the listing; the rule is plan.exact
+    exact = exact_frame_counts(64, 4, 4, spec.is_cogvideox)  # for the messages; the rule is plan.exact, no limit
     if config.ref_vae_path:
         valid = [t for t in exact if reference_vae_frames(t)][:8]
         need(plan.exact and reference_vae_frames(config.n_frames),
