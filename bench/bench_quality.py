@@ -4,7 +4,8 @@ object and writes it with a PNG plot of the held-out curves.
 
     python bench/bench_quality.py                                  # ../shared/videos, 300 steps
     python bench/bench_quality.py --videos /data/clips --steps 1000 --out bench_quality_out
-    python bench/bench_quality.py --recipe-overrides --ema_decay=0.9 --lr_scheduler=constant   # an ablation
+    python bench/bench_quality.py --arms recipe no_ema constant_lr full_crop stride_1 bias_0   # the ablation
+    python bench/bench_quality.py --recipe-overrides --ema_decay=0.9    # the recipe with other settings
 
 Both arms train the published TAEHV architecture (``--variant``) from the same seed on the
 same clips, with the same steps, batch, size, frame count and learning rate, and are scored
@@ -12,11 +13,12 @@ on the same held-out clips (other files than the training clips) by the same val
 code (``training.validation.validate``: PSNR/SSIM of aligned frames):
 
 - ``recipe``: the product, run as a user runs it (``training/taehv_train.py`` with
-  ``--config``, default the demo config, plus the shared settings and any
-  ``--recipe-overrides``): its EMA weights, schedule, warm-up, clipping, crops, strides
+  ``--config``, default the from-scratch preset ``taehv_config_scratch.py``, plus the
+  shared settings and any ``--recipe-overrides``): its EMA weights, schedule, warm-up, clipping, crops, strides
   and decoder bias initialisation; validation uses the EMA weights it exports.
 - ``naive``: plain AdamW on the reconstruction MSE, constant learning rate, no EMA, no
   clipping, default initialisation, on batches from the same loader.
+- ablations (``ABLATIONS``): the recipe with one of its defaults turned off.
 
 ``seconds`` is wall time from the start of each arm (the recipe's includes starting its
 process); both include their validations. Run on a quiet machine.
@@ -51,7 +53,7 @@ from training.make_annotations import write_annotation  # noqa: E402
 from training.validation import validate  # noqa: E402
 
 SHARED_VIDEOS = Path(os.environ.get("TAEHV_SHARED_DIR", REPO_ROOT.parent / "shared")) / "videos"
-DEMO_CONFIG = REPO_ROOT / "training" / "configs" / "taehv_config_demo.py"
+RECIPE_CONFIG = REPO_ROOT / "training" / "configs" / "taehv_config_scratch.py"
 
 
 def split_clips(folder: Path, out: Path, every: int) -> tuple[Path, Path, list[str]]:
@@ -79,15 +81,28 @@ def shared_settings(args: argparse.Namespace, folder: Path, train: Path, val: Pa
             "--dataloader_num_workers=0", "--mixed_precision=no", "--pretrained_model_path=", "--ref_vae_path="]
 
 
-def run_recipe(args: argparse.Namespace, settings: list[str], out: Path) -> list[dict]:
-    """The training script, as a user runs it; the curve from its validation history."""
+# arm -> the recipe's settings it changes: each turns off one default of the recipe
+ABLATIONS = {
+    "no_ema": ["--use_ema=false"],  # score the raw weights
+    "constant_lr": ["--lr_scheduler=constant", "--lr_warmup_steps=0"],  # no warm-up, no decay
+    "full_crop": ["--crop_scale_min=1.0"],  # always the largest crop (no scale jitter)
+    "stride_1": ["--stride_min=1", "--stride_max=1"],  # consecutive frames only
+    "bias_0": ["--decoder_bias_init=0.0"],  # final decoder bias 0 instead of mid-grey
+    "no_clipping": ["--max_grad_norm=0"],
+}
+ARMS = ("recipe", "naive", *ABLATIONS)
+
+
+def run_recipe(args: argparse.Namespace, settings: list[str], out: Path, arm: str = "recipe") -> list[dict]:
+    """The training script, as a user runs it (with ``arm``'s ablation); the curve from its
+    validation history."""
     command = [sys.executable, str(REPO_ROOT / "training" / "taehv_train.py"), "--config", str(args.config), *settings,
-               f"--output_dir={out}", "--run_name=recipe", *args.recipe_overrides]
+               f"--output_dir={out}", f"--run_name={arm}", *args.recipe_overrides, *ABLATIONS.get(arm, [])]
     start = time.time()
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
     if result.returncode != 0:
-        raise SystemExit(f"error: the recipe run failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
-    run = out / "recipe"
+        raise SystemExit(f"error: the {arm} run failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+    run = out / arm
     events = EventAccumulator(str(run / "logs"), size_guidance={"scalars": 0})
     events.Reload()
     wall = {e.step: e.wall_time - start for e in events.Scalars("val/psnr")}
@@ -129,7 +144,9 @@ def run_naive(config: TrainConfig, every: int) -> list[dict]:
 
 def plot(curves: dict[str, list[dict]], path: Path, title: str) -> None:
     """Two panels (PSNR and SSIM against steps), one line per arm, drawn with OpenCV."""
-    colours = {"recipe": (216, 125, 59), "naive": (44, 72, 224)}  # BGR
+    palette = [(216, 125, 59), (44, 72, 224), (60, 160, 60), (160, 60, 160), (40, 170, 200), (120, 120, 120),
+               (30, 30, 30), (200, 80, 140)]  # BGR, one per arm in ARMS order
+    colours = dict(zip(ARMS, palette))
     width, height, margin = 560, 360, 60
     panels = []
     for key, label in (("psnr", "held-out PSNR (dB)"), ("ssim", "held-out SSIM")):
@@ -168,7 +185,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--videos", type=Path, default=SHARED_VIDEOS, help="clip folder (default: ../shared/videos)")
     parser.add_argument("--hold-out-every", type=int, default=3, help="every N-th file (sorted) is held out")
-    parser.add_argument("--config", type=Path, default=DEMO_CONFIG, help="the recipe's config file")
+    parser.add_argument("--config", type=Path, default=RECIPE_CONFIG, help="the recipe's config file")
     parser.add_argument("--variant", default="taehv")
     parser.add_argument("--frames", type=int, default=13)
     parser.add_argument("--size", type=int, default=64, help="square crop size")
@@ -178,6 +195,8 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=12, help="validations along each curve")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--out", type=Path, default=None, help="folder for quality.json and quality.png (default: a temporary one)")
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=["recipe", "naive"],
+                        help="what to train: the recipe, the naive loop, and/or ablations of the recipe")
     parser.add_argument("--recipe-overrides", nargs=argparse.REMAINDER, default=[],
                         help="--key=value settings for the recipe arm only (everything after this flag)")
     args = parser.parse_args()
@@ -187,17 +206,17 @@ def main() -> None:
     train, val, held_out = split_clips(folder, out, args.hold_out_every)
     settings = shared_settings(args, folder, train, val, len(held_out))
     with contextlib.redirect_stdout(sys.stderr):  # libraries' log lines stay out of the JSON
-        recipe = run_recipe(args, settings, out)
-        naive = run_naive(load_config(args.config, settings), max(1, args.steps // args.points))
+        curves = {arm: run_naive(load_config(args.config, settings), max(1, args.steps // args.points))
+                  if arm == "naive" else run_recipe(args, settings, out, arm) for arm in dict.fromkeys(args.arms)}
     result = {
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads", "torch": torch.__version__,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "videos": str(folder), "held_out": held_out, "variant": args.variant, "frames": args.frames,
         "size": args.size, "batch": args.batch, "lr": args.lr, "steps": args.steps, "seed": args.seed,
         "recipe_config": str(args.config), "recipe_overrides": args.recipe_overrides,
-        "curves": {"recipe": recipe, "naive": naive},
-        "final": {arm: {"psnr": curve[-1]["psnr"], "ssim": curve[-1]["ssim"]}
-                  for arm, curve in (("recipe", recipe), ("naive", naive))},
+        "ablations": {arm: ABLATIONS[arm] for arm in curves if arm in ABLATIONS},
+        "curves": curves,
+        "final": {arm: {"psnr": curve[-1]["psnr"], "ssim": curve[-1]["ssim"]} for arm, curve in curves.items()},
     }
     (out / "quality.json").write_text(json.dumps(result, indent=1))
     plot(result["curves"], out / "quality.png",

@@ -4,7 +4,7 @@
     python bench/bench_scaling.py --processes 1 2 --steps 30             # CPU, gloo, DDP
     python bench/bench_scaling.py --processes 1 2 --deepspeed           # DeepSpeed ZeRO-2
 
-Runs the real training script (``training/taehv_train.py``, demo config: taecvx from
+Runs the real training script (``training/taehv_train.py``, from-scratch preset: taecvx from
 scratch on procedural clips, no reference VAE) for ``--steps`` optimizer steps per
 process count, with the same per-process batch (weak scaling), logging every step and no
 validation or checkpoints in the timed window. ``samples_per_s`` is the median of the
@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 from training.demo_data import make_demo_dataset  # noqa: E402
 
 TRAIN = REPO / "training" / "taehv_train.py"
-DEMO_CONFIG = REPO / "training" / "configs" / "taehv_config_demo.py"
+SCRATCH_CONFIG = REPO / "training" / "configs" / "taehv_config_scratch.py"
 ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 
 
@@ -57,7 +57,7 @@ def run(processes: int, args: argparse.Namespace, data: dict, work: Path) -> dic
     cpu = not torch.cuda.is_available()
     threads = max(1, (os.cpu_count() or 1) // processes)
     command = [
-        *launcher(processes, args.deepspeed, threads, 29500 + processes), str(TRAIN), "--config", str(DEMO_CONFIG),
+        *launcher(processes, args.deepspeed, threads, 29500 + processes), str(TRAIN), "--config", str(SCRATCH_CONFIG),
         f"--output_dir={out}", "--run_name=run", f"--data_root={data['root']}",
         f"--annotation_file={data['train']}", f"--val_annotation_file={data['val']}",
         f"--max_train_steps={args.steps}", "--log_every=1", f"--validation_every={10 * args.steps}",

@@ -50,16 +50,22 @@ def write_video(path: Path, frames: np.ndarray, fps: float) -> str:
     return "mp4v"
 
 
-def side_by_side(left: np.ndarray, right: np.ndarray, labels: tuple[str, str] = ("original", "TAEHV")) -> np.ndarray:
-    """Two THWC uint8 videos next to each other, each with its label burnt in."""
-    out = np.concatenate([left, right], axis=2).copy()
+def side_by_side(left: np.ndarray, right: np.ndarray, labels: tuple[str, str] = ("original", "TAEHV"),
+                 min_height: int = 256) -> np.ndarray:
+    """Two THWC uint8 videos next to each other, each with its label burnt in; clips lower
+    than ``min_height`` are enlarged by a whole factor (nearest neighbour, so pixels stay
+    sharp) first, so that the labels are legible and the pixels visible."""
+    factor = -(-min_height // left.shape[1])
+    if factor > 1:
+        left, right = (np.repeat(np.repeat(v, factor, axis=1), factor, axis=2) for v in (left, right))
+    out = np.concatenate([left, right], axis=2)
     width = left.shape[2]
-    scale = max(0.35, left.shape[1] / 400)
+    font_scale = left.shape[1] / 400  # text ~5% of the height
     for frame in out:
         for i, label in enumerate(labels):
-            org = (i * width + 6, int(18 * scale) + 4)
-            cv2.putText(frame, label, org, cv2.FONT_HERSHEY_SIMPLEX, 0.5 * scale, (0, 0, 0), 3, cv2.LINE_AA)
-            cv2.putText(frame, label, org, cv2.FONT_HERSHEY_SIMPLEX, 0.5 * scale, (255, 255, 255), 1, cv2.LINE_AA)
+            org = (i * width + 8, int(26 * font_scale) + 6)
+            cv2.putText(frame, label, org, cv2.FONT_HERSHEY_SIMPLEX, font_scale, (0, 0, 0), 4, cv2.LINE_AA)
+            cv2.putText(frame, label, org, cv2.FONT_HERSHEY_SIMPLEX, font_scale, (255, 255, 255), 1, cv2.LINE_AA)
     return out
 
 

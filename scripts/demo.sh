@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make demo`: train a small TAEHV on built-in procedural clips (or on your own videos) and
-# evaluate it on held-out clips. Runs on CPU in about 5 minutes (plus set-up); uses a GPU when present.
+# evaluate it on held-out clips. Runs on a 2-core CPU in about 11 minutes (plus set-up); uses a GPU when present.
 #   DEMO_VIDEOS=/path/to/mp4s make demo     # train on real videos instead
 #   DEMO_STEPS=1000 make demo               # train longer
 set -euo pipefail
@@ -10,6 +10,7 @@ DATA=demo_output/data
 CONFIG=training/configs/taehv_config_demo.py
 
 if [[ -n "${DEMO_VIDEOS:-}" ]]; then
+  DATA=demo_output/your_videos  # never mixed with the built-in clips' annotations
   echo "== indexing your videos in $DEMO_VIDEOS"
   "$PYTHON" -m training.make_annotations "$DEMO_VIDEOS" -o "$DATA/annotations.json" --val-fraction 0.2
   DATA_ARGS=(--data_root="$DEMO_VIDEOS" --annotation_file="$DATA/annotations_train.json"

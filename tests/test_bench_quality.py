@@ -1,4 +1,5 @@
-"""bench/bench_quality.py runs end to end (tiny settings): both arms, JSON and plot."""
+"""bench/bench_quality.py runs end to end (tiny settings): the recipe, the naive loop and an
+ablation, JSON and plot."""
 from __future__ import annotations
 
 import json
@@ -10,16 +11,21 @@ import cv2
 from conftest import REPO_ROOT
 
 
-def test_quality_benchmark_runs_both_arms_on_held_out_files(videos_dir, tmp_path):
+def test_quality_benchmark_runs_its_arms_on_held_out_files(videos_dir, tmp_path):
     args = [sys.executable, str(REPO_ROOT / "bench" / "bench_quality.py"), "--videos", str(videos_dir),
-            "--steps", "2", "--points", "1", "--frames", "5", "--size", "32", "--batch", "2", "--out", str(tmp_path)]
+            "--steps", "2", "--points", "1", "--frames", "5", "--size", "32", "--batch", "2", "--out", str(tmp_path),
+            "--arms", "recipe", "naive", "stride_1"]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report == json.loads((tmp_path / "quality.json").read_text())
     train = json.loads((tmp_path / "annotations_train.json").read_text())["list"]
     assert report["held_out"] and not {e["path"] for e in train} & set(report["held_out"])  # other files
-    for arm in ("recipe", "naive"):
+    assert list(report["curves"]) == ["recipe", "naive", "stride_1"]
+    recipe, ablation = (json.loads((tmp_path / arm / "config.json").read_text()) for arm in ("recipe", "stride_1"))
+    changed = {key for key in recipe if recipe[key] != ablation[key]}
+    assert changed == {"run_name", "stride_max"} and ablation["stride_max"] == 1  # one default off, nothing else
+    for arm in report["curves"]:
         curve = report["curves"][arm]
         assert [p["step"] for p in curve] == [2] and 0 < curve[-1]["psnr"] < 60 and curve[-1]["seconds"] > 0
     plot = cv2.imread(str(tmp_path / "quality.png"))

@@ -14,7 +14,7 @@ from training.config import ConfigError, TrainConfig, apply_overrides, check, lo
 
 CONFIGS = Path(__file__).resolve().parents[1] / "training" / "configs"
 PRESETS = ["taehv_config", "taehv_config_1gpu_h100", "taehv_config_h100", "taehv_config_a800",
-           "taehv_config_16gpu_h100", "taehv_config_demo", "taehv_config_test"]
+           "taehv_config_16gpu_h100", "taehv_config_scratch", "taehv_config_demo", "taehv_config_test"]
 
 
 def valid(tmp_path: Path, **changes) -> TrainConfig:
@@ -206,3 +206,26 @@ def test_frame_counts_above_64_work_with_a_reference_vae(tmp_path, variant, fram
     check(valid(tmp_path, variant=variant, n_frames=frames, ref_vae_path=str(tmp_path)))
     with pytest.raises(ConfigError, match=f"n_frames={frames + 2} does not work"):
         check(valid(tmp_path, variant=variant, n_frames=frames + 2, ref_vae_path=str(tmp_path)))
+
+
+def test_validation_size_is_checked_and_used_for_the_held_out_clips(tmp_path, demo_clips):
+    with pytest.raises(ConfigError) as err:
+        check(valid(tmp_path, height=0, val_height=48))
+    assert "must be positive, got 0x720" in str(err.value) and "set both val_height and val_width" in str(err.value)
+    with pytest.raises(ConfigError, match=r"val_height and val_width must be multiples of 8 \(.*\), got 44x64"):
+        check(valid(tmp_path, val_height=44, val_width=64))
+    from training.data import build_datasets
+
+    config = valid(tmp_path, data_root=str(demo_clips["root"]), annotation_file=str(demo_clips["train"]),
+                   val_annotation_file=str(demo_clips["val"]), n_frames=5, height=16, width=24, val_height=48, val_width=64)
+    check(config)
+    train, val = build_datasets(config)
+    assert train[0]["frames"].shape[-2:] == (16, 24) and val[0]["frames"].shape[-2:] == (48, 64)
+    assert valid(tmp_path).validation_size == (480, 720)
+
+
+def test_numbers_must_be_finite(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        check(apply_overrides(valid(tmp_path), ["--learning_rate=inf", "--max_grad_norm=nan"]))
+    assert "learning_rate=inf must be a finite number" in str(err.value)
+    assert "max_grad_norm=nan must be a finite number" in str(err.value)

@@ -1,9 +1,11 @@
-"""Still pictures for the report: which frames, tile sizes, and the difference heat map."""
+"""Pictures for the report: which frames, tile sizes, the difference heat map, and the
+labelled side-by-side comparison videos."""
 from __future__ import annotations
 
 import numpy as np
 
 from evaluation.stills import HEADER_HEIGHT, comparison_stills, difference_heat_map, frame_indices
+from evaluation.videos import side_by_side
 
 
 def test_frame_indices_are_first_middle_last():
@@ -30,3 +32,14 @@ def test_small_clips_are_upscaled_to_256_px_tiles_with_nearest_neighbour():
     assert np.array_equal(first[::6, ::6][12:, 40:], video[0][12:, 40:])  # nearest-neighbour (label corner left out)
     without_reference, _ = comparison_stills(video, video)
     assert without_reference.shape[1] == 3 * tile + 2 * 4
+
+
+def test_small_comparison_videos_are_enlarged_with_sharp_pixels_and_labels():
+    rng = np.random.default_rng(0)
+    left, right = (rng.integers(0, 200, (2, 40, 60, 3), dtype=np.uint8) for _ in range(2))
+    video = side_by_side(left, right)
+    assert video.shape == (2, 280, 840, 3)  # x7: at least 256 px high
+    below_labels = video[:, 70:, :420]
+    assert (below_labels == np.repeat(np.repeat(left, 7, axis=1), 7, axis=2)[:, 70:]).all()
+    assert (video[:, :70, :420] == 255).any() and (video[:, :70, 420:] == 255).any()  # both labels, in white
+    assert side_by_side(left.repeat(8, axis=1), right.repeat(8, axis=1)).shape == (2, 320, 120, 3)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import runpy
 import typing
 from dataclasses import dataclass, fields, replace
@@ -51,8 +52,10 @@ class TrainConfig:
     annotation_file: str = ""  # users' JSON format; empty: scan data_root for videos
     val_annotation_file: str = ""  # held-out clips; empty: no validation
     n_frames: int = 17  # frames per clip; see check() for the valid values
-    height: int = 480
+    height: int = 480  # training size (of the crops the clips are resized to)
     width: int = 720
+    val_height: int = 0  # held-out clips' size (validation, inference --config); 0: height x width.
+    val_width: int = 0  # Lets a run train on small crops and validate whole frames at full size.
     stride_min: int = 1  # temporal stride drawn from [stride_min, stride_max]
     stride_max: int = 3
     crop_scale_min: float = 0.6  # random crop area fraction before the resize
@@ -127,6 +130,11 @@ class TrainConfig:
     detect_anomaly: bool = False
     profile_steps: int = 0  # >0: write a torch profiler trace of that many steps
     fault_injection: str = ""  # tests only: e.g. "nan_loss@3:1,sigterm@5" (training/resilience.py FaultPlan)
+
+    @property
+    def validation_size(self) -> tuple[int, int]:
+        """(height, width) of the held-out clips: val_height x val_width, else the training size."""
+        return self.val_height or self.height, self.val_width or self.width
 
     def replace(self, **changes) -> "TrainConfig":
         return replace(self, **changes)
@@ -208,6 +216,7 @@ def check(config: TrainConfig) -> list[str]:
 
     for name, value in config.to_dict().items():
         need(isinstance(value, _TYPES[name]), f"{name}={value!r} should be a {_TYPES[name].__name__}")
+        need(not isinstance(value, float) or math.isfinite(value), f"{name}={value!r} must be a finite number")
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 
@@ -216,8 +225,14 @@ def check(config: TrainConfig) -> list[str]:
     except (ValueError, NotImplementedError) as err:
         raise ConfigError(str(err)) from None
     multiple = 8 * spec.patch_size
+    need(config.height > 0 and config.width > 0, f"height and width must be positive, got {config.height}x{config.width}")
     need(config.height % multiple == 0 and config.width % multiple == 0,
          f"height and width must be multiples of {multiple} (8 * patch_size of {spec.name}), got {config.height}x{config.width}")
+    need(config.val_height >= 0 and config.val_width >= 0 and (config.val_height == 0) == (config.val_width == 0),
+         f"set both val_height and val_width (positive), or neither, got {config.val_height}x{config.val_width}")
+    need(config.val_height % multiple == 0 and config.val_width % multiple == 0,
+         f"val_height and val_width must be multiples of {multiple} (8 * patch_size of {spec.name}), "
+         f"got {config.val_height}x{config.val_width}")
     need(config.n_frames >= 1, "n_frames must be >= 1")
     need(1 <= config.stride_min <= config.stride_max, "need 1 <= stride_min <= stride_max")
     need(0 < config.crop_scale_min <= config.crop_scale_max <= 1, "need 0 < crop_scale_min <= crop_scale_max <= 1")

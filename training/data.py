@@ -37,7 +37,9 @@ def build_datasets(config: TrainConfig) -> tuple[VideoClipDataset, VideoClipData
         crop_scale=(config.crop_scale_min, config.crop_scale_max), hflip=config.hflip, **common)
     val = None
     if config.val_annotation_file and config.num_validation_samples > 0:
-        val = VideoClipDataset(data_root, resolve_path(config.val_annotation_file), mode="val", **common)
+        height, width = config.validation_size
+        val = VideoClipDataset(data_root, resolve_path(config.val_annotation_file), mode="val",
+                               **(common | dict(height=height, width=width)))
     return train, val
 
 

@@ -1,8 +1,12 @@
-"""Tiny config for tests and smoke runs: a few steps at 32x32 on the demo clips."""
-from training.configs.taehv_config_demo import config as demo
+"""Tiny config for tests and smoke runs: a few steps at 32x32 on the demo clips
+(the from-scratch preset, without the demo's crops and validation size)."""
+from training.configs.taehv_config_scratch import config as scratch
 
-config = demo.replace(
+config = scratch.replace(
     output_dir="output/test",
+    data_root="demo_output/data",
+    annotation_file="demo_output/data/annotations_train.json",
+    val_annotation_file="demo_output/data/annotations_val.json",
     width=32,
     train_batch_size=1,
     learning_rate=1e-3,
