@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make demo`: train a small TAEHV on built-in procedural clips (or on your own videos) and
-# evaluate it on held-out clips. Runs on a 2-core CPU in about 11 minutes (plus set-up); uses a GPU when present.
+# evaluate it on held-out clips. Runs on a 2-core CPU in about 12 minutes, set-up included; uses a GPU when present.
 #   DEMO_VIDEOS=/path/to/mp4s make demo     # train on real videos instead
 #   DEMO_STEPS=1000 make demo               # train longer
 set -euo pipefail

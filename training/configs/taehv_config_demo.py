@@ -1,7 +1,7 @@
 """CPU demo (`make demo`): the from-scratch preset (taehv_config_scratch.py: TAECVX
 architecture, no reference VAE, plain autoencoder on the reconstruction loss) on the
 built-in procedural driving clips (`python -m training.demo_data demo_output/data`, 96x144),
-in about 10 minutes on 2 CPU cores (set-up included).
+in about 12 minutes on 2 CPU cores (set-up included).
 
 Measured choices (docs/benchmarks.md, "Demo training run"): crops at the scale of the
 footage (32x48 from 1/9 to 1/4 of the frame, so at most 1.5x downscaled) keep lane markings
