@@ -173,7 +173,8 @@ def plot(curves: dict[str, list[dict]], path: Path, title: str) -> None:
         for n, (arm, curve) in enumerate(curves.items()):
             points = np.array([xy(p["step"], p[key]) for p in curve], np.int32)
             cv2.polylines(image, [points], False, colours[arm], 2, cv2.LINE_AA)
-            cv2.putText(image, arm, (width - 120, 48 + 18 * n), cv2.FONT_HERSHEY_SIMPLEX, 0.45, colours[arm], 1)
+            legend_y = height - margin - 12 - 18 * (len(curves) - 1 - n)  # bottom right: the curves rise to the top
+            cv2.putText(image, arm, (width - 120, legend_y), cv2.FONT_HERSHEY_SIMPLEX, 0.45, colours[arm], 1)
         panels.append(image)
     header = np.full((30, 2 * width, 3), 255, np.uint8)
     cv2.putText(header, title, (10, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1)

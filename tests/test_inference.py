@@ -116,13 +116,14 @@ def test_outputs_and_schema(evaluation):
     assert metrics["summary"]["taehv"]["psnr"]["mean"] == pytest.approx(
         np.mean([s["taehv"]["psnr"] for s in metrics["samples"]]))
     for i in range(2):
-        for kind, width in (("original", 96), ("reconstructed", 96), ("comparison", 192)):
+        # the side-by-side is enlarged x4 (nearest) to at least 256 px high, so its labels are legible
+        for kind, (width, height) in (("original", (96, 64)), ("reconstructed", (96, 64)), ("comparison", (768, 256))):
             path = evaluation / "comparison_videos" / f"test_{i}_{kind}.mp4"
             with av.open(str(path)) as container:
                 stream = container.streams.video[0]
                 assert stream.codec_context.name == "h264"
                 frames = [f for f in container.decode(stream)]
-            assert len(frames) == 9 and frames[0].width == width and frames[0].height == 64
+            assert len(frames) == 9 and (frames[0].width, frames[0].height) == (width, height)
         image = cv2.imread(str(evaluation / "latent_visualizations" / f"test_{i}_latents.png"))
         assert image is not None and image.std() > 0
         sample = metrics["samples"][i]
@@ -134,7 +135,7 @@ def test_outputs_and_schema(evaluation):
         assert sample["files"]["stills_frames"] == [0, 4, 8]
         assert stills.shape[1] == 4 * 288 + 3 * 4 and stills.shape[0] > 3 * 192
         poster = cv2.imread(str(evaluation / sample["files"]["poster_png"]))
-        assert poster.shape == (64, 192, 3) and poster.std() > 10
+        assert poster.shape == (256, 768, 3) and poster.std() > 10
 
 
 @pytest.mark.parametrize("args, message", [
