@@ -53,7 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src.add_argument("--annotation_file", default=None)
     p.add_argument("--num_samples", type=int, default=10)
     p.add_argument("--n_frames", type=int, default=None, help="frames per sample (default: config or 17)")
-    p.add_argument("--height", type=int, default=None, help="default: the config's validation size (val_height, else height), else the native size cropped to 8*patch")
+    p.add_argument("--height", type=int, default=None,
+                   help="default: the config's validation size (val_height, else height), else the native size cropped to 8*patch")
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--use_ref_vae", action="store_true", help="also evaluate the reference VAE and report ratios")
     p.add_argument("--ref_vae_path", default=None, help="diffusers folder (default: the config's ref_vae_path)")

@@ -199,7 +199,7 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=["recipe", "naive"],
                         help="what to train: the recipe, the naive loop, and/or ablations of the recipe")
     parser.add_argument("--recipe-overrides", nargs=argparse.REMAINDER, default=[],
-                        help="--key=value settings for the recipe arm only (everything after this flag)")
+                        help="--key=value settings for the recipe and its ablations, not the naive loop (everything after this flag)")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_quality_"))
     out.mkdir(parents=True, exist_ok=True)

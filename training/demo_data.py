@@ -100,7 +100,7 @@ class _Scene:
         height_above = np.clip((horizon - ys) / max(horizon, 1), 0, 1)[..., None]
         image = self.sky_horizon + (self.sky_top - self.sky_horizon) * height_above
         clouds = _sample(self.clouds, xs * 0.6 + 0.3 * t, ys * 0.9)[..., None]
-        image = image + (1 - image) * np.clip(clouds - 0.45, 0, 1)[..., None][..., 0] * 1.4 * height_above
+        image = image + (1 - image) * np.clip(clouds - 0.45, 0, 1) * 1.4 * height_above
         ridge = horizon - (0.04 + 0.08 * self.ridge[(np.arange(w) * 256 // w + int(0.2 * t)) % 256]) * h
         hills = (ys > ridge[None, :]) & (ys <= horizon)
         image[hills] = self.hills * (0.85 + 0.3 * _sample(self.patches, xs, ys * 2)[hills][:, None])
