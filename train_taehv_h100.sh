@@ -20,7 +20,7 @@ ${BOLD}Usage:${RESET} ./train_taehv_h100.sh NUM_GPUS CONFIG_TYPE [custom CONFIG_
 
 Options:
   --resume PATH|NAME|latest  continue a run (latest: newest checkpoint of this config's runs)
-  --debug                    a few verbose steps with anomaly detection (into output/debug)
+  --debug                    a few verbose steps with anomaly detection and full tracebacks (into output/debug)
   --profile                  torch profiler trace of a few steps (into output/profile)
   --help                     this text
   --key=value                any training config override, e.g. --learning_rate=3e-4
@@ -40,6 +40,7 @@ EOF
 }
 
 [[ $# -eq 0 ]] && { usage; exit 2; }
+ARGS=("$@")   # as typed: training prints them back in its resume command
 for arg in "$@"; do [[ "$arg" == "--help" || "$arg" == "-h" ]] && { usage; exit 0; }; done
 [[ $# -ge 2 ]] || die "need NUM_GPUS and CONFIG_TYPE (see --help)"
 
@@ -62,7 +63,7 @@ while [[ $# -gt 0 ]]; do
       EXTRA+=("--resume_from_checkpoint=$2"); shift 2 ;;
     --resume=*) EXTRA+=("--resume_from_checkpoint=${1#--resume=}"); shift ;;
     --debug)
-      EXTRA+=(--detect_anomaly=true --log_every=1 --max_train_steps=4 --validation_every=4
+      EXTRA+=(--debug --detect_anomaly=true --log_every=1 --max_train_steps=4 --validation_every=4
               --checkpointing_steps=4 --output_dir=output/debug)
       export TORCH_DISTRIBUTED_DEBUG=DETAIL; shift ;;
     --profile)
@@ -106,15 +107,19 @@ import sys
 sys.path.insert(0, ".")
 from training.config import ConfigError, check, load_config
 try:
-    config = load_config(sys.argv[1], sys.argv[2:])
+    config = load_config(sys.argv[1], [arg for arg in sys.argv[2:] if arg != "--debug"])
     for note in check(config):
         print(f"  note: {note}")
+    from training.checkpointing import resolve_resume
+    _, checkpoint = resolve_resume(config)  # a damaged checkpoint or one of another variant stops here
+    if checkpoint is not None:
+        print(f"  resuming from {checkpoint}")
 except ConfigError as err:
     print(f"  {err}", file=sys.stderr)
     sys.exit(1)
 print(f"  data: {config.annotation_file or config.data_root}; reference VAE: {config.ref_vae_path or 'none (plain autoencoder)'}")
 EOF
-ok "config $CONFIG (data, reference VAE and frame counts checked)"
+ok "config $CONFIG (data, reference VAE, frame counts and resume checked)"
 
 # -- launch -----------------------------------------------------------------------------
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -140,18 +145,33 @@ fi
 echo "${BOLD}launch:${RESET} ${CMD[*]}"
 
 # SIGTERM/SIGINT reach the training processes themselves: each finishes its step, they
-# save a checkpoint together and exit 0 (resume with --resume latest). Under accelerate
-# the signal goes to the workers, not to the launcher, which would otherwise kill them.
+# save a checkpoint together and exit 0 (a signal during start-up stops them before the
+# first step). The script passes a signal it receives on to them, not to the accelerate
+# launcher, which would kill them. A scheduler that signals the whole job (scancel,
+# preemption, kill -TERM -- -PGID) reaches the launcher too: it then gives the training
+# processes TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds to save before it kills them, and exits
+# non-zero itself, so training reports how it ended through TAEHV_EXIT_STATUS_FILE.
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-900}
+TAEHV_LAUNCH_COMMAND=$(printf '%q ' "$0" "${ARGS[@]}")
+export TAEHV_LAUNCH_COMMAND
+TAEHV_EXIT_STATUS_FILE=$(mktemp "${TMPDIR:-/tmp}/taehv_exit_status.XXXXXX")
+export TAEHV_EXIT_STATUS_FILE
 "${CMD[@]}" &
 CHILD=$!
 forward() {
-  warn "$1: asking training to save a checkpoint and stop at the next step"
-  if [[ "${CMD[0]}" == "$ACCELERATE" ]]; then pkill -TERM -P "$CHILD" || true; else kill -TERM "$CHILD" || true; fi
+  warn "$1: asking training to stop at the next step (it saves a checkpoint once training has started)"
+  if [[ "${CMD[0]}" == "$ACCELERATE" ]]; then pkill "-$1" -P "$CHILD" || true; else kill "-$1" "$CHILD" || true; fi
 }
-trap 'forward SIGTERM' TERM
-trap 'forward SIGINT' INT
+trap 'forward TERM' TERM
+trap 'forward INT' INT
 STATUS=0
 while kill -0 "$CHILD" 2>/dev/null; do   # wait returns early when a trapped signal arrives
   wait "$CHILD" && STATUS=0 || STATUS=$?
 done
+REPORTED=$(cat "$TAEHV_EXIT_STATUS_FILE" 2>/dev/null || true)
+rm -f "$TAEHV_EXIT_STATUS_FILE"
+if [[ -n "$REPORTED" && "$REPORTED" != "$STATUS" ]]; then
+  warn "the launcher exited with status $STATUS; training itself ended with status $REPORTED"
+  STATUS=$REPORTED
+fi
 exit "$STATUS"

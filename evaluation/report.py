@@ -141,7 +141,8 @@ def write_report(output_dir: Path, results: dict) -> Path:
         "<h1>TAEHV evaluation</h1>",
         f"<p><small>model {html.escape(results['model']['path'])} ({html.escape(results['model']['variant'])}, "
         f"{results['model']['parameters_m']:.2f}M parameters); {len(samples)} samples; "
-        f"{results['settings']['n_frames']} frames at {results['settings']['height']}x{results['settings']['width']}; "
+        f"{results['settings']['n_frames']} frames at stride {results['settings']['stride']}, "
+        f"{results['settings']['height']}x{results['settings']['width']}; "
         f"device {html.escape(results['settings']['device'])}, {html.escape(results['settings']['dtype'])}</small></p>",
         "<h2>Summary</h2>", _table(headers, metric_rows),
     ]
@@ -153,6 +154,9 @@ def write_report(output_dir: Path, results: dict) -> Path:
     parts.append(_table(sample_headers, [[i, Path(s["source"]).name, s["taehv"]["psnr"], s["taehv"]["ssim"],
                                           s["taehv"]["mse"], s["taehv"]["temporal_error"], s["taehv"]["encode_s"],
                                           s["taehv"]["decode_s"]] for i, s in enumerate(samples)]))
+    if results["skipped"]:
+        parts += ["<h2>Skipped clips</h2><p><small>not in the means: they cannot give a sample at these settings"
+                  "</small></p>", _table(["source", "reason"], [[s["source"], s["reason"]] for s in results["skipped"]])]
     video_width = 2 * results["settings"]["width"]
     for i, (sample, video) in enumerate(zip(samples, videos)):
         files = sample["files"]

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
 from pathlib import Path
 
 import torch
 import torch.nn as nn
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 
 from .atomic import atomic_write
@@ -23,18 +25,27 @@ FORMAT_NAME = "taehv"
 WEIGHT_SUFFIXES = (".pth", ".pt", ".safetensors")
 
 
-class CheckpointMismatchError(RuntimeError):
+class WeightsError(ValueError):
+    """A weight file that cannot be used (missing, unreadable, refused, or not fitting the
+    model); the message says what to do. CLIs turn it into one line and exit status 2."""
+
+
+class WeightsNotFoundError(WeightsError, FileNotFoundError):
+    """The weight file does not exist."""
+
+
+class CheckpointMismatchError(WeightsError):
     """The weights do not fit the model that was built for them."""
 
 
 def _check_path(path: str | os.PathLike) -> Path:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
+        raise WeightsNotFoundError(
             f"weight file {path} not found (published TAEHV weights go in checkpoints/, see checkpoints/README.md)"
         )
     if path.suffix not in WEIGHT_SUFFIXES:
-        raise ValueError(f"{path}: expected one of {', '.join(WEIGHT_SUFFIXES)}")
+        raise WeightsError(f"{path}: expected one of {', '.join(WEIGHT_SUFFIXES)}")
     return path
 
 
@@ -46,8 +57,12 @@ def find_weights(path: str | os.PathLike) -> Path:
         for name in ("weights.safetensors", "final_model.safetensors", "final_model.pth"):
             if (path / name).is_file():
                 return path / name
-        raise FileNotFoundError(f"{path} holds no weights.safetensors (checkpoint folder) or final_model.* (run folder)")
+        raise WeightsNotFoundError(f"{path} holds no weights.safetensors (checkpoint folder) or final_model.* (run folder)")
     return _check_path(path)
+
+
+def _unreadable_safetensors(path: Path, err: SafetensorError) -> WeightsError:
+    return WeightsError(f"{path} is not a readable safetensors file (damaged or truncated): {err}")
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:
@@ -55,16 +70,48 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     path = _check_path(path)
     if path.suffix != ".safetensors":
         return {}
-    with safe_open(str(path), framework="pt") as f:
-        return dict(f.metadata() or {})
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except SafetensorError as err:
+        raise _unreadable_safetensors(path, err) from err
+
+
+def _refused_pickle(path: Path, err: pickle.UnpicklingError) -> WeightsError:
+    """The error for a ``.pth`` that the safe unpickler refused. torch's own message advises
+    loading without the safety check, which would run whatever code the file holds; only
+    what the unpickler stopped at is kept from it."""
+    found = re.search(r"Unsupported (global: GLOBAL \S+|operand \d+)", str(err))
+    if found and found.group(1).startswith("global"):
+        what = f"holds objects other than tensors ({found.group(1)})"
+    else:  # an unknown opcode: garbage, or a pickle protocol feature plain weights never use
+        what = f"is damaged or holds objects other than tensors{f' ({found.group(1)})' if found else ''}"
+    return WeightsError(
+        f"{path} {what} and was refused for safety: export plain weights (a state dict of tensors, "
+        "e.g. torch.save(model.state_dict(), path)) or use .safetensors"
+    )
+
+
+def _load_pth(path: Path) -> object:
+    """``torch.load`` restricted to tensors and plain containers, its failures as WeightsError."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise _refused_pickle(path, err) from None  # never chain torch's advice to drop the check
+    except (EOFError, RuntimeError, KeyError) as err:  # empty file, damaged zip archive, garbage bytes
+        detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise WeightsError(f"{path} is not a readable PyTorch weight file (damaged or truncated): {detail}") from err
 
 
 def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Tensors of a weight file, on the CPU."""
     path = _check_path(path)
     if path.suffix == ".safetensors":
-        return load_file(str(path), device="cpu")
-    state_dict = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            return load_file(str(path), device="cpu")
+        except SafetensorError as err:
+            raise _unreadable_safetensors(path, err) from err
+    state_dict = _load_pth(path)
     if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise CheckpointMismatchError(
             f"{path} is not a plain state dict of tensors (a training checkpoint folder? "

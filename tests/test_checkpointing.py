@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,8 @@ from accelerate import Accelerator
 from training.best_model import BestTracker
 from training.checkpointing import (
     CHECKPOINT_MANIFEST,
+    DiskFullError,
+    is_disk_full,
     list_checkpoints,
     rng_state,
     remove_partial_checkpoints,
@@ -64,9 +67,12 @@ def _accelerator() -> Accelerator:
     return Accelerator(cpu=True)
 
 
-def _complete(directory: Path, step: int) -> Path:
-    return write_atomically(_accelerator(), directory / f"checkpoint-{step}",
-                            lambda tmp: (tmp / "model.safetensors").write_bytes(b"x" * step), {"step": step})
+def _complete(directory: Path, step: int, variant: str = "taecvx") -> Path:
+    def write(tmp: Path) -> None:
+        (tmp / "model.safetensors").write_bytes(b"x" * step)
+        (tmp / "trainer_state.json").write_text(json.dumps({"config": {"variant": variant}}))
+
+    return write_atomically(_accelerator(), directory / f"checkpoint-{step}", write, {"step": step})
 
 
 def test_atomic_write_failure_leaves_previous_checkpoints_valid(tmp_path):
@@ -90,7 +96,70 @@ def test_error07_incomplete_or_damaged_checkpoints_are_never_latest(tmp_path):
     (tmp_path / "checkpoint-2" / "model.safetensors").write_bytes(b"truncated")  # wrong size
     assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-1"]
     manifest = json.loads((tmp_path / "checkpoint-1" / CHECKPOINT_MANIFEST).read_text())
-    assert manifest["files"] == {"model.safetensors": 1} and manifest["step"] == 1
+    assert manifest["files"]["model.safetensors"] == {"size": 1, "crc32": f"{zlib.crc32(b'x'):08x}"}
+    assert manifest["step"] == 1
+
+
+def test_same_size_damage_is_caught_before_a_resume(tmp_path):
+    """Bytes overwritten in place keep the size: the checksum catches them, "latest" passes
+    over the damaged checkpoint, and naming it is an error that names the one before."""
+    run = tmp_path / "h100_2026-01-01_00-00-00"
+    for step in (2, 4, 6):
+        _complete(run / "checkpoints", step)
+    damaged = run / "checkpoints" / "checkpoint-6" / "model.safetensors"
+    damaged.write_bytes(b"y" * 6)  # same size, other bytes
+    assert [p.name for p in list_checkpoints(run / "checkpoints")][-1] == "checkpoint-6"  # sizes alone pass
+    assert resolve_resume(_config(tmp_path, resume_from_checkpoint="latest"))[1] == run / "checkpoints/checkpoint-4"
+    with pytest.raises(ConfigError, match=r"checkpoint-6 is damaged \(model.safetensors checksum\); resume from checkpoint-4"):
+        resolve_resume(_config(tmp_path, resume_from_checkpoint="checkpoint-6"))
+
+
+def test_a_damaged_file_is_refused_even_when_written_before_checksums(tmp_path):
+    _complete(tmp_path / "run" / "checkpoints", 2)
+    manifest_file = tmp_path / "run" / "checkpoints" / "checkpoint-2" / CHECKPOINT_MANIFEST
+    manifest = json.loads(manifest_file.read_text())
+    manifest["files"] = {name: entry["size"] for name, entry in manifest["files"].items()}  # older format: sizes
+    manifest_file.write_text(json.dumps(manifest))
+    assert resolve_resume(_config(tmp_path, run_name="run", resume_from_checkpoint="latest"))[1].name == "checkpoint-2"
+
+
+def test_a_bare_checkpoint_name_is_looked_up_in_the_runs_that_hold_it(tmp_path):
+    """A start that failed left a newer run folder without checkpoints: it is passed over."""
+    old = tmp_path / "h100_2026-01-01_00-00-00"
+    _complete(old / "checkpoints", 4)
+    (tmp_path / "h100_2026-02-01_00-00-00").mkdir()  # a failed start: config.json and train.log only
+    assert resolve_resume(_config(tmp_path, resume_from_checkpoint="checkpoint-4")) == (old, old / "checkpoints/checkpoint-4")
+    with pytest.raises(ConfigError, match="no run of this config .* holds checkpoint-5"):
+        resolve_resume(_config(tmp_path, resume_from_checkpoint="checkpoint-5"))
+
+
+def test_a_checkpoint_of_another_variant_is_refused_naming_both(tmp_path):
+    _complete(tmp_path / "run" / "checkpoints", 2, variant="taecvx")
+    with pytest.raises(ConfigError, match="holds a taecvx model but this run is configured for taehv.*--variant=taecvx"):
+        resolve_resume(_config(tmp_path, run_name="run", variant="taehv", resume_from_checkpoint="latest"))
+
+
+def test_a_full_disk_is_one_error_that_keeps_the_last_checkpoint(tmp_path):
+    """The errors a full disk really raises (written to /dev/full) are recognised, and a
+    failed save says where, how much is needed and how much is free."""
+    (tmp_path / "full").symlink_to("/dev/full")
+    with pytest.raises(OSError) as text_error:
+        (tmp_path / "full").write_text("x" * 100_000)
+    with pytest.raises(RuntimeError) as torch_error:
+        torch.save({"a": torch.zeros(100_000)}, tmp_path / "full")
+    assert is_disk_full(text_error.value) and is_disk_full(torch_error.value)
+    assert not is_disk_full(OSError(2, "No such file or directory"))
+
+    _complete(tmp_path / "checkpoints", 1)
+
+    def write(tmp: Path) -> None:
+        (tmp / "model.pth").symlink_to("/dev/full")
+        torch.save({"a": torch.zeros(100_000)}, tmp / "model.pth")
+
+    with pytest.raises(DiskFullError, match=r"no space left to save checkpoint-2 in .*checkpoints: it needs about "
+                                            r"[0-9.]+ GiB and [0-9.]+ GiB are free; checkpoint-1 kept intact"):
+        write_atomically(_accelerator(), tmp_path / "checkpoints" / "checkpoint-2", write, {"step": 2})
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint-1"]  # no partial folder
 
 
 def _config(tmp_path: Path, **changes) -> TrainConfig:

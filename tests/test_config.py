@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from models.variants import get_variant
 from training.metrics import lpips_unavailable_reason
-from training.config import ConfigError, TrainConfig, apply_overrides, check, load_config, run_prefix
+from training.config import REF_VAE_CLASSES, ConfigError, TrainConfig, apply_overrides, check, load_config, run_prefix
 
 CONFIGS = Path(__file__).resolve().parents[1] / "training" / "configs"
 PRESETS = ["taehv_config", "taehv_config_1gpu_h100", "taehv_config_h100", "taehv_config_a800",
@@ -20,6 +21,13 @@ PRESETS = ["taehv_config", "taehv_config_1gpu_h100", "taehv_config_h100", "taehv
 def valid(tmp_path: Path, **changes) -> TrainConfig:
     (tmp_path / "videos").mkdir(exist_ok=True)
     return TrainConfig(data_root=str(tmp_path / "videos"), pretrained_model_path="").replace(**changes)
+
+
+def vae_folder(root: Path, class_name: str = "AutoencoderKLCogVideoX", latent_channels: int = 16) -> str:
+    """A diffusers model folder as far as the config check reads it: ``vae/config.json``."""
+    (root / "vae").mkdir(parents=True, exist_ok=True)
+    (root / "vae" / "config.json").write_text(json.dumps({"_class_name": class_name, "latent_channels": latent_channels}))
+    return str(root)
 
 
 def local_paths(config: TrainConfig, tmp_path: Path) -> dict[str, str]:
@@ -41,7 +49,8 @@ def local_paths(config: TrainConfig, tmp_path: Path) -> dict[str, str]:
         path.write_bytes(b"weights")
         changes["pretrained_model_path"] = str(path)
     if config.ref_vae_path:
-        (tmp_path / "ref_vae" / config.ref_vae_subfolder).mkdir(parents=True)
+        spec = get_variant(config.variant)
+        vae_folder(tmp_path / "ref_vae", REF_VAE_CLASSES[config.ref_vae_class], spec.latent_channels)
         changes["ref_vae_path"] = str(tmp_path / "ref_vae")
     if config.latent_cache_dir:
         (tmp_path / "latent_cache").mkdir()
@@ -93,7 +102,7 @@ def test_valid_config_passes_with_notes(tmp_path):
 
 
 def test_frame_counts_with_reference_vae_list_valid_values(tmp_path):
-    (tmp_path / "vae").mkdir()
+    vae_folder(tmp_path)
     with pytest.raises(ConfigError) as err:
         check(valid(tmp_path, ref_vae_path=str(tmp_path), n_frames=12, variant="taecvx"))
     assert "n_frames=12" in str(err.value) and "Valid: 9, 17, 25" in str(err.value)
@@ -202,7 +211,7 @@ def test_wrong_type_in_config_file(tmp_path):
 
 @pytest.mark.parametrize("variant, frames", [("taehv", 65), ("taehv", 101), ("taecvx", 73)])
 def test_frame_counts_above_64_work_with_a_reference_vae(tmp_path, variant, frames):
-    (tmp_path / "vae").mkdir()
+    vae_folder(tmp_path)
     check(valid(tmp_path, variant=variant, n_frames=frames, ref_vae_path=str(tmp_path)))
     with pytest.raises(ConfigError, match=f"n_frames={frames + 2} does not work"):
         check(valid(tmp_path, variant=variant, n_frames=frames + 2, ref_vae_path=str(tmp_path)))
@@ -229,3 +238,17 @@ def test_numbers_must_be_finite(tmp_path):
         check(apply_overrides(valid(tmp_path), ["--learning_rate=inf", "--max_grad_norm=nan"]))
     assert "learning_rate=inf must be a finite number" in str(err.value)
     assert "max_grad_norm=nan must be a finite number" in str(err.value)
+
+
+def test_the_reference_vae_folder_is_checked_before_launch(tmp_path):
+    """Not a diffusers folder, another VAE class, or latent channels that do not fit the
+    variant: each is a pre-flight error (before any run folder exists) that says what fits."""
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="empty/vae is not a diffusers model folder"):
+        check(valid(tmp_path, ref_vae_path=str(tmp_path / "empty"), n_frames=17))
+    wan = vae_folder(tmp_path / "wan", "AutoencoderKLWan", 16)
+    with pytest.raises(ConfigError, match="holds a AutoencoderKLWan, but ref_vae_class=cogvideox .*: set ref_vae_class=wan"):
+        check(valid(tmp_path, ref_vae_path=wan, n_frames=17))
+    wide = vae_folder(tmp_path / "wide", "AutoencoderKLCogVideoX", 48)
+    with pytest.raises(ConfigError, match=r"48 latent channels but taecvx has 16: pick the matching variant \(taew2_2, taew2_2_super\)"):
+        check(valid(tmp_path, ref_vae_path=wide, n_frames=17))

@@ -155,6 +155,52 @@ def test_error08_sigterm_to_the_launch_script_checkpoints_and_resumes(tmp_path, 
     assert (tmp_path / "run" / "final_model.safetensors").is_file()
 
 
+def launch_script(processes: int, out, clips, *overrides: str) -> list[str]:
+    return ["bash", str(REPO_ROOT / "train_taehv_h100.sh"), str(processes), "test", f"--output_dir={out}",
+            f"--data_root={clips['root']}", f"--annotation_file={clips['train']}",
+            f"--val_annotation_file={clips['val']}", *overrides]
+
+
+@pytest.mark.parametrize("processes, launcher", [
+    pytest.param(1, ONE_PROCESS, id="1-process"),
+    pytest.param(2, deepspeed_zero2(29545), id="2-process-deepspeed-zero2"),
+])
+def test_sigterm_to_the_whole_job_with_dataloader_workers_saves_and_resumes_exactly(tmp_path, demo_clips, processes,
+                                                                                  launcher):
+    """What scancel and preemption do: SIGTERM to every process of the job at once (launch
+    script, launcher, training processes and their DataLoader workers). The workers leave
+    the stop to their parents, so the run saves a checkpoint and exits 0, and --resume
+    latest ends bit-identical to an uninterrupted run."""
+    steps = 12
+    common = ["--run_name=run", f"--max_train_steps={steps}", "--checkpointing_steps=2", "--validation_every=6",
+              "--dataloader_num_workers=1", "--persistent_workers=true"]
+    env = {"MASTER_PORT": str(29546 + processes)}
+    train(launcher, tmp_path / "full", demo_clips, *common)
+
+    out = tmp_path / "resumed"
+    process = start(launch_script(processes, out, demo_clips, *common), tmp_path / "first.log", env=env)
+    checkpoints = out / "run" / "checkpoints"
+    wait_for(lambda: (checkpoints / "checkpoint-2").is_dir(), what="checkpoint-2")
+    os.killpg(process.pid, signal.SIGTERM)  # the whole process group, as kill -TERM -- -PGID
+    first_log = (tmp_path / "first.log")
+    assert process.wait(timeout=300) == 0, first_log.read_text()[-4000:]
+    log = (out / "run" / "train.log").read_text()
+    assert "stopped on SIGTERM" in log and "is killed by signal" not in first_log.read_text()
+    stopped_at = max(trainer_state(c)["progress"]["step"] for c in list_checkpoints(checkpoints))
+    assert 2 <= stopped_at < steps
+    hint = next(line for line in log.splitlines() if "Resume with: " in line).split("Resume with: ")[1]
+    assert hint.startswith(f"{REPO_ROOT / 'train_taehv_h100.sh'} {processes} test ") and "--run_name=run" in hint
+    assert hint.endswith(f"--resume {checkpoints / f'checkpoint-{stopped_at}'}")  # the exact command
+
+    resumed = subprocess.run(launch_script(processes, out, demo_clips, *common, "--resume", "latest"),
+                             capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, env={**os.environ, **env})
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
+    assert_identical(tmp_path / "full" / "run" / "final_model.safetensors", out / "run" / "final_model.safetensors")
+    last = f"checkpoints/checkpoint-{steps}"
+    for name in sorted(p.name for p in (tmp_path / "full" / "run" / last).glob("*.safetensors")):
+        assert_identical(tmp_path / "full" / "run" / last / name, out / "run" / last / name)
+
+
 def test_kill_9_at_a_random_moment_loses_no_checkpoint(tmp_path, demo_clips):
     args = train_args(ONE_PROCESS, tmp_path, demo_clips, "--run_name=run", "--max_train_steps=30",
                       "--checkpointing_steps=3", "--validation_every=100", "--auto_resume=true")

@@ -107,7 +107,7 @@ def test_missing_reference_vae_is_an_error_not_a_fallback(tmp_path, demo_clips):
     args = [sys.executable, TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}",
             f"--annotation_file={demo_clips['train']}", f"--val_annotation_file={demo_clips['val']}", f"--ref_vae_path={tmp_path / 'empty'}"]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
-    assert result.returncode != 0 and "reference VAE not found" in result.stderr
+    assert result.returncode == 2 and "is not a diffusers model folder" in result.stderr
 
 
 def test_resume_of_missing_checkpoint_is_an_error(tmp_path, demo_clips):

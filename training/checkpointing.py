@@ -4,10 +4,12 @@ A run directory is ``output_dir/<run_name>`` or, without a fixed name,
 ``output_dir/<config name>_<timestamp>``; its checkpoints are ``checkpoints/checkpoint-<step>``.
 
 A checkpoint is written into ``checkpoints/.tmp-checkpoint-<step>`` by every rank, then the
-main process writes ``checkpoint.json`` (the manifest: step, world size, every file and
-its size) and renames the folder into place. A crash at any moment therefore leaves
+main process writes ``checkpoint.json`` (the manifest: step, world size, every file with its
+size and CRC-32) and renames the folder into place. A crash at any moment therefore leaves
 either the previous checkpoints untouched or a complete new one: only folders with a
-manifest whose files all exist count, so "latest" always names a complete checkpoint.
+manifest whose files all exist with their sizes count. Before a resume the checksums are
+verified too, so a file damaged in place (same size) is caught before it is trained on,
+and "latest" names the newest checkpoint that is complete and intact.
 
 Nothing here unpickles: weights are safetensors, every other state goes through
 ``training.state_io`` (safetensors + JSON).
@@ -15,12 +17,15 @@ Nothing here unpickles: weights are safetensors, every other state goes through
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import logging
 import os
 import random
 import re
 import shutil
+import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, broadcast_object_list, gather_object
 from safetensors.torch import load_file, save_file
 
 from models.atomic import TMP_PREFIX, atomic_write, fsync_directory, temporary_name
@@ -62,25 +67,48 @@ def checkpoint_step(path: Path) -> int:
     return int(match.group(1))
 
 
-def read_checkpoint_manifest(path: Path) -> dict:
-    """The manifest of a complete checkpoint; ConfigError if it is missing or files are absent."""
+class DamagedCheckpointError(ConfigError):
+    """A checkpoint whose files are missing, of the wrong size or fail their checksum."""
+
+
+def file_checksum(path: Path, chunk: int = 8 << 20) -> str:
+    """CRC-32 of a file as 8 hex digits: catches damaged bytes at several GB/s, so that
+    verifying a checkpoint costs little next to writing it (see docs/fault_tolerance.md)."""
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            crc = zlib.crc32(block, crc)
+    return f"{crc:08x}"
+
+
+def read_checkpoint_manifest(path: Path, verify_checksums: bool = False) -> dict:
+    """The manifest of a complete checkpoint; DamagedCheckpointError (a ConfigError) if it
+    is missing, a file is absent or of the wrong size, or (``verify_checksums``) a file's
+    content differs from what was saved."""
     manifest_file = path / CHECKPOINT_MANIFEST
     if not manifest_file.is_file():
-        raise ConfigError(f"checkpoint {path} is incomplete (no {CHECKPOINT_MANIFEST}): it was being written when the run "
-                          "stopped, or comes from an older version; resume from an earlier checkpoint")
+        raise DamagedCheckpointError(
+            f"checkpoint {path} is incomplete (no {CHECKPOINT_MANIFEST}): it was being written when the run "
+            "stopped, or comes from an older version")
     manifest = json.loads(manifest_file.read_text())
-    missing = [name for name, size in manifest["files"].items()
-               if not (path / name).is_file() or (path / name).stat().st_size != size]
+    entries = {name: entry if isinstance(entry, dict) else {"size": entry}  # older manifests: sizes only
+               for name, entry in manifest["files"].items()}
+    missing = [name for name, entry in entries.items()
+               if not (path / name).is_file() or (path / name).stat().st_size != entry["size"]]
     if missing:
-        raise ConfigError(f"checkpoint {path} is damaged: {len(missing)} file(s) missing or of the wrong size "
-                          f"(e.g. {missing[:3]}); resume from an earlier checkpoint")
+        raise DamagedCheckpointError(f"{path.name} is damaged ({', '.join(missing[:3])} missing or of the wrong size)")
+    if verify_checksums:
+        changed = [name for name, entry in entries.items()
+                   if "crc32" in entry and file_checksum(path / name) != entry["crc32"]]
+        if changed:
+            raise DamagedCheckpointError(f"{path.name} is damaged ({', '.join(changed[:3])} checksum)")
     return manifest
 
 
 def is_complete(path: Path) -> bool:
     try:
         read_checkpoint_manifest(path)
-    except ConfigError:
+    except DamagedCheckpointError:
         return False
     return True
 
@@ -109,41 +137,84 @@ def _runs_of(config: TrainConfig) -> list[Path]:
     return sorted(runs, key=lambda p: p.name, reverse=True)
 
 
+def _intact(checkpoints: list[Path]) -> Path | None:
+    """The newest of ``checkpoints`` (complete ones, oldest first) whose checksums hold;
+    damaged ones are reported and passed over."""
+    for checkpoint in reversed(checkpoints):
+        try:
+            read_checkpoint_manifest(checkpoint, verify_checksums=True)
+        except DamagedCheckpointError as err:
+            logger.warning("skipping %s", err)
+            continue
+        return checkpoint
+    return None
+
+
 def _latest(config: TrainConfig) -> tuple[Path, Path] | None:
     for run in _runs_of(config):
-        checkpoints = list_checkpoints(run / "checkpoints")
-        if checkpoints:
-            return run, checkpoints[-1]
+        if checkpoint := _intact(list_checkpoints(run / "checkpoints")):
+            return run, checkpoint
     return None
+
+
+def _checkpoint_named(config: TrainConfig, name: str) -> Path:
+    """A bare checkpoint name: the newest of this config's runs that holds it (runs whose
+    start failed, and so hold no checkpoints, are passed over)."""
+    for run in _runs_of(config):
+        if (run / "checkpoints" / name).is_dir():
+            return run / "checkpoints" / name
+    raise ConfigError(f"--resume {name}: no run of this config under {resolve_path(config.output_dir)} holds "
+                      f"{name} (runs searched: {', '.join(p.name for p in _runs_of(config)) or 'none'})")
+
+
+def verify_intact(path: Path) -> None:
+    """A damaged or incomplete checkpoint is an error that names the newest intact one before it."""
+    try:
+        read_checkpoint_manifest(path, verify_checksums=True)
+    except DamagedCheckpointError as err:
+        older = _intact([p for p in list_checkpoints(path.parent) if checkpoint_step(p) < checkpoint_step(path)])
+        raise DamagedCheckpointError(f"{err}; " + (f"resume from {older.name}" if older else
+                                                   "no intact checkpoint before it: start a fresh run")) from None
+
+
+def check_variant(config: TrainConfig, path: Path) -> None:
+    """A checkpoint of another TAE variant is refused before anything is written."""
+    saved = read_trainer_state(path)["config"]["variant"]
+    if saved != config.variant:
+        raise ConfigError(f"{path} holds a {saved} model but this run is configured for {config.variant}: resume "
+                          f"with --variant={saved} (or the config that started it), or start a fresh run")
 
 
 def resolve_resume(config: TrainConfig) -> tuple[Path | None, Path | None]:
     """(run directory, checkpoint) to continue; (None, None) for a fresh run.
 
-    ``resume_from_checkpoint``: "latest" (newest complete checkpoint of this config's runs,
-    an error if there is none), a checkpoint name (in this config's newest run) or a path
-    (an error if it does not exist or is incomplete). ``auto_resume``: "latest" when there
-    is a checkpoint, else a fresh run, so one command both starts and restarts a job.
+    ``resume_from_checkpoint``: "latest" (the newest complete and intact checkpoint of this
+    config's runs, an error if there is none), a checkpoint name (in the newest of this
+    config's runs that holds it) or a path (an error if it does not exist, is incomplete or
+    damaged). ``auto_resume``: "latest" when there is a checkpoint, else a fresh run, so
+    one command both starts and restarts a job. The checkpoint must come from the same
+    TAE variant.
     """
     spec = config.resume_from_checkpoint
-    if not spec:
-        if config.auto_resume and (found := _latest(config)):
-            return found
+    found = None
+    if spec == "latest" or (not spec and config.auto_resume):
+        found = _latest(config)
+        if found is None and spec:
+            raise ConfigError(f"--resume latest: no complete checkpoint in any {run_prefix(config)}* run under "
+                              f"{resolve_path(config.output_dir)}; start without --resume or give a checkpoint path")
+    elif spec:
+        path = resolve_path(spec)
+        if "/" not in spec and not path.exists():  # a bare name
+            path = _checkpoint_named(config, spec)
+        if not path.is_dir():
+            raise ConfigError(f"--resume {spec}: checkpoint {path} does not exist")
+        checkpoint_step(path)
+        verify_intact(path)
+        found = path.parent.parent, path
+    if found is None:
         return None, None
-    if spec == "latest":
-        if found := _latest(config):
-            return found
-        raise ConfigError(f"--resume latest: no complete checkpoint in any {run_prefix(config)}* run under "
-                          f"{resolve_path(config.output_dir)}; start without --resume or give a checkpoint path")
-    path = resolve_path(spec)
-    if "/" not in spec and not path.exists():  # a bare name: look in this config's newest run
-        runs = _runs_of(config)
-        path = runs[0] / "checkpoints" / spec if runs else path
-    if not path.is_dir():
-        raise ConfigError(f"--resume {spec}: checkpoint {path} does not exist")
-    checkpoint_step(path)
-    read_checkpoint_manifest(path)
-    return path.parent.parent, path
+    check_variant(config, found[1])
+    return found
 
 
 def new_run_dir(config: TrainConfig) -> Path:
@@ -166,22 +237,94 @@ def remove_partial_checkpoints(directory: Path) -> None:
             shutil.rmtree(leftover)
 
 
+class DiskFullError(ConfigError):
+    """A save failed for lack of space; the previous checkpoints are untouched."""
+
+
+_DISK_FULL_MESSAGES = ("No space left on device", "os error 28", "Disk quota exceeded", "unexpected pos")
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+    """``error``, or one it was raised from, says the disk or the quota is full: an OSError
+    with ENOSPC/EDQUOT, or the same surfaced in a message by safetensors ("os error 28") or
+    torch.save ("unexpected pos")."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(text in str(error) for text in _DISK_FULL_MESSAGES):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+
+
+def _disk_full_message(final: Path, tmp: Path) -> str:
+    """Where, how much is needed (the newest complete save beside it, else what was
+    written before the failure) and how much is free."""
+    previous = [p for p in final.parent.iterdir() if p.is_dir() and (p / CHECKPOINT_MANIFEST).is_file()]
+    needed = _folder_bytes(max(previous, key=lambda p: p.stat().st_mtime)) if previous else _folder_bytes(tmp)
+    free = shutil.disk_usage(final.parent).free
+    kept = [p.name for p in previous if p.name != final.name]
+    return (f"no space left to save {final.name} in {final.parent}: it needs about {needed / 2**30:.2f} GiB and "
+            f"{free / 2**30:.2f} GiB are free; " + (f"{', '.join(sorted(kept))} kept intact" if kept else
+                                                      "nothing was saved") +
+            ". Free some space (or lower checkpoints_total_limit, or move output_dir) and resume")
+
+
+def _write_on_every_rank(accelerator: Accelerator, final: Path, tmp: Path, write: Callable[[Path], None]) -> None:
+    """Run ``write(tmp)`` on every rank and act on failures together, so that no rank waits
+    in a collective for one that failed: a full disk is a DiskFullError on every rank
+    (the partial folder is removed); another error is raised where it happened and the
+    other ranks say which rank failed."""
+    failure = None
+    try:
+        write(tmp)
+    except Exception as error:  # shared with the other ranks below, then raised
+        failure = error
+    described = None if failure is None else ("disk full" if is_disk_full(failure) else f"{type(failure).__name__}: {failure}")
+    failed = [(rank, what) for rank, what in gather_object([(accelerator.process_index, described)]) if what is not None]
+    if not failed:
+        return
+    message = _disk_full_message(final, tmp) if any(what == "disk full" for _, what in failed) else None
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if message is not None:
+        raise DiskFullError(message) from failure
+    if failure is not None:
+        raise failure
+    raise RuntimeError(f"{final.name} was not saved: " + "; ".join(f"rank {r} failed ({what})" for r, what in failed))
+
+
+def _checksums(accelerator: Accelerator, tmp: Path) -> dict[str, str]:
+    """CRC-32 of every file in ``tmp``, the files shared out among the ranks."""
+    names = [[p.relative_to(tmp).as_posix() for p in sorted(tmp.rglob("*")) if p.is_file()]]
+    broadcast_object_list(names)  # the main process's listing is the one that counts
+    mine = {name: file_checksum(tmp / name) for name in names[0][accelerator.process_index::accelerator.num_processes]}
+    return {name: crc for part in gather_object([mine]) for name, crc in part.items()}
+
+
 def write_atomically(accelerator: Accelerator, final: Path, write: Callable[[Path], None],
                      info: dict[str, Any], before_commit: Callable[[], None] = lambda: None) -> Path:
-    """Every rank calls ``write(tmp)``; then the main process writes the manifest and
-    renames ``tmp`` to ``final``. ``before_commit`` runs on every rank just before the
-    manifest (the test hook for a crash during saving)."""
+    """Every rank calls ``write(tmp)``; then the ranks checksum the files, the main process
+    writes the manifest and renames ``tmp`` to ``final``. ``before_commit`` runs on every
+    rank just before the manifest (the test hook for a crash during saving)."""
     tmp = temporary_name(final)
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    write(tmp)
-    accelerator.wait_for_everyone()
+    _write_on_every_rank(accelerator, final, tmp, write)
+    start = time.perf_counter()
+    checksums = _checksums(accelerator, tmp)
+    seconds = time.perf_counter() - start
     before_commit()
     if accelerator.is_main_process:
-        files = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-        atomic_write(tmp / CHECKPOINT_MANIFEST, json.dumps({**info, "files": files}, indent=1))
+        files = {name: {"size": (tmp / name).stat().st_size, "crc32": crc} for name, crc in sorted(checksums.items())}
+        manifest = {**info, "files": files, "checksum_seconds": round(seconds, 4)}
+        atomic_write(tmp / CHECKPOINT_MANIFEST, json.dumps(manifest, indent=1))
         if final.exists():  # an incomplete leftover of the same name
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -334,6 +477,8 @@ def save_checkpoint(objects: TrainingObjects, directory: Path, step: int, keep: 
     if acc.is_main_process:
         for old in list_checkpoints(directory)[:-keep]:
             shutil.rmtree(old)
-        logger.info("saved checkpoint %s", final)
+        manifest = read_checkpoint_manifest(final)
+        logger.info("saved checkpoint %s (%.0f MB; checksums took %.2f s)", final,
+                    sum(entry["size"] for entry in manifest["files"].values()) / 2**20, manifest["checksum_seconds"])
     acc.wait_for_everyone()
     return final

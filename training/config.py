@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from models.frames import exact_frame_counts, group_sizes, plan_frames
-from models.variants import get_variant
+from models.variants import get_variant, known_variants
 from training.best_model import METRIC_DIRECTIONS
 from training.errors import ConfigError
 from training.metrics import lpips_unavailable_reason
@@ -292,6 +292,8 @@ def check(config: TrainConfig) -> list[str]:
                  "latent_cache_dir"):
         value = getattr(config, name)
         need(not value or resolve_path(value).exists(), f"{name}: {resolve_path(value)} does not exist")
+    if config.ref_vae_path and resolve_path(config.ref_vae_path).exists():
+        problems.extend(reference_vae_problems(config, spec.latent_channels))
     need(bool(config.data_root or config.annotation_file), "set data_root (a folder of videos) or annotation_file")
     need(config.best_metric in METRIC_DIRECTIONS,
          f"best_metric={config.best_metric!r}: expected one of {', '.join(METRIC_DIRECTIONS)}")
@@ -309,6 +311,34 @@ def check(config: TrainConfig) -> list[str]:
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
     return notes
+
+
+def reference_vae_problems(config: TrainConfig, latent_channels: int) -> list[str]:
+    """What makes ``ref_vae_path`` unfit to teach ``config.variant`` (``latent_channels``),
+    read from the model folder's ``config.json`` alone: checked before launch, and before
+    the weights are loaded."""
+    folder = resolve_path(config.ref_vae_path) / config.ref_vae_subfolder
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        return [f"ref_vae_path: {folder} is not a diffusers model folder (no config.json): point ref_vae_path at a "
+                f"local copy such as CogVideoX-2b, whose '{config.ref_vae_subfolder}' subfolder holds the VAE "
+                "(or set ref_vae_subfolder)"]
+    try:
+        vae = json.loads(config_file.read_text())
+    except json.JSONDecodeError as err:
+        return [f"ref_vae_path: {config_file} is not valid JSON ({err})"]
+    problems = []
+    found, expected = vae.get("_class_name"), REF_VAE_CLASSES.get(config.ref_vae_class)
+    if expected is not None and found != expected:
+        matching = [name for name, cls in REF_VAE_CLASSES.items() if cls == found]
+        problems.append(f"{config_file} holds a {found}, but ref_vae_class={config.ref_vae_class} loads {expected}"
+                        + (f": set ref_vae_class={matching[0]}" if matching else ""))
+    channels = vae.get("latent_channels")
+    if channels != latent_channels:
+        fitting = [name for name in known_variants() if get_variant(name).latent_channels == channels]
+        problems.append(f"the reference VAE has {channels} latent channels but {config.variant} has {latent_channels}: "
+                        "pick the matching variant" + (f" ({', '.join(fitting)})" if fitting else ""))
+    return problems
 
 
 def reference_vae_frames(n_frames: int) -> bool:

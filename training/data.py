@@ -12,13 +12,14 @@ autoencoder training without a reference VAE).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from training.config import TrainConfig, resolve_path
-from training.dataset import VideoClipDataset, build_dataloader
+from training.dataset import VideoClipDataset, VideoDataError, build_dataloader
 from training.latent_cache import CachedLatentDataset
 from training.reference_vae import ReferenceVAE
 
@@ -89,3 +90,19 @@ def build_train_loader(dataset: Dataset, config: TrainConfig, device: torch.devi
     return build_dataloader(dataset, config.train_batch_size, config.dataloader_num_workers, shuffle=True,
                             seed=config.seed, drop_last=True, prefetch_factor=config.prefetch_factor,
                             persistent_workers=config.persistent_workers, pin_memory=device.type == "cuda")
+
+
+def batches_until_data_error(loader: Iterable[dict]) -> Iterator[dict | VideoDataError]:
+    """The loader's batches; when the data can no longer produce one (files deleted or a
+    storage mount gone mid-run), the VideoDataError takes that batch's place and ends the
+    iteration, so the training step can tell every rank and the run can save and stop."""
+    batches = iter(loader)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except VideoDataError as err:  # raised in a worker process, re-raised here by the DataLoader
+            yield err
+            return
+        yield batch

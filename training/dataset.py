@@ -26,14 +26,18 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from training.errors import ConfigError
+from training.resilience import leave_stop_signals_to_parent
+
 logger = logging.getLogger(__name__)
 
 VIDEO_EXTENSIONS = (".mp4", ".avi", ".mov", ".mkv", ".webm")
 ShortClipPolicy = Literal["lower_stride", "skip"]
 
 
-class VideoDataError(RuntimeError):
-    """The data cannot feed training (empty, too many bad files); the message says what to do."""
+class VideoDataError(ConfigError):
+    """The data cannot feed training (empty, too many bad files); the message says what to do
+    (a user's problem: one line and exit status 2 from the command-line tools)."""
 
 
 class BadClipError(Exception):
@@ -506,6 +510,12 @@ class VideoClipDataset(EpochDataset):
             "raise max_replacement_attempts"
         )
 
+    def load_clip(self, index: int) -> torch.Tensor:
+        """Clip ``index`` exactly as ``__getitem__`` draws it, without replacement: raises
+        BadClipError when it cannot give a sample (evaluation skips and reports it rather
+        than averaging another clip in)."""
+        return self._load(int(index), self._rng(int(index)))
+
     def _log_once(self, clip: int, level: int, message: str) -> None:
         key = (clip, level)
         if key not in self._reported:
@@ -633,6 +643,7 @@ def build_dataloader(
     """
     # Do not call cv2.setNumThreads in a worker_init_fn: in a forked worker it can block
     # forever on the parent's OpenCV thread-pool state. Decoding is already 1 thread/clip.
+    # Workers leave SIGTERM/SIGINT to the training process, which stops them itself.
     workers_kwargs = {}
     if num_workers > 0:
         workers_kwargs = dict(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers)
@@ -641,6 +652,7 @@ def build_dataloader(
         batch_size=batch_size,
         sampler=EpochShuffleSampler(dataset, seed) if shuffle else None,
         num_workers=num_workers,
+        worker_init_fn=leave_stop_signals_to_parent if num_workers > 0 else None,
         drop_last=drop_last,
         pin_memory=pin_memory,
         generator=torch.Generator().manual_seed(seed),

@@ -1,21 +1,38 @@
-"""User mistakes (config, data, paths, checkpoints): one line and exit status 2, no traceback."""
+"""Problems the user fixes (configuration, data, paths, checkpoints, weight files, a full
+disk): one line on stderr and exit status 2, no traceback. ``--debug`` on the command line
+keeps the traceback for a bug report."""
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 
-EXIT_CONFIG_ERROR = 2
+from models.checkpoint import WeightsError
+
+EXIT_USER_ERROR = 2
+logger = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
-    """A configuration problem, with a message that says what to change."""
+    """A problem the user fixes (configuration, data, paths, checkpoints), with a message
+    that says what to change."""
+
+
+USER_ERRORS = (ConfigError, WeightsError)
+
+
+def debug_requested(argv: list[str] | None = None) -> bool:
+    """``--debug`` among the command-line arguments: show tracebacks instead of one line."""
+    return "--debug" in (sys.argv[1:] if argv is None else argv)
 
 
 def exit_on_config_error(main: Callable[[], object]) -> None:
-    """Run a CLI entry point; a configuration problem exits with status 2 and its message,
-    without a traceback (it is the user's to fix, not a crash)."""
+    """Run a CLI entry point; a user's problem exits with status 2 and its message, without a
+    traceback (it is the user's to fix, not a crash), unless ``--debug`` was given."""
     try:
         main()
-    except ConfigError as err:
-        print(f"configuration error: {err}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG_ERROR)
+    except USER_ERRORS as err:
+        if debug_requested():
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)

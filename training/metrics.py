@@ -1,46 +1,92 @@
-"""Reconstruction metrics on aligned frames (torchmetrics), shared by validation and inference.
+"""Reconstruction metrics on aligned frames, shared by validation and inference.
 
 Inputs are NTCHW videos in [0, 1] whose frame i already corresponds (see
 ``models.frames.FramePlan.target``); metrics average over all frames of a video.
+
+Every metric is computed over chunks of frames and combined exactly (sums of squared
+errors, frame-weighted means of per-frame averages), so its temporaries are bounded by one
+chunk, not by the clip's length: long or large clips cost no more than the video tensors
+themselves. ``chunk_frames=None`` sizes chunks to about ``CHUNK_ELEMENTS`` values.
 """
 from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 
 import torch
-from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
+from torchmetrics.functional.image import structural_similarity_index_measure
 
 logger = logging.getLogger(__name__)
 
+CHUNK_ELEMENTS = 2**24  # values per chunk (64 MB in fp32); SSIM's temporaries are ~15x that
 
-def video_mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+
+def frame_chunks(video: torch.Tensor, chunk_frames: int | None = None) -> list[slice]:
+    """Slices over the frames of a TCHW ``video``, ``chunk_frames`` long (default: as many
+    frames as fit in ``CHUNK_ELEMENTS`` values, at least one)."""
+    size = chunk_frames or max(1, CHUNK_ELEMENTS // max(video[0].numel(), 1))
+    return [slice(start, min(start + size, len(video))) for start in range(0, len(video), size)]
+
+
+def _frame_squared_errors(p: torch.Tensor, t: torch.Tensor, chunk_frames: int | None) -> torch.Tensor:
+    """Sum of squared errors of each frame (T,) of one TCHW video, chunk by chunk."""
+    return torch.cat([(p[s].float() - t[s].float()).square_().flatten(1).sum(1) for s in frame_chunks(p, chunk_frames)])
+
+
+def _psnr(squared_error: torch.Tensor, values: int) -> torch.Tensor:
+    """PSNR in dB of a summed squared error over ``values`` values, data range 1."""
+    return 10 * torch.log10(values / squared_error)
+
+
+def _frame_weighted_mean(metric: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], p: torch.Tensor,
+                         t: torch.Tensor, chunk_frames: int | None) -> torch.Tensor:
+    """Mean over the frames of one TCHW video of a ``metric`` that returns the mean of its
+    per-frame values for a batch of frames: chunk means weighted by their frame counts."""
+    total = sum(metric(p[s].float(), t[s].float()) * (s.stop - s.start) for s in frame_chunks(p, chunk_frames))
+    return total / len(p)
+
+
+def video_mse(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | None = None) -> torch.Tensor:
     """Per-video MSE (N,)."""
-    return (pred.float() - target.float()).square().flatten(1).mean(1)
+    return torch.stack([_frame_squared_errors(p, t, chunk_frames).sum() / p.numel() for p, t in zip(pred, target)])
 
 
-def video_psnr(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per-video PSNR in dB over all its frames (N,), data range 1."""
-    return torch.stack([peak_signal_noise_ratio(p.float(), t.float(), data_range=1.0) for p, t in zip(pred, target)])
+def video_psnr(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | None = None) -> torch.Tensor:
+    """Per-video PSNR in dB over all its frames (N,), data range 1: from the video's MSE,
+    not a mean of per-frame PSNRs."""
+    return torch.stack([_psnr(_frame_squared_errors(p, t, chunk_frames).sum(), p.numel()) for p, t in zip(pred, target)])
 
 
-def frame_psnr(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def frame_psnr(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | None = None) -> torch.Tensor:
     """Per-frame PSNR in dB (N, T), data range 1: where in a clip reconstruction fails."""
-    return torch.stack([peak_signal_noise_ratio(p.float(), t.float(), data_range=1.0, reduction="none", dim=(1, 2, 3))
-                        for p, t in zip(pred, target)])
+    return torch.stack([_psnr(_frame_squared_errors(p, t, chunk_frames), p[0].numel()) for p, t in zip(pred, target)])
 
 
-def video_ssim(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def _ssim(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """torchmetrics' SSIM of a batch of frames: the mean of the per-frame SSIMs."""
+    return structural_similarity_index_measure(pred, target, data_range=1.0)
+
+
+def video_ssim(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | None = None) -> torch.Tensor:
     """Per-video SSIM (Gaussian window 11) averaged over frames (N,)."""
-    return torch.stack([structural_similarity_index_measure(p.float(), t.float(), data_range=1.0) for p, t in zip(pred, target)])
+    return torch.stack([_frame_weighted_mean(_ssim, p, t, chunk_frames) for p, t in zip(pred, target)])
 
 
-def video_temporal_error(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def _temporal_abs_error(p: torch.Tensor, t: torch.Tensor, chunk: slice) -> torch.Tensor:
+    """Summed absolute error of the frame-to-frame differences ending in ``chunk``: the
+    chunk starts one frame early, so the difference across a chunk boundary counts once."""
+    frames = slice(max(chunk.start - 1, 0), chunk.stop)
+    return (p[frames].float().diff(dim=0) - t[frames].float().diff(dim=0)).abs_().sum()
+
+
+def video_temporal_error(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | None = None) -> torch.Tensor:
     """Per-video mean absolute error of frame-to-frame differences (N,): flicker and
     motion errors that per-frame metrics miss. Zero for a single frame."""
     if pred.shape[1] < 2:
-        return pred.new_zeros(pred.shape[0])
-    return (pred.float().diff(dim=1) - target.float().diff(dim=1)).abs().flatten(1).mean(1)
+        return pred.new_zeros(pred.shape[0], dtype=torch.float32)
+    return torch.stack([sum(_temporal_abs_error(p, t, s) for s in frame_chunks(p, chunk_frames)) / p[1:].numel()
+                        for p, t in zip(pred, target)])
 
 
 @functools.cache
@@ -70,7 +116,11 @@ def _lpips_model(device: str):
     return LearnedPerceptualImagePatchSimilarity(net_type="alex", normalize=True, reduction="mean").to(device).eval()
 
 
-def video_lpips(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per-video LPIPS (N,); only call when ``lpips_unavailable_reason()`` is None."""
+def video_lpips(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | None = None) -> torch.Tensor:
+    """Per-video LPIPS (N,), averaged over frames; only call when ``lpips_unavailable_reason()`` is None."""
     model = _lpips_model(str(pred.device))
-    return torch.stack([model(p.float().clamp(0, 1), t.float().clamp(0, 1)) for p, t in zip(pred, target)])
+
+    def lpips(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:  # the mean over a batch of frames
+        return model(p.clamp(0, 1), t.clamp(0, 1))
+
+    return torch.stack([_frame_weighted_mean(lpips, p, t, chunk_frames) for p, t in zip(pred, target)])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from training.config import DTYPES, REF_VAE_CLASSES, TrainConfig, resolve_path
+from training.config import DTYPES, REF_VAE_CLASSES, TrainConfig, reference_vae_problems, resolve_path
 from training.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -56,14 +56,13 @@ class ReferenceVAE:
 
     @classmethod
     def from_config(cls, config: TrainConfig, device: torch.device | str, latent_channels: int) -> ReferenceVAE:
-        """The reference VAE a config names (``ref_vae_*`` keys), checked against the
-        ``latent_channels`` of the TAE variant it teaches."""
-        vae = cls(resolve_path(config.ref_vae_path), config.ref_vae_class, config.ref_vae_subfolder,
-                  config.ref_vae_dtype, device, config.ref_latent_sample)
-        if vae.latent_channels != latent_channels:
-            raise ConfigError(f"the reference VAE has {vae.latent_channels} latent channels but {config.variant} "
-                              f"has {latent_channels}: pick the matching variant")
-        return vae
+        """The reference VAE a config names (``ref_vae_*`` keys), checked (before loading it)
+        against the ``latent_channels`` of the TAE variant it teaches."""
+        problems = reference_vae_problems(config, latent_channels)
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return cls(resolve_path(config.ref_vae_path), config.ref_vae_class, config.ref_vae_subfolder,
+                   config.ref_vae_dtype, device, config.ref_latent_sample)
 
     @torch.no_grad()
     def encode(self, frames: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None = None) -> torch.Tensor:

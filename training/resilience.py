@@ -13,10 +13,13 @@ the same inside its step).
 """
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
 import signal
+import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -24,36 +27,62 @@ import torch
 from training.errors import ConfigError
 
 logger = logging.getLogger(__name__)
-FAULT_KINDS = ("nan_loss", "oom", "crash_in_save", "sigterm")
+FAULT_KINDS = ("nan_loss", "oom", "crash_in_save", "sigterm", "disk_full")
 
 
 class StopRequest:
     """Remembers SIGTERM/SIGINT instead of dying mid-step; the loop checkpoints and exits
-    at the next step boundary. A second SIGINT (Ctrl+C twice) interrupts at once."""
+    at the next step boundary. Installed first thing, so a signal during start-up stops the
+    run cleanly before its first step.
+
+    One stop often arrives several times: Ctrl+C reaches every process of the terminal's
+    group, and the launch script and the launcher pass signals on. A repeat within
+    ``REPEAT_WINDOW_S`` is that same request; a later SIGINT (Ctrl+C again) interrupts at once.
+    """
+
+    REPEAT_WINDOW_S = 2.0
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
-        self._previous: dict[int, object] = {}
+        self._first_at = 0.0
 
     def install(self) -> "StopRequest":
         for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
+            signal.signal(sig, lambda signum, frame: self.receive(signum))
         return self
 
-    def uninstall(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    def _handle(self, signum: int, frame) -> None:
-        if self.signal_name is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+    def receive(self, signum: int) -> None:
+        """Take a SIGTERM/SIGINT (from the handler, or replayed when it arrived before ``install``)."""
+        if self.signal_name is not None:
+            if signum == signal.SIGINT and time.monotonic() - self._first_at > self.REPEAT_WINDOW_S:
+                raise KeyboardInterrupt
+            return
         self.signal_name = signal.Signals(signum).name
-        logger.warning("received %s: will save a checkpoint and stop at the next step boundary", self.signal_name)
+        self._first_at = time.monotonic()
+        logger.warning("received %s: will stop at the next step boundary (saving a checkpoint once training has "
+                       "started); Ctrl+C again to interrupt at once", self.signal_name)
 
     @property
     def requested(self) -> bool:
         return self.signal_name is not None
+
+
+def leave_stop_signals_to_parent(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: a preempted job's SIGTERM, or Ctrl+C, reaches every
+    process of the job, workers included; a worker that died of it would crash the
+    training process before it can save. So workers ignore SIGINT, and SIGTERM unless it
+    comes from their parent (how the DataLoader shuts down a worker that does not stop by
+    itself): it is blocked and taken by a thread that checks the sender."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=_exit_on_sigterm_from, args=(os.getppid(),), daemon=True,
+                     name="sigterm-from-parent").start()
+
+
+def _exit_on_sigterm_from(parent: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+            os._exit(0)
 
 
 def agree(flags: list[bool], device: torch.device) -> list[bool]:
@@ -94,7 +123,8 @@ class FaultPlan:
     ``nan_loss`` and ``oom`` hit the forward passes of accumulation windows N..M
     (counted from 1, skipped windows included, so a fault fires once per window),
     ``sigterm`` sends SIGTERM to the process in window N, ``crash_in_save`` kills the
-    process while checkpoint N is being written (after the files, before the manifest).
+    process while checkpoint N is being written (after the files, before the manifest),
+    ``disk_full`` makes the write of checkpoint N fail as a full disk does (ENOSPC).
     Without a rank, every rank is hit.
     """
 
@@ -131,6 +161,10 @@ class FaultPlan:
         if self.fires("sigterm", step, rank):
             self.faults -= {("sigterm", step, rank), ("sigterm", step, None)}
             os.kill(os.getpid(), signal.SIGTERM)
+
+    def maybe_fill_disk(self, step: int, rank: int) -> None:
+        if self.fires("disk_full", step, rank):
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (fault_injection disk_full@{step})")
 
     def maybe_crash_in_save(self, step: int, rank: int) -> None:
         if self.fires("crash_in_save", step, rank):

@@ -44,16 +44,18 @@ from training.resilience import FaultPlan, StopRequest, agree, is_finite_number,
 logger = logging.getLogger(__name__)
 
 
-def build_model(config: TrainConfig) -> TAEHV:
+def build_model(config: TrainConfig, resumed: bool = False) -> TAEHV:
     """The model to train: published or our weights, or a fresh one whose decoder starts
-    from mid-grey frames (``decoder_bias_init``)."""
-    if config.pretrained_model_path:
+    from mid-grey frames (``decoder_bias_init``); a resumed run's weights then come from
+    its checkpoint."""
+    if config.pretrained_model_path and not resumed:
         model = TAEHV(resolve_path(config.pretrained_model_path), variant=config.variant)
         logger.info("initialised from %s", config.pretrained_model_path)
-    else:
-        model = TAEHV(variant=config.variant)
-        with torch.no_grad():
-            model.decoder[-1].bias.fill_(config.decoder_bias_init)
+        return model
+    model = TAEHV(variant=config.variant)
+    with torch.no_grad():
+        model.decoder[-1].bias.fill_(config.decoder_bias_init)
+    if not resumed:
         logger.info("training %s from scratch", config.variant)
     return model
 
@@ -86,6 +88,7 @@ class StepResult(NamedTuple):
     losses: dict[str, torch.Tensor] | None  # its loss terms; None when its window is being skipped
     grad_norm: torch.Tensor | float | None  # the window's gradient norm (at window_done)
     stop_requested: bool  # SIGTERM/SIGINT arrived on some rank: stop at this step boundary
+    data_failed: bool = False  # some rank could not load its batch: every rank stops now, without a backward pass
 
 
 class TrainStep:
@@ -133,26 +136,33 @@ class TrainStep:
         step = cls(config, accelerator, model, optimizer, scheduler, latents, faults or FaultPlan(), stop or StopRequest())
         return step, loader
 
-    def __call__(self, batch: dict, window: int) -> StepResult:
+    def __call__(self, batch: dict | Exception, window: int) -> StepResult:
         """Train on one micro-batch of accumulation window ``window`` (counted from 1,
-        skipped windows included)."""
+        skipped windows included). ``batch`` is the exception instead when this rank could
+        not load its batch (the data went away)."""
         acc, rank = self.accelerator, self.accelerator.process_index
         self.faults.maybe_signal(window, rank)
+        data_failed = isinstance(batch, Exception)
         with acc.accumulate(self.model):
             forward, z_ref, losses, out_of_memory = None, None, None, False
             try:
-                frames = frames_to_unit(batch["frames"], acc.device)
-                z_ref = self.latents(batch, frames, self.generator)
-                forward = self.forward(frames, z_ref)
-                losses = forward.losses
-                losses["loss"] = self.faults.inject_forward(window, rank, losses["loss"])
+                if not data_failed:
+                    frames = frames_to_unit(batch["frames"], acc.device)
+                    z_ref = self.latents(batch, frames, self.generator)
+                    forward = self.forward(frames, z_ref)
+                    losses = forward.losses
+                    losses["loss"] = self.faults.inject_forward(window, rank, losses["loss"])
             except torch.OutOfMemoryError as err:
                 logger.error("out of memory in the forward pass of window %d: %s", window, err)
                 out_of_memory = True
             if out_of_memory and torch.cuda.is_available():
                 torch.cuda.empty_cache()  # outside the except block, whose traceback holds the activations
             local_nonfinite = losses is not None and not bool(torch.isfinite(losses["loss"]))
-            any_oom, any_nonfinite, any_signal = agree([out_of_memory, local_nonfinite, self.stop.requested], acc.device)
+            any_oom, any_nonfinite, any_signal, any_data_failed = agree(
+                [out_of_memory, local_nonfinite, self.stop.requested, data_failed], acc.device)
+            if any_data_failed:  # no rank runs a backward pass, so no rank waits in its collectives
+                self._window_problem = None
+                return StepResult(False, False, None, None, None, any_signal, data_failed=True)
             if any_oom or any_nonfinite:
                 self._window_problem = "out of memory" if any_oom else "non-finite loss"
                 if losses is None:

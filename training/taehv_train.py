@@ -11,18 +11,30 @@ to the optimizer step is ``training.step.TrainStep``, and beside it ``Cadence`` 
 TensorBoard, validates (best model, early stopping) and writes atomic checkpoints that
 resume bit-identically; the run ends with a final fp32 export in the published key format.
 
-Exit status: 0 when training finished, stopped early, or stopped on SIGTERM/SIGINT after
-saving a checkpoint (resume with ``--resume latest``); 1 when it gave up after too many
-skipped steps (a checkpoint is saved first); 2 for a configuration error.
+Exit status: 0 when training finished, stopped early, or stopped on SIGTERM/SIGINT (after
+saving a checkpoint; during start-up there is nothing to save); 1 when it gave up after too
+many skipped steps (a checkpoint is saved first); 2 for a problem the user fixes, in one
+line (configuration, data, a damaged or mismatched checkpoint, a full disk; the training
+data gone mid-run, after a checkpoint); 130 when a second Ctrl+C interrupted it at once.
+The line ends with the exact command that resumes the run where there is one to resume;
+``--debug`` keeps the traceback.
 """
 from __future__ import annotations
 
-import argparse
-import logging
-import os
-import sys
-from dataclasses import asdict, dataclass
-from pathlib import Path
+import signal
+
+if __name__ == "__main__":  # a stop signal that arrives while the libraries load is kept for later
+    EARLY_SIGNALS: list[int] = []
+    for _sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(_sig, lambda signum, frame: EARLY_SIGNALS.append(signum))
+
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import shlex  # noqa: E402
+import sys  # noqa: E402
+from dataclasses import asdict, dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -32,24 +44,31 @@ from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, se
 from tqdm.auto import tqdm  # noqa: E402
 
 from training.best_model import BestTracker  # noqa: E402
-from training.checkpointing import load_training_state, new_run_dir, remove_partial_checkpoints, resolve_resume, save_checkpoint  # noqa: E402
+from training.checkpointing import DiskFullError, load_training_state, new_run_dir, remove_partial_checkpoints, resolve_resume, save_checkpoint  # noqa: E402
 from training.config import TrainConfig, check, describe, load_config  # noqa: E402
-from training.data import build_train_loader, build_training_data  # noqa: E402
-from training.dataset import VideoClipDataset  # noqa: E402
+from training.data import batches_until_data_error, build_train_loader, build_training_data  # noqa: E402
+from training.dataset import VideoClipDataset, VideoDataError  # noqa: E402
 from training.distributed import process_group_backend, process_state  # noqa: E402
-from training.errors import ConfigError, exit_on_config_error  # noqa: E402
+from training.errors import EXIT_USER_ERROR, USER_ERRORS, ConfigError, debug_requested  # noqa: E402
 from training.export import export_best_model, export_weights  # noqa: E402
 from training.monitoring import Monitor  # noqa: E402
 from training.reference_vae import ReferenceVAE  # noqa: E402
-from training.resilience import FaultPlan, StopRequest, broadcast_flag  # noqa: E402
+from training.resilience import FaultPlan, StopRequest, agree, broadcast_flag  # noqa: E402
 from training.step import StepResult, TrainStep, build_model  # noqa: E402
 from training.validation import validate  # noqa: E402
 
 logger = logging.getLogger("taehv_train")
 
 
+EXIT_SKIPPED_STEPS, EXIT_INTERRUPTED = 1, 130
+
+
 class TrainingAborted(RuntimeError):
     """The run cannot go on (e.g. every step is non-finite); a checkpoint was saved first."""
+
+
+class DataGone(ConfigError):
+    """The training data became unreadable mid-run; a checkpoint was saved first."""
 
 
 @dataclass
@@ -72,10 +91,30 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser = argparse.ArgumentParser(description="Train a TAEHV (see README).", allow_abbrev=False)
     parser.add_argument("--config", required=True, help="Python config file defining `config`")
     parser.add_argument("--resume", default=None, help="shorthand for --resume_from_checkpoint")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     args, overrides = parser.parse_known_args(argv)
     if args.resume:
         overrides.append(f"--resume_from_checkpoint={args.resume}")
     return load_config(args.config, overrides)
+
+
+def resume_command(checkpoint: Path | str = "latest") -> str:
+    """The command that continues this run from ``checkpoint``: the one that started it
+    (the launch script's, which it passes in TAEHV_LAUNCH_COMMAND, else this script's),
+    any earlier ``--resume`` replaced."""
+    launch = os.environ.get("TAEHV_LAUNCH_COMMAND")
+    words = shlex.split(launch) if launch else ["python", "training/taehv_train.py", *sys.argv[1:]]
+    if not launch and "LOCAL_RANK" in os.environ:  # started by accelerate launch / torchrun
+        words[:1] = ["accelerate", "launch", "<the same launch options>"]
+    kept, skip = [], False
+    for word in words:
+        if skip or word.startswith(("--resume=", "--resume_from_checkpoint=")):
+            skip = False
+            continue
+        skip = word == "--resume"
+        if not skip:
+            kept.append(word)
+    return shlex.join([*kept, "--resume", str(checkpoint)])
 
 
 def make_accelerator(config: TrainConfig, run_dir: Path) -> Accelerator:
@@ -179,9 +218,13 @@ class Cadence:
         step, progress, acc = self.step, self.progress, self.accelerator
         trainer_state = {"progress": asdict(progress), "validation_history": self.tracker.history,
                          "config": self.config.to_dict()}
+        def export(directory: Path) -> None:
+            self.faults.maybe_fill_disk(progress.step, acc.process_index)
+            export_weights(acc, step.model, step.ema, directory, "weights", (".safetensors",))
+
         return save_checkpoint(
             step.objects, self.run_dir / "checkpoints", progress.step, self.config.checkpoints_total_limit,
-            trainer_state, export=lambda d: export_weights(acc, step.model, step.ema, d, "weights", (".safetensors",)),
+            trainer_state, export=export,
             before_commit=lambda: self.faults.maybe_crash_in_save(progress.step, acc.process_index))
 
     def after_step(self, grad_norm) -> str | None:
@@ -222,7 +265,10 @@ class Cadence:
         return broadcast_flag(self.tracker.should_stop, acc.device)
 
 
-def main(argv: list[str] | None = None) -> Path:
+def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path:
+    """Train as the config says; returns the run directory. ``stop`` is installed by the
+    caller before anything slow, so that a signal during start-up is not lost."""
+    stop = stop or StopRequest()
     config = parse_args(argv)
     notes = check(config)
     faults = FaultPlan.parse(config.fault_injection)
@@ -234,15 +280,13 @@ def main(argv: list[str] | None = None) -> Path:
     logger.info("run directory %s; %d process(es), %s, mixed precision %s", run_dir, accelerator.num_processes,
                 accelerator.distributed_type, config.mixed_precision)
     if accelerator.is_main_process:
-        (run_dir / "config.json").write_text(describe(config))
         remove_partial_checkpoints(run_dir / "checkpoints")
     set_seed(config.seed)  # identical initial weights on every rank
     torch.autograd.set_detect_anomaly(config.detect_anomaly)
 
-    model = build_model(config)
+    model = build_model(config, resumed=resume_from is not None)
     ref_vae = ReferenceVAE.from_config(config, accelerator.device, model.latent_channels) if config.ref_vae_path else None
     data = build_training_data(config, ref_vae)
-    stop = StopRequest()
     step, loader = TrainStep.build(config, accelerator, model, data.latents, faults, stop,
                                    loader=build_train_loader(data.train, config, accelerator.device))
     progress = Progress()
@@ -254,44 +298,63 @@ def main(argv: list[str] | None = None) -> Path:
                                      config.early_stopping_patience, config.early_stopping_min_delta)
         logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume_from, progress.step, progress.epoch,
                     progress.batch_in_epoch)
+    if accelerator.is_main_process:  # only once the start-up worked: a failed resume leaves the run as it was
+        (run_dir / "config.json").write_text(describe(config))
+    if agree([stop.requested], accelerator.device)[0]:
+        logger.info("stopped on %s during start-up, before the first step: nothing new to save",
+                    stop.signal_name or "a signal received by another rank")
+        accelerator.end_training()
+        return run_dir
     monitor = Monitor(accelerator, config, run_dir, progress.step)
     cadence = Cadence(config, step, progress, tracker, monitor, run_dir, data.val, ref_vae, faults)
 
-    stop.install()
     stop_reason = "finished" if progress.step >= config.max_train_steps else None
+    data_error: VideoDataError | None = None
     step.model.train()
     while stop_reason is None:
         loader.set_epoch(progress.epoch)  # the sampler's permutation and the dataset's draws follow the epoch
         epoch_loader = accelerator.skip_first_batches(loader, progress.batch_in_epoch) if progress.batch_in_epoch else loader
-        for batch in epoch_loader:
+        window_start = progress.batch_in_epoch  # micro-batches of the epoch consumed before this window
+        for batch in batches_until_data_error(epoch_loader):
+            if isinstance(batch, VideoDataError):
+                data_error = batch
             progress.batch_in_epoch += 1
             result = step(batch, progress.window)
+            if result.data_failed:  # on some rank: every rank drops the unfinished window and stops
+                progress.batch_in_epoch = window_start
+                stop_reason = "data"
+                break
             stop_reason = cadence.after_micro_batch(batch, result)
+            if result.window_done:
+                window_start = progress.batch_in_epoch
             if stop_reason is not None:
                 break
         else:
             progress.epoch += 1
             progress.batch_in_epoch = 0
     cadence.close()
-    stop.uninstall()
-    return finish(stop_reason, cadence, stop)
+    return finish(stop_reason, cadence, stop, data_error)
 
 
-def finish(stop_reason: str, cadence: Cadence, stop: StopRequest) -> Path:
-    """Save what the way the run stopped calls for: a checkpoint after a signal or too many
-    skipped steps (then exit 1), a checkpoint and the final export after early stopping,
-    the final export when it finished."""
+def finish(stop_reason: str, cadence: Cadence, stop: StopRequest, data_error: VideoDataError | None) -> Path:
+    """Save what the way the run stopped calls for: a checkpoint after a signal, too many
+    skipped steps (then exit 1) or the data going away (then exit 2), a checkpoint and the
+    final export after early stopping, the final export when it finished."""
     accelerator, progress, run_dir, step = cadence.accelerator, cadence.progress, cadence.run_dir, cadence.step
-    if stop_reason in ("signal", "skipped"):
+    if stop_reason in ("signal", "skipped", "data"):
         path = cadence.checkpoint()
         accelerator.end_training()
         if stop_reason == "skipped":
             raise TrainingAborted(
                 f"{progress.consecutive_skips} steps in a row were skipped (non-finite loss or gradient, or out of "
                 f"memory); saved {path}. Lower learning_rate, enable max_grad_norm, use bf16 instead of fp16, or "
-                "check the data and the reference VAE, then resume with --resume latest")
-        logger.info("stopped on %s at step %d; saved %s. Resume with --resume latest (or --auto_resume=true)",
-                    stop.signal_name or "a signal received by another rank", progress.step, path)
+                f"check the data and the reference VAE, then resume with: {resume_command(path)}")
+        if stop_reason == "data":
+            cause = str(data_error).strip().splitlines()[-1] if data_error is not None else "on another rank"
+            raise DataGone(f"the training data became unreadable at step {progress.step} ({cause.split('Error: ')[-1]}); "
+                           f"saved {path}. Restore the data, then resume with: {resume_command(path)}")
+        logger.info("stopped on %s at step %d; saved %s. Resume with: %s",
+                    stop.signal_name or "a signal received by another rank", progress.step, path, resume_command(path))
         return run_dir
     if stop_reason == "early_stop":
         tracker = cadence.tracker
@@ -306,13 +369,38 @@ def finish(stop_reason: str, cadence: Cadence, stop: StopRequest) -> Path:
     return run_dir
 
 
-def entry_point() -> None:
+def write_exit_status(status: int) -> None:
+    """Tell the launch script how training ended (TAEHV_EXIT_STATUS_FILE, written by rank 0):
+    a launcher that is itself signalled exits non-zero even when training stopped cleanly."""
+    target = os.environ.get("TAEHV_EXIT_STATUS_FILE")
+    if target and os.environ.get("RANK", "0") == "0":
+        Path(target).write_text(f"{status}\n")
+
+
+def entry_point(argv: list[str] | None = None, early_signals: list[int] = ()) -> None:
+    """Run training and exit with the documented status; every ending that is not a crash
+    is one line on stderr and in train.log (when the run got that far)."""
+    stop = StopRequest().install()
+    for signum in early_signals:
+        stop.receive(signum)
+    status = 0
     try:
-        exit_on_config_error(main)
+        main(argv, stop)
+    except USER_ERRORS as err:
+        if debug_requested(argv):
+            raise
+        resume = f" with: {resume_command()}" if isinstance(err, DiskFullError) else ""
+        logger.error("error: %s%s", err, resume)
+        status = EXIT_USER_ERROR
     except TrainingAborted as err:
         logger.error("%s", err)
-        sys.exit(1)
+        status = EXIT_SKIPPED_STEPS
+    except KeyboardInterrupt:
+        logger.error("interrupted at once by a second Ctrl+C: nothing saved since the last checkpoint")
+        status = EXIT_INTERRUPTED
+    write_exit_status(status)
+    sys.exit(status)
 
 
 if __name__ == "__main__":
-    entry_point()
+    entry_point(early_signals=EARLY_SIGNALS)
