@@ -366,7 +366,8 @@ class Evaluator:
                     skipped.append({"index": index, "source": source, "kind": err.kind, "reason": str(err)})
                     tqdm.write(f"⚠️  Skipped {source}: {err}")
                     continue
-                frames = frames_to_unit(clip.unsqueeze(0), self.device, self.dtype)
+                with self.doing(f"loading sample {len(samples) + 1} onto {self.device}"):
+                    frames = frames_to_unit(clip.unsqueeze(0), self.device, self.dtype)
                 if not samples:
                     self.warm_up(frames)
                 samples.append(self.sample(len(samples), index, source, frames))

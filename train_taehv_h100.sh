@@ -80,8 +80,6 @@ if [[ -n "${PYTHON:-}" ]]; then :; elif [[ -x .venv/bin/python ]]; then PYTHON=.
 "$PYTHON" -c "import torch, accelerate, deepspeed, diffusers" 2>/dev/null \
   || die "the Python environment ($PYTHON) lacks torch/accelerate/deepspeed/diffusers: run 'make setup' or 'pip install -r requirements.txt'"
 ok "python environment: $PYTHON"
-ACCELERATE=$(dirname "$("$PYTHON" -c 'import sys; print(sys.executable)')")/accelerate
-[[ -x "$ACCELERATE" ]] || ACCELERATE=accelerate
 
 LOCAL_GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
 NODE_RANK=${NODE_RANK:-${RANK:-}}
@@ -128,39 +126,37 @@ MASTER_PORT=${MASTER_PORT:-29500}
 if (( NUM_GPUS == 1 && LOCAL_GPUS == 0 )); then
   CMD=("$PYTHON" "${TRAIN[@]}")
 elif (( LOCAL_GPUS == 0 )); then
-  CMD=("$ACCELERATE" launch --use_deepspeed --zero_stage 2 --num_machines 1 --num_processes "$NUM_GPUS"
+  CMD=("$PYTHON" -m training.launch --use_deepspeed --zero_stage 2 --num_machines 1 --num_processes "$NUM_GPUS"
        --main_process_port "$MASTER_PORT" "${TRAIN[@]}")
 elif (( NNODES > 1 )); then
   [[ -n "${MASTER_ADDR:-}" ]] || die "multi-node runs need MASTER_ADDR (the address of node 0)"
-  CMD=("$ACCELERATE" launch --config_file accelerate_configs/deepspeed_16gpu.yaml --num_machines "$NNODES"
+  CMD=("$PYTHON" -m training.launch --config_file accelerate_configs/deepspeed_16gpu.yaml --num_machines "$NNODES"
        --num_processes "$NUM_GPUS" --machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR"
        --main_process_port "$MASTER_PORT" "${TRAIN[@]}")
 elif (( NUM_GPUS == 1 )); then
-  CMD=("$ACCELERATE" launch --config_file accelerate_configs/deepspeed_1gpu.yaml --num_processes 1
+  CMD=("$PYTHON" -m training.launch --config_file accelerate_configs/deepspeed_1gpu.yaml --num_processes 1
        --main_process_port "$MASTER_PORT" "${TRAIN[@]}")
 else
-  CMD=("$ACCELERATE" launch --config_file accelerate_configs/deepspeed_8gpu.yaml --num_processes "$NUM_GPUS"
+  CMD=("$PYTHON" -m training.launch --config_file accelerate_configs/deepspeed_8gpu.yaml --num_processes "$NUM_GPUS"
        --main_process_port "$MASTER_PORT" "${TRAIN[@]}")
 fi
 echo "${BOLD}launch:${RESET} ${CMD[*]}"
 
 # SIGTERM/SIGINT reach the training processes themselves: each finishes its step, they
 # save a checkpoint together and exit 0 (a signal during start-up stops them before the
-# first step). The script passes a signal it receives on to them, not to the accelerate
-# launcher, which would kill them. A scheduler that signals the whole job (scancel,
-# preemption, kill -TERM -- -PGID) reaches the launcher too: it then gives the training
-# processes TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds to save before it kills them, and exits
-# non-zero itself, so training reports how it ended through TAEHV_EXIT_STATUS_FILE.
+# first step). The script passes a signal it receives on to them, not to the launcher,
+# which would kill them. A scheduler that signals the whole job (scancel, preemption,
+# kill -TERM -- -PGID) reaches the launcher too: it gives the training processes
+# TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds to save before it kills them, and
+# training.launch then exits with training's own status.
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-900}
 TAEHV_LAUNCH_COMMAND=$(printf '%q ' "$0" "${ARGS[@]}")
 export TAEHV_LAUNCH_COMMAND
-TAEHV_EXIT_STATUS_FILE=$(mktemp "${TMPDIR:-/tmp}/taehv_exit_status.XXXXXX")
-export TAEHV_EXIT_STATUS_FILE
 "${CMD[@]}" &
 CHILD=$!
 forward() {
-  warn "$1: asking training to stop at the next step (it saves a checkpoint once training has started)"
-  if [[ "${CMD[0]}" == "$ACCELERATE" ]]; then pkill "-$1" -P "$CHILD" || true; else kill "-$1" "$CHILD" || true; fi
+  warn "SIG$1: asking training to stop at the next step (it saves a checkpoint once training has started)"
+  if (( NUM_GPUS > 1 || LOCAL_GPUS > 0 )); then pkill "-$1" -P "$CHILD" || true; else kill "-$1" "$CHILD" || true; fi
 }
 trap 'forward TERM' TERM
 trap 'forward INT' INT
@@ -168,10 +164,4 @@ STATUS=0
 while kill -0 "$CHILD" 2>/dev/null; do   # wait returns early when a trapped signal arrives
   wait "$CHILD" && STATUS=0 || STATUS=$?
 done
-REPORTED=$(cat "$TAEHV_EXIT_STATUS_FILE" 2>/dev/null || true)
-rm -f "$TAEHV_EXIT_STATUS_FILE"
-if [[ -n "$REPORTED" && "$REPORTED" != "$STATUS" ]]; then
-  warn "the launcher exited with status $STATUS; training itself ended with status $REPORTED"
-  STATUS=$REPORTED
-fi
 exit "$STATUS"

@@ -328,13 +328,21 @@ def test_short_clip_lower_stride(index_dir, tmp_path):
 
 @pytest.mark.parametrize("policy,n_frames,stride", [("skip", 6, 3), ("lower_stride", 13, 2), ("skip", 13, 2)])
 def test_short_clip_skipped_and_counted(index_dir, tmp_path, policy, n_frames, stride):
-    entries = [{"path": "short.mp4", "frames": 12}, {"path": "long.mp4", "frames": 30}]
-    ds = index_dataset(
-        index_dir, tmp_path, entries, n_frames=n_frames, stride_range=(stride, stride), short_clip_policy=policy
-    )
+    options = dict(n_frames=n_frames, stride_range=(stride, stride), short_clip_policy=policy)
+    # annotated as too short: left out up front and listed, never drawn
+    ds = index_dataset(index_dir, tmp_path, [{"path": "short.mp4", "frames": 12}, {"path": "long.mp4", "frames": 30}],
+                       **options)
+    assert len(ds) == 1 and ds.short_clips == [str(index_dir / "short.mp4")] and ds[0]["failures"] == 0
+    # length unknown until decoded: skipped when drawn, counted in failures
+    ds = index_dataset(index_dir, tmp_path, [{"path": "short.mp4"}, {"path": "long.mp4", "frames": 30}], **options)
     sample = ds[0]
     assert (sample["index"], sample["failures"]) == (1, 1)
     assert sample["frames"].shape[0] == n_frames
+
+
+def test_only_short_clips_is_an_error_that_says_how_to_fix_the_annotation(index_dir, tmp_path):
+    with pytest.raises(VideoDataError, match=r"all 1 clips .* fewer than the 13 frames a sample needs.*--min-frames 13"):
+        index_dataset(index_dir, tmp_path, [{"path": "short.mp4", "frames": 12}], n_frames=13)
 
 
 def test_val_mode_is_fixed(index_dir, tmp_path):
@@ -453,7 +461,7 @@ def test_truncated_file_with_intact_index_uses_its_decodable_prefix(videos_dir, 
 
 def test_replacement_is_iterative_and_bounded(tmp_path):
     # 3000 consecutive failures: a recursive implementation would hit the recursion limit.
-    ann = annotate(tmp_path / "ann.json", [{"path": f"gone{i}.mp4", "frames": 10} for i in range(3)])
+    ann = annotate(tmp_path / "ann.json", [{"path": f"gone{i}.mp4", "frames": 100} for i in range(3)])
     ds = VideoClipDataset(tmp_path, ann, max_replacement_attempts=3000)
     with pytest.raises(VideoDataError, match="3001 clips in a row"):
         ds[0]

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import shlex
 import signal
 import subprocess
 import time
@@ -199,6 +201,130 @@ def test_sigterm_to_the_whole_job_with_dataloader_workers_saves_and_resumes_exac
     last = f"checkpoints/checkpoint-{steps}"
     for name in sorted(p.name for p in (tmp_path / "full" / "run" / last).glob("*.safetensors")):
         assert_identical(tmp_path / "full" / "run" / last / name, out / "run" / last / name)
+
+
+def test_training_data_gone_mid_run_saves_then_one_line(tmp_path):
+    """All training clips deleted while 2 DeepSpeed processes train (launch script): the
+    ranks agree that the data is gone, save the last completed step and exit 2 with one
+    line; once the data is back, the printed command resumes the run to its end."""
+    from training.demo_data import make_demo_dataset
+
+    clips = {"root": tmp_path / "data", **make_demo_dataset(tmp_path / "data", num_clips=6, n_frames=12, height=48,
+                                                             width=64, seed=1)}
+    train_files = [tmp_path / "data" / entry["path"] for entry in json.loads(clips["train"].read_text())["list"]]
+    common = ["--run_name=run", "--max_train_steps=14", "--checkpointing_steps=2", "--validation_every=100",
+              "--dataloader_num_workers=1"]
+    env = {"MASTER_PORT": "29549"}
+    process = start(launch_script(2, tmp_path, clips, *common), tmp_path / "first.log", env=env)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    wait_for(lambda: (checkpoints / "checkpoint-2").is_dir(), what="checkpoint-2")
+    for path in train_files:
+        path.unlink()
+    assert process.wait(timeout=300) == 2, (tmp_path / "first.log").read_text()[-4000:]
+    output = (tmp_path / "first.log").read_text()
+    assert "Traceback" not in output
+    line = next(line for line in output.splitlines() if "the training data became unreadable" in line)
+    saved = list_checkpoints(checkpoints)[-1]
+    stopped_at = trainer_state(saved)["progress"]["step"]
+    assert f"at step {stopped_at} " in line and f"saved {saved}" in line and "--resume" in line
+    assert 2 <= stopped_at < 14 and "error: the training data became unreadable" in (tmp_path / "run" / "train.log").read_text()
+
+    make_demo_dataset(tmp_path / "data", num_clips=6, n_frames=12, height=48, width=64, seed=1)  # the data is back
+    resumed = subprocess.run(shlex.split(line.split("resume with: ")[1]), capture_output=True, text=True, timeout=300,
+                             cwd=REPO_ROOT, env={**os.environ, **env})
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
+    assert trainer_state(list_checkpoints(checkpoints)[-1])["progress"]["step"] == 14
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    """The error line of a run that exited 2: no traceback anywhere."""
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    return next(line for line in result.stderr.splitlines() if "error: " in line)
+
+
+def test_failed_starts_and_refused_resumes_leave_the_runs_as_they_were(tmp_path, demo_clips):
+    """A configuration problem stops before any run folder exists; a start that fails later
+    says why in its train.log and does not hide older runs from a bare checkpoint name; a
+    checkpoint of another variant or with damaged bytes is refused in one line, before the
+    run's config.json is touched; --resume latest passes over the damaged checkpoint."""
+    common = ["--max_train_steps=4", "--checkpointing_steps=2", "--validation_every=100"]
+    train(ONE_PROCESS, tmp_path, demo_clips, *common)
+    (run,) = tmp_path.iterdir()
+    config_json = (run / "config.json").read_bytes()
+
+    def attempt(*overrides: str, data: dict = demo_clips) -> subprocess.CompletedProcess:
+        return subprocess.run(train_args(ONE_PROCESS, tmp_path, data, *common, *overrides), capture_output=True,
+                              text=True, timeout=300, cwd=REPO_ROOT)
+
+    assert "height and width must be positive" in one_line_error(attempt("--height=0"))
+    assert list(tmp_path.iterdir()) == [run]  # the check ran before any folder was made
+    missing = tmp_path / "missing.json"
+    missing.write_text(json.dumps({"total": 1, "list": [{"path": "gone.mp4", "frames": 12}]}))
+    assert "probed clips are unusable" in one_line_error(attempt(f"--annotation_file={missing}"))
+    (failed,) = set(tmp_path.iterdir()) - {run, missing}
+    assert "error: " in (failed / "train.log").read_text() and not (failed / "checkpoints").exists()
+
+    line = one_line_error(attempt("--resume", "checkpoint-4", "--variant=taehv"))
+    assert "holds a taecvx model but this run is configured for taehv" in line and "--variant=taecvx" in line
+    damaged = run / "checkpoints" / "checkpoint-4" / "model.safetensors"
+    with open(damaged, "r+b") as f:  # 4 MiB overwritten in place: same size
+        f.seek(damaged.stat().st_size // 2)
+        f.write(os.urandom(4 << 20))
+    line = one_line_error(attempt("--resume", "checkpoint-4"))
+    assert "checkpoint-4 is damaged (model.safetensors checksum); resume from checkpoint-2" in line
+    assert (run / "config.json").read_bytes() == config_json
+
+    resumed = attempt("--resume", "latest")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    log = (run / "train.log").read_text()
+    assert "skipping checkpoint-4 is damaged" in log and f"resumed from {run / 'checkpoints' / 'checkpoint-2'}" in log
+    assert "from scratch" not in log.split("resumed from")[0].rsplit("run directory", 1)[1]  # the resumed start
+    assert trainer_state(list_checkpoints(run / "checkpoints")[-1])["progress"]["step"] == 4  # checkpoint-4 rewritten
+
+
+@pytest.mark.skipif(subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0,
+                    reason="needs unshare -rm (a private mount namespace) for a small tmpfs")
+def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(tmp_path, demo_clips):
+    """A real full disk: the run's folder is a tmpfs with room for one checkpoint. The
+    second save fails on every rank's write with ENOSPC; the run exits 2 with one line
+    (folder, space needed, space free), keeps checkpoint-2, and the printed command
+    resumes once there is room."""
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    out.mkdir(), logs.mkdir()
+    args = shlex.join(train_args(ONE_PROCESS, out, demo_clips, "--run_name=run", "--max_train_steps=4",
+                                 "--checkpointing_steps=2", "--validation_every=100"))
+    script = f"""
+        mount -t tmpfs -o size=330m none {out}
+        {args} > {logs}/first.out 2> {logs}/first.err; echo $? > {logs}/first.status
+        ls {out}/run/checkpoints > {logs}/kept
+        mount -o remount,size=1g {out}
+        grep -o 'resume with: .*' {logs}/first.err | cut -c14- > {logs}/command
+        bash -c "$(cat {logs}/command)" > {logs}/second.out 2>&1; echo $? > {logs}/second.status
+        cat {out}/run/checkpoints/checkpoint-4/trainer_state.json > {logs}/state.json
+    """
+    subprocess.run(["unshare", "-rm", "bash", "-c", script], cwd=REPO_ROOT, timeout=600, check=True)
+    first = subprocess.CompletedProcess([], int((logs / "first.status").read_text()), (logs / "first.out").read_text(),
+                                        (logs / "first.err").read_text())
+    line = one_line_error(first)
+    assert re.search(r"no space left to save checkpoint-4 in .*/run/checkpoints: it needs about 0\.\d\d GiB and "
+                     r"0\.\d\d GiB are free; checkpoint-2 kept intact", line), line
+    assert (logs / "kept").read_text().split() == ["checkpoint-2"]  # no partial folder either
+    assert int((logs / "second.status").read_text()) == 0, (logs / "second.out").read_text()[-3000:]
+    assert json.loads((logs / "state.json").read_text())["progress"]["step"] == 4
+
+
+def test_ctrl_c_during_start_up_stops_cleanly(tmp_path, demo_clips):
+    """Ctrl+C (SIGINT to the terminal's process group) while training is still starting:
+    it stops before the first step, says so, and exits 0 with nothing to save."""
+    process = start(launch_script(1, tmp_path, demo_clips, "--run_name=run"), tmp_path / "out.log")
+    wait_for(lambda: "launch:" in (tmp_path / "out.log").read_text(), what="the launch")
+    time.sleep(0.5)  # inside the training process's start-up (imports, data probe)
+    os.killpg(process.pid, signal.SIGINT)
+    assert process.wait(timeout=120) == 0, (tmp_path / "out.log").read_text()[-3000:]
+    output = (tmp_path / "out.log").read_text()
+    assert "stopped on SIGINT during start-up, before the first step" in output and "Traceback" not in output
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_kill_9_at_a_random_moment_loses_no_checkpoint(tmp_path, demo_clips):

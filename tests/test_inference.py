@@ -21,7 +21,7 @@ from models.checkpoint import save_weights
 from models.frames import plan_frames
 from models.taehv import TAEHV
 from training.dataset import VideoClipDataset, frames_to_unit
-from training.metrics import video_mse, video_psnr, video_ssim, video_temporal_error
+from training.metrics import frame_psnr, video_mse, video_psnr, video_ssim, video_temporal_error
 
 INFERENCE = str(REPO_ROOT / "inference.py")
 CLIPS = ["udacity_vehdet_test_video.mp4", "gopro_max_heromode.mp4"]
@@ -59,6 +59,20 @@ def test_metrics_match_independent_computation(real_clip):
     assert float(video_ssim(noisy, target)[0]) == pytest.approx(ssim_reference(noisy[0], target[0]), abs=2e-3)
     diffs = (noisy[0, 1:] - noisy[0, :-1]) - (target[0, 1:] - target[0, :-1])
     assert float(video_temporal_error(noisy, target)[0]) == pytest.approx(float(diffs.abs().mean()), rel=1e-5)
+
+
+@pytest.mark.parametrize("chunk_frames", [1, 4, 16])
+def test_chunked_metrics_equal_unchunked(real_clip, chunk_frames):
+    """Metrics computed over chunks of frames (inference's memory bound) equal the metrics of
+    the whole clip at once: summed squared errors, frame-weighted SSIM means, and
+    frame differences across chunk boundaries counted once."""
+    target = real_clip.repeat(2, 1, 1, 1, 1)
+    noisy = (target + 0.05 * torch.randn(target.shape, generator=torch.Generator().manual_seed(2))).clamp(0, 1)
+    whole = target.shape[1]
+    for metric in (video_mse, video_psnr, frame_psnr, video_ssim, video_temporal_error):
+        chunked, unchunked = metric(noisy, target, chunk_frames=chunk_frames), metric(noisy, target, chunk_frames=whole)
+        assert chunked.shape == unchunked.shape
+        torch.testing.assert_close(chunked, unchunked, rtol=1e-5, atol=1e-5, msg=metric.__name__)
 
 
 def test_shifted_frames_score_worse(real_clip):
@@ -104,8 +118,8 @@ def evaluation(tmp_path_factory, weights, ref_vae, videos_dir) -> Path:
 
 def test_outputs_and_schema(evaluation):
     metrics = json.loads((evaluation / "metrics.json").read_text())
-    assert len(metrics["samples"]) == 2
-    assert metrics["settings"]["compared_frames"] == 9
+    assert len(metrics["samples"]) == 2 and metrics["skipped"] == []
+    assert metrics["settings"]["compared_frames"] == 9 and metrics["settings"]["stride"] == 1
     for sample in metrics["samples"]:
         for who in ("taehv", "reference"):
             for key in ("mse", "psnr", "ssim", "temporal_error", "encode_s", "decode_s"):
@@ -152,8 +166,121 @@ def test_argument_errors(args, message, weights, tmp_path, videos_dir):
         defaults += ["--videos", str(videos_dir / CLIPS[0])]
     result = subprocess.run([sys.executable, INFERENCE, *defaults, *args], capture_output=True, text=True,
                             cwd=REPO_ROOT, timeout=120)
-    assert result.returncode != 0
-    assert message in result.stdout + result.stderr
+    assert_user_error(result, message, one_line="--num_samples" not in args and "--dtype" not in args)  # argparse: usage
+
+
+def assert_user_error(result: subprocess.CompletedProcess, message: str, one_line: bool = True) -> None:
+    """Exit status 2 and ``message`` on stderr without a traceback; with ``one_line``, the
+    error is the last line of stderr and a single line (log lines may precede it)."""
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and message in result.stderr, result.stderr[-3000:]
+    if one_line:
+        error = result.stderr[result.stderr.index("error: "):].rstrip()
+        assert "\n" not in error and result.stderr.count("error: ") == 1, result.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory, weights) -> dict[str, Path]:
+    """Weight files a user may point at: damaged, pickled objects, a plain taehv ``.pth``,
+    and our run's taecvx ``final_model.pth`` whose ``config.json`` names its variant."""
+    root = tmp_path_factory.mktemp("planted")
+    data = weights.read_bytes()
+    (root / "truncated.safetensors").write_bytes(data[: len(data) // 2])
+    torch.save({"encoder.0.weight": torch.zeros(1), "optimizer": Path("objects")}, root / "pickled.pth")
+    save_weights(TAEHV(variant="taehv"), root / "taehv_plain.pth")
+    run = root / "run"
+    save_weights(TAEHV(variant="taecvx"), run / "final_model.pth")
+    (run / "config.json").write_text(json.dumps({"variant": "taecvx"}))
+    return {"truncated": root / "truncated.safetensors", "pickled": root / "pickled.pth",
+            "plain_pth": root / "taehv_plain.pth", "run_pth": run / "final_model.pth"}
+
+
+@pytest.mark.parametrize("model, args, message, one_line", [
+    ("weights", ["--variant", "taexyz"], "unknown TAEHV variant 'taexyz'; known variants: taecvx", True),
+    ("weights", ["--variant", "taehv"], "is a taecvx file (its metadata), but --variant taehv was given: drop --variant", True),
+    ("run_pth", ["--variant", "taehv"], "is a taecvx file (its run's", True),
+    ("plain_pth", ["--variant", "taehv1_5"], "does not fit the taehv1_5 model", False),  # lists each mismatch
+    ("truncated", [], "is not a readable safetensors file (damaged or truncated)", True),
+    ("pickled", [], "holds objects other than tensors (global: GLOBAL pathlib", True),
+    ("weights", ["--n_frames", "41"], "is too short: --n_frames=41 at --stride=1 needs 41 frames", True),
+], ids=["unknown-variant", "variant-vs-metadata", "variant-vs-run-config", "variant-does-not-fit",
+        "damaged-safetensors", "refused-pickle", "clip-too-short"])
+def test_user_errors_exit_2_in_one_line(model, args, message, one_line, weights, planted, tmp_path, videos_dir):
+    """Weight, variant and data problems end in ``error: ...`` and exit status 2, without a
+    traceback, and never advise unpickling a refused file with ``weights_only=False``."""
+    path = weights if model == "weights" else planted[model]
+    command = [sys.executable, INFERENCE, "--model_path", str(path), "--videos", str(videos_dir / CLIPS[0]),
+               "--height", "32", "--width", "48", "--n_frames", "5", "--output_dir", str(tmp_path), *args]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert_user_error(result, message, one_line)
+    assert "weights_only=False" not in result.stdout + result.stderr
+
+
+def test_debug_keeps_the_traceback(weights, tmp_path, videos_dir):
+    command = [sys.executable, INFERENCE, "--model_path", str(weights), "--variant", "taehv", "--debug",
+               "--videos", str(videos_dir / CLIPS[0]), "--output_dir", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert result.returncode == 1 and "Traceback" in result.stderr and "ConfigError" in result.stderr
+
+
+OUT_OF_MEMORY = """
+import sys, torch
+sys.path.insert(0, {repo!r})
+import inference
+from training.errors import exit_on_config_error
+
+def out_of_memory(*args, **kwargs):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79 GiB")
+
+inference.TAEHV.decode_video = out_of_memory
+sys.argv = ["inference.py", *sys.argv[1:]]
+exit_on_config_error(inference.main)
+"""
+
+
+def test_out_of_memory_says_what_to_lower(weights, tmp_path, videos_dir):
+    """Running out of memory (here: a decode that raises as CUDA does) ends in one line that
+    names the step, the sizes and what to lower, with exit status 2."""
+    command = [sys.executable, "-c", OUT_OF_MEMORY.format(repo=str(REPO_ROOT)), "--model_path", str(weights),
+               "--videos", str(videos_dir / CLIPS[0]), "--height", "32", "--width", "48", "--n_frames", "5",
+               "--output_dir", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert_user_error(result, "out of memory while warming up on 1 frame(s) of the first clip (5 frames at 32x48, "
+                              "parallel, fp32 on cpu); it asked for 20.00 GiB more: lower --height/--width or "
+                              "--n_frames; use --sequential")
+
+
+def test_short_clips_are_skipped_and_reported(weights, tmp_path, videos_dir):
+    """A clip too short for --n_frames at --stride is skipped and listed (metrics.json and
+    the report), not replaced by another clip of the list; the stride is recorded."""
+    clips = [str(videos_dir / c) for c in CLIPS]  # 38 frames (too short for 21 at stride 2), 315 frames
+    command = [sys.executable, INFERENCE, "--model_path", str(weights), "--videos", *clips, "--n_frames", "21",
+               "--stride", "2", "--height", "32", "--width", "48", "--sequential", "--output_dir", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["settings"]["stride"] == 2
+    assert [s["source"] for s in metrics["samples"]] == [clips[1]]
+    assert [(s["source"], s["kind"]) for s in metrics["skipped"]] == [(clips[0], "too short")]
+    assert f"Skipped {clips[0]}" in result.stdout
+    report = (tmp_path / "summary_report.html").read_text()
+    assert "Skipped clips" in report and CLIPS[0] in report
+
+
+def test_stride_defaults_to_the_configs_validation_stride(weights, tmp_path, videos_dir):
+    """With --config, clips are read at the stride validation uses, (stride_min + stride_max) // 2;
+    without, at stride 1; --stride overrides both."""
+    import inference
+
+    config = tmp_path / "config.py"
+    config.write_text("from training.config import TrainConfig\n"
+                      "config = TrainConfig(stride_min=2, stride_max=5, n_frames=5, height=32, width=48)\n")
+    model = TAEHV(variant="taecvx")
+    for extra, stride in (([], 1), (["--config", str(config)], 3), (["--config", str(config), "--stride", "2"], 2)):
+        args = inference.parse_args(["--model_path", str(weights), "--videos", str(videos_dir / CLIPS[0]),
+                                     "--height", "32", "--width", "48", *extra])
+        dataset = inference.build_dataset(args, model, tmp_path)
+        assert dataset.stride_range == (stride, stride) and dataset.short_clip_policy == "skip"
 
 
 def chromium() -> str:

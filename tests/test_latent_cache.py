@@ -153,10 +153,10 @@ def test_rerun_computes_only_missing_shards(sampled_cache, data, tiny_cogvideox_
 def test_manifest_mismatch_is_a_clear_error(sampled_cache, data, tiny_cogvideox_vae, capsys):
     before = (sampled_cache / "manifest.json").read_text()
     with pytest.raises(SystemExit) as exit_info:
-        entry_point(cli_args(data, tiny_cogvideox_vae, sampled_cache, "--n_frames=17"))
+        entry_point(cli_args(data, tiny_cogvideox_vae, sampled_cache, "--stride_max=1"))
     assert exit_info.value.code == 2
     message = capsys.readouterr().err
-    assert "n_frames: cache 9, now 17" in message and "delete" in message and "another --output" in message
+    assert "stride_max: cache 2, now 1" in message and "delete" in message and "another --output" in message
     assert (sampled_cache / "manifest.json").read_text() == before
 
     config, dataset, _ = dataset_and_vae(data, tiny_cogvideox_vae)

@@ -461,11 +461,12 @@ def save_checkpoint(objects: TrainingObjects, directory: Path, step: int, keep: 
     """Atomically write ``checkpoint-<step>`` (full training state, plus ``export(tmp)`` of
     the fp32 weights inference loads, run on every rank), then keep the newest ``keep``.
 
-    A complete checkpoint of the same step is kept as it is: it holds the same weights,
-    and a run resumed from it replays any steps skipped since (deterministically)."""
+    An intact checkpoint of the same step is kept as it is: it holds the same weights,
+    and a run resumed from it replays any steps skipped since (deterministically). A
+    damaged one is replaced."""
     acc = objects.accelerator
     final = directory / f"checkpoint-{step}"
-    if is_complete(final):
+    if _intact([final] if is_complete(final) else []):
         return final
 
     def write(tmp: Path) -> None:

@@ -218,7 +218,7 @@ def check(config: TrainConfig) -> list[str]:
         need(isinstance(value, _TYPES[name]), f"{name}={value!r} should be a {_TYPES[name].__name__}")
         need(not isinstance(value, float) or math.isfinite(value), f"{name}={value!r} must be a finite number")
     if problems:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+        raise invalid_config(problems)
 
     try:
         spec = get_variant(config.variant)
@@ -309,8 +309,14 @@ def check(config: TrainConfig) -> list[str]:
         reason = lpips_unavailable_reason()
         need(reason is None, f"lpips_loss_weight > 0 or best_metric=val/lpips, but LPIPS is unusable: {reason}")
     if problems:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+        raise invalid_config(problems)
     return notes
+
+
+def invalid_config(problems: list[str]) -> ConfigError:
+    """One line for one problem, one line each for several."""
+    return ConfigError(f"invalid config: {problems[0]}" if len(problems) == 1 else
+                       "invalid config:\n  " + "\n  ".join(problems))
 
 
 def reference_vae_problems(config: TrainConfig, latent_channels: int) -> list[str]:

@@ -129,6 +129,11 @@ class ClipTable:
     def __len__(self) -> int:
         return len(self.frames)
 
+    def subset(self, indices: Sequence[int]) -> "ClipTable":
+        """The clips at ``indices``, in that order."""
+        relative = [self.path_bytes[self.offsets[i]: self.offsets[i + 1]].tobytes().decode("utf-8") for i in indices]
+        return ClipTable.from_lists(self.root, relative, self.frames[np.asarray(indices, dtype=np.int64)])
+
     def path(self, i: int) -> str:
         rel = self.path_bytes[self.offsets[i] : self.offsets[i + 1]].tobytes().decode("utf-8")
         return os.path.join(self.root, rel)
@@ -476,11 +481,32 @@ class VideoClipDataset(EpochDataset):
         self.n_frames, self.height, self.width = n_frames, height, width
         self.stride_range, self.crop_scale, self.hflip = stride_range, crop_scale, hflip
         self.mode, self.seed, self.short_clip_policy = mode, seed, short_clip_policy
+        self.short_clips = self._leave_out_short_clips(source)
         self.max_failure_fraction = max_failure_fraction
         self.max_replacement_attempts = max_replacement_attempts
         self.seek_threshold, self.decode_threads = seek_threshold, decode_threads
         self._epoch = shared_epoch()
         self._reported: set[tuple[int, int]] = set()  # (clip, log level) already logged here
+
+    def _leave_out_short_clips(self, source: str) -> list[str]:
+        """Leave out, up front, the clips whose annotated frame count is below what one
+        sample needs (``n_frames``; at the smallest stride under ``short_clip_policy="skip"``),
+        and count them: a clip that can never give a sample would only be drawn, fail and be
+        replaced. Returns their paths. Clips of unknown length are checked when loaded."""
+        need = self.n_frames if self.short_clip_policy == "lower_stride" else (self.n_frames - 1) * self.stride_range[0] + 1
+        short = (self.clips.frames >= 0) & (self.clips.frames < need)
+        if not short.any():
+            return []
+        advice = (f"`python -m training.make_annotations DIR -o annotations.json --min-frames {need}` writes an "
+                  "annotation without them")
+        if short.all():
+            raise VideoDataError(f"all {len(short)} clips in {source} have fewer than the {need} frames a sample needs "
+                                 f"(n_frames={self.n_frames}): lower n_frames or use longer clips; {advice}")
+        logger.warning("%d of %d clips in %s have fewer than the %d frames a sample needs (n_frames=%d) and are left "
+                       "out; %s", short.sum(), len(short), source, need, self.n_frames, advice)
+        left_out = [self.clips.path(i) for i in np.flatnonzero(short)]
+        self.clips = self.clips.subset(np.flatnonzero(~short))
+        return left_out
 
     def __len__(self) -> int:
         return len(self.clips)
@@ -505,9 +531,9 @@ class VideoClipDataset(EpochDataset):
                 continue
             return {"frames": frames, "index": clip, "failures": failures}
         raise VideoDataError(
-            f"sample {index}: {self.max_replacement_attempts + 1} clips in a row were unusable (see the "
-            "warnings above); clean the annotation with `python -m training.make_annotations` or "
-            "raise max_replacement_attempts"
+            f"sample {index}: {self.max_replacement_attempts + 1} clips in a row were unusable, see the warnings "
+            "above. If files were removed or a storage mount went away, restore them; otherwise clean the "
+            "annotation with `python -m training.make_annotations` or raise max_replacement_attempts"
         )
 
     def load_clip(self, index: int) -> torch.Tensor:
@@ -586,12 +612,13 @@ class VideoClipDataset(EpochDataset):
         report = ProbeReport(probed=n, failed=len(examples), reasons=reasons)
         logger.info("probed %d clips: %d unusable %s", n, report.failed, reasons)
         if report.failure_fraction > self.max_failure_fraction:
+            min_frames = f" --min-frames {self.n_frames}" if "too short" in reasons else ""
             raise VideoDataError(
                 f"{report.failed} of {n} probed clips are unusable ({report.failure_fraction:.0%} > "
                 f"max_failure_fraction={self.max_failure_fraction:.0%}); reasons: {reasons}; e.g. "
                 f"{examples[:3]}. Check data_root/annotation_file, regenerate the annotation with "
-                "`python -m training.make_annotations DIR -o annotations.json` (it drops unusable "
-                "files), or raise max_failure_fraction."
+                f"`python -m training.make_annotations DIR -o annotations.json{min_frames}` (it drops unusable "
+                "files" + (" and clips shorter than n_frames" if min_frames else "") + "), or raise max_failure_fraction."
             )
         return report
 

@@ -103,7 +103,7 @@ def resume_command(checkpoint: Path | str = "latest") -> str:
     (the launch script's, which it passes in TAEHV_LAUNCH_COMMAND, else this script's),
     any earlier ``--resume`` replaced."""
     launch = os.environ.get("TAEHV_LAUNCH_COMMAND")
-    words = shlex.split(launch) if launch else ["python", "training/taehv_train.py", *sys.argv[1:]]
+    words = shlex.split(launch) if launch else [sys.executable, *sys.argv]
     if not launch and "LOCAL_RANK" in os.environ:  # started by accelerate launch / torchrun
         words[:1] = ["accelerate", "launch", "<the same launch options>"]
     kept, skip = [], False
@@ -350,8 +350,10 @@ def finish(stop_reason: str, cadence: Cadence, stop: StopRequest, data_error: Vi
                 f"memory); saved {path}. Lower learning_rate, enable max_grad_norm, use bf16 instead of fp16, or "
                 f"check the data and the reference VAE, then resume with: {resume_command(path)}")
         if stop_reason == "data":
-            cause = str(data_error).strip().splitlines()[-1] if data_error is not None else "on another rank"
-            raise DataGone(f"the training data became unreadable at step {progress.step} ({cause.split('Error: ')[-1]}); "
+            # the first sentence of the dataset's message (from a worker, it ends a traceback)
+            cause = str(data_error).strip().splitlines()[-1].split("Error: ")[-1].split(". ")[0] if data_error else \
+                "on another rank"
+            raise DataGone(f"the training data became unreadable at step {progress.step} ({cause}); "
                            f"saved {path}. Restore the data, then resume with: {resume_command(path)}")
         logger.info("stopped on %s at step %d; saved %s. Resume with: %s",
                     stop.signal_name or "a signal received by another rank", progress.step, path, resume_command(path))
