@@ -353,8 +353,12 @@ class Evaluator:
     def evaluate(self, order: np.ndarray, count: int) -> tuple[list[dict], list[dict]]:
         """(samples, skipped clips): the first ``count`` clips of ``order`` that can give a
         sample; a clip that cannot (too short, unreadable) is skipped and reported, never
-        replaced by a clip already in the list, so no clip weighs twice in the means."""
-        samples, skipped = [], []
+        replaced by a clip already in the list, so no clip weighs twice in the means. Clips
+        the dataset left out up front (annotated as too short) are reported too."""
+        need = (self.dataset.n_frames - 1) * self.dataset.stride_range[0] + 1
+        samples, skipped = [], [{"source": source, "kind": "too short",
+                                 "reason": f"too short: annotated with fewer than the {need} frames a sample needs"}
+                                for source in self.dataset.short_clips]
         with tqdm(total=count, desc="samples", disable=None) as progress:
             for index in map(int, order):
                 if len(samples) == count:
@@ -363,7 +367,7 @@ class Evaluator:
                 try:
                     clip = self.dataset.load_clip(index)
                 except BadClipError as err:
-                    skipped.append({"index": index, "source": source, "kind": err.kind, "reason": str(err)})
+                    skipped.append({"source": source, "kind": err.kind, "reason": str(err)})
                     tqdm.write(f"⚠️  Skipped {source}: {err}")
                     continue
                 with self.doing(f"loading sample {len(samples) + 1} onto {self.device}"):

@@ -250,20 +250,26 @@ def test_out_of_memory_says_what_to_lower(weights, tmp_path, videos_dir):
                               "--n_frames; use --sequential")
 
 
-def test_short_clips_are_skipped_and_reported(weights, tmp_path, videos_dir):
+@pytest.mark.parametrize("source", ["videos", "annotation"])
+def test_short_clips_are_skipped_and_reported(source, weights, tmp_path, videos_dir):
     """A clip too short for --n_frames at --stride is skipped and listed (metrics.json and
-    the report), not replaced by another clip of the list; the stride is recorded."""
+    the report), not replaced by another clip of the list; the stride is recorded. With an
+    annotation that gives frame counts the dataset leaves it out up front: listed too."""
     clips = [str(videos_dir / c) for c in CLIPS]  # 38 frames (too short for 21 at stride 2), 315 frames
-    command = [sys.executable, INFERENCE, "--model_path", str(weights), "--videos", *clips, "--n_frames", "21",
-               "--stride", "2", "--height", "32", "--width", "48", "--sequential", "--output_dir", str(tmp_path)]
+    annotation = tmp_path / "clips.json"
+    annotation.write_text(json.dumps({"list": [{"full_path": c, "frames": n} for c, n in zip(clips, (38, 315))]}))
+    data = ["--videos", *clips] if source == "videos" else ["--annotation_file", str(annotation)]
+    command = [sys.executable, INFERENCE, "--model_path", str(weights), *data, "--n_frames", "21", "--stride", "2",
+               "--height", "32", "--width", "48", "--sequential", "--output_dir", str(tmp_path / "out")]
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["settings"]["stride"] == 2
     assert [s["source"] for s in metrics["samples"]] == [clips[1]]
     assert [(s["source"], s["kind"]) for s in metrics["skipped"]] == [(clips[0], "too short")]
-    assert f"Skipped {clips[0]}" in result.stdout
-    report = (tmp_path / "summary_report.html").read_text()
+    if source == "videos":
+        assert f"Skipped {clips[0]}" in result.stdout
+    report = (tmp_path / "out" / "summary_report.html").read_text()
     assert "Skipped clips" in report and CLIPS[0] in report
 
 

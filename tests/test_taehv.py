@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 
-from models.checkpoint import CheckpointMismatchError, read_metadata, read_state_dict, save_weights
+from models.checkpoint import CheckpointMismatchError, WeightsError, read_metadata, read_state_dict, save_weights
 from models.taehv import TAEHV, MemBlock, SuperMemBlock, with_past
 from models.variants import detect_variant, get_variant, known_variants
 from conftest import REPO_ROOT
@@ -85,8 +85,9 @@ def test_missing_file_and_non_state_dict(tmp_path):
 def test_pth_with_pickled_objects_is_refused(tmp_path):
     path = tmp_path / "taehv.pth"
     torch.save({"encoder.0.weight": torch.zeros(1), "evil": object()}, path)
-    with pytest.raises(Exception, match="[Ww]eights only load failed"):
+    with pytest.raises(WeightsError, match="holds objects other than tensors .* refused for safety") as err:
         read_state_dict(path)
+    assert "weights_only=False" not in str(err.value)  # never the advice to unpickle it
 
 
 @pytest.mark.parametrize("variant", ["taehv", "taecvx", "taehv1_5_super"])

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""What the checkpoint checksums cost: the time to save a full training checkpoint (model,
+AdamW state, EMA, RNG, fp32 export), the part of it spent computing the CRC-32 of every
+file, and the time to verify them before a resume; prints one JSON object.
+
+    python bench/bench_checkpoint.py --variants taecvx taew2_2 --repeats 3
+
+One process on the CPU, the checkpoint written to ``--dir`` (default: a temporary folder;
+put it on the file system your runs use). Each figure is the median of ``--repeats``
+saves of a fresh step; files come from the page cache when they are verified, as they do
+right after a save.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from accelerate import Accelerator  # noqa: E402
+from diffusers.training_utils import EMAModel  # noqa: E402
+
+from models.taehv import TAEHV  # noqa: E402
+from training.checkpointing import TrainingObjects, read_checkpoint_manifest, save_checkpoint  # noqa: E402
+from training.export import export_weights  # noqa: E402
+
+
+def measure(variant: str, directory: Path, repeats: int) -> dict:
+    accelerator = Accelerator(cpu=True)
+    model = TAEHV(variant=variant)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scheduler = torch.optim.lr_scheduler.ConstantLR(optimizer, 1.0)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    for p in model.parameters():  # Adam moments exist after a first step
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    ema = EMAModel([p.detach().float() for p in model.parameters()])
+    objects = TrainingObjects(accelerator, model, optimizer, scheduler, ema, torch.Generator())
+    saves, checksums, verifies, sizes = [], [], [], []
+    for step in range(1, repeats + 1):
+        start = time.perf_counter()
+        path = save_checkpoint(objects, directory, step, keep=1, trainer_state={"step": step},
+                               export=lambda d: export_weights(accelerator, model, ema, d, "weights", (".safetensors",)))
+        saves.append(time.perf_counter() - start)
+        manifest = read_checkpoint_manifest(path)
+        checksums.append(manifest["checksum_seconds"])
+        sizes.append(sum(entry["size"] for entry in manifest["files"].values()))
+        start = time.perf_counter()
+        read_checkpoint_manifest(path, verify_checksums=True)
+        verifies.append(time.perf_counter() - start)
+    save_s, checksum_s = statistics.median(saves), statistics.median(checksums)
+    return {"variant": variant, "parameters_m": sum(p.numel() for p in model.parameters()) / 1e6,
+            "checkpoint_mb": sizes[-1] / 2**20, "save_s": save_s, "checksum_s": checksum_s,
+            "checksum_share_of_save": checksum_s / save_s, "verify_s": statistics.median(verifies),
+            "checksum_gb_per_s": sizes[-1] / 2**30 / checksum_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", nargs="+", default=["taecvx", "taew2_2"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dir", default=None, help="where to write the checkpoints (default: a temporary folder)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.dir) as folder:
+        runs = [measure(variant, Path(folder) / variant, args.repeats) for variant in args.variants]
+    machine = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+               "torch": torch.__version__}
+    print(json.dumps({"benchmark": "checkpoint", "machine": machine, "runs": runs}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
