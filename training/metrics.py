@@ -3,8 +3,8 @@
 Inputs are NTCHW videos in [0, 1] whose frame i already corresponds (see
 ``models.frames.FramePlan.target``); metrics average over all frames of a video.
 
-Every metric is computed over chunks of frames and combined exactly (sums of squared
-errors, frame-weighted means of per-frame averages), so its temporaries are bounded by one
+Every metric is computed over chunks of frames (with torchmetrics where it has the metric)
+and combined exactly (sums of squared errors, frame-weighted means of per-frame averages), so its temporaries are bounded by one
 chunk, not by the clip's length: long or large clips cost no more than the video tensors
 themselves. ``chunk_frames=None`` sizes chunks to about ``CHUNK_ELEMENTS`` values.
 """
@@ -15,7 +15,8 @@ import logging
 from collections.abc import Callable
 
 import torch
-from torchmetrics.functional.image import structural_similarity_index_measure
+from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
+from torchmetrics.image import PeakSignalNoiseRatio
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +38,6 @@ def _frame_squared_errors(p: torch.Tensor, t: torch.Tensor, chunk_frames: int | 
     return torch.cat([(p[s].float() - t[s].float()).square_().flatten(1).sum(1) for s in frame_chunks(p, chunk_frames)])
 
 
-def _psnr(squared_error: torch.Tensor, values: int) -> torch.Tensor:
-    """PSNR in dB of a summed squared error over ``values`` values, data range 1."""
-    return 10 * torch.log10(values / squared_error)
-
-
 def _frame_weighted_mean(metric: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], p: torch.Tensor,
                          t: torch.Tensor, chunk_frames: int | None) -> torch.Tensor:
     """Mean over the frames of one TCHW video of a ``metric`` that returns the mean of its
@@ -56,14 +52,22 @@ def video_mse(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | None
 
 
 def video_psnr(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | None = None) -> torch.Tensor:
-    """Per-video PSNR in dB over all its frames (N,), data range 1: from the video's MSE,
-    not a mean of per-frame PSNRs."""
-    return torch.stack([_psnr(_frame_squared_errors(p, t, chunk_frames).sum(), p.numel()) for p, t in zip(pred, target)])
+    """Per-video PSNR in dB over all its frames (N,), data range 1: from the video's MSE
+    (torchmetrics sums the squared errors over the chunks), not a mean of per-frame PSNRs."""
+    values = []
+    for p, t in zip(pred, target):
+        metric = PeakSignalNoiseRatio(data_range=1.0).to(p.device)
+        for chunk in frame_chunks(p, chunk_frames):
+            metric.update(p[chunk].float(), t[chunk].float())
+        values.append(metric.compute())
+    return torch.stack(values)
 
 
 def frame_psnr(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | None = None) -> torch.Tensor:
     """Per-frame PSNR in dB (N, T), data range 1: where in a clip reconstruction fails."""
-    return torch.stack([_psnr(_frame_squared_errors(p, t, chunk_frames), p[0].numel()) for p, t in zip(pred, target)])
+    return torch.stack([torch.cat([peak_signal_noise_ratio(p[s].float(), t[s].float(), data_range=1.0, reduction="none",
+                                                           dim=(1, 2, 3)) for s in frame_chunks(p, chunk_frames)])
+                        for p, t in zip(pred, target)])
 
 
 def _ssim(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
