@@ -56,7 +56,8 @@ def video_psnr(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | Non
     (torchmetrics sums the squared errors over the chunks), not a mean of per-frame PSNRs."""
     values = []
     for p, t in zip(pred, target):
-        metric = PeakSignalNoiseRatio(data_range=1.0).to(p.device)
+        # one video on this rank: no syncing with the other ranks, which have their own videos
+        metric = PeakSignalNoiseRatio(data_range=1.0, sync_on_compute=False).to(p.device)
         for chunk in frame_chunks(p, chunk_frames):
             metric.update(p[chunk].float(), t[chunk].float())
         values.append(metric.compute())
