@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluation.report import write_report  # noqa: E402
 from evaluation.stills import comparison_stills  # noqa: E402
 from evaluation.videos import latent_picture, side_by_side, to_uint8_frames, write_video  # noqa: E402
-from models.checkpoint import WeightsError, find_weights, read_metadata  # noqa: E402
+from models.checkpoint import find_weights, read_metadata  # noqa: E402
 from models.frames import FramePlan  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
 from models.variants import get_variant  # noqa: E402
@@ -112,10 +112,10 @@ def run_config_of(weights: Path) -> Path | None:
 
 
 def checked_variant(name: str) -> str:
-    """The canonical name of a ``--variant``; an unknown or unsupported one is the user's to fix."""
+    """The canonical name of a ``--variant``; an unknown one is the user's to fix."""
     try:
         return get_variant(name).name
-    except (ValueError, NotImplementedError) as err:  # their messages list the known variants
+    except ValueError as err:  # its message lists the known variants
         raise ConfigError(f"--variant: {err}") from err
 
 
@@ -140,11 +140,7 @@ def model_variant(requested: str | None, path: Path) -> str | None:
 
 def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[TAEHV, Path]:
     path = find_weights(args.model_path)
-    try:
-        model = TAEHV(path, variant=model_variant(args.variant, path))
-    except NotImplementedError as err:  # a file named after an unsupported variant (taeh3, taeltx)
-        raise WeightsError(str(err)) from err
-    model = model.to(device, dtype).eval()
+    model = TAEHV(path, variant=model_variant(args.variant, path)).to(device, dtype).eval()
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if args.compile:
@@ -198,6 +194,11 @@ def build_dataset(args: argparse.Namespace, model: TAEHV, output_dir: Path) -> V
             raise ConfigError(f"{name} {path} not found")
     try:
         height, width = frame_size(args, config, model, data_root, annotation)
+        multiple = 8 * model.patch_size
+        if height % multiple or width % multiple:
+            raise ConfigError(f"--height/--width {height}x{width}: {model.variant} needs multiples of {multiple} "
+                              f"(8 * its patch size {model.patch_size}), e.g. {height // multiple * multiple or multiple}x"
+                              f"{width // multiple * multiple or multiple}")
         stride = default_stride(args, config)
         return VideoClipDataset(data_root, annotation, n_frames=n_frames, height=height, width=width, mode="val",
                                 seed=args.seed, crop_scale=(1.0, 1.0), stride_range=(stride, stride),

@@ -185,11 +185,13 @@ def weights_metadata(model: nn.Module) -> dict[str, str]:
         "is_cogvideox": str(model.is_cogvideox).lower(),
         "encoder_time_downscale": json.dumps(model.encoder_time_downscale),
         "decoder_time_upscale": json.dumps(model.decoder_time_upscale),
+        "h3_chunks": str(model.h3_chunks).lower(),
         "frame_rule": (
+            "T -> c = ceil(T/17) chunks of 17 frames -> 5c - 3 latents -> 17c - 12 frames"
+            if model.h3_chunks else
             f"T -> ceil(T/{model.t_downscale}) latents -> {model.t_upscale}*latents - {model.frames_to_trim} frames"
             + (" (no trim when the latent count is even)" if model.is_cogvideox else "")
-            + "; decoded frame i matches input frame i"
-        ),
+        ) + "; decoded frame i matches input frame i",
     }
 
 

@@ -58,16 +58,35 @@ class FramePlan:
         return decoded[:, : self.aligned_frames], frames[:, : self.aligned_frames]
 
 
-def plan_frames(input_frames: int, t_downscale: int = 4, t_upscale: int = 4, is_cogvideox: bool = False) -> FramePlan:
+H3_CHUNK_FRAMES, H3_LEFT_PAD, H3_DROPPED_LATENTS = 17, 3, 3  # MiniMax H3's chunked time axis
+
+
+def plan_frames(input_frames: int, t_downscale: int = 4, t_upscale: int = 4, is_cogvideox: bool = False,
+                h3_chunks: bool = False) -> FramePlan:
     """Frame counts for a clip of ``input_frames`` frames.
 
     ``T -> ceil(T / t_downscale)`` latents ``-> latents * t_upscale`` raw decoded frames, of
     which the first ``t_upscale - 1`` are trimmed (they precede the first input frame).
     The CogVideoX variant (taecvx) keeps them when the latent count is even, so that its
     frame counts match CogVideoX's VAE.
+
+    MiniMax H3 (``h3_chunks``) cuts time into chunks of 17 frames (the clip padded at the
+    end with copies of its last frame), each encoded on its own after 3 zero frames
+    (20 frames, 5 latents), and drops the last 3 latents; its decoder drops the first
+    ``t_upscale - 1`` frames of every 5 latents' frames (``h3_decoded_frames``). So
+    ``c`` chunks give ``5c - 3`` latents and ``17c - 12`` frames: 17 -> 2 -> 5,
+    34 -> 7 -> 22.
     """
     if input_frames < 1:
         raise ValueError(f"need at least one input frame, got {input_frames}")
+    if h3_chunks:
+        chunks = math.ceil(input_frames / H3_CHUNK_FRAMES)
+        latents = chunks * (H3_CHUNK_FRAMES + H3_LEFT_PAD) // t_downscale - H3_DROPPED_LATENTS
+        raw = latents * t_upscale
+        decoded = h3_decoded_frames(latents, t_downscale, t_upscale)
+        return FramePlan(input_frames=input_frames, padded_frames=chunks * H3_CHUNK_FRAMES, latent_frames=latents,
+                         raw_decoded_frames=raw, trimmed_frames=raw - decoded, decoded_frames=decoded,
+                         aligned_frames=min(decoded, input_frames))
     latents = math.ceil(input_frames / t_downscale)
     raw = latents * t_upscale
     trim = 0 if (is_cogvideox and latents % 2 == 0) else t_upscale - 1
@@ -83,9 +102,22 @@ def plan_frames(input_frames: int, t_downscale: int = 4, t_upscale: int = 4, is_
     )
 
 
-def exact_frame_counts(limit: int, t_downscale: int = 4, t_upscale: int = 4, is_cogvideox: bool = False) -> list[int]:
+def h3_kept_frames(latent_frames: int, t_downscale: int = 4, t_upscale: int = 4) -> list[int]:
+    """Which of the ``latent_frames * t_upscale`` raw decoded frames H3 keeps: all but the
+    first ``t_upscale - 1`` of each chunk's frames (one chunk: 20 frames / t_downscale
+    latents)."""
+    chunk = (H3_CHUNK_FRAMES + H3_LEFT_PAD) // t_downscale * t_upscale
+    return [i for i in range(latent_frames * t_upscale) if i % chunk >= t_upscale - 1]
+
+
+def h3_decoded_frames(latent_frames: int, t_downscale: int = 4, t_upscale: int = 4) -> int:
+    return len(h3_kept_frames(latent_frames, t_downscale, t_upscale))
+
+
+def exact_frame_counts(limit: int, t_downscale: int = 4, t_upscale: int = 4, is_cogvideox: bool = False,
+                       h3_chunks: bool = False) -> list[int]:
     """Input frame counts up to ``limit`` for which decoding returns exactly the input frames."""
-    return [t for t in range(1, limit + 1) if plan_frames(t, t_downscale, t_upscale, is_cogvideox).exact]
+    return [t for t in range(1, limit + 1) if plan_frames(t, t_downscale, t_upscale, is_cogvideox, h3_chunks).exact]
 
 
 def group_frames(frames: torch.Tensor, group: int) -> torch.Tensor:

@@ -1,14 +1,16 @@
-"""TAEHV: Tiny AutoEncoder for Hunyuan Video (and TAECVX, TAEW2.x, TAEHV1.5).
+"""TAEHV: Tiny AutoEncoder for Hunyuan Video (and TAECVX, TAEW2.x, TAEHV1.5, TAEH3, TAELTX2.x).
 
 State-dict keys, shapes and outputs match the published ``taehv.py``, so the published
 weight files load here and weights trained here load there. Layout per model:
 
     encoder: conv, ReLU, 3 x [TPool, conv/2, MemBlock x3], conv -> latent
     decoder: Clamp, conv, ReLU, 3 x [MemBlock x3, Upsample, TGrow, conv], ReLU, conv
+    wide decoder: the same with widths 1024/512/256/64 and WideMemBlocks
     super decoder: conv1x1, 3 x [SuperMemBlock x3, conv, PixelShuffle, ReLU, TGrow], conv
 
-Videos are NTCHW tensors in [0, 1]; latents are the raw (unscaled) latents of the
-reference VAE. Frame counts follow ``models.frames.plan_frames``.
+TAELTX pools and grows time in all three stages (8x); TAEH3 encodes 17-frame chunks
+on their own (``encode_h3_chunks``). Videos are NTCHW tensors in [0, 1]; latents are the
+raw (unscaled) latents of the reference VAE. Frame counts follow ``VariantSpec.plan``.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .checkpoint import load_weights, read_metadata
-from .frames import FramePlan, plan_frames
+from .frames import H3_CHUNK_FRAMES, H3_DROPPED_LATENTS, H3_LEFT_PAD, FramePlan, h3_kept_frames, plan_frames
 from .variants import resolve_variant
 
 logger = logging.getLogger(__name__)
@@ -83,7 +85,25 @@ class SuperMemBlock(nn.Module):
         return y
 
 
-MEMORY_BLOCKS = (MemBlock, SuperMemBlock)
+class WideMemBlock(nn.Module):
+    """Memory block of the wide decoder: 1x1 mix of frame and past, grouped 3x3 (64
+    channels per group), 1x1, grouped 3x3; a 1x1 skip when the widths differ."""
+
+    def __init__(self, n_in: int, n_out: int, group_width: int = 64):
+        super().__init__()
+        groups = n_out // group_width
+        self.conv = nn.Sequential(
+            nn.Conv2d(n_in * 2, n_out, 1), nn.ReLU(inplace=True), conv(n_out, n_out, groups=groups),
+            nn.ReLU(inplace=True), nn.Conv2d(n_out, n_out, 1), nn.ReLU(inplace=True), conv(n_out, n_out, groups=groups),
+        )
+        self.skip = nn.Conv2d(n_in, n_out, 1, bias=False) if n_in != n_out else nn.Identity()
+        self.act = nn.ReLU(inplace=True)
+
+    forward = MemBlock.forward
+    forward_stacked = MemBlock.forward_stacked
+
+
+MEMORY_BLOCKS = (MemBlock, SuperMemBlock, WideMemBlock)
 
 
 class TPool(nn.Module):
@@ -120,11 +140,12 @@ def build_encoder(in_channels: int, latent_channels: int, time_downscale: Sequen
     return nn.Sequential(conv(in_channels, 64), nn.ReLU(inplace=True), *stages, conv(64, latent_channels))
 
 
-def build_decoder(latent_channels: int, out_channels: int, time_upscale: Sequence[bool], space_upscale: Sequence[bool]) -> nn.Sequential:
-    n_f = [256, 128, 64, 64]
+def build_decoder(latent_channels: int, out_channels: int, time_upscale: Sequence[bool], space_upscale: Sequence[bool],
+                  wide: bool = False) -> nn.Sequential:
+    n_f, block = ([1024, 512, 256, 64], WideMemBlock) if wide else ([256, 128, 64, 64], MemBlock)
     stages = []
     for i, (t_up, s_up) in enumerate(zip(time_upscale, space_upscale)):
-        stages += [MemBlock(n_f[i], n_f[i]) for _ in range(3)]
+        stages += [block(n_f[i], n_f[i]) for _ in range(3)]
         stages += [nn.Upsample(scale_factor=2 if s_up else 1), TGrow(n_f[i], 2 if t_up else 1), conv(n_f[i], n_f[i + 1], bias=False)]
     return nn.Sequential(
         Clamp(), conv(latent_channels, n_f[0]), nn.ReLU(inplace=True), *stages, nn.ReLU(inplace=True), conv(n_f[3], out_channels)
@@ -251,8 +272,8 @@ class TAEHV(nn.Module):
     def __init__(
         self,
         checkpoint_path: str | os.PathLike | None = None,
-        encoder_time_downscale: Sequence[bool] = (True, True, False),
-        decoder_time_upscale: Sequence[bool] = (False, True, True),
+        encoder_time_downscale: Sequence[bool] | None = None,
+        decoder_time_upscale: Sequence[bool] | None = None,
         decoder_space_upscale: Sequence[bool] = (True, True, True),
         patch_size: int = 1,
         latent_channels: int = 16,
@@ -264,17 +285,21 @@ class TAEHV(nn.Module):
         Args:
             checkpoint_path: ``.pth`` or ``.safetensors`` weights; None builds a fresh model.
             encoder_time_downscale / decoder_time_upscale / decoder_space_upscale: per-stage
-                switches; a 2-tuple ``decoder_time_upscale`` gets ``False`` prepended.
-                Fewer upscales give a cheaper preview decoder that still loads full weights.
-            patch_size, latent_channels, arch_variant ("base" or "super"): architecture,
-                used when neither ``variant`` nor the checkpoint says otherwise.
+                switches (None: the variant's); a 2-tuple ``decoder_time_upscale`` gets
+                ``False`` prepended. Fewer upscales give a cheaper preview decoder that
+                still loads full weights.
+            patch_size, latent_channels, arch_variant ("base", "super" or "wide"):
+                architecture, used when neither ``variant`` nor the checkpoint says otherwise.
             variant: explicit variant name ("taehv", "taecvx", "taehv1_5", "taew2_2",
-                "taehv1_5_super", ...). Without it the variant comes from the safetensors
-                metadata or the file name, as users name the published files.
+                "taehv1_5_super", "taeh3", "taeltx2_3", "taeltx2_3_wide", ...). Without it
+                the variant comes from the safetensors metadata or the file name, as users
+                name the published files.
         """
         super().__init__()
         metadata = read_metadata(checkpoint_path) if checkpoint_path is not None else None
         spec = resolve_variant(variant, checkpoint_path, patch_size, latent_channels, arch_variant, metadata)
+        encoder_time_downscale = spec.encoder_time_downscale if encoder_time_downscale is None else encoder_time_downscale
+        decoder_time_upscale = spec.decoder_time_upscale if decoder_time_upscale is None else decoder_time_upscale
         if len(decoder_time_upscale) == 2:
             decoder_time_upscale = (False, *decoder_time_upscale)
         self.spec = spec
@@ -283,6 +308,7 @@ class TAEHV(nn.Module):
         self.latent_channels = spec.latent_channels
         self.arch_variant = spec.arch
         self.is_cogvideox = spec.is_cogvideox
+        self.h3_chunks = spec.h3_chunks
         self.image_channels = 3
         self.encoder_time_downscale = tuple(bool(v) for v in encoder_time_downscale)
         self.decoder_time_upscale = tuple(bool(v) for v in decoder_time_upscale)
@@ -290,8 +316,12 @@ class TAEHV(nn.Module):
 
         pixels = self.image_channels * self.patch_size**2
         self.encoder = build_encoder(pixels, self.latent_channels, self.encoder_time_downscale)
-        build = build_super_decoder if spec.arch == "super" else build_decoder
-        self.decoder = build(self.latent_channels, pixels, self.decoder_time_upscale, self.decoder_space_upscale)
+        if spec.arch == "super":
+            self.decoder = build_super_decoder(self.latent_channels, pixels, self.decoder_time_upscale,
+                                               self.decoder_space_upscale)
+        else:
+            self.decoder = build_decoder(self.latent_channels, pixels, self.decoder_time_upscale,
+                                         self.decoder_space_upscale, wide=spec.arch == "wide")
 
         self.t_downscale = 2 ** sum(b.stride == 2 for b in self.encoder if isinstance(b, TPool))
         self.t_upscale = 2 ** sum(b.stride == 2 for b in self.decoder if isinstance(b, TGrow))
@@ -314,7 +344,7 @@ class TAEHV(nn.Module):
     # -- frame arithmetic ---------------------------------------------------------------
     def plan(self, input_frames: int) -> FramePlan:
         """Frame counts for a clip of ``input_frames`` frames through this model."""
-        return plan_frames(input_frames, self.t_downscale, self.t_upscale, self.is_cogvideox)
+        return plan_frames(input_frames, self.t_downscale, self.t_upscale, self.is_cogvideox, self.h3_chunks)
 
     # -- encode / decode ----------------------------------------------------------------
     def preprocess_input_frames(self, x: torch.Tensor) -> torch.Tensor:
@@ -334,7 +364,18 @@ class TAEHV(nn.Module):
         pad = self.plan(x.shape[1]).padded_frames - x.shape[1]
         if pad:
             x = torch.cat([x, x[:, -1:].expand(-1, pad, -1, -1, -1)], 1)
+        if self.h3_chunks:
+            return self.encode_h3_chunks(x, parallel, show_progress_bar)
         return run_blocks(self.encoder, x, parallel, show_progress_bar)
+
+    def encode_h3_chunks(self, x: torch.Tensor, parallel: bool, show_progress_bar: bool) -> torch.Tensor:
+        """MiniMax H3's time axis: each 17-frame chunk of the (padded) input, after 3 zero
+        frames, is encoded on its own (no memory across chunks); the last 3 latents of
+        the clip are dropped (``models.frames.plan_frames``)."""
+        lead = x.new_zeros(x.shape[0], H3_LEFT_PAD, *x.shape[2:])
+        latents = [run_blocks(self.encoder, torch.cat([lead, chunk], 1), parallel, show_progress_bar)
+                   for chunk in x.split(H3_CHUNK_FRAMES, dim=1)]
+        return torch.cat(latents, 1)[:, :-H3_DROPPED_LATENTS]
 
     def decode_video(
         self, z: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False, clamp: bool = True
@@ -342,9 +383,10 @@ class TAEHV(nn.Module):
         """Decode NTCHW latents to NTCHW frames; frame i matches input frame i."""
         if z.ndim != 5 or z.shape[2] != self.latent_channels:
             raise ValueError(f"expected NTCHW latents with {self.latent_channels} channels, got shape {tuple(z.shape)}")
-        trim = self._frames_to_trim(z.shape[1])
         x = run_blocks(self.decoder, z, parallel, show_progress_bar)
-        return self.postprocess_output_frames(x[:, trim:], clamp)
+        if self.h3_chunks:  # the first t_upscale - 1 frames of every chunk's frames go
+            return self.postprocess_output_frames(x[:, h3_kept_frames(z.shape[1], self.t_downscale, self.t_upscale)], clamp)
+        return self.postprocess_output_frames(x[:, self._frames_to_trim(z.shape[1]):], clamp)
 
     def _frames_to_trim(self, latent_frames: int) -> int:
         return plan_frames(latent_frames * self.t_downscale, self.t_downscale, self.t_upscale, self.is_cogvideox).trimmed_frames
@@ -361,6 +403,10 @@ class TAEHV(nn.Module):
         return AutoencoderOutput(latents, decoded, from_ref)
 
     def stream(self) -> "StreamingTAEHV":
+        if self.h3_chunks:
+            raise NotImplementedError(
+                f"{self.variant} cannot stream: its encoder drops the last 3 latents of a clip, which a stream only "
+                "knows at its end; use encode_video / decode_video (parallel=False keeps memory flat)")
         return StreamingTAEHV(self)
 
 

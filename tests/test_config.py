@@ -111,6 +111,22 @@ def test_frame_counts_with_reference_vae_list_valid_values(tmp_path):
     check(valid(tmp_path, ref_vae_path=str(tmp_path), n_frames=17, variant="taecvx"))
 
 
+@pytest.mark.parametrize("variant, channels, size, bad, with_vae, exact, good", [
+    ("taeltx2_3", 128, 64, 17 + 4, "Valid: 9, 17, 25, 33", "exact values: 1, 9, 17, 25", 121),
+    ("taeh3", 24, 32, 17, "Valid: 22, 39, 56", "exact values: 5, 22, 39, 56", 22),
+])
+def test_frame_counts_of_the_newer_variants_follow_their_plan(tmp_path, variant, channels, size, bad, with_vae, exact,
+                                                               good):
+    """LTX decodes 8k+1 frames exactly; H3 17c - 12, and its VAE needs more than 17 frames."""
+    vae = vae_folder(tmp_path / "vae_root", latent_channels=channels)
+    config = valid(tmp_path, variant=variant, height=size, width=size, ref_vae_path=vae)
+    with pytest.raises(ConfigError, match=with_vae):
+        check(config.replace(n_frames=bad))
+    check(config.replace(n_frames=good))
+    notes = check(valid(tmp_path, variant=variant, height=size, width=size, n_frames=bad))
+    assert any(exact in note for note in notes), notes
+
+
 def test_every_problem_is_reported_at_once(tmp_path):
     with pytest.raises(ConfigError) as err:
         check(valid(tmp_path, height=100, mixed_precision="fp8", annotation_file="nope.json", stride_min=4, stride_max=2))
@@ -124,9 +140,9 @@ def test_patch_size_sets_the_spatial_multiple(tmp_path):
         check(valid(tmp_path, variant="taehv1_5", height=40, width=64))
 
 
-def test_unsupported_variant(tmp_path):
-    with pytest.raises(ConfigError, match="not supported"):
-        check(valid(tmp_path, variant="taeltx_2"))
+def test_unknown_variant_lists_the_known_ones(tmp_path):
+    with pytest.raises(ConfigError, match="unknown TAE variant 'taeltx3'; known variants: .*taeltx2_3_wide"):
+        check(valid(tmp_path, variant="taeltx3"))
 
 
 @pytest.fixture

@@ -191,19 +191,21 @@ def planted(tmp_path_factory, weights) -> dict[str, Path]:
     run = root / "run"
     save_weights(TAEHV(variant="taecvx"), run / "final_model.pth")
     (run / "config.json").write_text(json.dumps({"variant": "taecvx"}))
+    save_weights(TAEHV(variant="taeltx2_3"), root / "taeltx2_3.pth")
     return {"truncated": root / "truncated.safetensors", "pickled": root / "pickled.pth",
-            "plain_pth": root / "taehv_plain.pth", "run_pth": run / "final_model.pth"}
+            "plain_pth": root / "taehv_plain.pth", "run_pth": run / "final_model.pth", "ltx": root / "taeltx2_3.pth"}
 
 
 @pytest.mark.parametrize("model, args, message, one_line", [
-    ("weights", ["--variant", "taexyz"], "unknown TAEHV variant 'taexyz'; known variants: taecvx", True),
+    ("weights", ["--variant", "taexyz"], "unknown TAE variant 'taexyz'; known variants: taecvx", True),
+    ("ltx", ["--height", "48", "--width", "64"], "taeltx2_3 needs multiples of 32 (8 * its patch size 4), e.g. 32x64", True),
     ("weights", ["--variant", "taehv"], "is a taecvx file (its metadata), but --variant taehv was given: drop --variant", True),
     ("run_pth", ["--variant", "taehv"], "is a taecvx file (its run's", True),
     ("plain_pth", ["--variant", "taehv1_5"], "does not fit the taehv1_5 model", False),  # lists each mismatch
     ("truncated", [], "is not a readable safetensors file (damaged or truncated)", True),
     ("pickled", [], "holds objects other than tensors (global: GLOBAL pathlib", True),
     ("weights", ["--n_frames", "41"], "is too short: --n_frames=41 at --stride=1 needs 41 frames", True),
-], ids=["unknown-variant", "variant-vs-metadata", "variant-vs-run-config", "variant-does-not-fit",
+], ids=["unknown-variant", "ltx-size", "variant-vs-metadata", "variant-vs-run-config", "variant-does-not-fit",
         "damaged-safetensors", "refused-pickle", "clip-too-short"])
 def test_user_errors_exit_2_in_one_line(model, args, message, one_line, weights, planted, tmp_path, videos_dir):
     """Weight, variant and data problems end in ``error: ...`` and exit status 2, without a
@@ -214,6 +216,22 @@ def test_user_errors_exit_2_in_one_line(model, args, message, one_line, weights,
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert_user_error(result, message, one_line)
     assert "weights_only=False" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("variant, size, frames, compared", [("taeltx2_3", (32, 64), 9, 9), ("taeh3", (32, 48), 17, 5)])
+def test_newer_variants_evaluate_by_their_published_file_name(variant, size, frames, compared, tmp_path, videos_dir):
+    """A published-name .pth of LTX (8k+1 frames, multiples of 32) or H3 (17-frame chunks:
+    17 frames decode to 5) evaluates with its own frame plan."""
+    path = save_weights(TAEHV(variant=variant), tmp_path / f"{variant}.pth")
+    command = [sys.executable, INFERENCE, "--model_path", str(path), "--videos", str(videos_dir / CLIPS[0]),
+               "--height", str(size[0]), "--width", str(size[1]), "--n_frames", str(frames), "--num_samples", "1",
+               "--output_dir", str(tmp_path / "out")]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["model"]["variant"] == variant
+    assert (metrics["settings"]["n_frames"], metrics["settings"]["compared_frames"]) == (frames, compared)
+    assert len(metrics["samples"][0]["taehv"]["psnr_per_frame"]) == compared
 
 
 def test_debug_keeps_the_traceback(weights, tmp_path, videos_dir):

@@ -25,6 +25,11 @@ from conftest import REPO_ROOT
         ("taehv1_5.pth", "taehv1_5"),
         ("taew2_2.pth", "taew2_2"),
         ("taehv1_5_super.pth", "taehv1_5_super"),
+        ("taew2_2_super.pth", "taew2_2_super"),
+        ("taeh3.pth", "taeh3"),
+        ("taeltx_2.pth", "taeltx_2"),
+        ("taeltx2_3.pth", "taeltx2_3"),
+        ("taeltx2_3_wide.pth", "taeltx2_3_wide"),
         ("final_model.pth", None),
     ],
 )
@@ -32,12 +37,37 @@ def test_variant_from_file_name(file_name, variant):
     assert detect_variant(f"/some/dir/{file_name}") == variant
 
 
-@pytest.mark.parametrize("name", ["taeh3.pth", "taeltx_2.pth"])
-def test_unsupported_variants_say_so(name):
-    with pytest.raises(NotImplementedError, match="not supported"):
-        detect_variant(name)
-    with pytest.raises(NotImplementedError, match="not supported"):
-        TAEHV(variant=name.removesuffix(".pth"))
+PLAN_VARIANTS = ["taehv", "taecvx", "taew2_2_super", "taeh3", "taeltx2_3", "taeltx2_3_wide"]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("variant", PLAN_VARIANTS)
+def test_the_frame_plan_is_what_the_model_does_for_1_to_64_frames(variant):
+    """plan(T) for T = 1..64 gives the latent and decoded frame counts the model produces,
+    at the smallest valid size; decoded frame i shows input frame i (H3's alignment
+    against its VAE: docs/h3_alignment.md)."""
+    torch.manual_seed(0)
+    model = TAEHV(variant=variant).eval()
+    size = 8 * model.patch_size
+    x = torch.rand(1, 64, 3, size, size)
+    for t in range(1, 65):
+        plan = model.plan(t)
+        latents = model.encode_video(x[:, :t])
+        decoded = model.decode_video(latents)
+        assert (latents.shape[1], decoded.shape[1]) == (plan.latent_frames, plan.decoded_frames), (variant, t, plan)
+        assert plan.aligned_frames == min(plan.decoded_frames, t) and plan.target(x[:, :t]).shape[1] == decoded.shape[1]
+        assert model.plan(t) == get_variant(variant).plan(t)  # the one rule, for the model and for the config check
+
+
+def test_frame_plans_of_the_new_variants():
+    """What README's table says: LTX takes 8k+1 frames, H3 17-frame chunks."""
+    ltx, h3 = get_variant("taeltx2_3"), get_variant("taeh3")
+    assert [(ltx.plan(t).latent_frames, ltx.plan(t).decoded_frames) for t in (9, 16, 17, 121)] == \
+        [(2, 9), (2, 9), (3, 17), (16, 121)]
+    assert [(h3.plan(t).latent_frames, h3.plan(t).decoded_frames) for t in (5, 17, 20, 34, 51)] == \
+        [(2, 5), (2, 5), (7, 22), (7, 22), (12, 39)]
+    with pytest.raises(NotImplementedError, match="taeh3 cannot stream"):
+        TAEHV(variant="taeh3").stream()
 
 
 def test_unknown_variant_lists_known_ones():
@@ -254,3 +284,16 @@ def test_channels_last_gives_the_same_video(parallel):
     got = model.decode_video(model.encode_video(x, parallel=parallel), parallel=parallel)
     assert got.shape == expected.shape
     assert torch.allclose(got, expected, atol=1e-5)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("variant", ["taeh3", "taeltx2_3", "taeltx2_3_wide"])
+def test_preview_decoders_of_the_newer_variants_load_full_weights(variant, tmp_path):
+    full = TAEHV(variant=variant)
+    path = save_weights(full, tmp_path / f"{variant}.pth")
+    preview = TAEHV(path, decoder_time_upscale=(False, False)).eval()  # one frame per latent
+    size = 8 * full.patch_size
+    latents = full.encode_video(torch.rand(1, 17, 3, size, size))
+    decoded = preview.decode_video(latents)
+    assert decoded.shape[1] == latents.shape[1] == preview.plan(17).decoded_frames
+    assert decoded.shape[-2:] == (size, size)

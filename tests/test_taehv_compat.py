@@ -1,4 +1,5 @@
-"""Our TAEHV against the published architecture (../shared/compat fixtures).
+"""Our TAEHV against the published architecture (../shared/compat fixtures, and
+../shared/compat/new_variants for taeh3, taeltx2_3, taeltx2_3_wide and taew2_2_super).
 
 Each variant's deterministic recipe weights are saved under the file name users give
 the published weights and loaded through the normal constructor, so file-name variant
@@ -13,46 +14,50 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from models.checkpoint import read_metadata, save_weights
 from models.taehv import TAEHV
 
 ATOL = 1e-4
+FIXTURE_SETS = ("", "new_variants")  # the original six variants (and a preview), then taeh3, taeltx2_3, ...
+
+
+def _load(folder):
+    spec = importlib.util.spec_from_file_location("compat_recipe", folder.parent / "recipe.py"
+                                                  if folder.name == "new_variants" else folder / "recipe.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return recipe, manifest, load_file(str(folder / "expected.safetensors"))
 
 
 @pytest.fixture(scope="module")
-def compat(compat_dir):
-    spec = importlib.util.spec_from_file_location("compat_recipe", compat_dir / "recipe.py")
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
-    manifest = json.loads((compat_dir / "manifest.json").read_text())
-    expected = load_file(str(compat_dir / "expected.safetensors"))
-    return recipe, manifest, expected
-
-
-def _case_names(compat_dir_path):
-    manifest = json.loads((compat_dir_path / "manifest.json").read_text())
-    return [c["name"] for c in manifest["cases"]]
+def fixture_sets(compat_dir):
+    return {name: _load(compat_dir / name) for name in FIXTURE_SETS}
 
 
 def pytest_generate_tests(metafunc):
     if "case_name" in metafunc.fixturenames:
         from conftest import shared_dir
 
-        path = shared_dir() / "compat"
-        names = _case_names(path) if path.exists() else ["fixtures-missing"]
-        metafunc.parametrize("case_name", names)
+        params = []
+        for fixture_set in FIXTURE_SETS:
+            path = shared_dir() / "compat" / fixture_set / "manifest.json"
+            names = [c["name"] for c in json.loads(path.read_text())["cases"]] if path.exists() else ["fixtures-missing"]
+            params += [(fixture_set, name) for name in names]
+        metafunc.parametrize("fixture_set, case_name", params, ids=[name for _, name in params])
 
 
 @pytest.fixture(scope="module")
-def weight_files(compat, tmp_path_factory):
+def weight_files(fixture_sets, tmp_path_factory):
     """Recipe weights of every variant, saved as users name the published files."""
-    recipe, manifest, _ = compat
-    root = tmp_path_factory.mktemp("published")
     files = {}
-    for name, variant in manifest["variants"].items():
-        sd = recipe.recipe_state_dict(variant["state_dict"], **manifest["recipe"])
-        path = root / (variant["checkpoint_file_name"] or f"{name}.pth")
-        torch.save(sd, path)
-        files[name] = path
+    for fixture_set, (recipe, manifest, _) in fixture_sets.items():
+        root = tmp_path_factory.mktemp(f"published{fixture_set}")
+        for name, variant in manifest["variants"].items():
+            sd = recipe.recipe_state_dict(variant["state_dict"], **manifest["recipe"])
+            path = root / (variant["checkpoint_file_name"] or f"{name}.pth")
+            torch.save(sd, path)
+            files[name] = path
     return files
 
 
@@ -63,8 +68,8 @@ def _build(variant_name, variant, path):
 
 
 @torch.no_grad()
-def test_case_matches_reference(case_name, compat, weight_files):
-    recipe, manifest, expected = compat
+def test_case_matches_reference(fixture_set, case_name, fixture_sets, weight_files):
+    recipe, manifest, expected = fixture_sets[fixture_set]
     case = next(c for c in manifest["cases"] if c["name"] == case_name)
     variant = manifest["variants"][case["variant"]]
     model = _build(case["variant"], variant, weight_files[case["variant"]]).eval()
@@ -87,6 +92,9 @@ def test_case_matches_reference(case_name, compat, weight_files):
     plan = model.plan(case["input"]["t"])
     assert (plan.latent_frames, plan.decoded_frames) == (case["latent_shape"][1], case["decoded_shape"][1])
 
+    if variant.get("is_h3"):  # H3's encoder drops the clip's last latents: no streaming
+        with pytest.raises(NotImplementedError, match="cannot stream"):
+            model.stream()
     if f"{case_name}/streamed" in expected:
         stream = model.stream()
         frames = []
@@ -95,3 +103,21 @@ def test_case_matches_reference(case_name, compat, weight_files):
                 frames += stream.decode(latent)
         frames += stream.flush()
         torch.testing.assert_close(torch.cat(frames, 1), expected[f"{case_name}/streamed"], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("fixture_set", FIXTURE_SETS, ids=["original", "new_variants"])
+def test_exports_have_the_published_keys_and_load_back_without_naming_the_variant(fixture_set, fixture_sets, tmp_path):
+    """What we save (.pth in the published key format, .safetensors with metadata) has
+    exactly the published implementation's keys and shapes for every variant, so it loads
+    there; and it loads back here by its published file name or by its metadata."""
+    _, manifest, _ = fixture_sets[fixture_set]
+    for name, variant in manifest["variants"].items():
+        if variant["checkpoint_file_name"] is None:
+            continue
+        model = TAEHV(variant=name)
+        pth = save_weights(model, tmp_path / variant["checkpoint_file_name"])
+        saved = torch.load(pth, weights_only=True)
+        assert [[k, list(v.shape)] for k, v in saved.items()] == [list(item) for item in variant["state_dict"]], name
+        assert TAEHV(pth).variant == name
+        safetensors = save_weights(model, tmp_path / f"{name}_export.safetensors")
+        assert TAEHV(safetensors).variant == name and read_metadata(safetensors)["variant"] == name

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -126,3 +127,18 @@ def test_a_user_error_is_one_line_and_debug_keeps_the_traceback(tmp_path, demo_c
     debug = subprocess.run([*args, "--debug"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr
     assert not any(tmp_path.iterdir())  # no run folder for a configuration error
+
+
+@pytest.mark.parametrize("variant, size, frames", [
+    ("taeh3", 16, 5), ("taeltx2_3", 32, 9), ("taeltx2_3_wide", 32, 9), ("taew2_2_super", 16, 5)])
+def test_every_new_variant_trains_as_a_plain_autoencoder(tmp_path, demo_clips, variant, size, frames):
+    """Two steps of each newer variant at its smallest valid size (8 * patch) and an exact
+    frame count; the export loads into our model by its metadata, and by its published
+    file name for the .pth."""
+    run = run_training(ONE_PROCESS, tmp_path, demo_clips, f"--variant={variant}", f"--height={size}", f"--width={size}",
+                       f"--n_frames={frames}", "--max_train_steps=2", "--num_validation_samples=1", "--use_ema=false")
+    assert "val/psnr" in scalars(run)
+    assert TAEHV(run / "final_model.safetensors").variant == variant
+    published_name = tmp_path / f"{variant}.pth"
+    (run / "final_model.pth").rename(published_name)
+    assert TAEHV(published_name).variant == variant

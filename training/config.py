@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from models.frames import exact_frame_counts, group_sizes, plan_frames
-from models.variants import get_variant, known_variants
+from models.frames import H3_CHUNK_FRAMES, exact_frame_counts, group_sizes
+from models.variants import VariantSpec, get_variant, known_variants
 from training.best_model import METRIC_DIRECTIONS
 from training.errors import ConfigError
 from training.metrics import lpips_unavailable_reason
@@ -222,7 +222,7 @@ def check(config: TrainConfig) -> list[str]:
 
     try:
         spec = get_variant(config.variant)
-    except (ValueError, NotImplementedError) as err:
+    except ValueError as err:
         raise ConfigError(str(err)) from None
     multiple = 8 * spec.patch_size
     need(config.height > 0 and config.width > 0, f"height and width must be positive, got {config.height}x{config.width}")
@@ -253,13 +253,14 @@ def check(config: TrainConfig) -> list[str]:
     need(config.learning_rate > 0, "learning_rate must be > 0")
     need(0 < config.ema_decay < 1, "ema_decay must be in (0, 1)")
 
-    plan = plan_frames(config.n_frames, 4, 4, spec.is_cogvideox)
-    exact = exact_frame_counts(64, 4, 4, spec.is_cogvideox)  # for the messages; the rule is plan.exact, no limit
+    plan = spec.plan(config.n_frames)
+    # for the messages; the rule is plan.exact, no limit
+    exact = exact_frame_counts(64, spec.t_downscale, spec.t_upscale, spec.is_cogvideox, spec.h3_chunks)
     if config.ref_vae_path:
-        valid = [t for t in exact if reference_vae_frames(t)][:8]
-        need(plan.exact and reference_vae_frames(config.n_frames),
+        valid = [t for t in exact if reference_vae_frames(t, spec)][:8]
+        need(plan.exact and reference_vae_frames(config.n_frames, spec),
              f"n_frames={config.n_frames} does not work with a reference VAE and {spec.name}: the reference VAE "
-             f"encodes 4k+1 frames to k+1 latents and the decoder must return exactly the input frames "
+             f"{reference_vae_rule(spec)} and the decoder must return exactly the input frames "
              f"(here {plan.decoded_frames} from {plan.latent_frames} latents). Valid: {', '.join(map(str, valid))}, ...")
         need(config.encoder_loss_weight + config.decoder_loss_weight + config.reconstruction_loss_weight > 0,
              "all loss weights are 0")
@@ -347,9 +348,19 @@ def reference_vae_problems(config: TrainConfig, latent_channels: int) -> list[st
     return problems
 
 
-def reference_vae_frames(n_frames: int) -> bool:
-    """The reference VAEs' own rule: 4k+1 frames (k >= 1) encode to k+1 latents."""
-    return n_frames > 1 and (n_frames - 1) % 4 == 0
+def reference_vae_frames(n_frames: int, spec: VariantSpec) -> bool:
+    """Whether the reference VAE of ``spec`` takes ``n_frames`` frames: ``t_downscale * k + 1``
+    (k >= 1) encode to k+1 latents (4k+1 for most, 8k+1 for LTX); MiniMax H3 pads clips to
+    17-frame chunks and decodes only more than 17 frames (docs/h3_alignment.md)."""
+    if spec.h3_chunks:
+        return n_frames > H3_CHUNK_FRAMES
+    return n_frames > 1 and (n_frames - 1) % spec.t_downscale == 0
+
+
+def reference_vae_rule(spec: VariantSpec) -> str:
+    if spec.h3_chunks:
+        return f"pads clips to {H3_CHUNK_FRAMES}-frame chunks and decodes only clips of more than {H3_CHUNK_FRAMES} frames"
+    return f"encodes {spec.t_downscale}k+1 frames to k+1 latents"
 
 
 def describe(config: TrainConfig) -> str:
