@@ -37,7 +37,7 @@ def test_variant_from_file_name(file_name, variant):
     assert detect_variant(f"/some/dir/{file_name}") == variant
 
 
-PLAN_VARIANTS = ["taehv", "taecvx", "taew2_2_super", "taeh3", "taeltx2_3", "taeltx2_3_wide"]
+PLAN_VARIANTS = known_variants()
 
 
 @torch.no_grad()

@@ -120,7 +120,7 @@ def test_resume_of_missing_checkpoint_is_an_error(tmp_path, demo_clips):
 
 def test_a_user_error_is_one_line_and_debug_keeps_the_traceback(tmp_path, demo_clips):
     args = [sys.executable, TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}",
-            f"--annotation_file={demo_clips['train']}", "--height=0"]
+            f"--annotation_file={demo_clips['train']}", f"--val_annotation_file={demo_clips['val']}", "--height=0"]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         "error: invalid config: height and width must be positive, got 0x32"]
