@@ -234,7 +234,7 @@ def reference_vae(args: argparse.Namespace, model: TAEHV, device: torch.device) 
                             ref_vae_dtype=args.dtype, ref_latent_sample=False, variant=model.variant)
     if not config.ref_vae_path:
         raise ConfigError("--use_ref_vae needs --ref_vae_path (or a --config with ref_vae_path)")
-    return ReferenceVAE.from_config(config, device, model.latent_channels)
+    return ReferenceVAE.from_config(config, device)
 
 
 def is_out_of_memory(err: RuntimeError) -> bool:

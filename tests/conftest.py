@@ -64,3 +64,38 @@ def tiny_cogvideox_vae(tmp_path_factory) -> Path:
         down_block_types=("CogVideoXDownBlock3D",) * 4, up_block_types=("CogVideoXUpBlock3D",) * 4)
     vae.save_pretrained(root / "vae")
     return root
+
+
+# The smallest configs of each teacher class that keep its real latent channels and
+# compression (docs/teachers.md); built, saved and loaded through diffusers in tests.
+TINY_VAES = {
+    "cogvideox": {"block_out_channels": (4, 4, 4, 4), "layers_per_block": 1, "norm_num_groups": 1, "latent_channels": 16},
+    "hunyuan": {"block_out_channels": (4, 4, 4, 4), "layers_per_block": 1, "norm_num_groups": 1, "latent_channels": 16},
+    "hunyuan15": {"block_out_channels": (4, 4, 8, 16, 64), "layers_per_block": 1, "latent_channels": 32},
+    "wan": {"base_dim": 4, "z_dim": 16, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1},
+    "wan22": {"base_dim": 4, "decoder_base_dim": 4, "z_dim": 48, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1,
+              "is_residual": True, "in_channels": 12, "out_channels": 12, "patch_size": 2, "scale_factor_spatial": 16,
+              "scale_factor_temporal": 4, "latents_mean": [0.0] * 48, "latents_std": [1.0] * 48},
+    "ltx2": {"block_out_channels": (8, 8, 16, 32), "decoder_block_out_channels": (8, 16, 32),
+             "layers_per_block": (1, 1, 1, 1, 1), "decoder_layers_per_block": (1, 1, 1, 1), "latent_channels": 128,
+             "decoder_causal": False, "spatial_compression_ratio": 32, "temporal_compression_ratio": 8},
+    "h3": {"latent_channels": 24, "block_out_channels": (4, 4, 4, 4), "layers_per_block": 1,
+           "spatial_downsample_factors": (2, 2, 2, 2), "temporal_downsample_factors": (1, 2, 2, 1), "norm_num_groups": 2,
+           "decoder_num_layers": 1, "decoder_num_attention_heads": 1, "decoder_attention_head_dim": 8,
+           "decoder_num_register_tokens": 1, "decoder_ffn_mult": 1, "latents_mean": (0.0,) * 24,
+           "latents_std": (1.0,) * 24},
+}
+
+
+def save_tiny_vae(root: Path, name: str, **overrides) -> Path:
+    """A tiny VAE of ``name`` (a TINY_VAES key) saved with ``save_pretrained`` into
+    ``root/vae``; returns ``root`` (what ``ref_vae_path`` names)."""
+    import diffusers
+    import torch
+
+    from training.teachers import TEACHERS
+
+    torch.manual_seed(0)
+    teacher = TEACHERS["wan" if name == "wan22" else name]
+    getattr(diffusers, teacher.diffusers_class)(**{**TINY_VAES[name], **overrides}).save_pretrained(root / "vae")
+    return root

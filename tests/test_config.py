@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import save_tiny_vae
 from models.variants import get_variant
 from training.metrics import lpips_unavailable_reason
-from training.config import REF_VAE_CLASSES, ConfigError, TrainConfig, apply_overrides, check, load_config, run_prefix
+from training.config import ConfigError, TrainConfig, apply_overrides, check, load_config, run_prefix
 
 CONFIGS = Path(__file__).resolve().parents[1] / "training" / "configs"
 PRESETS = ["taehv_config", "taehv_config_1gpu_h100", "taehv_config_h100", "taehv_config_a800",
@@ -23,11 +24,9 @@ def valid(tmp_path: Path, **changes) -> TrainConfig:
     return TrainConfig(data_root=str(tmp_path / "videos"), pretrained_model_path="").replace(**changes)
 
 
-def vae_folder(root: Path, class_name: str = "AutoencoderKLCogVideoX", latent_channels: int = 16) -> str:
-    """A diffusers model folder as far as the config check reads it: ``vae/config.json``."""
-    (root / "vae").mkdir(parents=True, exist_ok=True)
-    (root / "vae" / "config.json").write_text(json.dumps({"_class_name": class_name, "latent_channels": latent_channels}))
-    return str(root)
+def vae_folder(root: Path, name: str = "cogvideox", **overrides) -> str:
+    """A tiny diffusers VAE of teacher ``name`` saved into ``root/vae``."""
+    return str(save_tiny_vae(root, name, **overrides))
 
 
 def local_paths(config: TrainConfig, tmp_path: Path) -> dict[str, str]:
@@ -49,9 +48,8 @@ def local_paths(config: TrainConfig, tmp_path: Path) -> dict[str, str]:
         path.write_bytes(b"weights")
         changes["pretrained_model_path"] = str(path)
     if config.ref_vae_path:
-        spec = get_variant(config.variant)
-        vae_folder(tmp_path / "ref_vae", REF_VAE_CLASSES[config.ref_vae_class], spec.latent_channels)
-        changes["ref_vae_path"] = str(tmp_path / "ref_vae")
+        wan22 = config.ref_vae_class == "wan" and get_variant(config.variant).latent_channels == 48
+        changes["ref_vae_path"] = vae_folder(tmp_path / "ref_vae", "wan22" if wan22 else config.ref_vae_class)
     if config.latent_cache_dir:
         (tmp_path / "latent_cache").mkdir()
         changes["latent_cache_dir"] = str(tmp_path / "latent_cache")
@@ -111,15 +109,15 @@ def test_frame_counts_with_reference_vae_list_valid_values(tmp_path):
     check(valid(tmp_path, ref_vae_path=str(tmp_path), n_frames=17, variant="taecvx"))
 
 
-@pytest.mark.parametrize("variant, channels, size, bad, with_vae, exact, good", [
-    ("taeltx2_3", 128, 64, 17 + 4, "Valid: 9, 17, 25, 33", "exact values: 1, 9, 17, 25", 121),
-    ("taeh3", 24, 32, 17, "Valid: 22, 39, 56", "exact values: 5, 22, 39, 56", 22),
+@pytest.mark.parametrize("variant, teacher, size, bad, with_vae, exact, good", [
+    ("taeltx2_3", "ltx2", 64, 17 + 4, "Valid: 9, 17, 25, 33", "exact values: 1, 9, 17, 25", 121),
+    ("taeh3", "h3", 32, 17, "Valid: 22, 39, 56", "exact values: 5, 22, 39, 56", 22),
 ])
-def test_frame_counts_of_the_newer_variants_follow_their_plan(tmp_path, variant, channels, size, bad, with_vae, exact,
+def test_frame_counts_of_the_newer_variants_follow_their_plan(tmp_path, variant, teacher, size, bad, with_vae, exact,
                                                                good):
     """LTX decodes 8k+1 frames exactly; H3 17c - 12, and its VAE needs more than 17 frames."""
-    vae = vae_folder(tmp_path / "vae_root", latent_channels=channels)
-    config = valid(tmp_path, variant=variant, height=size, width=size, ref_vae_path=vae)
+    vae = vae_folder(tmp_path / "vae_root", teacher)
+    config = valid(tmp_path, variant=variant, height=size, width=size, ref_vae_path=vae, ref_vae_class=teacher)
     with pytest.raises(ConfigError, match=with_vae):
         check(config.replace(n_frames=bad))
     check(config.replace(n_frames=good))
@@ -257,14 +255,16 @@ def test_numbers_must_be_finite(tmp_path):
 
 
 def test_the_reference_vae_folder_is_checked_before_launch(tmp_path):
-    """Not a diffusers folder, another VAE class, or latent channels that do not fit the
+    """Not a diffusers folder, another VAE class, or a latent space that does not fit the
     variant: each is a pre-flight error (before any run folder exists) that says what fits."""
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="empty/vae is not a diffusers model folder"):
         check(valid(tmp_path, ref_vae_path=str(tmp_path / "empty"), n_frames=17))
-    wan = vae_folder(tmp_path / "wan", "AutoencoderKLWan", 16)
+    wan = vae_folder(tmp_path / "wan", "wan")
     with pytest.raises(ConfigError, match="holds a AutoencoderKLWan, but ref_vae_class=cogvideox .*: set ref_vae_class=wan"):
         check(valid(tmp_path, ref_vae_path=wan, n_frames=17))
-    wide = vae_folder(tmp_path / "wide", "AutoencoderKLCogVideoX", 48)
-    with pytest.raises(ConfigError, match=r"48 latent channels but taecvx has 16: pick the matching variant \(taew2_2, taew2_2_super\)"):
+    wide = vae_folder(tmp_path / "wide", "cogvideox", latent_channels=48, block_out_channels=(4, 4, 4, 4, 4))
+    with pytest.raises(ConfigError, match=r"the reference VAE has 48 latent channels, 16x space, 4x time but taecvx has "
+                                          r"16 latent channels, 8x space, 4x time: pick the matching variant \(taew2_2, "
+                                          r"taew2_2_super\)"):
         check(valid(tmp_path, ref_vae_path=wide, n_frames=17))

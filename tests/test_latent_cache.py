@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT
-from models.variants import get_variant
 from train_runs import TEST_CONFIG
 from training.cache_latents import entry_point
 from training.config import ConfigError, TrainConfig, load_config
@@ -77,7 +76,7 @@ def online(vae: ReferenceVAE, frames: torch.Tensor, generator: torch.Generator |
 def dataset_and_vae(data: dict, vae_path: Path, *extra: str) -> tuple[TrainConfig, VideoClipDataset, ReferenceVAE]:
     """The config, training set and reference VAE that training would build."""
     config = load_config(TEST_CONFIG, overrides(data, vae_path, *extra))
-    vae = ReferenceVAE.from_config(config, "cpu", get_variant(config.variant).latent_channels)
+    vae = ReferenceVAE.from_config(config, "cpu")
     return config, build_datasets(config)[0], vae
 
 

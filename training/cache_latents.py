@@ -175,7 +175,7 @@ def build_cache(config: TrainConfig, output: str | Path, shard_size: int = 256, 
     _check_folder(output, manifest)
 
     state = process_state()
-    vae = ReferenceVAE.from_config(config, state.device, manifest["valid_for"]["latent_channels"])
+    vae = ReferenceVAE.from_config(config, state.device)
     dataset.probe()  # a broken dataset stops here, not after hours of encoding
     if state.is_main_process:
         output.mkdir(parents=True, exist_ok=True)

@@ -20,21 +20,18 @@ from pathlib import Path
 import torch
 
 from models.frames import H3_CHUNK_FRAMES, exact_frame_counts, group_sizes
-from models.variants import VariantSpec, get_variant, known_variants
+from models.variants import VariantSpec, get_variant
 from training.best_model import METRIC_DIRECTIONS
 from training.errors import ConfigError
 from training.metrics import lpips_unavailable_reason
 from training.resilience import FaultPlan
+from training.teachers import TEACHERS, auto_variant, teacher_problems
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MIXED_PRECISION = ("no", "fp16", "bf16")
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
 # ref_vae_class -> the diffusers class that loads it (training, the latent cache and inference)
-REF_VAE_CLASSES = {
-    "cogvideox": "AutoencoderKLCogVideoX",
-    "hunyuan": "AutoencoderKLHunyuanVideo",
-    "wan": "AutoencoderKLWan",
-}
+REF_VAE_CLASSES = {name: teacher.diffusers_class for name, teacher in TEACHERS.items()}
 # dtype names users type (ref_vae_dtype, inference --dtype) -> torch dtypes
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -68,7 +65,7 @@ class TrainConfig:
     persistent_workers: bool = True
 
     # -- model -----------------------------------------------------------------------
-    variant: str = "taecvx"
+    variant: str = "taecvx"  # a TAE variant (models/variants.py), or "auto": the reference VAE's own
     pretrained_model_path: str = ""  # published or our weights; empty: train from scratch
     decoder_bias_init: float = 0.5  # final decoder conv bias when training from scratch
 
@@ -188,7 +185,16 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     config = namespace.get("config")
     if not isinstance(config, TrainConfig):
         raise ConfigError(f"{path} must define `config = TrainConfig(...)` (got {type(config).__name__})")
-    return apply_overrides(replace(config, config_file=str(path)), list(overrides))
+    return with_auto_variant(apply_overrides(replace(config, config_file=str(path)), list(overrides)))
+
+
+def with_auto_variant(config: TrainConfig) -> TrainConfig:
+    """``variant="auto"`` becomes the reference VAE's own TAE variant (read from its
+    config.json); left as it is when that cannot be told, for ``check`` to explain."""
+    if config.variant != "auto" or not config.ref_vae_path:
+        return config
+    found = auto_variant(config.ref_vae_class, resolve_path(config.ref_vae_path) / config.ref_vae_subfolder)
+    return config if found is None else replace(config, variant=found)
 
 
 def run_prefix(config: TrainConfig) -> str:
@@ -220,6 +226,11 @@ def check(config: TrainConfig) -> list[str]:
     if problems:
         raise invalid_config(problems)
 
+    if config.variant == "auto":
+        vae_problems = teacher_problems(config.ref_vae_class, resolve_path(config.ref_vae_path) / config.ref_vae_subfolder,
+                                        "auto") if config.ref_vae_path and config.ref_vae_class in TEACHERS else []
+        raise invalid_config(vae_problems or ["variant=auto takes the reference VAE's own TAE variant: set ref_vae_path "
+                                              "(and ref_vae_class) to its diffusers folder, or name the variant"])
     try:
         spec = get_variant(config.variant)
     except ValueError as err:
@@ -293,8 +304,8 @@ def check(config: TrainConfig) -> list[str]:
                  "latent_cache_dir"):
         value = getattr(config, name)
         need(not value or resolve_path(value).exists(), f"{name}: {resolve_path(value)} does not exist")
-    if config.ref_vae_path and resolve_path(config.ref_vae_path).exists():
-        problems.extend(reference_vae_problems(config, spec.latent_channels))
+    if config.ref_vae_path and resolve_path(config.ref_vae_path).exists() and config.ref_vae_class in TEACHERS:
+        problems.extend(reference_vae_problems(config))
     need(bool(config.data_root or config.annotation_file), "set data_root (a folder of videos) or annotation_file")
     need(config.best_metric in METRIC_DIRECTIONS,
          f"best_metric={config.best_metric!r}: expected one of {', '.join(METRIC_DIRECTIONS)}")
@@ -320,32 +331,11 @@ def invalid_config(problems: list[str]) -> ConfigError:
                        "invalid config:\n  " + "\n  ".join(problems))
 
 
-def reference_vae_problems(config: TrainConfig, latent_channels: int) -> list[str]:
-    """What makes ``ref_vae_path`` unfit to teach ``config.variant`` (``latent_channels``),
-    read from the model folder's ``config.json`` alone: checked before launch, and before
-    the weights are loaded."""
-    folder = resolve_path(config.ref_vae_path) / config.ref_vae_subfolder
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        return [f"ref_vae_path: {folder} is not a diffusers model folder (no config.json): point ref_vae_path at a "
-                f"local copy such as CogVideoX-2b, whose '{config.ref_vae_subfolder}' subfolder holds the VAE "
-                "(or set ref_vae_subfolder)"]
-    try:
-        vae = json.loads(config_file.read_text())
-    except json.JSONDecodeError as err:
-        return [f"ref_vae_path: {config_file} is not valid JSON ({err})"]
-    problems = []
-    found, expected = vae.get("_class_name"), REF_VAE_CLASSES.get(config.ref_vae_class)
-    if expected is not None and found != expected:
-        matching = [name for name, cls in REF_VAE_CLASSES.items() if cls == found]
-        problems.append(f"{config_file} holds a {found}, but ref_vae_class={config.ref_vae_class} loads {expected}"
-                        + (f": set ref_vae_class={matching[0]}" if matching else ""))
-    channels = vae.get("latent_channels")
-    if channels != latent_channels:
-        fitting = [name for name in known_variants() if get_variant(name).latent_channels == channels]
-        problems.append(f"the reference VAE has {channels} latent channels but {config.variant} has {latent_channels}: "
-                        "pick the matching variant" + (f" ({', '.join(fitting)})" if fitting else ""))
-    return problems
+def reference_vae_problems(config: TrainConfig) -> list[str]:
+    """What makes ``ref_vae_path`` unfit to teach ``config.variant``, read from the model
+    folder's ``config.json`` alone: checked before launch, and before the weights are loaded."""
+    return teacher_problems(config.ref_vae_class, resolve_path(config.ref_vae_path) / config.ref_vae_subfolder,
+                            config.variant)
 
 
 def reference_vae_frames(n_frames: int, spec: VariantSpec) -> bool:

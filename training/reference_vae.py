@@ -1,10 +1,10 @@
-"""The frozen reference VAE (CogVideoX, HunyuanVideo or Wan via diffusers).
+"""The frozen reference VAE: any diffusers video VAE of ``training.teachers.TEACHERS``.
 
 TAEHV lives in the reference VAE's latent space, so its latents are the teacher: encoder
 targets, and decoder inputs. Training, the latent-cache builder and ``inference.py
 --use_ref_vae`` all build it with ``ReferenceVAE.from_config``: loaded once, frozen, kept
 out of ``accelerator.prepare`` (DeepSpeed would demand an optimizer for it). A missing or
-broken model, or one whose latent channels do not fit the TAE variant, is an error at
+broken model, or one whose latent space does not fit the TAE variant, is an error at
 start-up, never a silent fallback to another VAE or to random latents.
 """
 from __future__ import annotations
@@ -16,13 +16,29 @@ import torch
 
 from training.config import DTYPES, REF_VAE_CLASSES, TrainConfig, reference_vae_problems, resolve_path
 from training.errors import ConfigError
+from training.teachers import TEACHERS, teacher_facts
 
 logger = logging.getLogger(__name__)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-def to_diffusers(frames: torch.Tensor) -> torch.Tensor:
-    """NTCHW in [0, 1] -> diffusers' NCTHW in [-1, 1]."""
-    return frames.permute(0, 2, 1, 3, 4).mul(2).sub(1)
+def to_diffusers(frames: torch.Tensor, pixels: str = "signed") -> torch.Tensor:
+    """NTCHW in [0, 1] -> diffusers' NCTHW: in [-1, 1], or ImageNet-normalised (MiniMax H3)."""
+    x = frames.permute(0, 2, 1, 3, 4)
+    if pixels == "imagenet":
+        mean, std = (torch.tensor(v, device=x.device, dtype=x.dtype).view(1, 3, 1, 1, 1) for v in (IMAGENET_MEAN, IMAGENET_STD))
+        return (x - mean) / std
+    return x.mul(2).sub(1)
+
+
+def from_diffusers_pixels(x: torch.Tensor, pixels: str = "signed") -> torch.Tensor:
+    """diffusers' NCTHW decoded pixels -> NTCHW frames in [0, 1] (the inverse of ``to_diffusers``)."""
+    if pixels == "imagenet":
+        mean, std = (torch.tensor(v, device=x.device, dtype=x.dtype).view(1, 3, 1, 1, 1) for v in (IMAGENET_MEAN, IMAGENET_STD))
+        x = x * std + mean
+    else:
+        x = x.add(1).div(2)
+    return x.permute(0, 2, 1, 3, 4).clamp(0, 1)
 
 
 def from_diffusers(latents: torch.Tensor) -> torch.Tensor:
@@ -50,15 +66,19 @@ class ReferenceVAE:
         self.vae.requires_grad_(False)
         self.dtype = DTYPES[dtype]
         self.sample = sample
-        self.latent_channels = self.vae.config.latent_channels
-        logger.info("reference VAE %s from %s (%s, %.1fM parameters, %d latent channels)", REF_VAE_CLASSES[vae_class],
-                    path, dtype, sum(p.numel() for p in self.vae.parameters()) / 1e6, self.latent_channels)
+        self.pixels = TEACHERS[vae_class].pixels
+        self.facts = teacher_facts(vae_class, dict(self.vae.config))
+        self.latent_channels = self.facts.latent_channels
+        # LTX VAEs with timestep conditioning decode at a timestep; 0 is the clean video
+        self.decode_timestep = bool(getattr(self.vae.config, "timestep_conditioning", False))
+        logger.info("reference VAE %s from %s (%s, %.1fM parameters, %s)", REF_VAE_CLASSES[vae_class],
+                    path, dtype, sum(p.numel() for p in self.vae.parameters()) / 1e6, self.facts.describe())
 
     @classmethod
-    def from_config(cls, config: TrainConfig, device: torch.device | str, latent_channels: int) -> ReferenceVAE:
+    def from_config(cls, config: TrainConfig, device: torch.device | str) -> ReferenceVAE:
         """The reference VAE a config names (``ref_vae_*`` keys), checked (before loading it)
-        against the ``latent_channels`` of the TAE variant it teaches."""
-        problems = reference_vae_problems(config, latent_channels)
+        against the TAE variant it teaches."""
+        problems = reference_vae_problems(config)
         if problems:
             raise ConfigError("; ".join(problems))
         return cls(resolve_path(config.ref_vae_path), config.ref_vae_class, config.ref_vae_subfolder,
@@ -67,12 +87,16 @@ class ReferenceVAE:
     @torch.no_grad()
     def encode(self, frames: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None = None) -> torch.Tensor:
         """Raw latents (NTCHW, float32) of NTCHW frames in [0, 1]; no scaling factor applied."""
-        dist = self.vae.encode(to_diffusers(frames).to(self.dtype)).latent_dist
+        dist = self.vae.encode(to_diffusers(frames, self.pixels).to(self.dtype)).latent_dist
         latents = dist.sample(generator=generator) if self.sample else dist.mode()
         return from_diffusers(latents).float()
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """NTCHW frames in [0, 1] from raw NTCHW latents."""
-        frames = self.vae.decode(latents.permute(0, 2, 1, 3, 4).to(self.dtype)).sample
-        return frames.permute(0, 2, 1, 3, 4).float().add(1).div(2).clamp(0, 1)
+        z = latents.permute(0, 2, 1, 3, 4).to(self.dtype)
+        if self.decode_timestep:
+            frames = self.vae.decode(z, torch.zeros(z.shape[0], device=z.device, dtype=z.dtype)).sample
+        else:
+            frames = self.vae.decode(z).sample
+        return from_diffusers_pixels(frames.float(), self.pixels)

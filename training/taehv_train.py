@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path
     torch.autograd.set_detect_anomaly(config.detect_anomaly)
 
     model = build_model(config, resumed=resume_from is not None)
-    ref_vae = ReferenceVAE.from_config(config, accelerator.device, model.latent_channels) if config.ref_vae_path else None
+    ref_vae = ReferenceVAE.from_config(config, accelerator.device) if config.ref_vae_path else None
     data = build_training_data(config, ref_vae)
     step, loader = TrainStep.build(config, accelerator, model, data.latents, faults, stop,
                                    loader=build_train_loader(data.train, config, accelerator.device))
