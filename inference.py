@@ -385,12 +385,12 @@ class Evaluator:
         """First calls pay one-off costs (allocator, kernels), kept out of the timings. One
         frame at the real size does that without the memory of a whole extra clip (with
         --compile the whole clip, so that compilation sees the real shapes)."""
-        frames = frames if self.args.compile else frames[:, :1]
-        with self.doing(f"warming up on {frames.shape[1]} frame(s) of the first clip"):
-            self.model.decode_video(self.model.encode_video(frames, parallel=self.args.parallel),
+        short = frames if self.args.compile else frames[:, :1]
+        with self.doing(f"warming up on {short.shape[1]} frame(s) of the first clip"):
+            self.model.decode_video(self.model.encode_video(short, parallel=self.args.parallel),
                                     parallel=self.args.parallel)
-            if self.ref_vae is not None:
-                self.ref_vae.decode(self.ref_vae.encode(frames))
+            if self.ref_vae is not None:  # MiniMax H3's VAE decodes nothing shorter than 18 frames
+                self.ref_vae.decode(self.ref_vae.encode(frames if self.ref_vae.facts.h3_chunks else short))
 
     def sample(self, i: int, index: int, source: str, frames: torch.Tensor) -> dict:
         """Metrics, timings and output files of sample ``i`` (clip ``index``)."""

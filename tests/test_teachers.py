@@ -1,0 +1,90 @@
+"""Every diffusers video VAE as the teacher: facts from its config, the matching TAE variant,
+and the whole path (two training steps, a one-clip latent cache, inference --use_ref_vae)
+with a tiny instance of each class saved by diffusers and loaded back."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT, save_tiny_vae
+from models.checkpoint import save_weights
+from models.taehv import TAEHV
+from train_runs import ONE_PROCESS, TEST_CONFIG, run_dir, train
+from training.dataset import frames_to_unit
+from training.reference_vae import ReferenceVAE
+from training.teachers import TeacherFacts, auto_variant, teacher_facts, read_vae_config
+
+# tiny VAE, ref_vae_class, facts, the variant "auto" picks, size, an exact frame count
+CASES = [
+    ("hunyuan15", "hunyuan15", TeacherFacts(32, 16, 4), "taehv1_5", 32, 9),
+    ("wan22", "wan", TeacherFacts(48, 16, 4), "taew2_2", 32, 9),
+    ("ltx2", "ltx2", TeacherFacts(128, 32, 8), "taeltx2_3", 64, 9),
+    ("h3", "h3", TeacherFacts(24, 16, 4, h3_chunks=True), "taeh3", 32, 22),
+]
+IDS = [case[0] for case in CASES]
+
+
+@pytest.fixture(scope="module")
+def long_clips(tmp_path_factory) -> dict:
+    """Procedural clips long enough for H3 (more than 17 frames), 64x96."""
+    from training.demo_data import make_demo_dataset
+
+    root = tmp_path_factory.mktemp("long_clips")
+    return {"root": root, **make_demo_dataset(root, num_clips=3, n_frames=24, height=64, width=96, seed=2)}
+
+
+@pytest.mark.parametrize("tiny, ref_vae_class, facts, variant, size, frames", CASES, ids=IDS)
+def test_facts_come_from_the_config_and_match_the_latents(tmp_path, tiny, ref_vae_class, facts, variant, size, frames):
+    """The facts read from config.json (no weights) are what the loaded VAE does: its
+    latents for an exact clip have the TAE plan's shape, and variant=auto picks the TAE."""
+    root = save_tiny_vae(tmp_path, tiny)
+    assert teacher_facts(ref_vae_class, read_vae_config(root / "vae")) == facts
+    assert auto_variant(ref_vae_class, root / "vae") == variant
+    vae = ReferenceVAE(root, ref_vae_class, dtype="fp32", sample=False)
+    clip = frames_to_unit(torch.randint(0, 255, (1, frames, 3, size, size), dtype=torch.uint8), "cpu")
+    latents = vae.encode(clip)
+    plan = TAEHV(variant=variant).plan(frames)
+    assert tuple(latents.shape) == (1, plan.latent_frames, facts.latent_channels, size // facts.spatial_compression,
+                                    size // facts.spatial_compression)
+    decoded = vae.decode(latents)
+    assert decoded.shape[1] >= plan.decoded_frames and 0 <= float(decoded.min()) <= float(decoded.max()) <= 1
+
+
+@pytest.mark.parametrize("tiny, ref_vae_class, facts, variant, size, frames", CASES, ids=IDS)
+def test_train_cache_and_evaluate_with_each_teacher(tmp_path, long_clips, tiny, ref_vae_class, facts, variant, size,
+                                                    frames):
+    root = save_tiny_vae(tmp_path / "teacher", tiny)
+    teacher = [f"--ref_vae_path={root}", f"--ref_vae_class={ref_vae_class}", "--ref_vae_dtype=fp32", "--variant=auto",
+               f"--height={size}", f"--width={size}", f"--n_frames={frames}", "--stride_max=1"]
+    train(ONE_PROCESS, tmp_path / "out", long_clips, *teacher, "--max_train_steps=2", "--num_validation_samples=1",
+          "--mixed_precision=no")
+    run = run_dir(tmp_path / "out")
+    assert json.loads((run / "config.json").read_text())["variant"] == variant
+    assert TAEHV(run / "final_model.safetensors").variant == variant
+
+    one_clip = tmp_path / "one_clip.json"
+    entries = json.loads(Path(long_clips["train"]).read_text())["list"][:1]
+    one_clip.write_text(json.dumps({"total": 1, "list": entries}))
+    cache = subprocess.run([sys.executable, "-m", "training.cache_latents", "--config", TEST_CONFIG, *teacher,
+                            f"--data_root={long_clips['root']}", f"--annotation_file={one_clip}",
+                            "--output", str(tmp_path / "cache"), "--dtype", "fp32"],
+                           capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert cache.returncode == 0, cache.stderr[-3000:]
+    assert json.loads((tmp_path / "cache" / "manifest.json").read_text())["valid_for"]["latent_channels"] == \
+        facts.latent_channels
+
+    weights = save_weights(TAEHV(variant=variant), tmp_path / f"{variant}.safetensors")
+    evaluation = subprocess.run([sys.executable, "inference.py", "--model_path", str(weights), "--videos",
+                                 str(Path(long_clips["root"]) / entries[0]["path"]), "--n_frames", str(frames),
+                                 "--height", str(size), "--width", str(size), "--num_samples", "1", "--use_ref_vae",
+                                 "--ref_vae_path", str(root), "--ref_vae_class", ref_vae_class,
+                                 "--output_dir", str(tmp_path / "eval")],
+                                capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert evaluation.returncode == 0, evaluation.stderr[-3000:]
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert "reference" in metrics["samples"][0] and metrics["model"]["variant"] == variant
