@@ -42,6 +42,7 @@ from training.dataset import (  # noqa: E402
 from training.errors import ConfigError, exit_on_config_error  # noqa: E402
 from training.metrics import (  # noqa: E402
     frame_psnr, lpips_unavailable_reason, video_lpips, video_mse, video_psnr, video_ssim, video_temporal_error)
+from training.latent_check import rms_ratio  # noqa: E402
 from training.reference_vae import ReferenceVAE  # noqa: E402
 
 logger = logging.getLogger("inference")
@@ -324,6 +325,9 @@ def summarise(samples: list[dict]) -> dict:
         }
         if "decode_peak_mb" in ours and "decode_peak_mb" in ref:
             comparison["decode_memory_saving"] = 1 - ours["decode_peak_mb"]["mean"] / ref["decode_peak_mb"]["mean"]
+        ratios = [s["latent_rms_ratio"] for s in samples if "latent_rms_ratio" in s]
+        if ratios:  # the model's latent RMS over the reference VAE's (training.latent_check)
+            comparison["latent_rms_ratio"] = statistics.fmean(ratios)
         summary["comparison"] = comparison
     return summary
 
@@ -410,7 +414,9 @@ class Evaluator:
         ref_decoded = None
         if self.ref_vae is not None:
             with self.doing(f"running the reference VAE on sample {i + 1}"):
-                result["reference"], ref_decoded = self.reference(frames)
+                result["reference"], ref_decoded, ref_latents = self.reference(frames)
+            if ref_latents.shape == latents.shape:  # the same latent space: are they on the same scale?
+                result["latent_rms_ratio"] = float(rms_ratio(latents, ref_latents))
             line += f"\n  Reference VAE - PSNR={result['reference']['psnr']:.1f}dB, " \
                     f"decode {result['reference']['decode_s'] / dec_s:.1f}x slower than TAEHV"
         tqdm.write(line)
@@ -418,15 +424,15 @@ class Evaluator:
             result["files"] = self.write_files(i, source, target, decoded, latents, ref_decoded)
         return result
 
-    def reference(self, frames: torch.Tensor) -> tuple[dict, torch.Tensor]:
-        """(metrics and timings, decoded frames) of the reference VAE on ``frames``."""
+    def reference(self, frames: torch.Tensor) -> tuple[dict, torch.Tensor, torch.Tensor]:
+        """(metrics and timings, decoded frames, latents) of the reference VAE on ``frames``."""
         ref_latents, enc_s, enc_mb = timed(lambda: self.ref_vae.encode(frames), self.device)
         decoded, dec_s, dec_mb = timed(lambda: self.ref_vae.decode(ref_latents), self.device)
         n = min(decoded.shape[1], frames.shape[1])
         metrics = {**quality(decoded[:, :n], frames[:, :n].float(), self.use_lpips), "encode_s": enc_s, "decode_s": dec_s}
         if enc_mb is not None:
             metrics.update(encode_peak_mb=enc_mb, decode_peak_mb=dec_mb)
-        return metrics, decoded[:, :n]
+        return metrics, decoded[:, :n], ref_latents
 
     def write_files(self, i: int, source: str, target: torch.Tensor, decoded: torch.Tensor, latents: torch.Tensor,
                     ref_decoded: torch.Tensor | None) -> dict:

@@ -16,6 +16,7 @@ from models.checkpoint import save_weights
 from models.taehv import TAEHV
 from train_runs import ONE_PROCESS, TEST_CONFIG, run_dir, train
 from training.dataset import frames_to_unit
+from training.latent_check import compare, diagnose
 from training.reference_vae import ReferenceVAE
 from training.teachers import TeacherFacts, auto_variant, teacher_facts, read_vae_config
 
@@ -88,3 +89,18 @@ def test_train_cache_and_evaluate_with_each_teacher(tmp_path, long_clips, tiny, 
     assert evaluation.returncode == 0, evaluation.stderr[-3000:]
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert "reference" in metrics["samples"][0] and metrics["model"]["variant"] == variant
+    assert metrics["summary"]["comparison"]["latent_rms_ratio"] == metrics["samples"][0]["latent_rms_ratio"] > 0
+    assert "latent_rms_ratio" in (tmp_path / "eval" / "summary_report.html").read_text()
+
+
+def test_the_latent_scale_check_names_normalised_latents_and_a_wrong_variant():
+    """Raw latents agree; latents normalised per channel (a pipeline's latents_mean/std
+    applied) or far off in scale (another variant's weights) are diagnosed."""
+    torch.manual_seed(0)
+    raw = torch.randn(2, 3, 16, 4, 4) * torch.linspace(1.0, 6.0, 16).view(1, 1, 16, 1, 1) + 1.5  # RMS ~4
+    assert diagnose(compare(raw * 1.1, raw)) is None
+    flat = raw.transpose(0, 2).flatten(1)
+    normalised = (raw - flat.mean(1).view(1, 1, 16, 1, 1)) / flat.std(1).view(1, 1, 16, 1, 1)
+    assert "look normalised" in diagnose(compare(raw, normalised))  # the model on raw latents, the reference not
+    wrong = diagnose(compare(raw * 8, raw))
+    assert "ratio 8" in wrong and "another variant" in wrong

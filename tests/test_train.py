@@ -47,7 +47,8 @@ def test_single_process_with_reference_vae_bf16(tmp_path, demo_clips, tiny_cogvi
     logged = scalars(run)
     for tag in ("train/loss", "train/encoder_loss", "train/decoder_loss", "train/reconstruction_loss",
                 "train/learning_rate", "train/gradient_norm", "train/gpu_memory_gb", "train/samples_per_second",
-                "train/data_failures", "val/psnr", "val/ssim", "val/mse", "val/psnr_from_reference_latents"):
+                "train/data_failures", "train/latent_rms_ratio", "val/psnr", "val/ssim", "val/mse",
+                "val/psnr_from_reference_latents"):
         assert tag in logged, tag
         assert all(v == v for v in logged[tag]), tag  # no NaN
     assert len(logged["train/loss"]) == 4 and "val/reconstruction" in logged["__images__"]

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from models.taehv import AutoencoderOutput
+from training.latent_check import rms_ratio
 
 
 def _mse(pred: torch.Tensor, target: torch.Tensor, what: str) -> torch.Tensor:
@@ -29,7 +30,8 @@ def compute_losses(
     reconstruction_weight: float,
     lpips_weight: float = 0.0,
 ) -> dict[str, torch.Tensor]:
-    """Weighted total ``loss`` plus each term that was computed (unweighted, for logging)."""
+    """Weighted total ``loss`` plus each term that was computed (unweighted, for logging),
+    and the latent RMS ratio to the reference (``training.latent_check``) when there is one."""
     terms: dict[str, tuple[torch.Tensor, float]] = {}
     if reference_latents is not None:
         terms["encoder_loss"] = (_mse(out.latents, reference_latents, "encoder loss"), encoder_weight)
@@ -44,4 +46,6 @@ def compute_losses(
         raise RuntimeError("no loss term was computed: give reference latents or decode the model's own latents")
     losses = {name: value for name, (value, _) in terms.items()}
     losses["loss"] = sum(weight * value for value, weight in terms.values())
+    if reference_latents is not None:  # logged beside the losses (train/latent_rms_ratio), not trained on
+        losses["latent_rms_ratio"] = rms_ratio(out.latents, reference_latents)
     return losses

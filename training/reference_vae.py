@@ -66,7 +66,7 @@ class ReferenceVAE:
         self.vae.requires_grad_(False)
         self.dtype = DTYPES[dtype]
         self.sample = sample
-        self.pixels = TEACHERS[vae_class].pixels
+        self.pixels, self.one_clip_at_a_time = TEACHERS[vae_class].pixels, TEACHERS[vae_class].one_clip_at_a_time
         self.facts = teacher_facts(vae_class, dict(self.vae.config))
         self.latent_channels = self.facts.latent_channels
         # LTX VAEs with timestep conditioning decode at a timestep; 0 is the clean video
@@ -87,6 +87,9 @@ class ReferenceVAE:
     @torch.no_grad()
     def encode(self, frames: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None = None) -> torch.Tensor:
         """Raw latents (NTCHW, float32) of NTCHW frames in [0, 1]; no scaling factor applied."""
+        if self.one_clip_at_a_time and frames.shape[0] > 1:
+            generators = generator if isinstance(generator, list) else [generator] * frames.shape[0]
+            return torch.cat([self.encode(clip[None], g) for clip, g in zip(frames, generators)])
         dist = self.vae.encode(to_diffusers(frames, self.pixels).to(self.dtype)).latent_dist
         latents = dist.sample(generator=generator) if self.sample else dist.mode()
         return from_diffusers(latents).float()
@@ -94,6 +97,8 @@ class ReferenceVAE:
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """NTCHW frames in [0, 1] from raw NTCHW latents."""
+        if self.one_clip_at_a_time and latents.shape[0] > 1:
+            return torch.cat([self.decode(clip[None]) for clip in latents])
         z = latents.permute(0, 2, 1, 3, 4).to(self.dtype)
         if self.decode_timestep:
             frames = self.vae.decode(z, torch.zeros(z.shape[0], device=z.device, dtype=z.dtype)).sample

@@ -46,11 +46,12 @@ from tqdm.auto import tqdm  # noqa: E402
 from training.best_model import BestTracker  # noqa: E402
 from training.checkpointing import DiskFullError, load_training_state, new_run_dir, remove_partial_checkpoints, resolve_resume, save_checkpoint  # noqa: E402
 from training.config import TrainConfig, check, describe, load_config  # noqa: E402
-from training.data import batches_until_data_error, build_train_loader, build_training_data  # noqa: E402
-from training.dataset import VideoClipDataset, VideoDataError  # noqa: E402
+from training.data import TrainingData, batches_until_data_error, build_train_loader, build_training_data  # noqa: E402
+from training.dataset import VideoClipDataset, VideoDataError, frames_to_unit  # noqa: E402
 from training.distributed import process_group_backend, process_state  # noqa: E402
 from training.errors import EXIT_USER_ERROR, USER_ERRORS, ConfigError, debug_requested  # noqa: E402
 from training.export import export_best_model, export_weights  # noqa: E402
+from training.latent_check import check_at_start  # noqa: E402
 from training.monitoring import Monitor  # noqa: E402
 from training.reference_vae import ReferenceVAE  # noqa: E402
 from training.resilience import FaultPlan, StopRequest, agree, broadcast_flag  # noqa: E402
@@ -298,6 +299,8 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path
                                      config.early_stopping_patience, config.early_stopping_min_delta)
         logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume_from, progress.step, progress.epoch,
                     progress.batch_in_epoch)
+    if data.latents.available:
+        check_latent_scale(step, data, pretrained=bool(config.pretrained_model_path or resume_from))
     if accelerator.is_main_process:  # only once the start-up worked: a failed resume leaves the run as it was
         (run_dir / "config.json").write_text(describe(config))
     if agree([stop.requested], accelerator.device)[0]:
@@ -334,6 +337,18 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path
             progress.batch_in_epoch = 0
     cadence.close()
     return finish(stop_reason, cadence, stop, data_error)
+
+
+@torch.no_grad()
+def check_latent_scale(step: TrainStep, data: TrainingData, pretrained: bool, clips: int = 2) -> None:
+    """The model's latents of a few training clips against their reference latents
+    (``training.latent_check``); draws nothing from the run's random streams."""
+    device = step.accelerator.device
+    items = [data.train[i] for i in range(min(clips, len(data.train)))]
+    batch = {key: torch.stack([item[key] for item in items]) for key in ("frames", "latents") if key in items[0]}
+    frames = frames_to_unit(batch["frames"], device)
+    reference = data.latents(batch, frames, torch.Generator(device).manual_seed(0))
+    check_at_start(step.net.encode_video(frames.to(step.input_dtype)), reference, pretrained)
 
 
 def finish(stop_reason: str, cadence: Cadence, stop: StopRequest, data_error: VideoDataError | None) -> Path:

@@ -27,12 +27,13 @@ class Teacher:
     variants: tuple[str, ...]  # its published TAEs, the first that fits is taken by variant="auto"
     pixels: str = "signed"  # "signed": [-1, 1]; "imagenet": ImageNet-normalised [0, 1] (MiniMax H3)
     model: str = ""  # the video model it belongs to, for messages and docs
+    one_clip_at_a_time: bool = False  # diffusers 0.42's HunyuanVideo 1.5 attention mask breaks on batches > 1
 
 
 TEACHERS = {
     "cogvideox": Teacher("AutoencoderKLCogVideoX", ("taecvx",), model="CogVideoX"),
     "hunyuan": Teacher("AutoencoderKLHunyuanVideo", ("taehv",), model="HunyuanVideo"),
-    "hunyuan15": Teacher("AutoencoderKLHunyuanVideo15", ("taehv1_5",), model="HunyuanVideo 1.5"),
+    "hunyuan15": Teacher("AutoencoderKLHunyuanVideo15", ("taehv1_5",), model="HunyuanVideo 1.5", one_clip_at_a_time=True),
     "wan": Teacher("AutoencoderKLWan", ("taew2_1", "taew2_2"), model="Wan 2.1 (16 channels) / Wan 2.2 5B (48)"),
     "ltx": Teacher("AutoencoderKLLTXVideo", ("taeltx_2",), model="LTX-Video"),
     "ltx2": Teacher("AutoencoderKLLTX2Video", ("taeltx2_3", "taeltx_2"), model="LTX-2 / LTX-2.3"),
