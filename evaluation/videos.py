@@ -75,7 +75,7 @@ def latent_picture(latents: torch.Tensor, scale: int = 4) -> np.ndarray:
     t, c, h, w = latents.shape
     flat = latents.detach().float().cpu().permute(0, 2, 3, 1).reshape(-1, c)
     flat = flat - flat.mean(0)
-    _, _, v = torch.pca_lowrank(flat, q=min(3, c), center=False)
+    _, _, v = torch.pca_lowrank(flat, q=min(3, *flat.shape), center=False)  # tiny latents: fewer values than 3
     rgb = flat @ v[:, :3]
     lo, hi = rgb.quantile(0.01, 0), rgb.quantile(0.99, 0)
     rgb = ((rgb - lo) / (hi - lo).clamp_min(1e-6)).clamp(0, 1)

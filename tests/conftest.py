@@ -76,6 +76,8 @@ TINY_VAES = {
     "wan22": {"base_dim": 4, "decoder_base_dim": 4, "z_dim": 48, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1,
               "is_residual": True, "in_channels": 12, "out_channels": 12, "patch_size": 2, "scale_factor_spatial": 16,
               "scale_factor_temporal": 4, "latents_mean": [0.0] * 48, "latents_std": [1.0] * 48},
+    "ltx": {"block_out_channels": (8, 8, 8, 8), "decoder_block_out_channels": (8, 8, 8, 8),
+            "layers_per_block": (1, 1, 1, 1, 1), "decoder_layers_per_block": (1, 1, 1, 1, 1), "latent_channels": 128},
     "ltx2": {"block_out_channels": (8, 8, 16, 32), "decoder_block_out_channels": (8, 16, 32),
              "layers_per_block": (1, 1, 1, 1, 1), "decoder_layers_per_block": (1, 1, 1, 1), "latent_channels": 128,
              "decoder_causal": False, "spatial_compression_ratio": 32, "temporal_compression_ratio": 8},

@@ -24,6 +24,7 @@ from training.teachers import TeacherFacts, auto_variant, teacher_facts, read_va
 CASES = [
     ("hunyuan15", "hunyuan15", TeacherFacts(32, 16, 4), "taehv1_5", 32, 9),
     ("wan22", "wan", TeacherFacts(48, 16, 4), "taew2_2", 32, 9),
+    ("ltx", "ltx", TeacherFacts(128, 32, 8), "taeltx_2", 32, 9),
     ("ltx2", "ltx2", TeacherFacts(128, 32, 8), "taeltx2_3", 64, 9),
     ("h3", "h3", TeacherFacts(24, 16, 4, h3_chunks=True), "taeh3", 32, 22),
 ]
@@ -104,3 +105,14 @@ def test_the_latent_scale_check_names_normalised_latents_and_a_wrong_variant():
     assert "look normalised" in diagnose(compare(raw, normalised))  # the model on raw latents, the reference not
     wrong = diagnose(compare(raw * 8, raw))
     assert "ratio 8" in wrong and "another variant" in wrong
+
+
+def test_a_pretrained_model_off_the_reference_scale_is_a_loud_warning_at_start(tmp_path, demo_clips,
+                                                                               tiny_cogvideox_vae):
+    """Weights that do not belong to this latent space (here: untrained ones given as
+    pretrained weights) are reported before the first step, with the likely cause."""
+    pretrained = save_weights(TAEHV(variant="taecvx"), tmp_path / "not_for_this_vae.pth")
+    train(ONE_PROCESS, tmp_path / "out", demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}", "--ref_vae_dtype=fp32",
+          f"--pretrained_model_path={pretrained}", "--max_train_steps=1", "--num_validation_samples=1")
+    log = (run_dir(tmp_path / "out") / "train.log").read_text()
+    assert "WARNING latent scale check: the model's latents have RMS" in log and "likely cause" in log
