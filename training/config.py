@@ -71,7 +71,7 @@ class TrainConfig:
 
     # -- reference VAE (empty path: plain autoencoder training) ------------------------
     ref_vae_path: str = ""  # diffusers model folder, e.g. a local copy of CogVideoX-2b
-    ref_vae_class: str = "cogvideox"
+    ref_vae_class: str = "cogvideox"  # one of training.teachers.TEACHERS (docs/teachers.md)
     ref_vae_subfolder: str = "vae"
     ref_vae_dtype: str = "bf16"  # "fp32", "bf16" or "fp16"
     ref_latent_sample: bool = True  # latent_dist.sample() (recipe); False: the mode
