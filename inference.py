@@ -40,6 +40,7 @@ from training.config import DTYPES, REF_VAE_CLASSES, TrainConfig, load_config, r
 from training.dataset import (  # noqa: E402
     VIDEO_EXTENSIONS, BadClipError, VideoClipDataset, VideoDataError, find_videos, frames_to_unit, probe_video)
 from training.errors import ConfigError, exit_on_config_error  # noqa: E402
+from training.export import run_folder_of  # noqa: E402
 from training.metrics import (  # noqa: E402
     frame_psnr, lpips_unavailable_reason, video_lpips, video_mse, video_psnr, video_ssim, video_temporal_error)
 from training.latent_check import rms_ratio  # noqa: E402
@@ -97,21 +98,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run_config_of(weights: Path) -> Path | None:
-    """The ``config.json`` of the training run that wrote ``weights``: next to
-    ``final_model.*``, one level above ``best_model/``, two above ``checkpoints/checkpoint-N/``."""
-    folder = weights.parent
-    if weights.name.startswith("final_model"):
-        run_dir = folder
-    elif folder.name == "best_model":
-        run_dir = folder.parent
-    elif folder.parent.name == "checkpoints":
-        run_dir = folder.parent.parent
-    else:
-        return None
-    return run_dir / "config.json" if (run_dir / "config.json").is_file() else None
-
-
 def checked_variant(name: str) -> str:
     """The canonical name of a ``--variant``; an unknown one is the user's to fix."""
     try:
@@ -127,7 +113,8 @@ def model_variant(requested: str | None, path: Path) -> str | None:
     A ``--variant`` that contradicts the file's metadata or its run's config is refused: it
     would evaluate the file with another frame rule and label the results wrongly."""
     metadata = read_metadata(path).get("variant")
-    run_config = run_config_of(path)
+    run = run_folder_of(path)
+    run_config = run / "config.json" if run is not None else None
     from_run = json.loads(run_config.read_text()).get("variant") if run_config and not metadata else None
     if requested is None:
         return from_run

@@ -143,3 +143,29 @@ def test_every_new_variant_trains_as_a_plain_autoencoder(tmp_path, demo_clips, v
     published_name = tmp_path / f"{variant}.pth"
     (run / "final_model.pth").rename(published_name)
     assert TAEHV(published_name).variant == variant
+
+
+def test_the_export_bundle_of_a_run(tmp_path, demo_clips, tiny_cogvideox_vae):
+    """A run writes export/ at its end; `python -m training.export` writes the same from a
+    run folder (with an fp16 copy). Every weight file loads strictly into our model without
+    naming the variant and into a freshly built published-format model; the model card says
+    what the model is, what it was trained on and how it validated."""
+    run = run_training(ONE_PROCESS, tmp_path / "out", demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}",
+                       "--ref_vae_dtype=fp32", "--max_train_steps=2")
+    bundle = run / "export"
+    assert sorted(p.name for p in bundle.iterdir()) == ["README.md", "taecvx.pth", "taecvx.safetensors"]
+    result = subprocess.run([sys.executable, "-m", "training.export", str(run), "--out", str(tmp_path / "cli"), "--fp16"],
+                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "cli").iterdir()) == [
+        "README.md", "taecvx.pth", "taecvx.safetensors", "taecvx_fp16.safetensors"]
+    for path in [*bundle.glob("taecvx*"), *(tmp_path / "cli").glob("taecvx*")]:
+        ours = TAEHV(path)  # strict, variant from the file's name or metadata
+        assert ours.variant == "taecvx"
+        published = TAEHV(variant="taecvx")
+        state = torch.load(path, weights_only=True) if path.suffix == ".pth" else load_file(str(path))
+        published.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    card = (bundle / "README.md").read_text()
+    assert "# taecvx (TAE)" in card and "CogVideoX" in card and "Frame rule: T -> ceil(T/4)" in card
+    assert "## Validation" in card and "val/psnr" in card and "taehv_train.py" in card and "Training: 2 of 2 steps" in card
+    assert "python -m training.export" in (tmp_path / "cli" / "README.md").read_text()

@@ -50,7 +50,7 @@ from training.data import TrainingData, batches_until_data_error, build_train_lo
 from training.dataset import VideoClipDataset, VideoDataError, frames_to_unit  # noqa: E402
 from training.distributed import process_group_backend, process_state  # noqa: E402
 from training.errors import EXIT_USER_ERROR, USER_ERRORS, ConfigError, debug_requested  # noqa: E402
-from training.export import export_best_model, export_weights  # noqa: E402
+from training.export import BUNDLE_FOLDER, export_best_model, export_weights, write_bundle  # noqa: E402
 from training.latent_check import check_at_start  # noqa: E402
 from training.monitoring import Monitor  # noqa: E402
 from training.reference_vae import ReferenceVAE  # noqa: E402
@@ -99,16 +99,21 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     return load_config(args.config, overrides)
 
 
-def resume_command(checkpoint: Path | str = "latest") -> str:
-    """The command that continues this run from ``checkpoint``: the one that started it
-    (the launch script's, which it passes in TAEHV_LAUNCH_COMMAND, else this script's),
-    any earlier ``--resume`` replaced."""
+def launch_command() -> list[str]:
+    """The command that started this run: the launch script's (it passes it in
+    TAEHV_LAUNCH_COMMAND), else this script's."""
     launch = os.environ.get("TAEHV_LAUNCH_COMMAND")
     words = shlex.split(launch) if launch else [sys.executable, *sys.argv]
     if not launch and "LOCAL_RANK" in os.environ:  # started by accelerate launch / torchrun
         words[:1] = ["accelerate", "launch", "<the same launch options>"]
+    return words
+
+
+def resume_command(checkpoint: Path | str = "latest") -> str:
+    """The command that continues this run from ``checkpoint``: the one that started it,
+    any earlier ``--resume`` replaced."""
     kept, skip = [], False
-    for word in words:
+    for word in launch_command():
         if skip or word.startswith(("--resume=", "--resume_from_checkpoint=")):
             skip = False
             continue
@@ -299,10 +304,12 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path
                                      config.early_stopping_patience, config.early_stopping_min_delta)
         logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume_from, progress.step, progress.epoch,
                     progress.batch_in_epoch)
-    if data.latents.available:
-        check_latent_scale(step, data, pretrained=bool(config.pretrained_model_path or resume_from))
+    if data.latents.available:  # a run from published or earlier weights must already be on the reference scale
+        check_latent_scale(step, data, pretrained=bool(config.pretrained_model_path))
     if accelerator.is_main_process:  # only once the start-up worked: a failed resume leaves the run as it was
         (run_dir / "config.json").write_text(describe(config))
+        with open(run_dir / "command.txt", "a") as commands:  # every start of the run, for the model card
+            commands.write(shlex.join(launch_command()) + "\n")
     if agree([stop.requested], accelerator.device)[0]:
         logger.info("stopped on %s during start-up, before the first step: nothing new to save",
                     stop.signal_name or "a signal received by another rank")
@@ -382,6 +389,9 @@ def finish(stop_reason: str, cadence: Cadence, stop: StopRequest, data_error: Vi
     export_weights(accelerator, step.model, step.ema, run_dir, "final_model")
     if accelerator.is_main_process:
         logger.info("saved %s and %s", run_dir / "final_model.pth", run_dir / "final_model.safetensors")
+        bundle = write_bundle(run_dir / "final_model.safetensors", run_dir / BUNDLE_FOLDER,
+                              command="training/taehv_train.py at the end of the run")
+        logger.info("wrote the export bundle %s (%s)", run_dir / BUNDLE_FOLDER, ", ".join(p.name for p in bundle))
     accelerator.end_training()
     return run_dir
 
