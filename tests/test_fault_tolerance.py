@@ -363,3 +363,38 @@ def test_early_stopping_and_best_model_on_two_processes(tmp_path, demo_clips):
     for weights in (run / "best_model" / "weights.safetensors", run / "best_model" / "weights.pth",
                     run / "final_model.safetensors"):
         TAEHV(weights, variant="taecvx")  # strict load of full fp32 published-format weights
+
+
+@pytest.mark.parametrize("launcher, options", [
+    pytest.param(ONE_PROCESS, SERAENA, id="1-process-seraena"),
+    pytest.param(deepspeed_zero2(29550), ["--mixed_precision=bf16"], id="2-process-deepspeed-zero2-bf16"),
+])
+def test_decoder_only_fine_tuning_keeps_the_encoder_and_resumes_exactly(tmp_path, demo_clips, launcher, options):
+    """train_encoder=false from stage-1 weights, with EMA (and Seraena on one process): the
+    encoder comes out bit-identical (also when DeepSpeed keeps the module in bf16), has no
+    optimizer state, and SIGTERM + resume ends bit-identical to an uninterrupted run."""
+    from models.checkpoint import save_weights
+    from models.taehv import TAEHV
+
+    torch.manual_seed(3)
+    stage1 = save_weights(TAEHV(variant="taecvx"), tmp_path / "stage1.safetensors")
+    common = ["--run_name=run", "--max_train_steps=4", "--checkpointing_steps=1", "--train_encoder=false",
+              f"--pretrained_model_path={stage1}", "--validation_every=100", *options]
+    train(launcher, tmp_path / "full", demo_clips, *common)
+    train(launcher, tmp_path / "resumed", demo_clips, *common, "--fault_injection=sigterm@3")
+    train(launcher, tmp_path / "resumed", demo_clips, *common, "--resume=latest")
+    full, resumed = tmp_path / "full" / "run", tmp_path / "resumed" / "run"
+    assert "resumed from" in (resumed / "train.log").read_text()
+    assert_identical(full / "final_model.safetensors", resumed / "final_model.safetensors")
+    before, after = tensors(stage1), tensors(full / "final_model.safetensors")
+    encoder = [k for k in before if k.startswith("encoder.")]
+    assert encoder and all(torch.equal(before[k], after[k]) for k in encoder)  # bit-identical
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("decoder."))
+    last = full / "checkpoints" / "checkpoint-4"
+    optimizer_files = sorted(last.glob("optimizer*.json"))
+    decoder_tensors = sum(1 for k in before if k.startswith("decoder."))
+    if launcher is ONE_PROCESS:  # AdamW state: one entry per decoder parameter, none for the encoder
+        state = json.loads((last / "optimizer.json").read_text())["tree"]
+        assert len(state["__dict__"][0][1]["__dict__"]) == decoder_tensors
+    else:
+        assert len(optimizer_files) == 2  # the ZeRO shards (decoder only, checked by the bit-identical encoder)

@@ -349,6 +349,7 @@ class TrainingObjects:
     ema: Any | None
     generator: torch.Generator
     extras: dict[str, Stateful] = field(default_factory=dict)  # per-rank state, e.g. Seraena
+    frozen: dict[str, torch.Tensor] = field(default_factory=dict)  # fp32 weights that do not train (a frozen encoder)
 
     @property
     def deepspeed(self) -> bool:

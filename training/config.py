@@ -67,6 +67,7 @@ class TrainConfig:
     # -- model -----------------------------------------------------------------------
     variant: str = "taecvx"  # a TAE variant (models/variants.py), or "auto": the reference VAE's own
     pretrained_model_path: str = ""  # published or our weights; empty: train from scratch
+    train_encoder: bool = True  # False: decoder-only fine-tuning; the encoder (and so the latent space) stays as loaded
     decoder_bias_init: float = 0.5  # final decoder conv bias when training from scratch
 
     # -- reference VAE (empty path: plain autoencoder training) ------------------------
@@ -296,6 +297,10 @@ def check(config: TrainConfig) -> list[str]:
              f"even train_batch_size" + (f" or n_seraena_frames in {even}" if even else ""))
         need(config.seraena_buffer_size >= 1, "seraena_buffer_size must be >= 1")
         need(config.seraena_learning_rate > 0, "seraena_learning_rate must be > 0")
+    need(config.train_encoder or bool(config.pretrained_model_path),
+         "train_encoder=false keeps the encoder as loaded: set pretrained_model_path (e.g. stage 1's export)")
+    if not config.train_encoder and config.ref_vae_path and config.encoder_loss_weight > 0:
+        notes.append("train_encoder=false: the encoder loss is logged but trains nothing (the encoder is frozen)")
     need(config.latent_cache_epochs >= 1, "latent_cache_epochs must be >= 1")
     need(not config.latent_cache_dir or bool(config.ref_vae_path),
          "latent_cache_dir holds reference latents: set ref_vae_path to the VAE the cache was made with")

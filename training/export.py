@@ -23,39 +23,43 @@ from models.checkpoint import export_state_dict, find_weights, save_weights, wei
 from training.checkpointing import list_checkpoints, read_trainer_state, write_atomically
 
 
-def fp32_weights(accelerator: Accelerator, model: torch.nn.Module, ema: EMAModel | None) -> dict[str, torch.Tensor]:
-    """Full fp32 weights in the published key format. Under DeepSpeed every rank must call
-    this (the master weights are sharded)."""
+def fp32_weights(accelerator: Accelerator, model: torch.nn.Module, ema: EMAModel | None,
+                 frozen: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Full fp32 weights in the published key format: the EMA or master weights of what
+    trains, ``frozen`` (fp32, as loaded) for what does not. Under DeepSpeed every rank must
+    call this (the master weights are sharded)."""
     net = accelerator.unwrap_model(model)
     state = {k: v.detach().float() for k, v in net.state_dict().items()}
-    names = [name for name, _ in net.named_parameters()]
+    trainable = [(name, param) for name, param in net.named_parameters() if param.requires_grad]
     if ema is not None:
-        state.update(zip(names, ema.shadow_params))
+        state.update(zip([name for name, _ in trainable], ema.shadow_params))
     elif accelerator.distributed_type == DistributedType.DEEPSPEED:
         from deepspeed.utils import safe_get_full_fp32_param
 
-        for name, param in net.named_parameters():
+        for name, param in trainable:
             full = safe_get_full_fp32_param(param)
             if full is None and param.dtype != torch.float32:
                 raise RuntimeError(f"cannot recover fp32 master weights of {name} from DeepSpeed")
             state[name] = (param if full is None else full).detach().float()
+    state.update(frozen or {})
     return state
 
 
 def export_weights(accelerator: Accelerator, model: torch.nn.Module, ema: EMAModel | None, directory: Path,
-                   stem: str, suffixes: tuple[str, ...] = (".pth", ".safetensors")) -> None:
+                   stem: str, suffixes: tuple[str, ...] = (".pth", ".safetensors"),
+                   frozen: dict[str, torch.Tensor] | None = None) -> None:
     """Write ``directory/<stem><suffix>`` (call on every rank; the main process writes)."""
-    state = fp32_weights(accelerator, model, ema)
+    state = fp32_weights(accelerator, model, ema, frozen)
     if accelerator.is_main_process:
         for suffix in suffixes:
             save_weights(accelerator.unwrap_model(model), directory / f"{stem}{suffix}", state)
 
 
 def export_best_model(accelerator: Accelerator, model: torch.nn.Module, ema: EMAModel | None, run_dir: Path,
-                      info: dict) -> None:
+                      info: dict, frozen: dict[str, torch.Tensor] | None = None) -> None:
     """Atomically replace ``best_model/`` (weights + ``model_info.json``); every rank calls it."""
     def write(tmp: Path) -> None:
-        export_weights(accelerator, model, ema, tmp, "weights")
+        export_weights(accelerator, model, ema, tmp, "weights", frozen=frozen)
         if accelerator.is_main_process:
             (tmp / "model_info.json").write_text(json.dumps(info, indent=1))
 

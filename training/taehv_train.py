@@ -226,7 +226,7 @@ class Cadence:
                          "config": self.config.to_dict()}
         def export(directory: Path) -> None:
             self.faults.maybe_fill_disk(progress.step, acc.process_index)
-            export_weights(acc, step.model, step.ema, directory, "weights", (".safetensors",))
+            export_weights(acc, step.model, step.ema, directory, "weights", (".safetensors",), step.objects.frozen)
 
         return save_checkpoint(
             step.objects, self.run_dir / "checkpoints", progress.step, self.config.checkpoints_total_limit,
@@ -263,7 +263,8 @@ class Cadence:
         if self.tracker.update(step, scalars):
             export_best_model(acc, trainer.model, trainer.ema, self.run_dir, {
                 "step": step, "metric": config.best_metric, "value": scalars[config.best_metric], "metrics": scalars,
-                "variant": trainer.net.variant, "ema": trainer.ema is not None, "config_file": config.config_file})
+                "variant": trainer.net.variant, "ema": trainer.ema is not None, "config_file": config.config_file},
+                trainer.objects.frozen)
             logger.info("new best %s=%.4f at step %d: saved %s", config.best_metric, scalars[config.best_metric],
                         step, self.run_dir / "best_model")
         if acc.is_main_process:
@@ -386,7 +387,7 @@ def finish(stop_reason: str, cadence: Cadence, stop: StopRequest, data_error: Vi
                     progress.step, cadence.config.best_metric, tracker.bad_validations, tracker.best_value,
                     tracker.best_step)
         cadence.checkpoint()
-    export_weights(accelerator, step.model, step.ema, run_dir, "final_model")
+    export_weights(accelerator, step.model, step.ema, run_dir, "final_model", frozen=step.objects.frozen)
     if accelerator.is_main_process:
         logger.info("saved %s and %s", run_dir / "final_model.pth", run_dir / "final_model.safetensors")
         bundle = write_bundle(run_dir / "final_model.safetensors", run_dir / BUNDLE_FOLDER,
