@@ -1,0 +1,137 @@
+"""A TAE behind the interface diffusers video pipelines call: ``pipe.vae = TAEVideoVAE.from_file("taecvx.pth")``.
+
+Pipelines hand the VAE NCTHW videos in [-1, 1] and read ``encode(x).latent_dist`` and
+``decode(z).sample``; they scale or normalise latents around the diffusion model
+themselves and undo it before ``decode`` (docs/teachers.md), so the TAE sees the raw
+latents it was trained on. What they read from ``vae.config`` (scaling factor, compression
+ratios, ``latents_mean``/``latents_std``) comes from the real VAE's config when it is given
+(``like=pipe.vae``), else from the defaults of the teacher's diffusers class, with the
+compression set from the TAE itself. Tiling and slicing are accepted and do nothing: a TAE
+needs neither.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+from diffusers.configuration_utils import FrozenDict
+from diffusers.models.autoencoders.vae import DecoderOutput
+from diffusers.utils import BaseOutput
+
+from models.taehv import TAEHV
+from training.teachers import TEACHERS
+
+logger = logging.getLogger(__name__)
+
+
+class TAELatents:
+    """What ``encode(x).latent_dist`` offers pipelines; a TAE's encoder is deterministic."""
+
+    def __init__(self, latents: torch.Tensor):
+        self.latents = self.mean = latents
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        return self.latents
+
+    def mode(self) -> torch.Tensor:
+        return self.latents
+
+
+@dataclass
+class TAEEncoderOutput(BaseOutput):
+    latent_dist: TAELatents
+    latents: torch.Tensor
+
+
+def teacher_of(variant: str) -> str:
+    """The ``ref_vae_class`` whose latent space ``variant`` lives in."""
+    base = variant.removesuffix("_super").removesuffix("_wide")
+    for name, teacher in TEACHERS.items():
+        if base in teacher.variants:
+            return name
+    raise ValueError(f"no diffusers VAE class is known for {variant}; pass like=<the pipeline's VAE>")
+
+
+def pipeline_config(tae: TAEHV, like: torch.nn.Module | None = None) -> dict:
+    """The config pipelines read: the real VAE's (``like``) or its class defaults, with the
+    TAE's latent channels and compression."""
+    if like is not None:
+        config = dict(like.config)
+    else:
+        cls = getattr(__import__("diffusers"), TEACHERS[teacher_of(tae.variant)].diffusers_class)
+        config = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
+                  if k != "self" and p.default is not inspect.Parameter.empty}
+        mean = config.get("latents_mean")
+        if mean is not None and len(mean) != tae.latent_channels:
+            raise ValueError(f"the default latents_mean of {cls.__name__} has {len(mean)} channels, {tae.variant} "
+                             f"{tae.latent_channels}: pass like=<the pipeline's VAE> so its normalisation is used")
+    spatial = 8 * tae.patch_size
+    config.update(latent_channels=tae.latent_channels, spatial_compression_ratio=spatial,
+                  temporal_compression_ratio=tae.t_downscale, scale_factor_spatial=spatial,
+                  scale_factor_temporal=tae.t_downscale)
+    if "z_dim" in config:
+        config["z_dim"] = tae.latent_channels
+    return config
+
+
+class TAEVideoVAE(torch.nn.Module):
+    """A TAE with the methods and attributes a diffusers video pipeline uses on ``pipe.vae``."""
+
+    def __init__(self, tae: TAEHV, config: dict, parallel: bool = True, like: torch.nn.Module | None = None):
+        super().__init__()
+        self.tae, self.parallel = tae, parallel
+        self.config = FrozenDict(config)
+        # LTX pipelines read these from the VAE object itself (latents_mean/std are buffers there)
+        self.spatial_compression_ratio = config["spatial_compression_ratio"]
+        self.temporal_compression_ratio = config["temporal_compression_ratio"]
+        for name in ("latents_mean", "latents_std"):
+            value = getattr(like, name, None)
+            if isinstance(value, torch.Tensor):
+                self.register_buffer(name, value.detach().clone(), persistent=False)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, variant: str | None = None, like: torch.nn.Module | None = None,
+                  parallel: bool = True) -> TAEVideoVAE:
+        """A published or trained TAE weight file (the variant from its name or metadata),
+        configured like ``like`` (the pipeline's own VAE) when given."""
+        tae = TAEHV(path, variant=variant).eval().requires_grad_(False)
+        return cls(tae, pipeline_config(tae, like), parallel, like)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.tae.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.tae.parameters()).device
+
+    @torch.no_grad()
+    def encode(self, x: torch.Tensor, return_dict: bool = True) -> TAEEncoderOutput | tuple:
+        """NCTHW video in [-1, 1] -> raw NCTHW latents."""
+        frames = x.to(self.dtype).permute(0, 2, 1, 3, 4).add(1).div(2)
+        latents = self.tae.encode_video(frames, parallel=self.parallel).permute(0, 2, 1, 3, 4)
+        output = TAEEncoderOutput(latent_dist=TAELatents(latents), latents=latents)
+        return output if return_dict else (output.latent_dist,)
+
+    @torch.no_grad()
+    def decode(self, z: torch.Tensor, temb: torch.Tensor | None = None, return_dict: bool = True) -> DecoderOutput | tuple:
+        """Raw NCTHW latents -> NCTHW video in [-1, 1] (``temb``, LTX's decode timestep, is
+        accepted and not used: a TAE decodes the clean video)."""
+        frames = self.tae.decode_video(z.to(self.dtype).permute(0, 2, 1, 3, 4), parallel=self.parallel)
+        video = frames.mul(2).sub(1).permute(0, 2, 1, 3, 4)
+        return DecoderOutput(sample=video) if return_dict else (video,)
+
+    def enable_tiling(self, *args, **kwargs) -> None:
+        """Accepted for pipelines that call it; a TAE needs no tiling."""
+
+    def disable_tiling(self) -> None:
+        """Accepted for pipelines that call it."""
+
+    def enable_slicing(self) -> None:
+        """Accepted for pipelines that call it; a TAE needs no slicing."""
+
+    def disable_slicing(self) -> None:
+        """Accepted for pipelines that call it."""
