@@ -15,7 +15,8 @@ usage() {
 ${BOLD}Usage:${RESET} ./train_taehv_h100.sh NUM_GPUS CONFIG_TYPE [custom CONFIG_PATH] [options] [--key=value ...]
 
   NUM_GPUS      total processes (GPUs) across all nodes: 1, 8, 16, ...
-  CONFIG_TYPE   test | demo | 1gpu_h100 | h100 | a800 | 16gpu_h100 | ltx2 | wan22 | hv15 | h3 | custom
+  CONFIG_TYPE   test | demo | 1gpu_h100 | h100 | a800 | 16gpu_h100 | ltx2 | wan22 | hv15 | h3 |
+                progressive_stage1 | progressive_stage2 | custom
                 (training/configs/taehv_config_<CONFIG_TYPE>.py; custom takes a path)
 
 Options:
@@ -47,11 +48,11 @@ for arg in "$@"; do [[ "$arg" == "--help" || "$arg" == "-h" ]] && { usage; exit 
 NUM_GPUS=$1; CONFIG_TYPE=$2; shift 2
 [[ "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]] || die "NUM_GPUS must be a positive integer, got '$NUM_GPUS'"
 case "$CONFIG_TYPE" in
-  test|demo|1gpu_h100|h100|a800|16gpu_h100|ltx2|wan22|hv15|h3) CONFIG=training/configs/taehv_config_${CONFIG_TYPE}.py ;;
+  test|demo|1gpu_h100|h100|a800|16gpu_h100|ltx2|wan22|hv15|h3|progressive_stage1|progressive_stage2) CONFIG=training/configs/taehv_config_${CONFIG_TYPE}.py ;;
   custom)
     [[ $# -ge 1 && "$1" != --* ]] || die "custom needs a config path: ./train_taehv_h100.sh N custom PATH"
     CONFIG=$1; shift ;;
-  *) die "unknown CONFIG_TYPE '$CONFIG_TYPE' (test, demo, 1gpu_h100, h100, a800, 16gpu_h100, ltx2, wan22, hv15, h3, custom)" ;;
+  *) die "unknown CONFIG_TYPE '$CONFIG_TYPE' (test, demo, 1gpu_h100, h100, a800, 16gpu_h100, ltx2, wan22, hv15, h3, progressive_stage1, progressive_stage2, custom)" ;;
 esac
 [[ -f "$CONFIG" ]] || die "config file $CONFIG not found"
 

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import REPO_ROOT
+from models.checkpoint import save_weights
 from models.taehv import TAEHV
 from train_runs import DDP_ENV, ONE_PROCESS, TEST_CONFIG, TRAIN, ddp, deepspeed_zero2, run_dir, train
 from training.demo_data import make_demo_dataset
@@ -169,3 +170,25 @@ def test_the_export_bundle_of_a_run(tmp_path, demo_clips, tiny_cogvideox_vae):
     assert "# taecvx (TAE)" in card and "CogVideoX" in card and "Frame rule: T -> ceil(T/4)" in card
     assert "## Validation" in card and "val/psnr" in card and "taehv_train.py" in card and "Training: 2 of 2 steps" in card
     assert "python -m training.export" in (tmp_path / "cli" / "README.md").read_text()
+
+
+def test_the_progressive_recipe_chains_two_stages_through_the_launch_script(tmp_path, demo_clips, tiny_cogvideox_vae):
+    """Stage 1 (whole model, half size) then stage 2 (decoder only, full size) from stage 1's
+    export, as the presets say, at tiny sizes: stage 2 keeps stage 1's encoder exactly."""
+    torch.manual_seed(0)
+    published = save_weights(TAEHV(variant="taecvx"), tmp_path / "taecvx.pth")
+    tiny = [f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}", f"--annotation_file={demo_clips['train']}",
+            f"--val_annotation_file={demo_clips['val']}", f"--ref_vae_path={tiny_cogvideox_vae}", "--ref_vae_dtype=fp32",
+            "--mixed_precision=no", "--n_frames=9", "--max_train_steps=2", "--lr_warmup_steps=0",
+            "--num_validation_samples=1", "--validation_every=2", "--checkpointing_steps=2", "--dataloader_num_workers=0"]
+    script = ["bash", str(REPO_ROOT / "train_taehv_h100.sh"), "1"]
+    stage1 = subprocess.run([*script, "progressive_stage1", *tiny, f"--pretrained_model_path={published}",
+                             "--height=16", "--width=24"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    assert stage1.returncode == 0, stage1.stderr[-3000:]
+    export = tmp_path / "progressive_stage1" / "export" / "taecvx.pth"
+    stage2 = subprocess.run([*script, "progressive_stage2", *tiny, f"--pretrained_model_path={export}",
+                             "--height=32", "--width=48"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    assert stage2.returncode == 0, stage2.stderr[-3000:]
+    before, after = torch.load(export, weights_only=True), load_file(str(tmp_path / "progressive_stage2" / "final_model.safetensors"))
+    assert all(torch.equal(before[k], after[k]) for k in before if k.startswith("encoder."))
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("decoder."))
