@@ -6,6 +6,7 @@ object and writes it with a PNG plot of the held-out curves.
     python bench/bench_quality.py --videos /data/clips --steps 1000 --out bench_quality_out
     python bench/bench_quality.py --arms recipe no_ema constant_lr full_crop stride_1 bias_0   # the ablation
     python bench/bench_quality.py --recipe-overrides --ema_decay=0.9    # the recipe with other settings
+    python bench/bench_quality.py --arms recipe progressive             # two stages against one, equal steps
 
 Both arms train the published TAEHV architecture (``--variant``) from the same seed on the
 same clips, with the same steps, batch, size, frame count and learning rate, and are scored
@@ -19,6 +20,8 @@ code (``training.validation.validate``: PSNR/SSIM of aligned frames):
 - ``naive``: plain AdamW on the reconstruction MSE, constant learning rate, no EMA, no
   clipping, default initialisation, on batches from the same loader.
 - ablations (``ABLATIONS``): the recipe with one of its defaults turned off.
+- ``progressive``: the two-stage recipe in the same steps (``run_progressive``): half of
+  them on the whole model at half size, half on the decoder only at full size.
 
 ``seconds`` is wall time from the start of each arm (the recipe's includes starting its
 process); both include their validations. Run on a quiet machine.
@@ -90,14 +93,15 @@ ABLATIONS = {
     "bias_0": ["--decoder_bias_init=0.0"],  # final decoder bias 0 instead of mid-grey
     "no_clipping": ["--max_grad_norm=0"],
 }
-ARMS = ("recipe", "naive", *ABLATIONS)
+ARMS = ("recipe", "naive", *ABLATIONS, "progressive")
 
 
-def run_recipe(args: argparse.Namespace, settings: list[str], out: Path, arm: str = "recipe") -> list[dict]:
-    """The training script, as a user runs it (with ``arm``'s ablation); the curve from its
-    validation history."""
+def run_recipe(args: argparse.Namespace, settings: list[str], out: Path, arm: str = "recipe",
+               extra: tuple[str, ...] = ()) -> list[dict]:
+    """The training script, as a user runs it (with ``arm``'s ablation and ``extra``
+    settings); the curve from its validation history."""
     command = [sys.executable, str(REPO_ROOT / "training" / "taehv_train.py"), "--config", str(args.config), *settings,
-               f"--output_dir={out}", f"--run_name={arm}", *args.recipe_overrides, *ABLATIONS.get(arm, [])]
+               f"--output_dir={out}", f"--run_name={arm}", *args.recipe_overrides, *ABLATIONS.get(arm, []), *extra]
     start = time.time()
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
     if result.returncode != 0:
@@ -109,6 +113,23 @@ def run_recipe(args: argparse.Namespace, settings: list[str], out: Path, arm: st
     history = json.loads((run / "validation_history.json").read_text())
     return [{"step": h["step"], "psnr": h["val/psnr"], "ssim": h["val/ssim"], "seconds": round(wall[h["step"]], 1)}
             for h in history]
+
+
+def run_progressive(args: argparse.Namespace, settings: list[str], out: Path) -> list[dict]:
+    """The progressive recipe at the same number of steps: the first half trains the whole
+    model at half the size (validated at full size), the second half only the decoder at
+    full size from the first half's export (``train_encoder=false``); one curve."""
+    first = args.steps // 2
+    half = [f"--height={args.size // 2}", f"--width={args.size // 2}", f"--val_height={args.size}",
+            f"--val_width={args.size}"]
+    stage1 = run_recipe(args, settings, out, "progressive_stage1",
+                        (f"--max_train_steps={first}", f"--checkpointing_steps={first}", *half))
+    export = out / "progressive_stage1" / "export" / f"{args.variant}.pth"
+    stage2 = run_recipe(args, settings, out, "progressive_stage2",
+                        (f"--max_train_steps={args.steps - first}", f"--checkpointing_steps={args.steps - first}",
+                         "--train_encoder=false", f"--pretrained_model_path={export}"))
+    elapsed = stage1[-1]["seconds"]
+    return stage1 + [{**p, "step": p["step"] + first, "seconds": round(p["seconds"] + elapsed, 1)} for p in stage2]
 
 
 def run_naive(config: TrainConfig, every: int) -> list[dict]:
@@ -145,7 +166,7 @@ def run_naive(config: TrainConfig, every: int) -> list[dict]:
 def plot(curves: dict[str, list[dict]], path: Path, title: str) -> None:
     """Two panels (PSNR and SSIM against steps), one line per arm, drawn with OpenCV."""
     palette = [(216, 125, 59), (44, 72, 224), (60, 160, 60), (160, 60, 160), (40, 170, 200), (120, 120, 120),
-               (30, 30, 30), (200, 80, 140)]  # BGR, one per arm in ARMS order
+               (30, 30, 30), (200, 80, 140), (0, 140, 255)]  # BGR, one per arm in ARMS order
     colours = dict(zip(ARMS, palette))
     width, height, margin = 560, 360, 60
     panels = []
@@ -207,8 +228,10 @@ def main() -> None:
     train, val, held_out = split_clips(folder, out, args.hold_out_every)
     settings = shared_settings(args, folder, train, val, len(held_out))
     with contextlib.redirect_stdout(sys.stderr):  # libraries' log lines stay out of the JSON
-        curves = {arm: run_naive(load_config(args.config, settings), max(1, args.steps // args.points))
-                  if arm == "naive" else run_recipe(args, settings, out, arm) for arm in dict.fromkeys(args.arms)}
+        run = {"naive": lambda: run_naive(load_config(args.config, settings), max(1, args.steps // args.points)),
+               "progressive": lambda: run_progressive(args, settings, out)}
+        curves = {arm: run[arm]() if arm in run else run_recipe(args, settings, out, arm)
+                  for arm in dict.fromkeys(args.arms)}
     result = {
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads", "torch": torch.__version__,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
