@@ -74,6 +74,7 @@ def test_train_cache_and_evaluate_with_each_teacher(tmp_path, long_clips, tiny, 
     one_clip.write_text(json.dumps({"total": 1, "list": entries}))
     cache = subprocess.run([sys.executable, "-m", "training.cache_latents", "--config", TEST_CONFIG, *teacher,
                             f"--data_root={long_clips['root']}", f"--annotation_file={one_clip}",
+                            f"--val_annotation_file={long_clips['val']}",
                             "--output", str(tmp_path / "cache"), "--dtype", "fp32"],
                            capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert cache.returncode == 0, cache.stderr[-3000:]
