@@ -61,7 +61,11 @@ def pipeline_config(tae: TAEHV, like: torch.nn.Module | None = None) -> dict:
     if like is not None:
         config = dict(like.config)
     else:
-        cls = getattr(__import__("diffusers"), TEACHERS[teacher_of(tae.variant)].diffusers_class)
+        teacher = teacher_of(tae.variant)
+        if teacher in ("ltx", "ltx2"):
+            raise ValueError("LTX keeps its latents_mean/latents_std in the VAE's weights, not its config: pass "
+                             "like=<the pipeline's VAE> (TAEVideoVAE.from_file(path, like=pipe.vae))")
+        cls = getattr(__import__("diffusers"), TEACHERS[teacher].diffusers_class)
         config = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
                   if k != "self" and p.default is not inspect.Parameter.empty}
         mean = config.get("latents_mean")

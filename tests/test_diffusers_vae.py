@@ -3,6 +3,7 @@ encoder: prompt embeddings are given): the pipelines' own latent-decoding paths 
 wrapper in place give what calling the TAE directly gives."""
 from __future__ import annotations
 
+import pytest
 import torch
 from diffusers import (CogVideoXDDIMScheduler, CogVideoXPipeline, FlowMatchEulerDiscreteScheduler, WanPipeline,
                        WanTransformer3DModel)
@@ -56,3 +57,11 @@ def test_wan_pipeline_runs_end_to_end_with_the_tae(tmp_path):
     std = torch.tensor(vae.config.latents_std).view(1, 16, 1, 1, 1)
     direct = vae.tae.decode_video((latents * std + mean).permute(0, 2, 1, 3, 4))
     torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
+
+
+def test_teachers_whose_statistics_live_in_their_weights_need_the_pipelines_vae(tmp_path):
+    """LTX's latents_mean/std are buffers of its VAE, Wan 2.2's 48 values are not the class
+    defaults: without ``like=pipe.vae`` the wrapper says so instead of using wrong ones."""
+    for variant, message in (("taeltx2_3", "pass like=<the pipeline's VAE>"), ("taew2_2", "has 16 channels")):
+        with pytest.raises(ValueError, match=message):
+            wrapped(variant, tmp_path)
