@@ -347,9 +347,8 @@ class Evaluator:
         sample; a clip that cannot (too short, unreadable) is skipped and reported, never
         replaced by a clip already in the list, so no clip weighs twice in the means. Clips
         the dataset left out up front (annotated as too short) are reported too."""
-        need = (self.dataset.n_frames - 1) * self.dataset.stride_range[0] + 1
-        samples, skipped = [], [{"source": source, "kind": "too short",
-                                 "reason": f"too short: annotated with fewer than the {need} frames a sample needs"}
+        samples, skipped = [], [{"source": source, "kind": "too short", "reason": "too short: annotated with fewer "
+                                 f"than the {self.dataset.min_frames} frames a sample needs"}
                                 for source in self.dataset.short_clips]
         with tqdm(total=count, desc="samples", disable=None) as progress:
             for index in map(int, order):
@@ -451,7 +450,7 @@ def no_usable_clip(skipped: list[dict], dataset: VideoClipDataset) -> ConfigErro
     example = f"e.g. {Path(skipped[0]['source']).name}: {skipped[0]['reason']}"
     if all(s["kind"] == "too short" for s in skipped):
         return ConfigError(f"{clips} {are} too short: --n_frames={n_frames} at --stride={stride} needs "
-                           f"{(n_frames - 1) * stride + 1} frames ({example}): lower --n_frames or --stride")
+                           f"{dataset.min_frames} frames ({example}): lower --n_frames or --stride")
     return ConfigError(f"{clips} could not be used ({example}); check the videos or the annotation")
 
 

@@ -16,6 +16,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+import diffusers
 import torch
 from diffusers.configuration_utils import FrozenDict
 from diffusers.models.autoencoders.vae import DecoderOutput
@@ -65,7 +66,7 @@ def pipeline_config(tae: TAEHV, like: torch.nn.Module | None = None) -> dict:
         if teacher in ("ltx", "ltx2"):
             raise ValueError("LTX keeps its latents_mean/latents_std in the VAE's weights, not its config: pass "
                              "like=<the pipeline's VAE> (TAEVideoVAE.from_file(path, like=pipe.vae))")
-        cls = getattr(__import__("diffusers"), TEACHERS[teacher].diffusers_class)
+        cls = getattr(diffusers, TEACHERS[teacher].diffusers_class)
         config = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
                   if k != "self" and p.default is not inspect.Parameter.empty}
         mean = config.get("latents_mean")

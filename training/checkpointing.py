@@ -467,7 +467,7 @@ def save_checkpoint(objects: TrainingObjects, directory: Path, step: int, keep: 
     damaged one is replaced."""
     acc = objects.accelerator
     final = directory / f"checkpoint-{step}"
-    if _intact([final] if is_complete(final) else []):
+    if is_complete(final) and _intact([final]):
         return final
 
     def write(tmp: Path) -> None:

@@ -488,12 +488,19 @@ class VideoClipDataset(EpochDataset):
         self._epoch = shared_epoch()
         self._reported: set[tuple[int, int]] = set()  # (clip, log level) already logged here
 
+    @property
+    def min_frames(self) -> int:
+        """Decodable frames a clip needs to give a sample: ``n_frames`` (the stride is lowered
+        to fit), or at the smallest stride under ``short_clip_policy="skip"``."""
+        if self.short_clip_policy == "lower_stride":
+            return self.n_frames
+        return (self.n_frames - 1) * self.stride_range[0] + 1
+
     def _leave_out_short_clips(self, source: str) -> list[str]:
-        """Leave out, up front, the clips whose annotated frame count is below what one
-        sample needs (``n_frames``; at the smallest stride under ``short_clip_policy="skip"``),
+        """Leave out, up front, the clips whose annotated frame count is below ``min_frames``,
         and count them: a clip that can never give a sample would only be drawn, fail and be
         replaced. Returns their paths. Clips of unknown length are checked when loaded."""
-        need = self.n_frames if self.short_clip_policy == "lower_stride" else (self.n_frames - 1) * self.stride_range[0] + 1
+        need = self.min_frames
         short = (self.clips.frames >= 0) & (self.clips.frames < need)
         if not short.any():
             return []

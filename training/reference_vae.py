@@ -16,7 +16,7 @@ import torch
 
 from training.config import DTYPES, REF_VAE_CLASSES, TrainConfig, reference_vae_problems, resolve_path
 from training.errors import ConfigError
-from training.teachers import TEACHERS, teacher_facts
+from training.teachers import TEACHERS, read_vae_config, teacher_facts
 
 logger = logging.getLogger(__name__)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -56,11 +56,11 @@ class ReferenceVAE:
         if vae_class not in REF_VAE_CLASSES:
             raise ConfigError(f"ref_vae_class must be one of {', '.join(REF_VAE_CLASSES)}, got {vae_class!r}")
         path = Path(path)
-        if not (path / subfolder / "config.json").is_file():
-            raise ConfigError(
-                f"reference VAE not found: expected {path / subfolder / 'config.json'} "
-                f"(a diffusers model folder, e.g. a local copy of THUDM/CogVideoX-2b with its '{subfolder}' subfolder)"
-            )
+        try:
+            read_vae_config(path / subfolder)
+        except ValueError as err:
+            raise ConfigError(f"reference VAE: {err}; point at a local copy of the video model with its "
+                              f"'{subfolder}' subfolder") from None
         cls = getattr(diffusers, REF_VAE_CLASSES[vae_class])
         self.vae = cls.from_pretrained(path, subfolder=subfolder, torch_dtype=DTYPES[dtype]).to(device).eval()
         self.vae.requires_grad_(False)
