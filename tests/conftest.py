@@ -8,7 +8,9 @@ silently skipping the compatibility and real-video checks.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,22 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+
+# The suite's peak disk use is one training test's checkpoints (2.5 GB measured on a full
+# run; pytest.ini removes a passing test's tmp_path). With less free space than this, tests
+# would fail halfway with ENOSPC in unrelated places, so the session stops at once instead.
+MIN_FREE_DISK_GIB = 5
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    where = Path(session.config.option.basetemp or tempfile.gettempdir()).resolve()
+    while not where.exists():
+        where = where.parent
+    free_gib = shutil.disk_usage(where).free / 2**30
+    if free_gib < MIN_FREE_DISK_GIB:
+        pytest.exit(f"only {free_gib:.1f} GiB free on the disk of {where}; the test suite needs {MIN_FREE_DISK_GIB} GiB "
+                    "for its training checkpoints: free some space or pass --basetemp=DIR on a larger disk", returncode=1)
 
 
 def shared_dir() -> Path:
