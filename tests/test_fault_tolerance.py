@@ -29,6 +29,7 @@ from train_runs import (
     assert_identical,
     ddp,
     deepspeed_zero2,
+    exit_status,
     kill_session,
     start,
     tensors,
@@ -220,7 +221,7 @@ def test_training_data_gone_mid_run_saves_then_one_line(tmp_path):
     wait_for(lambda: (checkpoints / "checkpoint-2").is_dir(), what="checkpoint-2")
     for path in train_files:
         path.unlink()
-    assert process.wait(timeout=300) == 2, (tmp_path / "first.log").read_text()[-4000:]
+    assert exit_status(process) == 2, (tmp_path / "first.log").read_text()[-4000:]
     output = (tmp_path / "first.log").read_text()
     assert "Traceback" not in output
     line = next(line for line in output.splitlines() if "the training data became unreadable" in line)
@@ -234,6 +235,31 @@ def test_training_data_gone_mid_run_saves_then_one_line(tmp_path):
                              cwd=REPO_ROOT, env={**os.environ, **env})
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
     assert trainer_state(list_checkpoints(checkpoints)[-1])["progress"]["step"] == 14
+
+
+def test_validation_data_gone_on_one_rank_saves_then_one_line(tmp_path):
+    """Validation clips deleted mid-run under 2 DeepSpeed processes, with one validation
+    sample so that rank 1 reads none: without an agreement rank 1 would wait in the gather
+    for ever. The ranks agree, save the last step and exit 2 with one line."""
+    from training.demo_data import make_demo_dataset
+
+    clips = {"root": tmp_path / "data", **make_demo_dataset(tmp_path / "data", num_clips=6, n_frames=12, height=48,
+                                                             width=64, seed=1)}
+    val_files = [tmp_path / "data" / entry["path"] for entry in json.loads(clips["val"].read_text())["list"]]
+    common = ["--run_name=run", "--max_train_steps=60", "--checkpointing_steps=100", "--validation_every=2",
+              "--num_validation_samples=1"]
+    process = start(launch_script(2, tmp_path, clips, *common), tmp_path / "first.log", env={"MASTER_PORT": "29551"})
+    wait_for(lambda: (tmp_path / "run" / "validation_history.json").is_file(), what="the first validation")
+    for path in val_files:
+        path.unlink()
+    assert exit_status(process) == 2, (tmp_path / "first.log").read_text()[-4000:]
+    output = (tmp_path / "first.log").read_text()
+    assert "Traceback" not in output
+    line = next(line for line in output.splitlines() if "the validation data became unreadable" in line)
+    (saved,) = list_checkpoints(tmp_path / "run" / "checkpoints")
+    stopped_at = trainer_state(saved)["progress"]["step"]
+    assert 2 < stopped_at < 60 and stopped_at % 2 == 0
+    assert f"at step {stopped_at} " in line and f"saved {saved}" in line and "--resume" in line
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:

@@ -66,6 +66,16 @@ def kill_session(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     process.wait(timeout=60)
 
 
+def exit_status(process: subprocess.Popen, timeout: float = 300) -> int:
+    """The exit status of ``process``; one still running after ``timeout`` (hung ranks) is
+    killed with its whole session and the test fails."""
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(process)
+        raise AssertionError(f"still running after {timeout} s (hung ranks?); killed") from None
+
+
 def run_dir(out: Path, name: str | None = None) -> Path:
     if name is not None:
         return out / name

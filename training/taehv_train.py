@@ -56,7 +56,7 @@ from training.monitoring import Monitor  # noqa: E402
 from training.reference_vae import ReferenceVAE  # noqa: E402
 from training.resilience import FaultPlan, StopRequest, agree, broadcast_flag  # noqa: E402
 from training.step import StepResult, TrainStep, build_model  # noqa: E402
-from training.validation import validate  # noqa: E402
+from training.validation import ValidationDataError, validate  # noqa: E402
 
 logger = logging.getLogger("taehv_train")
 
@@ -69,7 +69,7 @@ class TrainingAborted(RuntimeError):
 
 
 class DataGone(ConfigError):
-    """The training data became unreadable mid-run; a checkpoint was saved first."""
+    """The training or validation data became unreadable mid-run; a checkpoint was saved first."""
 
 
 @dataclass
@@ -182,6 +182,7 @@ class Cadence:
         self.run_dir, self.val_set, self.ref_vae, self.faults = run_dir, val_set, ref_vae, faults
         self.accelerator = step.accelerator
         self.samples_per_step = config.train_batch_size * config.gradient_accumulation_steps * self.accelerator.num_processes
+        self.data_error: ValidationDataError | None = None  # why validation stopped the run
         self.progress_bar = tqdm(total=config.max_train_steps, initial=progress.step, desc="train", dynamic_ncols=True,
                                  disable=not self.accelerator.is_local_main_process)
         self.profiler = monitor.profiler()
@@ -235,7 +236,7 @@ class Cadence:
 
     def after_step(self, grad_norm) -> str | None:
         """Logging, validation and checkpointing after an applied step; returns why
-        training stops now ("finished", "early_stop"), or None."""
+        training stops now ("finished", "early_stop", "data" when validation clips went away), or None."""
         config, step = self.config, self.progress.step
         last = step >= config.max_train_steps
         if step % config.log_every == 0 or last:
@@ -244,7 +245,11 @@ class Cadence:
             self.progress_bar.set_postfix(loss=f"{logs['train/loss']:.4f}", **({} if psnr is None else {"psnr": f"{psnr:.2f}"}))
         early_stop = False
         if self.val_set is not None and (step % config.validation_every == 0 or last):
-            early_stop = self.validate(step)
+            try:
+                early_stop = self.validate(step)
+            except ValidationDataError as err:  # raised on every rank together
+                self.data_error = err
+                return "data"
         if step % config.checkpointing_steps == 0 or last:
             self.checkpoint()
         if last:
@@ -344,7 +349,7 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path
             progress.epoch += 1
             progress.batch_in_epoch = 0
     cadence.close()
-    return finish(stop_reason, cadence, stop, data_error)
+    return finish(stop_reason, cadence, stop, data_error or cadence.data_error)
 
 
 @torch.no_grad()
@@ -361,7 +366,7 @@ def check_latent_scale(step: TrainStep, data: TrainingData, pretrained: bool, cl
 
 def finish(stop_reason: str, cadence: Cadence, stop: StopRequest, data_error: VideoDataError | None) -> Path:
     """Save what the way the run stopped calls for: a checkpoint after a signal, too many
-    skipped steps (then exit 1) or the data going away (then exit 2), a checkpoint and the
+    skipped steps (then exit 1) or the training or validation data going away (then exit 2), a checkpoint and the
     final export after early stopping, the final export when it finished."""
     accelerator, progress, run_dir, step = cadence.accelerator, cadence.progress, cadence.run_dir, cadence.step
     if stop_reason in ("signal", "skipped", "data"):
@@ -376,7 +381,8 @@ def finish(stop_reason: str, cadence: Cadence, stop: StopRequest, data_error: Vi
             # the first sentence of the dataset's message (from a worker, it ends a traceback)
             cause = str(data_error).strip().splitlines()[-1].split("Error: ")[-1].split(". ")[0] if data_error else \
                 "on another rank"
-            raise DataGone(f"the training data became unreadable at step {progress.step} ({cause}); "
+            which = "validation" if isinstance(data_error, ValidationDataError) else "training"
+            raise DataGone(f"the {which} data became unreadable at step {progress.step} ({cause}); "
                            f"saved {path}. Restore the data, then resume with: {resume_command(path)}")
         logger.info("stopped on %s at step %d; saved %s. Resume with: %s",
                     stop.signal_name or "a signal received by another rank", progress.step, path, resume_command(path))

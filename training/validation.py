@@ -1,7 +1,8 @@
 """Validation on held-out clips: PSNR/SSIM (LPIPS when installed) of aligned frames.
 
 Samples are split across ranks and the per-sample metrics gathered, so every rank takes
-part in the same collectives (no rank waits on another that skipped work).
+part in the same collectives (no rank waits on another that skipped work); when a rank
+cannot read its clips, the ranks agree on it first and all raise ValidationDataError.
 """
 from __future__ import annotations
 
@@ -12,12 +13,18 @@ from accelerate import Accelerator
 
 from models.taehv import TAEHV
 from training.config import TrainConfig
-from training.dataset import VideoClipDataset, frames_to_unit
+from training.dataset import VideoClipDataset, VideoDataError, frames_to_unit
 from training.metrics import lpips_unavailable_reason, video_lpips, video_mse, video_psnr, video_ssim
 from training.reference_vae import ReferenceVAE
+from training.resilience import agree
 
 logger = logging.getLogger(__name__)
 STRIP_FRAMES = 6
+
+
+class ValidationDataError(VideoDataError):
+    """The validation clips became unreadable on some rank (files deleted, a mount gone);
+    raised on every rank together, so the run can save its last step and stop."""
 
 
 def reconstruction_strip(original: torch.Tensor, decoded: torch.Tensor, frames: int = STRIP_FRAMES) -> torch.Tensor:
@@ -35,9 +42,13 @@ def validate(accelerator: Accelerator, model: TAEHV, dataset: VideoClipDataset, 
     n = min(config.num_validation_samples, len(dataset))
     mine = list(range(accelerator.process_index, n, accelerator.num_processes))
     use_lpips = lpips_unavailable_reason() is None
-    rows, strip = [], None
+    rows, strip, unreadable = [], None, None
     for start in range(0, len(mine), config.validation_batch_size):
-        items = [dataset[i] for i in mine[start:start + config.validation_batch_size]]
+        try:
+            items = [dataset[i] for i in mine[start:start + config.validation_batch_size]]
+        except VideoDataError as err:  # every replacement failed too: the data went away
+            unreadable = err
+            break
         frames = frames_to_unit(torch.stack([item["frames"] for item in items]), accelerator.device)
         plan = model.plan(frames.shape[1])
         with accelerator.autocast():
@@ -51,6 +62,8 @@ def validate(accelerator: Accelerator, model: TAEHV, dataset: VideoClipDataset, 
         rows.append(torch.stack([c.float() for c in columns], 1))
         if strip is None and accelerator.is_main_process:
             strip = reconstruction_strip(target[0], decoded[0])
+    if agree([unreadable is not None], accelerator.device)[0]:  # before the gather, which would wait forever
+        raise ValidationDataError(str(unreadable) if unreadable else "validation clips unreadable on another rank")
     names = ["val/mse", "val/psnr", "val/ssim"] + (["val/lpips"] if use_lpips else []) + (
         ["val/psnr_from_reference_latents"] if ref_vae is not None else [])
     per_rank = -(-n // accelerator.num_processes)
