@@ -5,17 +5,27 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers import (CogVideoXDDIMScheduler, CogVideoXPipeline, FlowMatchEulerDiscreteScheduler, WanPipeline,
-                       WanTransformer3DModel)
+from diffusers import (AutoencoderKLLTXVideo, CogVideoXDDIMScheduler, CogVideoXPipeline, FlowMatchEulerDiscreteScheduler,
+                       HunyuanVideoPipeline, HunyuanVideoTransformer3DModel, LTXPipeline, LTXVideoTransformer3DModel,
+                       WanPipeline, WanTransformer3DModel)
 
+from conftest import save_tiny_vae
 from models.checkpoint import save_weights
 from models.diffusers_vae import TAEVideoVAE
 from models.taehv import TAEHV
 
 
-def wrapped(variant: str, tmp_path) -> TAEVideoVAE:
+def wrapped(variant: str, tmp_path, like: torch.nn.Module | None = None) -> TAEVideoVAE:
     torch.manual_seed(0)
-    return TAEVideoVAE.from_file(save_weights(TAEHV(variant=variant), tmp_path / f"{variant}.pth"))
+    return TAEVideoVAE.from_file(save_weights(TAEHV(variant=variant), tmp_path / f"{variant}.pth"), like=like)
+
+
+def one_step(pipe, **inputs):
+    """``pipe`` called for one denoising step, returning what ``output_type`` asks for."""
+    def run(output_type: str) -> torch.Tensor:
+        return pipe(**inputs, num_inference_steps=1, guidance_scale=1.0, output_type=output_type,
+                    generator=torch.Generator().manual_seed(0)).frames
+    return run
 
 
 @torch.no_grad()
@@ -45,17 +55,57 @@ def test_wan_pipeline_runs_end_to_end_with_the_tae(tmp_path):
                                         num_layers=1, rope_max_seq_len=32)
     pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer,
                        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
-    embeds = torch.randn(1, 4, 16)
-
-    def run(output_type: str) -> torch.Tensor:
-        return pipe(prompt_embeds=embeds, height=32, width=32, num_frames=9, num_inference_steps=1, guidance_scale=1.0,
-                    output_type=output_type, generator=torch.Generator().manual_seed(0)).frames
-
+    run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), height=32, width=32, num_frames=9)
     latents = run("latent")
     assert latents.shape == (1, 16, 3, 4, 4)
     mean = torch.tensor(vae.config.latents_mean).view(1, 16, 1, 1, 1)
     std = torch.tensor(vae.config.latents_std).view(1, 16, 1, 1, 1)
     direct = vae.tae.decode_video((latents * std + mean).permute(0, 2, 1, 3, 4))
+    torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_hunyuan_video_pipeline_runs_end_to_end_with_the_tae(tmp_path):
+    """A whole (one-step) HunyuanVideoPipeline call: the TAE decodes the denoised latents
+    once the pipeline has divided them by HunyuanVideo's scaling factor."""
+    vae = wrapped("taehv", tmp_path)
+    transformer = HunyuanVideoTransformer3DModel(num_attention_heads=2, attention_head_dim=8, num_layers=1,
+                                                 num_single_layers=1, num_refiner_layers=1, text_embed_dim=16,
+                                                 pooled_projection_dim=8, rope_axes_dim=(2, 2, 4))
+    pipe = HunyuanVideoPipeline(text_encoder=None, tokenizer=None, transformer=transformer, vae=vae,
+                                scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), text_encoder_2=None, tokenizer_2=None)
+    assert vae.config.scaling_factor == 0.476986  # HunyuanVideo's, from its class defaults
+    run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), pooled_prompt_embeds=torch.randn(1, 8),
+                   prompt_attention_mask=torch.ones(1, 4), height=32, width=32, num_frames=9)
+    latents = run("latent")
+    assert latents.shape == (1, 16, 3, 4, 4)
+    direct = vae.tae.decode_video((latents / vae.config.scaling_factor).permute(0, 2, 1, 3, 4))
+    torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_ltx_pipeline_runs_end_to_end_with_the_tae_and_the_vaes_statistics(tmp_path):
+    """A whole (one-step) LTXPipeline call with ``like=`` a real (tiny) LTX VAE whose
+    latents_mean/std buffers are not trivial: the pipeline un-normalises with them (read
+    from the wrapper), and the TAE decodes the result."""
+    real = AutoencoderKLLTXVideo.from_pretrained(save_tiny_vae(tmp_path, "ltx") / "vae")
+    real.latents_mean.copy_(torch.randn(128) * 0.1)
+    real.latents_std.copy_(torch.rand(128) + 0.5)
+    vae = wrapped("taeltx_2", tmp_path, like=real)
+    transformer = LTXVideoTransformer3DModel(in_channels=128, out_channels=128, num_attention_heads=2,
+                                             attention_head_dim=8, cross_attention_dim=16, num_layers=1,
+                                             caption_channels=16)
+    pipe = LTXPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None, tokenizer=None,
+                       transformer=transformer)
+    run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), prompt_attention_mask=torch.ones(1, 4), height=64,
+                   width=64, num_frames=9)
+    packed = run("latent")  # LTX returns its normalised latents packed into tokens
+    latents = pipe._unpack_latents(packed, 2, 2, 2, pipe.transformer_spatial_patch_size,
+                                   pipe.transformer_temporal_patch_size)
+    latents = latents * real.latents_std.view(1, -1, 1, 1, 1) / real.config.scaling_factor + \
+        real.latents_mean.view(1, -1, 1, 1, 1)
+    direct = vae.tae.decode_video(latents.permute(0, 2, 1, 3, 4))
+    assert direct.shape == (1, 9, 3, 64, 64)
     torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
 
 
