@@ -17,6 +17,7 @@ import shlex
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -204,62 +205,57 @@ def test_sigterm_to_the_whole_job_with_dataloader_workers_saves_and_resumes_exac
         assert_identical(tmp_path / "full" / "run" / last / name, out / "run" / last / name)
 
 
-def test_training_data_gone_mid_run_saves_then_one_line(tmp_path):
-    """All training clips deleted while 2 DeepSpeed processes train (launch script): the
-    ranks agree that the data is gone, save the last completed step and exit 2 with one
-    line; once the data is back, the printed command resumes the run to its end."""
+def data_gone_mid_run(tmp_path, which: str, ready, port: int, *overrides: str) -> tuple[str, Path, int]:
+    """Train with 2 DeepSpeed processes (launch script) on demo clips, delete the clips of
+    the ``which`` ("train" or "val") annotation once ``ready(run_dir)`` holds, and expect
+    exit 2 with no traceback; returns (the error line, the last checkpoint, its step)."""
     from training.demo_data import make_demo_dataset
 
     clips = {"root": tmp_path / "data", **make_demo_dataset(tmp_path / "data", num_clips=6, n_frames=12, height=48,
                                                              width=64, seed=1)}
-    train_files = [tmp_path / "data" / entry["path"] for entry in json.loads(clips["train"].read_text())["list"]]
-    common = ["--run_name=run", "--max_train_steps=14", "--checkpointing_steps=2", "--validation_every=100",
-              "--dataloader_num_workers=1"]
-    env = {"MASTER_PORT": "29549"}
-    process = start(launch_script(2, tmp_path, clips, *common), tmp_path / "first.log", env=env)
-    checkpoints = tmp_path / "run" / "checkpoints"
-    wait_for(lambda: (checkpoints / "checkpoint-2").is_dir(), what="checkpoint-2")
-    for path in train_files:
-        path.unlink()
+    process = start(launch_script(2, tmp_path, clips, "--run_name=run", *overrides), tmp_path / "first.log",
+                    env={"MASTER_PORT": str(port)})
+    wait_for(lambda: ready(tmp_path / "run"), what="the run to get going")
+    for entry in json.loads(clips[which].read_text())["list"]:
+        (tmp_path / "data" / entry["path"]).unlink()
     assert exit_status(process) == 2, (tmp_path / "first.log").read_text()[-4000:]
     output = (tmp_path / "first.log").read_text()
     assert "Traceback" not in output
-    line = next(line for line in output.splitlines() if "the training data became unreadable" in line)
-    saved = list_checkpoints(checkpoints)[-1]
+    kind = {"train": "training", "val": "validation"}[which]
+    line = next(line for line in output.splitlines() if f"the {kind} data became unreadable" in line)
+    assert f"error: the {kind} data became unreadable" in (tmp_path / "run" / "train.log").read_text()
+    saved = list_checkpoints(tmp_path / "run" / "checkpoints")[-1]
     stopped_at = trainer_state(saved)["progress"]["step"]
     assert f"at step {stopped_at} " in line and f"saved {saved}" in line and "--resume" in line
-    assert 2 <= stopped_at < 14 and "error: the training data became unreadable" in (tmp_path / "run" / "train.log").read_text()
+    return line, saved, stopped_at
+
+
+def test_training_data_gone_mid_run_saves_then_one_line(tmp_path):
+    """All training clips deleted while 2 DeepSpeed processes train: the ranks agree that
+    the data is gone, save the last completed step and exit 2 with one line; once the data
+    is back, the printed command resumes the run to its end."""
+    from training.demo_data import make_demo_dataset
+
+    line, _, stopped_at = data_gone_mid_run(
+        tmp_path, "train", lambda run: (run / "checkpoints" / "checkpoint-2").is_dir(), 29549,
+        "--max_train_steps=14", "--checkpointing_steps=2", "--validation_every=100", "--dataloader_num_workers=1")
+    assert 2 <= stopped_at < 14
 
     make_demo_dataset(tmp_path / "data", num_clips=6, n_frames=12, height=48, width=64, seed=1)  # the data is back
     resumed = subprocess.run(shlex.split(line.split("resume with: ")[1]), capture_output=True, text=True, timeout=300,
-                             cwd=REPO_ROOT, env={**os.environ, **env})
+                             cwd=REPO_ROOT, env={**os.environ, "MASTER_PORT": "29549"})
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
-    assert trainer_state(list_checkpoints(checkpoints)[-1])["progress"]["step"] == 14
+    assert trainer_state(list_checkpoints(tmp_path / "run" / "checkpoints")[-1])["progress"]["step"] == 14
 
 
 def test_validation_data_gone_on_one_rank_saves_then_one_line(tmp_path):
-    """Validation clips deleted mid-run under 2 DeepSpeed processes, with one validation
-    sample so that rank 1 reads none: without an agreement rank 1 would wait in the gather
-    for ever. The ranks agree, save the last step and exit 2 with one line."""
-    from training.demo_data import make_demo_dataset
-
-    clips = {"root": tmp_path / "data", **make_demo_dataset(tmp_path / "data", num_clips=6, n_frames=12, height=48,
-                                                             width=64, seed=1)}
-    val_files = [tmp_path / "data" / entry["path"] for entry in json.loads(clips["val"].read_text())["list"]]
-    common = ["--run_name=run", "--max_train_steps=60", "--checkpointing_steps=100", "--validation_every=2",
-              "--num_validation_samples=1"]
-    process = start(launch_script(2, tmp_path, clips, *common), tmp_path / "first.log", env={"MASTER_PORT": "29551"})
-    wait_for(lambda: (tmp_path / "run" / "validation_history.json").is_file(), what="the first validation")
-    for path in val_files:
-        path.unlink()
-    assert exit_status(process) == 2, (tmp_path / "first.log").read_text()[-4000:]
-    output = (tmp_path / "first.log").read_text()
-    assert "Traceback" not in output
-    line = next(line for line in output.splitlines() if "the validation data became unreadable" in line)
-    (saved,) = list_checkpoints(tmp_path / "run" / "checkpoints")
-    stopped_at = trainer_state(saved)["progress"]["step"]
-    assert 2 < stopped_at < 60 and stopped_at % 2 == 0
-    assert f"at step {stopped_at} " in line and f"saved {saved}" in line and "--resume" in line
+    """Validation clips deleted mid-run, with one validation sample so that rank 1 reads
+    none: without an agreement rank 1 would wait in the gather for ever. The ranks agree,
+    save the step just trained (the only checkpoint) and exit 2 with one line."""
+    _, saved, stopped_at = data_gone_mid_run(
+        tmp_path, "val", lambda run: (run / "validation_history.json").is_file(), 29551,
+        "--max_train_steps=60", "--checkpointing_steps=100", "--validation_every=2", "--num_validation_samples=1")
+    assert saved.name == f"checkpoint-{stopped_at}" and 2 < stopped_at < 60 and stopped_at % 2 == 0
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:
