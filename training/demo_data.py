@@ -9,7 +9,8 @@ roadside posts, a sky gradient with drifting clouds, hills, textured verges, tre
 and a slowly changing light, at the users' 3:2 aspect by default. Everything is drawn from
 the seed (clip ``i`` of seed ``s`` uses ``default_rng([s, i])``; held-out clips are the last
 ones, so they come from other seeds' streams), and the scenes keep fine structure (lane
-dashes, vehicle edges, texture) for the model to learn. Clips are
+dashes, vehicle edges, texture) for the model to learn. The pixels repeat exactly; the
+H.264 bytes do not quite (libx264 varies between runs, docs/benchmarks.md). Clips are
 written as H.264 MP4 (``evaluation.videos.write_video``, which browsers play) to
 ``OUT_DIR/videos`` with ``OUT_DIR/annotations_train.json`` and ``annotations_val.json`` in
 the users' format.
