@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -34,6 +34,54 @@ logger = logging.getLogger(__name__)
 
 def conv(n_in: int, n_out: int, **kwargs) -> nn.Conv2d:
     return nn.Conv2d(n_in, n_out, 3, padding=1, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------
+# Fused convolutions. On CPU inference, conv + bias (+ residual) (+ ReLU) is one oneDNN
+# call with post-ops (what inductor emits on CPU); with autograd, on GPUs and under
+# torch.compile the same arithmetic runs as plain ops (there cuDNN or inductor fuse).
+
+_ONEDNN_POINTWISE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise")
+
+
+def fused_path(x: torch.Tensor, blocks: nn.Module) -> bool:
+    """Whether a run of ``blocks`` on ``x`` takes the fused oneDNN path: CPU, fp32, eager,
+    and no gradient wanted (grad mode off, or neither input nor weights require it)."""
+    if not (_ONEDNN_POINTWISE and x.device.type == "cpu" and x.dtype == torch.float32) or torch.compiler.is_compiling():
+        return False
+    return not torch.is_grad_enabled() or not (x.requires_grad or any(p.requires_grad for p in blocks.parameters()))
+
+
+def conv_act(conv: nn.Conv2d, x: torch.Tensor, fused: bool, relu: bool = False,
+             add: torch.Tensor | None = None, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """``relu(conv(x) + add)``, the ReLU and the addition optional; ``weight`` replaces the
+    conv's own (then without padding or bias: the sub-pixel phases of ``upsample_conv``)."""
+    if weight is None:
+        weight, bias, padding = conv.weight, conv.bias, conv.padding
+    else:
+        bias, padding = None, (0, 0)
+    if fused:
+        attrs = (padding, conv.stride, conv.dilation, conv.groups)
+        if add is None:
+            return torch.ops.mkldnn._convolution_pointwise(x, weight, bias, *attrs, "relu" if relu else "none", [], "")
+        return torch.ops.mkldnn._convolution_pointwise.binary(x, add, weight, bias, *attrs, "add", 1.0,
+                                                              "relu" if relu else None, [], "")
+    y = F.conv2d(x, weight, bias, conv.stride, padding, conv.dilation, conv.groups)
+    if add is not None:
+        y += add  # in place: a convolution's backward does not need its output
+    return F.relu(y, inplace=True) if relu else y
+
+
+def conv_chain(layers: nn.Sequential, x: torch.Tensor, fused: bool, residual: torch.Tensor, relu_last: bool) -> torch.Tensor:
+    """A memory block's conv stack: each ReLU folds into the conv before it, the last conv
+    adds the residual (and takes ``relu_last``)."""
+    layers = list(layers)
+    for i, layer in enumerate(layers):
+        if isinstance(layer, nn.Conv2d):
+            last = i == len(layers) - 1
+            relu = relu_last if last else isinstance(layers[i + 1], nn.ReLU)
+            x = conv_act(layer, x, fused, relu, residual if last else None)
+    return x
 
 
 class Clamp(nn.Module):
@@ -57,11 +105,10 @@ class MemBlock(nn.Module):
     def forward(self, x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
         return self.forward_stacked(x, torch.cat([x, past], 1))
 
-    def forward_stacked(self, x: torch.Tensor, x_and_past: torch.Tensor) -> torch.Tensor:
-        """``forward`` given ``cat([x, past], 1)``, which ``run_parallel`` builds in one copy."""
-        y = self.conv(x_and_past)
-        y += self.skip(x)  # in place: the conv's backward does not need its output
-        return self.act(y)
+    def forward_stacked(self, x: torch.Tensor, x_and_past: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        """``forward`` given ``cat([x, past], 1)``, which the runner builds in one copy."""
+        skip = conv_act(self.skip, x, fused) if isinstance(self.skip, nn.Conv2d) else x
+        return conv_chain(self.conv, x_and_past, fused, skip, relu_last=True)
 
 
 class SuperMemBlock(nn.Module):
@@ -79,10 +126,8 @@ class SuperMemBlock(nn.Module):
     def forward(self, x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
         return self.forward_stacked(x, torch.cat([x, past], 1))
 
-    def forward_stacked(self, x: torch.Tensor, x_and_past: torch.Tensor) -> torch.Tensor:
-        y = self.conv(x_and_past)
-        y += x
-        return y
+    def forward_stacked(self, x: torch.Tensor, x_and_past: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        return conv_chain(self.conv, x_and_past, fused, x, relu_last=False)
 
 
 class WideMemBlock(nn.Module):
@@ -106,6 +151,32 @@ class WideMemBlock(nn.Module):
 MEMORY_BLOCKS = (MemBlock, SuperMemBlock, WideMemBlock)
 
 
+def frames_to_channels(x: torch.Tensor, stride: int) -> torch.Tensor:
+    """(N*T, C, H, W) -> (N*T/stride, stride*C, H, W), consecutive frames side by side on
+    channels, in ``x``'s memory format (a view for contiguous tensors, one copy for
+    channels-last ones)."""
+    nt, c, h, w = x.shape
+    if stride == 1 or not _channels_last(x):
+        return x.reshape(nt // stride, stride * c, h, w)
+    out = torch.empty((nt // stride, stride * c, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    out.view(nt // stride, stride, c, h, w).copy_(x.view(nt // stride, stride, c, h, w))
+    return out
+
+
+def channels_to_frames(x: torch.Tensor, stride: int) -> torch.Tensor:
+    """The inverse of ``frames_to_channels``."""
+    n, sc, h, w = x.shape
+    if stride == 1 or not _channels_last(x):
+        return x.reshape(n * stride, sc // stride, h, w)
+    out = torch.empty((n * stride, sc // stride, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    out.view(n, stride, sc // stride, h, w).copy_(x.view(n, stride, sc // stride, h, w))
+    return out
+
+
+def _channels_last(x: torch.Tensor) -> bool:
+    return not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+
+
 class TPool(nn.Module):
     """Temporal pooling: ``stride`` consecutive frames stacked on channels, then 1x1 conv."""
 
@@ -115,8 +186,7 @@ class TPool(nn.Module):
         self.conv = nn.Conv2d(n_f * stride, n_f, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _, c, h, w = x.shape
-        return self.conv(x.reshape(-1, self.stride * c, h, w))
+        return self.conv(frames_to_channels(x, self.stride))
 
 
 class TGrow(nn.Module):
@@ -128,8 +198,7 @@ class TGrow(nn.Module):
         self.conv = nn.Conv2d(n_f, n_f * stride, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _, c, h, w = x.shape
-        return self.conv(x).reshape(-1, c, h, w)
+        return channels_to_frames(self.conv(x), self.stride)
 
 
 def build_encoder(in_channels: int, latent_channels: int, time_downscale: Sequence[bool]) -> nn.Sequential:
@@ -165,96 +234,117 @@ def build_super_decoder(latent_channels: int, out_channels: int, time_upscale: S
 
 
 # ---------------------------------------------------------------------------------------
-# Running a block sequence over time: in parallel (all frames at once, O(T) memory) or
-# step by step (O(1) memory in T, also the engine behind streaming).
+# Running a block sequence over time. The clip goes through in chunks of frames: all of a
+# chunk's frames pass each block together (time-parallel), and each memory block carries
+# its last input into the next chunk, so every chunking gives the same frames. One chunk
+# of the whole clip is parallel mode (O(T) memory); chunks of ``t_downscale`` frames
+# (encoder) or one latent (decoder) are sequential mode and streaming (memory flat in T).
 
 
-def with_past(x: torch.Tensor, n: int) -> torch.Tensor:
+def with_past(x: torch.Tensor, n: int, past: torch.Tensor | None = None) -> torch.Tensor:
     """``cat([x, past], 1)`` for (N*T)CHW frames, ``past`` being each frame's predecessor
-    (zeros before the first), written in one copy in ``x``'s memory format."""
+    (``past`` (NCHW) before the first, zeros if None), written in one copy in ``x``'s
+    memory format."""
     nt, c, h, w = x.shape
-    channels_last = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
     out = torch.empty((nt, 2 * c, h, w), dtype=x.dtype, device=x.device, memory_format=fmt)
     seq, stacked = x.view(n, nt // n, c, h, w), out.view(n, nt // n, 2 * c, h, w)
     stacked[:, :, :c] = seq
-    stacked[:, :1, c:] = 0
+    stacked[:, :1, c:] = 0 if past is None else past.unsqueeze(1)
     stacked[:, 1:, c:] = seq[:, :-1]
     return out
 
 
-def run_parallel(blocks: nn.Sequential, x: torch.Tensor, show_progress_bar: bool = False) -> torch.Tensor:
-    """Apply ``blocks`` to an NTCHW tensor, all timesteps at once."""
-    n, t, c, h, w = x.shape
-    x = x.reshape(n * t, c, h, w)
-    for block in tqdm(blocks, disable=not show_progress_bar, desc="blocks"):
-        x = block.forward_stacked(x, with_past(x, n)) if isinstance(block, MEMORY_BLOCKS) else block(x)
-    nt, c, h, w = x.shape
-    return x.view(n, nt // n, c, h, w)
+PHASE_TAPS = torch.tensor([[[1.0, 0, 0], [0, 1, 1]], [[1, 1, 0], [0, 0, 1]]])  # [phase, 2 taps, 3 taps]
 
 
-class SequentialRunner:
-    """Step-by-step evaluation of a block sequence: one frame in, frames out when ready.
-
-    The sequence is a graph over (timestep, block): TPool waits for ``stride`` inputs,
-    TGrow emits ``stride`` outputs, memory blocks remember their previous input. Work is
-    visited depth-first so each frame leaves as soon as it can, and only one state tensor
-    per block is kept: memory does not grow with the number of frames.
-    """
-
-    def __init__(self, blocks: nn.Sequential):
-        self.blocks = blocks
-        self.queue: deque[tuple[torch.Tensor, int]] = deque()
-        self.memory: list = [None] * len(blocks)
-
-    def push(self, frame: torch.Tensor) -> None:
-        """Queue one NCHW input frame."""
-        self.queue.append((frame, 0))
-
-    def pull(self) -> torch.Tensor | None:
-        """Run until one NCHW output frame is ready; None when more input is needed."""
-        blocks, memory = self.blocks, self.memory
-        while self.queue:
-            x, i = self.queue.popleft()
-            if i == len(blocks):
-                return x
-            block = blocks[i]
-            if isinstance(block, MEMORY_BLOCKS):
-                past = memory[i] if memory[i] is not None else torch.zeros_like(x)
-                memory[i] = x
-                self.queue.appendleft((block(x, past), i + 1))
-            elif isinstance(block, TPool):
-                pending = memory[i] = (memory[i] or []) + [x]
-                if len(pending) == block.stride:
-                    memory[i] = None
-                    self.queue.appendleft((block(torch.stack(pending, 1).flatten(0, 1)), i + 1))
-            elif isinstance(block, TGrow):
-                y = block(x)
-                for frame in reversed(y.view(x.shape[0], block.stride, *y.shape[1:]).unbind(1)):
-                    self.queue.appendleft((frame, i + 1))
-            else:
-                self.queue.appendleft((block(x), i + 1))
-        return None
-
-    def drain(self) -> Iterator[torch.Tensor]:
-        while (y := self.pull()) is not None:
-            yield y
+def upsample_conv(conv: nn.Conv2d, x: torch.Tensor, fused: bool, relu: bool) -> torch.Tensor:
+    """``conv(nearest_upsample_2x(x))`` (then ReLU) computed at ``x``'s resolution: output
+    row 2i + a sees input rows (i-1, i, i) for a = 0 and (i, i, i+1) for a = 1, so each of
+    the four output phases is a 2x2 convolution with summed taps (16 taps per 4 output
+    pixels instead of 36: 2.25x fewer FLOPs), written into its place of a channels-last
+    output."""
+    nt, _, h, w = x.shape
+    taps = PHASE_TAPS.to(conv.weight)
+    phase_weights = torch.einsum("aik,bjl,oqkl->aboqij", taps, taps, conv.weight)
+    padded = F.pad(x, (1, 1, 1, 1))
+    out = x.new_empty(nt, h, 2, w, 2, conv.out_channels)
+    for a in range(2):
+        for b in range(2):
+            weight = phase_weights[a, b].contiguous(memory_format=torch.channels_last)
+            y = conv_act(conv, padded[:, :, a:a + h + 1, b:b + w + 1], fused, relu, weight=weight)
+            out[:, :, a, :, b].copy_(y.permute(0, 2, 3, 1))
+    return out.view(nt, 2 * h, 2 * w, -1).permute(0, 3, 1, 2)
 
 
-def run_sequential(blocks: nn.Sequential, x: torch.Tensor, show_progress_bar: bool = False) -> torch.Tensor:
-    """Apply ``blocks`` to an NTCHW tensor one timestep at a time (memory flat in T)."""
-    runner = SequentialRunner(blocks)
-    out = []
-    for frame in tqdm(x.unbind(1), disable=not show_progress_bar, desc="frames"):
-        runner.push(frame)
-        out.extend(runner.drain())
-    return torch.stack(out, 1)
+def _upsample_then_conv(blocks: nn.Sequential, i: int) -> bool:
+    """Whether blocks i, i+1, i+2 are a 2x nearest Upsample, a TGrow and a 3x3 conv (the
+    base and wide decoders' stage ends): a TGrow (1x1) commutes with nearest upsampling,
+    so it runs at low resolution and the conv becomes ``upsample_conv``."""
+    if i + 2 >= len(blocks) or not isinstance(blocks[i], nn.Upsample) or not isinstance(blocks[i + 1], TGrow):
+        return False
+    up, c = blocks[i], blocks[i + 2]
+    return (up.mode == "nearest" and up.scale_factor in (2, 2.0) and isinstance(c, nn.Conv2d)
+            and c.kernel_size == (3, 3) and c.stride == (1, 1) and c.padding == (1, 1) and c.groups == 1)
 
 
-def run_blocks(blocks: nn.Sequential, x: torch.Tensor, parallel: bool, show_progress_bar: bool = False) -> torch.Tensor:
+def run_chunk(blocks: nn.Sequential, x: torch.Tensor, memory: list[torch.Tensor | None]
+              ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """One NTCHW chunk through ``blocks`` (TPool strides must divide T): the NTCHW frames
+    it yields, and ``memory`` updated (per block, the memory block's input frame before
+    the chunk; None: zeros). No side effects, so ``torch.compile`` takes it whole."""
+    n, fused = x.shape[0], fused_path(x, blocks)
+    memory = list(memory)
+    x = x.flatten(0, 1)
+    if fused:
+        x = x.contiguous(memory_format=torch.channels_last)
+    i = 0
+    while i < len(blocks):
+        block = blocks[i]
+        relu_next = i + 1 < len(blocks) and isinstance(blocks[i + 1], nn.ReLU)
+        if isinstance(block, MEMORY_BLOCKS):
+            stacked = with_past(x, n, memory[i])
+            memory[i] = x.unflatten(0, (n, -1))[:, -1].clone()
+            x = block.forward_stacked(x, stacked, fused)
+        elif fused and _upsample_then_conv(blocks, i):
+            relu = i + 3 < len(blocks) and isinstance(blocks[i + 3], nn.ReLU)
+            x = upsample_conv(blocks[i + 2], blocks[i + 1](x), fused, relu)
+            i += 3 + relu
+            continue
+        elif isinstance(block, nn.Conv2d):
+            x = conv_act(block, x, fused, relu=relu_next)
+            i += 1 + relu_next
+            continue
+        else:
+            x = block(x)
+        i += 1
+    return x.unflatten(0, (n, -1)), memory
+
+
+class BlockRunner:
+    """Runs ``blocks`` over successive chunks of a clip, carrying the memory between them."""
+
+    def __init__(self, blocks: nn.Sequential, run: Callable = run_chunk):
+        self.blocks, self.run = blocks, run
+        self.memory: list[torch.Tensor | None] = [None] * len(blocks)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y, self.memory = self.run(self.blocks, x, self.memory)
+        return y
+
+
+def run_blocks(blocks: nn.Sequential, x: torch.Tensor, parallel: bool, chunk: int, show_progress_bar: bool = False,
+               run: Callable = run_chunk) -> torch.Tensor:
+    """Apply ``blocks`` to an NTCHW tensor: all frames at once (``parallel``) or ``chunk``
+    frames at a time (memory flat in T)."""
     if x.ndim != 5:
         raise ValueError(f"TAEHV works on NTCHW tensors, got shape {tuple(x.shape)}")
-    return (run_parallel if parallel else run_sequential)(blocks, x, show_progress_bar)
+    runner = BlockRunner(blocks, run)
+    chunks = [x] if parallel else x.split(chunk, dim=1)
+    if show_progress_bar:
+        chunks = tqdm(chunks, desc="chunks")
+    out = [runner(c) for c in chunks]
+    return out[0] if len(out) == 1 else torch.cat(out, 1)
 
 
 # ---------------------------------------------------------------------------------------
@@ -268,34 +358,50 @@ class AutoencoderOutput(NamedTuple):
     decoded_from_reference: torch.Tensor | None
 
 
+PUBLISHED_DEFAULT_CHECKPOINT = "taehv.pth"
+_UNSET = object()
+
+
 class TAEHV(nn.Module):
     def __init__(
         self,
-        checkpoint_path: str | os.PathLike | None = None,
+        checkpoint_path: str | os.PathLike | None = _UNSET,  # type: ignore[assignment]
         encoder_time_downscale: Sequence[bool] | None = None,
         decoder_time_upscale: Sequence[bool] | None = None,
         decoder_space_upscale: Sequence[bool] = (True, True, True),
         patch_size: int = 1,
         latent_channels: int = 16,
-        arch_variant: str = "base",
+        arch_variant: str | None = None,
         variant: str | None = None,
+        arch_name: str | None = None,
     ):
         """Build a TAEHV and optionally load published or trained weights.
 
+        A drop-in for the published ``taehv.py``: its arguments, in its order, with its
+        defaults, plus ``variant`` (``arch_name``, upstream's newer keyword, is the same).
+
         Args:
             checkpoint_path: ``.pth`` or ``.safetensors`` weights; None builds a fresh model.
+                Left out, it is ``"taehv.pth"`` as in the published file, unless ``variant``
+                or ``arch_name`` names the architecture (then a fresh model).
             encoder_time_downscale / decoder_time_upscale / decoder_space_upscale: per-stage
                 switches (None: the variant's); a 2-tuple ``decoder_time_upscale`` gets
                 ``False`` prepended. Fewer upscales give a cheaper preview decoder that
                 still loads full weights.
-            patch_size, latent_channels, arch_variant ("base", "super" or "wide"):
-                architecture, used when neither ``variant`` nor the checkpoint says otherwise.
-            variant: explicit variant name ("taehv", "taecvx", "taehv1_5", "taew2_2",
-                "taehv1_5_super", "taeh3", "taeltx2_3", "taeltx2_3_wide", ...). Without it
-                the variant comes from the safetensors metadata or the file name, as users
-                name the published files.
+            patch_size, latent_channels, arch_variant (None or "base", "super", "wide"):
+                architecture, used when neither ``variant`` nor the checkpoint says otherwise
+                ("super" with a base variant's file name picks that variant's super decoder).
+            variant / arch_name: explicit variant name ("taehv", "taecvx", "taehv1_5",
+                "taew2_2", "taehv1_5_super", "taeh3", "taeltx2_3", "taeltx2_3_wide", ...).
+                Without it the variant comes from the safetensors metadata or the file name,
+                as users name the published files.
         """
         super().__init__()
+        if arch_name is not None and variant is not None and arch_name != variant:
+            raise ValueError(f"arch_name={arch_name!r} and variant={variant!r} disagree: give one of them")
+        variant = variant or arch_name
+        if checkpoint_path is _UNSET:
+            checkpoint_path = None if variant is not None else PUBLISHED_DEFAULT_CHECKPOINT
         metadata = read_metadata(checkpoint_path) if checkpoint_path is not None else None
         spec = resolve_variant(variant, checkpoint_path, patch_size, latent_channels, arch_variant, metadata)
         encoder_time_downscale = spec.encoder_time_downscale if encoder_time_downscale is None else encoder_time_downscale
@@ -308,7 +414,7 @@ class TAEHV(nn.Module):
         self.latent_channels = spec.latent_channels
         self.arch_variant = spec.arch
         self.is_cogvideox = spec.is_cogvideox
-        self.h3_chunks = spec.h3_chunks
+        self.h3_chunks = self.is_h3 = spec.h3_chunks
         self.image_channels = 3
         self.encoder_time_downscale = tuple(bool(v) for v in encoder_time_downscale)
         self.decoder_time_upscale = tuple(bool(v) for v in decoder_time_upscale)
@@ -326,8 +432,16 @@ class TAEHV(nn.Module):
         self.t_downscale = 2 ** sum(b.stride == 2 for b in self.encoder if isinstance(b, TPool))
         self.t_upscale = 2 ** sum(b.stride == 2 for b in self.decoder if isinstance(b, TGrow))
         self.frames_to_trim = self.t_upscale - 1
+        self.run_chunk: Callable = run_chunk  # torch.compile'd by ``compile()``
         if checkpoint_path is not None:
             load_weights(self, checkpoint_path)
+
+    def compile(self, **kwargs) -> None:
+        """``torch.compile`` what every call runs (encode_video, decode_video, forward,
+        streaming): the chunk of work through one block sequence, with ``fullgraph=True``
+        (the blocks have no graph break). One graph per block sequence and chunk shape;
+        ``kwargs`` go to ``torch.compile`` (``mode``, ``dynamic``, ``backend``)."""
+        self.run_chunk = torch.compile(run_chunk, fullgraph=True, **kwargs)
 
     def adapt_state_dict(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Fit weights trained with more temporal upscaling into a preview decoder: a TGrow
@@ -356,7 +470,8 @@ class TAEHV(nn.Module):
         return x.clamp(0, 1) if clamp else x
 
     def encode_video(self, x: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False) -> torch.Tensor:
-        """Encode NTCHW frames in [0, 1] to NTCHW latents (``plan(T).latent_frames`` of them)."""
+        """Encode NTCHW frames in [0, 1] to NTCHW latents (``plan(T).latent_frames`` of them);
+        ``parallel=False`` runs ``t_downscale`` frames at a time (memory flat in T)."""
         if x.ndim != 5 or x.shape[2] != self.image_channels:
             raise ValueError(f"expected NTCHW RGB frames, got shape {tuple(x.shape)}")
         _check_spatial(x.shape[-2:], 8 * self.patch_size)
@@ -366,27 +481,31 @@ class TAEHV(nn.Module):
             x = torch.cat([x, x[:, -1:].expand(-1, pad, -1, -1, -1)], 1)
         if self.h3_chunks:
             return self.encode_h3_chunks(x, parallel, show_progress_bar)
-        return run_blocks(self.encoder, x, parallel, show_progress_bar)
+        return run_blocks(self.encoder, x, parallel, self.t_downscale, show_progress_bar, self.run_chunk).contiguous()
 
     def encode_h3_chunks(self, x: torch.Tensor, parallel: bool, show_progress_bar: bool) -> torch.Tensor:
         """MiniMax H3's time axis: each 17-frame chunk of the (padded) input, after 3 zero
         frames, is encoded on its own (no memory across chunks); the last 3 latents of
         the clip are dropped (``models.frames.plan_frames``)."""
         lead = x.new_zeros(x.shape[0], H3_LEFT_PAD, *x.shape[2:])
-        latents = [run_blocks(self.encoder, torch.cat([lead, chunk], 1), parallel, show_progress_bar)
+        latents = [run_blocks(self.encoder, torch.cat([lead, chunk], 1), parallel, self.t_downscale, show_progress_bar,
+                              self.run_chunk)
                    for chunk in x.split(H3_CHUNK_FRAMES, dim=1)]
-        return torch.cat(latents, 1)[:, :-H3_DROPPED_LATENTS]
+        return torch.cat(latents, 1)[:, :-H3_DROPPED_LATENTS].contiguous()
 
     def decode_video(
         self, z: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False, clamp: bool = True
     ) -> torch.Tensor:
-        """Decode NTCHW latents to NTCHW frames; frame i matches input frame i."""
+        """Decode NTCHW latents to NTCHW frames; frame i matches input frame i.
+        ``parallel=False`` runs one latent at a time (memory flat in T)."""
         if z.ndim != 5 or z.shape[2] != self.latent_channels:
             raise ValueError(f"expected NTCHW latents with {self.latent_channels} channels, got shape {tuple(z.shape)}")
-        x = run_blocks(self.decoder, z, parallel, show_progress_bar)
+        x = run_blocks(self.decoder, z, parallel, 1, show_progress_bar, self.run_chunk)
         if self.h3_chunks:  # the first t_upscale - 1 frames of every chunk's frames go
-            return self.postprocess_output_frames(x[:, h3_kept_frames(z.shape[1], self.t_downscale, self.t_upscale)], clamp)
-        return self.postprocess_output_frames(x[:, self._frames_to_trim(z.shape[1]):], clamp)
+            x = x[:, h3_kept_frames(z.shape[1], self.t_downscale, self.t_upscale)]
+        else:
+            x = x[:, self._frames_to_trim(z.shape[1]):]
+        return self.postprocess_output_frames(x, clamp).contiguous()
 
     def _frames_to_trim(self, latent_frames: int) -> int:
         return plan_frames(latent_frames * self.t_downscale, self.t_downscale, self.t_upscale, self.is_cogvideox).trimmed_frames
@@ -403,10 +522,6 @@ class TAEHV(nn.Module):
         return AutoencoderOutput(latents, decoded, from_ref)
 
     def stream(self) -> "StreamingTAEHV":
-        if self.h3_chunks:
-            raise NotImplementedError(
-                f"{self.variant} cannot stream: its encoder drops the last 3 latents of a clip, which a stream only "
-                "knows at its end; use encode_video / decode_video (parallel=False keeps memory flat)")
         return StreamingTAEHV(self)
 
 
@@ -417,57 +532,98 @@ def _check_spatial(hw: Sequence[int], multiple: int) -> None:
 
 
 class StreamingTAEHV:
-    """Live video: feed frames, get latents; feed latents, get frames; flush at the end.
+    """Live video, with the published streaming API: feed frames, get latents; feed
+    latents, get frames, one at a time; flush at the end.
 
-        stream = model.stream()
+        stream = model.stream()                   # or StreamingTAEHV(model)
         for frame in camera:                      # N1CHW in [0, 1]
-            for latent in stream.encode(frame):   # usually empty: 4 frames -> 1 latent
-                for out in stream.decode(latent):
-                    show(out)
+            latent = stream.encode(frame)         # None until t_downscale frames are in
+            out = stream.decode(latent) if latent is not None else None
+            while out is not None:                # a latent gives t_upscale frames
+                show(out)
+                out = stream.decode()
         for out in stream.flush():
             show(out)
 
-    Outputs equal ``decode_video(encode_video(video))`` (for taecvx only when the latent
-    count is odd: its trim rule depends on the total count, unknown while streaming).
+    The encoder runs once per ``t_downscale`` frames and the decoder once per latent, all
+    of a chunk's frames together (sequential mode's engine). Outputs equal
+    ``decode_video(encode_video(video))``; for taecvx the first ``frames_to_trim`` frames
+    are dropped as for an odd latent count (the published stream keeps them), since the
+    trim rule depends on the total count, unknown while streaming.
     """
 
-    def __init__(self, model: TAEHV):
-        self.model = model
+    def __init__(self, taehv: TAEHV):
+        if taehv.h3_chunks:
+            raise NotImplementedError(
+                f"{taehv.variant} cannot stream: its encoder drops the last 3 latents of a clip, which a stream only "
+                "knows at its end; use encode_video / decode_video (parallel=False keeps memory flat)")
+        self.taehv = taehv
         self.reset()
 
     def reset(self) -> None:
-        self._encoder = SequentialRunner(self.model.encoder)
-        self._decoder = SequentialRunner(self.model.decoder)
-        self._frames_in = 0
-        self._frames_out = 0
+        """Forget everything: the next frame starts a new stream."""
+        self._encoder = BlockRunner(self.taehv.encoder, self.taehv.run_chunk)
+        self._decoder = BlockRunner(self.taehv.decoder, self.taehv.run_chunk)
+        self._frames_in: list[torch.Tensor] = []  # preprocessed frames waiting for a full group
+        self._latents_out: deque[torch.Tensor] = deque()
+        self._latents_in: deque[torch.Tensor] = deque()
+        self._frames_out: deque[torch.Tensor] = deque()
+        self.n_frames_encoded = self.n_frames_decoded = 0
         self._last_frame: torch.Tensor | None = None
 
-    def encode(self, frames: torch.Tensor) -> list[torch.Tensor]:
-        """Feed N,T,C,H,W frames (T >= 1); returns the N1CHW latents that became ready."""
-        self._last_frame = frames[:, -1:]
+    def encode(self, x: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Feed NTCHW frames (optional); returns the next N1CHW latent, or None while fewer
+        than ``t_downscale`` frames are waiting."""
+        if x is not None:
+            if x.ndim != 5 or x.shape[2] != self.taehv.image_channels:
+                raise ValueError(f"expected NTCHW RGB frames, got shape {tuple(x.shape)}")
+            self._last_frame = x[:, -1:]
+            self._frames_in += self.taehv.preprocess_input_frames(x).split(1, dim=1)
+            self.n_frames_encoded += x.shape[1]
+        group = self.taehv.t_downscale
+        while len(self._frames_in) >= group:
+            chunk, self._frames_in = torch.cat(self._frames_in[:group], 1), self._frames_in[group:]
+            self._latents_out += self._encoder(chunk).split(1, dim=1)
+        return self._latents_out.popleft() if self._latents_out else None
+
+    def decode(self, x: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Feed NTCHW latents (optional); returns the next N1CHW frame (clamped), or None
+        when every fed latent is decoded. The first ``frames_to_trim`` frames, which only
+        align the decoder with the reference VAE, are never returned."""
+        if x is not None:
+            if x.ndim != 5 or x.shape[2] != self.taehv.latent_channels:
+                raise ValueError(f"expected NTCHW latents with {self.taehv.latent_channels} channels, "
+                                 f"got shape {tuple(x.shape)}")
+            self._latents_in += x.split(1, dim=1)
+        while not self._frames_out and self._latents_in:
+            for frame in self._decoder(self._latents_in.popleft()).split(1, dim=1):
+                self.n_frames_decoded += 1
+                if self.n_frames_decoded > self.taehv.frames_to_trim:
+                    self._frames_out.append(self.taehv.postprocess_output_frames(frame).contiguous())
+        return self._frames_out.popleft() if self._frames_out else None
+
+    def flush_encoder(self) -> list[torch.Tensor]:
+        """Pad the last partial group of frames with copies of the last one; every latent left."""
+        pad = -self.n_frames_encoded % self.taehv.t_downscale
         latents = []
-        for frame in self.model.preprocess_input_frames(frames).unbind(1):
-            self._encoder.push(frame)
-            self._frames_in += 1
-            latents += [z.unsqueeze(1) for z in self._encoder.drain()]
+        if pad and self._last_frame is not None:
+            latent = self.encode(self._last_frame.expand(-1, pad, -1, -1, -1))
+            latents += [latent] if latent is not None else []
+        while (latent := self.encode()) is not None:
+            latents.append(latent)
         return latents
 
-    def decode(self, latents: torch.Tensor) -> list[torch.Tensor]:
-        """Feed N,T,C,H,W latents; returns the N1CHW frames (clamped) that became ready."""
-        out = []
-        for z in latents.unbind(1):
-            self._decoder.push(z)
-            for x in self._decoder.drain():
-                self._frames_out += 1
-                if self._frames_out > self.model.frames_to_trim:
-                    out.append(self.model.postprocess_output_frames(x.unsqueeze(1)))
-        return out
+    def flush_decoder(self) -> list[torch.Tensor]:
+        """Every frame the fed latents still give."""
+        frames = []
+        while (frame := self.decode()) is not None:
+            frames.append(frame)
+        return frames
 
     def flush(self) -> list[torch.Tensor]:
-        """Pad the last partial group of frames, encode and decode everything pending."""
-        out = []
-        pad = -self._frames_in % self.model.t_downscale
-        if pad and self._last_frame is not None:
-            for latent in self.encode(self._last_frame.expand(-1, pad, -1, -1, -1)):
-                out += self.decode(latent)
-        return out
+        """Flush the encoder (with padding) into the decoder; every frame left."""
+        frames = []
+        for latent in self.flush_encoder():
+            frame = self.decode(latent)
+            frames += [frame] if frame is not None else []
+        return frames + self.flush_decoder()

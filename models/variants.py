@@ -110,17 +110,21 @@ def resolve_variant(
     checkpoint_path: str | os.PathLike | None,
     patch_size: int,
     latent_channels: int,
-    arch: str,
+    arch: str | None,
     metadata: dict[str, str] | None = None,
 ) -> VariantSpec:
-    """Pick the architecture: explicit ``variant`` > file metadata > file name > arguments."""
-    if arch not in ARCHES:
+    """Pick the architecture: explicit ``variant`` > file metadata > file name > arguments.
+    ``arch`` "super" with a base variant's file name gives that variant's super decoder
+    (as the published constructor's ``arch_variant="super"`` does); None means "base"."""
+    if arch is not None and arch not in ARCHES:
         raise ValueError(f"arch_variant must be one of {', '.join(ARCHES)}, got {arch!r}")
     if variant is not None:
         return get_variant(variant)
     if metadata and metadata.get("variant"):
         return custom_spec(metadata) if metadata["variant"] == "custom" else get_variant(metadata["variant"])
     if checkpoint_path is not None and (detected := detect_variant(checkpoint_path)):
+        if arch == "super" and detected in BASE_VARIANTS:
+            detected += SUPER_SUFFIX
         logger.info("variant %s selected from file name %s", detected, Path(checkpoint_path).name)
         return get_variant(detected)
-    return VariantSpec("custom", patch_size, latent_channels, arch)
+    return VariantSpec("custom", patch_size, latent_channels, arch or "base")

@@ -88,7 +88,7 @@ def test_explicit_variant_beats_file_name(tmp_path):
 
 
 def test_mismatch_lists_missing_unexpected_and_shapes(tmp_path):
-    sd = TAEHV().state_dict()
+    sd = TAEHV(variant="taehv").state_dict()
     sd.pop("decoder.22.bias")
     sd["encoder.99.weight"] = torch.zeros(1)
     sd["encoder.17.weight"] = torch.zeros(8, 64, 3, 3)
@@ -107,7 +107,7 @@ def test_missing_file_and_non_state_dict(tmp_path):
     with pytest.raises(FileNotFoundError, match="checkpoints/README.md"):
         TAEHV(tmp_path / "taehv.pth")
     path = tmp_path / "taehv.pth"
-    torch.save({"model": TAEHV().state_dict(), "step": 3}, path)
+    torch.save({"model": TAEHV(variant="taehv").state_dict(), "step": 3}, path)
     with pytest.raises(CheckpointMismatchError, match="not a plain state dict"):
         TAEHV(path)
 
@@ -141,7 +141,7 @@ def test_save_load_round_trip(tmp_path, variant, suffix):
 
 
 def test_custom_architecture_round_trips_through_metadata(tmp_path):
-    model = TAEHV(patch_size=2, latent_channels=8)
+    model = TAEHV(None, patch_size=2, latent_channels=8)
     path = save_weights(model, tmp_path / "tiny.safetensors")
     loaded = TAEHV(path)
     assert (loaded.variant, loaded.patch_size, loaded.latent_channels) == ("custom", 2, 8)
@@ -172,7 +172,7 @@ def test_spatial_and_layout_errors():
 
 def test_forward_trains_through_decoder_without_inplace_clamp():
     torch.manual_seed(0)
-    model = TAEHV()
+    model = TAEHV(variant="taehv")
     x = torch.rand(2, 9, 3, 16, 16)
     z_ref = torch.randn(2, 3, 16, 2, 2)
     out = model(x, reference_latents=z_ref)
@@ -193,14 +193,19 @@ def test_forward_trains_through_decoder_without_inplace_clamp():
 @torch.no_grad()
 def test_streaming_accepts_chunks_and_matches_batch():
     torch.manual_seed(0)
-    model = TAEHV().eval()
+    model = TAEHV(variant="taehv").eval()
     x = torch.rand(1, 11, 3, 16, 16)
     reference = model.decode_video(model.encode_video(x))
     stream = model.stream()
     frames = []
-    for chunk in x.split(3, dim=1):
-        for latent in stream.encode(chunk):
-            frames += stream.decode(latent)
+    for chunk in x.split(3, dim=1):  # several frames per call: latents come out one per call
+        latent = stream.encode(chunk)
+        while latent is not None:
+            frame = stream.decode(latent)
+            while frame is not None:
+                frames.append(frame)
+                frame = stream.decode()
+            latent = stream.encode()
     frames += stream.flush()
     torch.testing.assert_close(torch.cat(frames, 1), reference, atol=1e-5, rtol=0)
 
@@ -212,7 +217,7 @@ MEMORY_PROBE = textwrap.dedent(
     from models.taehv import TAEHV
     from training.monitoring import peak_rss_bytes
     torch.set_num_threads(1)
-    model = TAEHV().eval()
+    model = TAEHV(variant="taehv").eval()
     latents = torch.randn(1, int(sys.argv[1]), 16, 16, 16)
     with torch.inference_mode():
         model.decode_video(latents[:, :1], parallel=sys.argv[2] == "parallel")  # warm-up
