@@ -52,15 +52,13 @@ def fused_path(x: torch.Tensor, blocks: nn.Module) -> bool:
     return not torch.is_grad_enabled() or not (x.requires_grad or any(p.requires_grad for p in blocks.parameters()))
 
 
-def conv_act(conv: nn.Conv2d, x: torch.Tensor, fused: bool, relu: bool = False,
-             add: torch.Tensor | None = None, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """``relu(conv(x) + add)``, the ReLU and the addition optional; ``weight`` replaces the
-    conv's own (then without padding or bias: the sub-pixel phases of ``upsample_conv``)."""
-    if weight is None:
-        weight, bias, padding = conv.weight, conv.bias, conv.padding
-    else:
-        bias, padding = None, (0, 0)
-    if fused:
+def conv2d_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv: nn.Conv2d, fused: bool,
+               relu: bool = False, add: torch.Tensor | None = None, padding: Sequence[int] | None = None) -> torch.Tensor:
+    """``relu(conv2d(x, weight, bias) + add)`` with ``conv``'s stride, dilation, groups and
+    (unless given) padding; the ReLU and the addition optional. Fused, it is one oneDNN
+    call; convolutions over a few input channels (the encoder's first) are faster unfused."""
+    padding = conv.padding if padding is None else padding
+    if fused and weight.shape[1] >= 8:
         attrs = (padding, conv.stride, conv.dilation, conv.groups)
         if add is None:
             return torch.ops.mkldnn._convolution_pointwise(x, weight, bias, *attrs, "relu" if relu else "none", [], "")
@@ -70,6 +68,22 @@ def conv_act(conv: nn.Conv2d, x: torch.Tensor, fused: bool, relu: bool = False,
     if add is not None:
         y += add  # in place: a convolution's backward does not need its output
     return F.relu(y, inplace=True) if relu else y
+
+
+def conv_act(conv: nn.Conv2d, x: torch.Tensor, fused: bool, relu: bool = False, add: torch.Tensor | None = None) -> torch.Tensor:
+    """``relu(conv(x) + add)``, the ReLU and the addition optional (see ``conv2d_act``)."""
+    return conv2d_act(x, conv.weight, conv.bias, conv, fused, relu, add)
+
+
+def derived(owner: nn.Module, name: str, sources: tuple[torch.Tensor, ...], make: Callable[[], object]) -> object:
+    """``make()``, weights computed from ``sources`` (merged or sub-pixel weights), kept on
+    ``owner`` until one of the sources changes (its version counter or storage)."""
+    cache = owner.__dict__.setdefault("_derived_weights", {})
+    stamp = tuple((t._version, t.data_ptr()) for t in sources)
+    hit = cache.get(name)
+    if hit is None or hit[0] != stamp:
+        hit = cache[name] = (stamp, make())
+    return hit[1]
 
 
 def conv_chain(layers: nn.Sequential, x: torch.Tensor, fused: bool, residual: torch.Tensor, relu_last: bool) -> torch.Tensor:
@@ -265,27 +279,42 @@ def upsample_conv(conv: nn.Conv2d, x: torch.Tensor, fused: bool, relu: bool) -> 
     pixels instead of 36: 2.25x fewer FLOPs), written into its place of a channels-last
     output."""
     nt, _, h, w = x.shape
-    taps = PHASE_TAPS.to(conv.weight)
-    phase_weights = torch.einsum("aik,bjl,oqkl->aboqij", taps, taps, conv.weight)
+    phases = derived(conv, "phases", (conv.weight,), lambda: [
+        [w.contiguous(memory_format=torch.channels_last) for w in row]
+        for row in torch.einsum("aik,bjl,oqkl->aboqij", PHASE_TAPS.to(conv.weight), PHASE_TAPS.to(conv.weight), conv.weight)])
     padded = F.pad(x, (1, 1, 1, 1))
     out = x.new_empty(nt, h, 2, w, 2, conv.out_channels)
     for a in range(2):
         for b in range(2):
-            weight = phase_weights[a, b].contiguous(memory_format=torch.channels_last)
-            y = conv_act(conv, padded[:, :, a:a + h + 1, b:b + w + 1], fused, relu, weight=weight)
+            y = conv2d_act(padded[:, :, a:a + h + 1, b:b + w + 1], phases[a][b], conv.bias, conv, fused, relu, padding=(0, 0))
             out[:, :, a, :, b].copy_(y.permute(0, 2, 3, 1))
     return out.view(nt, 2 * h, 2 * w, -1).permute(0, 3, 1, 2)
 
 
-def _upsample_then_conv(blocks: nn.Sequential, i: int) -> bool:
-    """Whether blocks i, i+1, i+2 are a 2x nearest Upsample, a TGrow and a 3x3 conv (the
-    base and wide decoders' stage ends): a TGrow (1x1) commutes with nearest upsampling,
-    so it runs at low resolution and the conv becomes ``upsample_conv``."""
-    if i + 2 >= len(blocks) or not isinstance(blocks[i], nn.Upsample) or not isinstance(blocks[i + 1], TGrow):
-        return False
-    up, c = blocks[i], blocks[i + 2]
-    return (up.mode == "nearest" and up.scale_factor in (2, 2.0) and isinstance(c, nn.Conv2d)
-            and c.kernel_size == (3, 3) and c.stride == (1, 1) and c.padding == (1, 1) and c.groups == 1)
+def pool_conv(pool: TPool, conv: nn.Conv2d, x: torch.Tensor, fused: bool, parity_major: bool) -> torch.Tensor:
+    """``conv(pool(x))`` for a TPool followed by a bias-free conv, without stacking frames
+    on channels: both are linear, so it is a sum over each group's ``stride`` frames of
+    one conv each, with weight ``conv.weight`` times the frame's slice of ``pool``'s.
+    Frame k of every group is ``x``'s k-th block when ``parity_major``, else a strided view."""
+    stride, (nt, c, h, w) = pool.stride, x.shape
+    weights = derived(conv, "pooled", (conv.weight, pool.conv.weight), lambda: [
+        wk.contiguous(memory_format=torch.channels_last)
+        for wk in torch.einsum("omyx,mj->ojyx", conv.weight, pool.conv.weight[:, :, 0, 0]).split(c, 1)])
+    frames = x.view(stride, nt // stride, c, h, w).unbind(0) if parity_major else x.view(nt // stride, stride, c, h, w).unbind(1)
+    y = None
+    for frame, weight in zip(frames, weights):
+        y = conv2d_act(frame, weight, conv.bias if y is None else None, conv, fused, add=y)
+    return y
+
+
+def parity_major(x: torch.Tensor, stride: int) -> torch.Tensor:
+    """NTCHW frames as (N*T)CHW channels-last with frame k of every group of ``stride``
+    in the k-th block (what ``pool_conv`` reads without strides), in the one copy that
+    the channels-last conversion makes anyway."""
+    n, t, c, h, w = x.shape
+    out = torch.empty((n * t, c, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    out.view(stride, n, t // stride, c, h, w).copy_(x.view(n, t // stride, stride, c, h, w).permute(2, 0, 1, 3, 4, 5))
+    return out
 
 
 def run_chunk(blocks: nn.Sequential, x: torch.Tensor, memory: list[torch.Tensor | None]
@@ -295,30 +324,83 @@ def run_chunk(blocks: nn.Sequential, x: torch.Tensor, memory: list[torch.Tensor 
     the chunk; None: zeros). No side effects, so ``torch.compile`` takes it whole."""
     n, fused = x.shape[0], fused_path(x, blocks)
     memory = list(memory)
-    x = x.flatten(0, 1)
-    if fused:
-        x = x.contiguous(memory_format=torch.channels_last)
-    i = 0
-    while i < len(blocks):
+    parity_stride, steps = fused_steps(blocks) if fused else (0, plain_steps(blocks))
+    if parity_stride:
+        x = parity_major(x, parity_stride)
+    else:
+        x = x.flatten(0, 1)
+        if fused:
+            x = x.contiguous(memory_format=torch.channels_last)
+    for i, kind, arg in steps:
         block = blocks[i]
-        relu_next = i + 1 < len(blocks) and isinstance(blocks[i + 1], nn.ReLU)
-        if isinstance(block, MEMORY_BLOCKS):
+        if kind == "memory":
             stacked = with_past(x, n, memory[i])
             memory[i] = x.unflatten(0, (n, -1))[:, -1].clone()
             x = block.forward_stacked(x, stacked, fused)
-        elif fused and _upsample_then_conv(blocks, i):
-            relu = i + 3 < len(blocks) and isinstance(blocks[i + 3], nn.ReLU)
-            x = upsample_conv(blocks[i + 2], blocks[i + 1](x), fused, relu)
-            i += 3 + relu
-            continue
-        elif isinstance(block, nn.Conv2d):
-            x = conv_act(block, x, fused, relu=relu_next)
-            i += 1 + relu_next
-            continue
-        else:
+        elif kind == "block":
             x = block(x)
-        i += 1
+        elif kind == "conv":  # arg: the ReLU that follows, folded in
+            x = conv_act(block, x, fused, relu=arg)
+        elif kind == "conv_shuffle_relu":  # the ReLU after the PixelShuffle commutes with it
+            x = F.pixel_shuffle(conv_act(block, x, True, relu=True), blocks[i + 1].upscale_factor)
+        elif kind == "upsample_tgrow_conv":
+            x = upsample_conv(blocks[i + 2], blocks[i + 1](x), True, relu=arg)
+        elif kind == "pool_conv":  # arg: frames laid out parity-major
+            x = pool_conv(block, blocks[i + 1], x, True, parity_major=arg)
     return x.unflatten(0, (n, -1)), memory
+
+
+def fused_steps(blocks: nn.Sequential) -> tuple[int, list[tuple[int, str, object]]]:
+    """The fused path's schedule for ``blocks``, made once per block sequence: the stride
+    for a parity-major input layout (0: none), and (first block, kind, argument) per step.
+    Convolutions take the ReLU that follows; a TPool and the bias-free conv after it
+    become ``pool_conv`` (the first one, if only convs and ReLUs precede it, reads a
+    parity-major input without strides); an Upsample(2), a
+    TGrow and a 3x3 conv become ``upsample_conv`` (TGrow at low resolution: 1x1 convs
+    commute with nearest upsampling); a conv, PixelShuffle and ReLU take the ReLU too."""
+    cached = blocks.__dict__.get("_fused_steps")
+    if cached is not None:
+        return cached
+    parity_stride, steps = 0, []
+    kinds = [type(b) for b in blocks]
+
+    def at(j: int, *types: type) -> bool:
+        return all(j + k < len(blocks) and issubclass(kinds[j + k], t) for k, t in enumerate(types))
+
+    i = 0
+    while i < len(blocks):
+        block = blocks[i]
+        if at(i, TPool, nn.Conv2d) and blocks[i + 1].bias is None and blocks[i + 1].groups == 1:
+            first = all(issubclass(k, (nn.Conv2d, nn.ReLU)) for k in kinds[:i]) and block.stride > 1
+            parity_stride = block.stride if first else parity_stride
+            steps.append((i, "pool_conv", first))
+            i += 2
+        elif at(i, nn.Upsample, TGrow, nn.Conv2d) and _upsample_conv_fits(block, blocks[i + 2]):
+            relu = at(i + 3, nn.ReLU)
+            steps.append((i, "upsample_tgrow_conv", relu))
+            i += 3 + relu
+        elif at(i, nn.Conv2d, nn.PixelShuffle, nn.ReLU):
+            steps.append((i, "conv_shuffle_relu", None))
+            i += 3
+        elif at(i, nn.Conv2d):
+            relu = at(i + 1, nn.ReLU)
+            steps.append((i, "conv", relu))
+            i += 1 + relu
+        else:
+            steps += plain_steps(blocks[i:i + 1], i)
+            i += 1
+    blocks.__dict__["_fused_steps"] = parity_stride, steps
+    return parity_stride, steps
+
+
+def plain_steps(blocks: nn.Sequential, first: int = 0) -> list[tuple[int, str, object]]:
+    """Every block on its own (the published computation): autograd, GPUs, compile."""
+    return [(first + i, "memory" if isinstance(b, MEMORY_BLOCKS) else "block", None) for i, b in enumerate(blocks)]
+
+
+def _upsample_conv_fits(up: nn.Upsample, conv: nn.Conv2d) -> bool:
+    return (up.mode == "nearest" and up.scale_factor in (2, 2.0) and conv.kernel_size == (3, 3)
+            and conv.stride == (1, 1) and conv.padding == (1, 1) and conv.groups == 1)
 
 
 class BlockRunner:
