@@ -236,13 +236,12 @@ def build_decoder(latent_channels: int, out_channels: int, time_upscale: Sequenc
 
 
 def build_super_decoder(latent_channels: int, out_channels: int, time_upscale: Sequence[bool], space_upscale: Sequence[bool]) -> nn.Sequential:
-    if not all(space_upscale):
-        raise NotImplementedError("the 'super' decoder upsamples with PixelShuffle and cannot disable spatial upscaling")
     n_f = [512, 256, 128, 64]
     stages = []
-    for i, t_up in enumerate(time_upscale):
+    for i, (t_up, s_up) in enumerate(zip(time_upscale, space_upscale)):
+        r = 2 if s_up else 1
         stages += [SuperMemBlock(n_f[i]) for _ in range(3)]
-        stages += [nn.Conv2d(n_f[i], n_f[i + 1] * 4, 3, padding=1), nn.PixelShuffle(2), nn.ReLU(inplace=True)]
+        stages += [nn.Conv2d(n_f[i], n_f[i + 1] * r * r, 3, padding=1), nn.PixelShuffle(r), nn.ReLU(inplace=True)]
         stages += [TGrow(n_f[i + 1], 2 if t_up else 1)]
     return nn.Sequential(nn.Conv2d(latent_channels, n_f[0], 1, bias=False), *stages, conv(n_f[3], out_channels))
 
@@ -411,7 +410,10 @@ class BlockRunner:
         self.memory: list[torch.Tensor | None] = [None] * len(blocks)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y, self.memory = self.run(self.blocks, x, self.memory)
+        y, memory = self.run(self.blocks, x, self.memory)
+        if self.run is not run_chunk:  # compiled: CUDA graphs reuse their output buffers on the next call
+            y, memory = y.clone(), [None if m is None else m.clone() for m in memory]
+        self.memory = memory
         return y
 
 
@@ -521,9 +523,10 @@ class TAEHV(nn.Module):
     def compile(self, **kwargs) -> None:
         """``torch.compile`` what every call runs (encode_video, decode_video, forward,
         streaming): the chunk of work through one block sequence, with ``fullgraph=True``
-        (the blocks have no graph break). One graph per block sequence and chunk shape;
-        ``kwargs`` go to ``torch.compile`` (``mode``, ``dynamic``, ``backend``)."""
-        self.run_chunk = torch.compile(run_chunk, fullgraph=True, **kwargs)
+        (the blocks have no graph break). One graph per block sequence and chunk shape
+        (``dynamic=False`` unless given); ``kwargs`` go to ``torch.compile`` (``mode``,
+        ``backend``, ...). ``mode="reduce-overhead"`` replays CUDA graphs on GPUs."""
+        self.run_chunk = torch.compile(run_chunk, fullgraph=True, **{"dynamic": False, **kwargs})
 
     def adapt_state_dict(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Fit weights trained with more temporal upscaling into a preview decoder: a TGrow
@@ -613,7 +616,7 @@ def _check_spatial(hw: Sequence[int], multiple: int) -> None:
         raise ValueError(f"height and width must be multiples of {multiple} (8 * patch_size), got {h}x{w}")
 
 
-class StreamingTAEHV:
+class StreamingTAEHV(nn.Module):
     """Live video, with the published streaming API: feed frames, get latents; feed
     latents, get frames, one at a time; flush at the end.
 
@@ -635,6 +638,7 @@ class StreamingTAEHV:
     """
 
     def __init__(self, taehv: TAEHV):
+        super().__init__()
         if taehv.h3_chunks:
             raise NotImplementedError(
                 f"{taehv.variant} cannot stream: its encoder drops the last 3 latents of a clip, which a stream only "
@@ -649,7 +653,7 @@ class StreamingTAEHV:
         self._frames_in: list[torch.Tensor] = []  # preprocessed frames waiting for a full group
         self._latents_out: deque[torch.Tensor] = deque()
         self._latents_in: deque[torch.Tensor] = deque()
-        self._frames_out: deque[torch.Tensor] = deque()
+        self._frames_out: deque[torch.Tensor] = deque()  # raw decoder frames, returned one per call
         self.n_frames_encoded = self.n_frames_decoded = 0
         self._last_frame: torch.Tensor | None = None
 
@@ -677,12 +681,15 @@ class StreamingTAEHV:
                 raise ValueError(f"expected NTCHW latents with {self.taehv.latent_channels} channels, "
                                  f"got shape {tuple(x.shape)}")
             self._latents_in += x.split(1, dim=1)
-        while not self._frames_out and self._latents_in:
-            for frame in self._decoder(self._latents_in.popleft()).split(1, dim=1):
-                self.n_frames_decoded += 1
-                if self.n_frames_decoded > self.taehv.frames_to_trim:
-                    self._frames_out.append(self.taehv.postprocess_output_frames(frame).contiguous())
-        return self._frames_out.popleft() if self._frames_out else None
+        while True:
+            if not self._frames_out and self._latents_in:
+                self._frames_out += self._decoder(self._latents_in.popleft()).split(1, dim=1)
+            if not self._frames_out:
+                return None
+            frame = self._frames_out.popleft()
+            self.n_frames_decoded += 1
+            if self.n_frames_decoded > self.taehv.frames_to_trim:
+                return self.taehv.postprocess_output_frames(frame).contiguous()
 
     def flush_encoder(self) -> list[torch.Tensor]:
         """Pad the last partial group of frames with copies of the last one; every latent left."""
