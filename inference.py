@@ -77,7 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
     p.add_argument("--channels_last", action=argparse.BooleanOptionalAction, default=True,
                    help="channels-last convolutions (default; faster on CPU, see docs/benchmarks.md; same results to fp rounding)")
-    p.add_argument("--compile", action="store_true", help="torch.compile encode/decode (pays compile time on the first sample)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model's blocks (TAEHV.compile, inductor); compilation happens in the "
+                        "warm-up on the first clip and is not timed")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0, help="which samples are drawn (deterministic)")
     p.add_argument("--fps", type=float, default=None, help="fps of written videos (default: the source's)")
@@ -132,7 +134,8 @@ def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtyp
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if args.compile:
-        model.encode_video, model.decode_video = torch.compile(model.encode_video), torch.compile(model.decode_video)
+        model.compile()
+        logger.info("torch.compile: the warm-up on the first clip compiles the encoder and the decoder")
     return model, path
 
 

@@ -85,9 +85,17 @@ def pipeline_config(tae: TAEHV, like: torch.nn.Module | None = None) -> dict:
 class TAEVideoVAE(torch.nn.Module):
     """A TAE with the methods and attributes a diffusers video pipeline uses on ``pipe.vae``."""
 
-    def __init__(self, tae: TAEHV, config: dict, parallel: bool = True, like: torch.nn.Module | None = None):
+    def __init__(self, tae: TAEHV, config: dict, parallel: bool = True, like: torch.nn.Module | None = None,
+                 compile: bool = False):
+        """``tae`` behind the pipeline interface with ``config`` (``pipeline_config``);
+        ``parallel=False`` encodes and decodes chunk by chunk (memory flat in the number of
+        frames). ``compile=True`` calls ``tae.compile()`` (``torch.compile`` with inductor):
+        the first encode and decode of each video shape pay the compilation."""
         super().__init__()
         self.tae, self.parallel = tae, parallel
+        if compile:
+            tae.compile()
+            logger.info("torch.compile: the first encode and decode of each shape compile the %s blocks", tae.variant)
         self.config = FrozenDict(config)
         # LTX pipelines read these from the VAE object itself (latents_mean/std are buffers there)
         self.spatial_compression_ratio = config["spatial_compression_ratio"]
@@ -99,11 +107,12 @@ class TAEVideoVAE(torch.nn.Module):
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, variant: str | None = None, like: torch.nn.Module | None = None,
-                  parallel: bool = True) -> TAEVideoVAE:
+                  parallel: bool = True, compile: bool = False) -> TAEVideoVAE:
         """A published or trained TAE weight file (the variant from its name or metadata),
-        configured like ``like`` (the pipeline's own VAE) when given."""
+        configured like ``like`` (the pipeline's own VAE) when given; ``compile=True``
+        torch.compiles it (see ``__init__``)."""
         tae = TAEHV(path, variant=variant).eval().requires_grad_(False)
-        return cls(tae, pipeline_config(tae, like), parallel, like)
+        return cls(tae, pipeline_config(tae, like), parallel, like, compile)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -52,14 +52,20 @@ def fused_path(x: torch.Tensor, blocks: nn.Module) -> bool:
     return not torch.is_grad_enabled() or not (x.requires_grad or any(p.requires_grad for p in blocks.parameters()))
 
 
-def conv2d_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv: nn.Conv2d, fused: bool,
-               relu: bool = False, add: torch.Tensor | None = None, padding: Sequence[int] | None = None) -> torch.Tensor:
+def conv2d_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv: nn.Conv2d,
+               onednn: OneDNN | None, relu: bool = False, add: torch.Tensor | None = None,
+               padding: Sequence[int] | None = None, name: str = "weight") -> torch.Tensor:
     """``relu(conv2d(x, weight, bias) + add)`` with ``conv``'s stride, dilation, groups and
-    (unless given) padding; the ReLU and the addition optional. Fused, it is one oneDNN
-    call; convolutions over a few input channels (the encoder's first) are faster unfused."""
+    (unless given) padding; the ReLU and the addition optional. On the fused path
+    (``onednn``) it is one oneDNN call, with the weight reordered once per run into
+    oneDNN's layout for this input size when the run keeps weights; convolutions over a
+    few input channels (the encoder's first) are faster unfused."""
     padding = conv.padding if padding is None else padding
-    if fused and weight.shape[1] >= 8:
-        attrs = (padding, conv.stride, conv.dilation, conv.groups)
+    if onednn is not None and weight.shape[1] >= 8:
+        attrs = (list(padding), list(conv.stride), list(conv.dilation), conv.groups)
+        if onednn.keep:
+            weight = onednn.weight(conv, name, lambda: torch._C._nn.mkldnn_reorder_conv2d_weight(
+                weight.contiguous().to_mkldnn(), *attrs, list(x.shape)), shape=tuple(x.shape))
         if add is None:
             return torch.ops.mkldnn._convolution_pointwise(x, weight, bias, *attrs, "relu" if relu else "none", [], "")
         return torch.ops.mkldnn._convolution_pointwise.binary(x, add, weight, bias, *attrs, "add", 1.0,
@@ -70,23 +76,34 @@ def conv2d_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return F.relu(y, inplace=True) if relu else y
 
 
-def conv_act(conv: nn.Conv2d, x: torch.Tensor, fused: bool, relu: bool = False, add: torch.Tensor | None = None) -> torch.Tensor:
+def conv_act(conv: nn.Conv2d, x: torch.Tensor, onednn: OneDNN | None, relu: bool = False,
+             add: torch.Tensor | None = None) -> torch.Tensor:
     """``relu(conv(x) + add)``, the ReLU and the addition optional (see ``conv2d_act``)."""
-    return conv2d_act(x, conv.weight, conv.bias, conv, fused, relu, add)
+    return conv2d_act(x, conv.weight, conv.bias, conv, onednn, relu, add)
 
 
-def derived(owner: nn.Module, name: str, sources: tuple[torch.Tensor, ...], make: Callable[[], object]) -> object:
-    """``make()``, weights computed from ``sources`` (merged or sub-pixel weights), kept on
-    ``owner`` until one of the sources changes (its version counter or storage)."""
-    cache = owner.__dict__.setdefault("_derived_weights", {})
-    stamp = tuple((t._version, t.data_ptr()) for t in sources)
-    hit = cache.get(name)
-    if hit is None or hit[0] != stamp:
-        hit = cache[name] = (stamp, make())
-    return hit[1]
+class OneDNN:
+    """The fused CPU path of one run (an ``encode_video`` / ``decode_video`` call, or a
+    stream). Weights derived for it (merged, sub-pixel, reordered into oneDNN's layout for
+    an input size) are made once and kept while the run lasts when ``keep`` (runs of many
+    chunks share them), else made at each use; weights changed between runs are always
+    seen, however they were changed."""
+
+    def __init__(self, keep: bool):
+        self.keep = keep
+        self.weights: dict[tuple[int, str], tuple[tuple, object]] = {}
+
+    def weight(self, owner: nn.Module, name: str, make: Callable[[], object], shape: tuple = ()) -> object:
+        if not self.keep:
+            return make()
+        key = (id(owner), name)
+        hit = self.weights.get(key)
+        if hit is None or hit[0] != shape:
+            hit = self.weights[key] = (shape, make())
+        return hit[1]
 
 
-def conv_chain(layers: nn.Sequential, x: torch.Tensor, fused: bool, residual: torch.Tensor, relu_last: bool) -> torch.Tensor:
+def conv_chain(layers: nn.Sequential, x: torch.Tensor, onednn: OneDNN | None, residual: torch.Tensor, relu_last: bool) -> torch.Tensor:
     """A memory block's conv stack: each ReLU folds into the conv before it, the last conv
     adds the residual (and takes ``relu_last``)."""
     layers = list(layers)
@@ -94,7 +111,7 @@ def conv_chain(layers: nn.Sequential, x: torch.Tensor, fused: bool, residual: to
         if isinstance(layer, nn.Conv2d):
             last = i == len(layers) - 1
             relu = relu_last if last else isinstance(layers[i + 1], nn.ReLU)
-            x = conv_act(layer, x, fused, relu, residual if last else None)
+            x = conv_act(layer, x, onednn, relu, residual if last else None)
     return x
 
 
@@ -119,10 +136,10 @@ class MemBlock(nn.Module):
     def forward(self, x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
         return self.forward_stacked(x, torch.cat([x, past], 1))
 
-    def forward_stacked(self, x: torch.Tensor, x_and_past: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    def forward_stacked(self, x: torch.Tensor, x_and_past: torch.Tensor, onednn: OneDNN | None = None) -> torch.Tensor:
         """``forward`` given ``cat([x, past], 1)``, which the runner builds in one copy."""
-        skip = conv_act(self.skip, x, fused) if isinstance(self.skip, nn.Conv2d) else x
-        return conv_chain(self.conv, x_and_past, fused, skip, relu_last=True)
+        skip = conv_act(self.skip, x, onednn) if isinstance(self.skip, nn.Conv2d) else x
+        return conv_chain(self.conv, x_and_past, onednn, skip, relu_last=True)
 
 
 class SuperMemBlock(nn.Module):
@@ -140,8 +157,8 @@ class SuperMemBlock(nn.Module):
     def forward(self, x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
         return self.forward_stacked(x, torch.cat([x, past], 1))
 
-    def forward_stacked(self, x: torch.Tensor, x_and_past: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        return conv_chain(self.conv, x_and_past, fused, x, relu_last=False)
+    def forward_stacked(self, x: torch.Tensor, x_and_past: torch.Tensor, onednn: OneDNN | None = None) -> torch.Tensor:
+        return conv_chain(self.conv, x_and_past, onednn, x, relu_last=False)
 
 
 class WideMemBlock(nn.Module):
@@ -271,39 +288,65 @@ def with_past(x: torch.Tensor, n: int, past: torch.Tensor | None = None) -> torc
 PHASE_TAPS = torch.tensor([[[1.0, 0, 0], [0, 1, 1]], [[1, 1, 0], [0, 0, 1]]])  # [phase, 2 taps, 3 taps]
 
 
-def upsample_conv(conv: nn.Conv2d, x: torch.Tensor, fused: bool, relu: bool) -> torch.Tensor:
+def upsample_conv(conv: nn.Conv2d, x: torch.Tensor, onednn: OneDNN, relu: bool) -> torch.Tensor:
     """``conv(nearest_upsample_2x(x))`` (then ReLU) computed at ``x``'s resolution: output
     row 2i + a sees input rows (i-1, i, i) for a = 0 and (i, i, i+1) for a = 1, so each of
     the four output phases is a 2x2 convolution with summed taps (16 taps per 4 output
     pixels instead of 36: 2.25x fewer FLOPs), written into its place of a channels-last
     output."""
     nt, _, h, w = x.shape
-    phases = derived(conv, "phases", (conv.weight,), lambda: [
-        [w.contiguous(memory_format=torch.channels_last) for w in row]
-        for row in torch.einsum("aik,bjl,oqkl->aboqij", PHASE_TAPS.to(conv.weight), PHASE_TAPS.to(conv.weight), conv.weight)])
+    taps = PHASE_TAPS.to(conv.weight)
+    phases = onednn.weight(conv, "phases", lambda: torch.einsum("aik,bjl,oqkl->aboqij", taps, taps, conv.weight))
     padded = F.pad(x, (1, 1, 1, 1))
     out = x.new_empty(nt, h, 2, w, 2, conv.out_channels)
     for a in range(2):
         for b in range(2):
-            y = conv2d_act(padded[:, :, a:a + h + 1, b:b + w + 1], phases[a][b], conv.bias, conv, fused, relu, padding=(0, 0))
+            y = conv2d_act(padded[:, :, a:a + h + 1, b:b + w + 1], phases[a][b], conv.bias, conv, onednn, relu,
+                           padding=(0, 0), name=f"phase {a}{b}")
             out[:, :, a, :, b].copy_(y.permute(0, 2, 3, 1))
     return out.view(nt, 2 * h, 2 * w, -1).permute(0, 3, 1, 2)
 
 
-def pool_conv(pool: TPool, conv: nn.Conv2d, x: torch.Tensor, fused: bool, parity_major: bool) -> torch.Tensor:
+def pool_conv(pool: TPool, conv: nn.Conv2d, x: torch.Tensor, onednn: OneDNN, parity_major: bool,
+              padding: Sequence[int] | None = None) -> torch.Tensor:
     """``conv(pool(x))`` for a TPool followed by a bias-free conv, without stacking frames
     on channels: both are linear, so it is a sum over each group's ``stride`` frames of
     one conv each, with weight ``conv.weight`` times the frame's slice of ``pool``'s.
     Frame k of every group is ``x``'s k-th block when ``parity_major``, else a strided view."""
     stride, (nt, c, h, w) = pool.stride, x.shape
-    weights = derived(conv, "pooled", (conv.weight, pool.conv.weight), lambda: [
-        wk.contiguous(memory_format=torch.channels_last)
-        for wk in torch.einsum("omyx,mj->ojyx", conv.weight, pool.conv.weight[:, :, 0, 0]).split(c, 1)])
+    weights = onednn.weight(conv, "pooled", lambda: torch.einsum(
+        "omyx,mj->ojyx", conv.weight, pool.conv.weight[:, :, 0, 0]).split(c, 1))
     frames = x.view(stride, nt // stride, c, h, w).unbind(0) if parity_major else x.view(nt // stride, stride, c, h, w).unbind(1)
     y = None
-    for frame, weight in zip(frames, weights):
-        y = conv2d_act(frame, weight, conv.bias if y is None else None, conv, fused, add=y)
+    for k, (frame, weight) in enumerate(zip(frames, weights)):
+        y = conv2d_act(frame, weight, conv.bias if y is None else None, conv, onednn, add=y, padding=padding,
+                       name=f"pooled {k}")
     return y
+
+
+BAND_BYTES = 4 << 20  # the encoder stem's full-resolution activations per band: cache-sized
+
+
+def stem(conv_in: nn.Conv2d, pool: TPool, conv: nn.Conv2d, x: torch.Tensor, onednn: OneDNN) -> torch.Tensor:
+    """The encoder's first stage, ``conv(pool(relu(conv_in(x))))`` on a parity-major
+    input, in bands of rows: its full-resolution activations (64 channels) then never
+    exist whole, so they stay in cache instead of being written to fresh memory and read
+    back. Output rows [r0, r1) of the stride-2 conv read rows [2r0 - 1, 2r1) of
+    ``relu(conv_in(x))`` (row -1 is its zero padding), which read input rows
+    [2r0 - 2, 2r1 + 1) (zeros outside)."""
+    nt, _, h, w = x.shape
+    out_h = h // 2
+    out = x.new_empty((nt // pool.stride, conv.out_channels, out_h, w // 2)).contiguous(memory_format=torch.channels_last)
+    band = max(1, BAND_BYTES // (nt * conv_in.out_channels * 2 * w * x.element_size()))
+    for r0 in range(0, out_h, band):
+        r1 = min(r0 + band, out_h)
+        lo, hi = max(2 * r0 - 1, 0), 2 * r1  # rows of relu(conv_in(x)) computed here
+        rows = F.pad(x[:, :, max(lo - 1, 0):min(hi + 1, h)], (0, 0, int(lo == 0), int(hi + 1 > h)))
+        features = conv2d_act(rows, conv_in.weight, conv_in.bias, conv_in, onednn, relu=True, padding=(0, 1))
+        if r0 == 0:
+            features = F.pad(features, (0, 0, 1, 0))
+        out[:, :, r0:r1] = pool_conv(pool, conv, features, onednn, parity_major=True, padding=(0, 1))
+    return out
 
 
 def parity_major(x: torch.Tensor, stride: int) -> torch.Tensor:
@@ -316,36 +359,40 @@ def parity_major(x: torch.Tensor, stride: int) -> torch.Tensor:
     return out
 
 
-def run_chunk(blocks: nn.Sequential, x: torch.Tensor, memory: list[torch.Tensor | None]
-              ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+def run_chunk(blocks: nn.Sequential, x: torch.Tensor, memory: list[torch.Tensor | None],
+              onednn: OneDNN | None = None) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
     """One NTCHW chunk through ``blocks`` (TPool strides must divide T): the NTCHW frames
     it yields, and ``memory`` updated (per block, the memory block's input frame before
-    the chunk; None: zeros). No side effects, so ``torch.compile`` takes it whole."""
-    n, fused = x.shape[0], fused_path(x, blocks)
+    the chunk; None: zeros). No side effects, so ``torch.compile`` takes it whole.
+    ``onednn``: the fused path's state for a run of several chunks."""
+    n = x.shape[0]
+    onednn = (onednn or OneDNN(keep=False)) if fused_path(x, blocks) else None
     memory = list(memory)
-    parity_stride, steps = fused_steps(blocks) if fused else (0, plain_steps(blocks))
+    parity_stride, steps = fused_steps(blocks) if onednn else (0, plain_steps(blocks))
     if parity_stride:
         x = parity_major(x, parity_stride)
     else:
         x = x.flatten(0, 1)
-        if fused:
+        if onednn:
             x = x.contiguous(memory_format=torch.channels_last)
     for i, kind, arg in steps:
         block = blocks[i]
         if kind == "memory":
             stacked = with_past(x, n, memory[i])
             memory[i] = x.unflatten(0, (n, -1))[:, -1].clone()
-            x = block.forward_stacked(x, stacked, fused)
+            x = block.forward_stacked(x, stacked, onednn)
         elif kind == "block":
             x = block(x)
         elif kind == "conv":  # arg: the ReLU that follows, folded in
-            x = conv_act(block, x, fused, relu=arg)
+            x = conv_act(block, x, onednn, relu=arg)
         elif kind == "conv_shuffle_relu":  # the ReLU after the PixelShuffle commutes with it
-            x = F.pixel_shuffle(conv_act(block, x, True, relu=True), blocks[i + 1].upscale_factor)
+            x = F.pixel_shuffle(conv_act(block, x, onednn, relu=True), blocks[i + 1].upscale_factor)
         elif kind == "upsample_tgrow_conv":
-            x = upsample_conv(blocks[i + 2], blocks[i + 1](x), True, relu=arg)
+            x = upsample_conv(blocks[i + 2], blocks[i + 1](x), onednn, relu=arg)
         elif kind == "pool_conv":  # arg: frames laid out parity-major
-            x = pool_conv(block, blocks[i + 1], x, True, parity_major=arg)
+            x = pool_conv(block, blocks[i + 1], x, onednn, parity_major=arg)
+        elif kind == "stem":
+            x = stem(block, blocks[i + 2], blocks[i + 3], x, onednn)
     return x.unflatten(0, (n, -1)), memory
 
 
@@ -367,6 +414,10 @@ def fused_steps(blocks: nn.Sequential) -> tuple[int, list[tuple[int, str, object
         return all(j + k < len(blocks) and issubclass(kinds[j + k], t) for k, t in enumerate(types))
 
     i = 0
+    if at(0, nn.Conv2d, nn.ReLU, TPool, nn.Conv2d) and _stem_fits(blocks[2], blocks[3]):
+        parity_stride = blocks[2].stride
+        steps.append((0, "stem", None))
+        i = 4
     while i < len(blocks):
         block = blocks[i]
         if at(i, TPool, nn.Conv2d) and blocks[i + 1].bias is None and blocks[i + 1].groups == 1:
@@ -397,6 +448,11 @@ def plain_steps(blocks: nn.Sequential, first: int = 0) -> list[tuple[int, str, o
     return [(first + i, "memory" if isinstance(b, MEMORY_BLOCKS) else "block", None) for i, b in enumerate(blocks)]
 
 
+def _stem_fits(pool: TPool, conv: nn.Conv2d) -> bool:
+    return (conv.bias is None and conv.groups == 1 and conv.kernel_size == (3, 3) and conv.stride == (2, 2)
+            and conv.padding == (1, 1))
+
+
 def _upsample_conv_fits(up: nn.Upsample, conv: nn.Conv2d) -> bool:
     return (up.mode == "nearest" and up.scale_factor in (2, 2.0) and conv.kernel_size == (3, 3)
             and conv.stride == (1, 1) and conv.padding == (1, 1) and conv.groups == 1)
@@ -405,13 +461,16 @@ def _upsample_conv_fits(up: nn.Upsample, conv: nn.Conv2d) -> bool:
 class BlockRunner:
     """Runs ``blocks`` over successive chunks of a clip, carrying the memory between them."""
 
-    def __init__(self, blocks: nn.Sequential, run: Callable = run_chunk):
+    def __init__(self, blocks: nn.Sequential, run: Callable = run_chunk, keep_weights: bool = True):
         self.blocks, self.run = blocks, run
         self.memory: list[torch.Tensor | None] = [None] * len(blocks)
+        self.onednn = OneDNN(keep_weights)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y, memory = self.run(self.blocks, x, self.memory)
-        if self.run is not run_chunk:  # compiled: CUDA graphs reuse their output buffers on the next call
+        if self.run is run_chunk:
+            y, memory = run_chunk(self.blocks, x, self.memory, self.onednn)
+        else:  # compiled; CUDA graphs reuse their output buffers on the next call
+            y, memory = self.run(self.blocks, x, self.memory)
             y, memory = y.clone(), [None if m is None else m.clone() for m in memory]
         self.memory = memory
         return y
@@ -423,8 +482,8 @@ def run_blocks(blocks: nn.Sequential, x: torch.Tensor, parallel: bool, chunk: in
     frames at a time (memory flat in T)."""
     if x.ndim != 5:
         raise ValueError(f"TAEHV works on NTCHW tensors, got shape {tuple(x.shape)}")
-    runner = BlockRunner(blocks, run)
     chunks = [x] if parallel else x.split(chunk, dim=1)
+    runner = BlockRunner(blocks, run, keep_weights=len(chunks) > 1)
     if show_progress_bar:
         chunks = tqdm(chunks, desc="chunks")
     out = [runner(c) for c in chunks]
@@ -443,6 +502,7 @@ class AutoencoderOutput(NamedTuple):
 
 
 PUBLISHED_DEFAULT_CHECKPOINT = "taehv.pth"
+COMPILE_CACHE_LIMIT = 64  # compiled graphs of run_chunk kept (dynamo's default, 8, is hit by training + validation)
 _UNSET = object()
 
 
@@ -526,7 +586,13 @@ class TAEHV(nn.Module):
         (the blocks have no graph break). One graph per block sequence and chunk shape
         (``dynamic=False`` unless given); ``kwargs`` go to ``torch.compile`` (``mode``,
         ``backend``, ...). ``mode="reduce-overhead"`` replays CUDA graphs on GPUs."""
-        self.run_chunk = torch.compile(run_chunk, fullgraph=True, **{"dynamic": False, **kwargs})
+        compiled = torch.compile(run_chunk, fullgraph=True, **{"dynamic": False, **kwargs})
+
+        def run(*args):  # every model, block sequence, shape and grad mode is a cache entry of run_chunk's code
+            with torch._dynamo.config.patch(recompile_limit=COMPILE_CACHE_LIMIT):
+                return compiled(*args)
+
+        self.run_chunk = run
 
     def adapt_state_dict(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Fit weights trained with more temporal upscaling into a preview decoder: a TGrow

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from models.checkpoint import CheckpointMismatchError, WeightsError, read_metadata, read_state_dict, save_weights
-from models.taehv import TAEHV, MemBlock, SuperMemBlock, with_past
+import models.taehv as taehv_module
+from models.taehv import TAEHV, MemBlock, SuperMemBlock, fused_steps, with_past
 from models.variants import detect_variant, get_variant, known_variants
 from conftest import REPO_ROOT
 
@@ -302,3 +303,33 @@ def test_preview_decoders_of_the_newer_variants_load_full_weights(variant, tmp_p
     decoded = preview.decode_video(latents)
     assert decoded.shape[1] == latents.shape[1] == preview.plan(17).decoded_frames
     assert decoded.shape[-2:] == (size, size)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("variant", ["taehv", "taeltx2_3"])
+def test_encoder_stem_in_bands_of_one_row_gives_the_same_latents(variant, monkeypatch):
+    """The encoder's first stage runs in bands of rows (halo rows recomputed, zero rows at
+    the borders); one output row per band gives what the whole frame gives."""
+    torch.manual_seed(0)
+    model = TAEHV(variant=variant).eval()
+    assert fused_steps(model.encoder)[1][0][1] == "stem"
+    x = torch.rand(1, 9, 3, 16 * model.patch_size, 24 * model.patch_size)
+    whole = model.encode_video(x)
+    monkeypatch.setattr(taehv_module, "BAND_BYTES", 1)
+    torch.testing.assert_close(model.encode_video(x), whole, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_derived_weights_follow_the_weights():
+    """Merged, sub-pixel and reordered weights are cached, and recomputed when a weight
+    changes in place (an optimizer step, load_state_dict)."""
+    torch.manual_seed(0)
+    model = TAEHV(variant="taehv").eval()
+    z = torch.randn(1, 2, 16, 4, 4)
+    before = model.decode_video(z)
+    other = TAEHV(variant="taehv").state_dict()
+    model.load_state_dict(other)
+    fresh = TAEHV(variant="taehv").eval()
+    fresh.load_state_dict(other)
+    torch.testing.assert_close(model.decode_video(z), fresh.decode_video(z))
+    assert not torch.allclose(model.decode_video(z), before)

@@ -89,6 +89,12 @@ def test_case_matches_reference(fixture_set, case_name, fixture_sets, weight_fil
         decoded = model.decode_video(ref_latent, parallel=parallel)
         torch.testing.assert_close(decoded, ref_decoded, atol=ATOL, rtol=0)
 
+    with torch.enable_grad():  # with autograd the blocks run as published (plain ops), as training runs them
+        latent = model.encode_video(x.clone().requires_grad_())
+        torch.testing.assert_close(latent.detach(), ref_latent, atol=ATOL, rtol=0)
+        decoded = model.decode_video(ref_latent.clone().requires_grad_())
+        torch.testing.assert_close(decoded.detach(), ref_decoded, atol=ATOL, rtol=0)
+
     plan = model.plan(case["input"]["t"])
     assert (plan.latent_frames, plan.decoded_frames) == (case["latent_shape"][1], case["decoded_shape"][1])
 

@@ -69,6 +69,8 @@ class TrainConfig:
     pretrained_model_path: str = ""  # published or our weights; empty: train from scratch
     train_encoder: bool = True  # False: decoder-only fine-tuning; the encoder (and so the latent space) stays as loaded
     decoder_bias_init: float = 0.5  # final decoder conv bias when training from scratch
+    compile: bool = False  # torch.compile the blocks (TAEHV.compile); the first steps and validations pay compilation
+    compile_backend: str = "inductor"  # torch.compile backend when compile=true ("aot_eager": tracing only, for debugging)
 
     # -- reference VAE (empty path: plain autoencoder training) ------------------------
     ref_vae_path: str = ""  # diffusers model folder, e.g. a local copy of CogVideoX-2b
@@ -263,6 +265,10 @@ def check(config: TrainConfig) -> list[str]:
                  "profile_steps", "num_validation_samples", "early_stopping_patience", "early_stopping_min_delta"):
         need(getattr(config, name) >= 0, f"{name} must be >= 0")
     need(config.learning_rate > 0, "learning_rate must be > 0")
+    if config.compile:
+        known = compile_backends()
+        need(config.compile_backend in known, f"compile_backend={config.compile_backend!r} is not a torch.compile "
+             f"backend; known: {', '.join(name for name in known if 'TESTING' not in name)}")
     need(0 < config.ema_decay < 1, "ema_decay must be in (0, 1)")
 
     plan = spec.plan(config.n_frames)
@@ -328,6 +334,14 @@ def check(config: TrainConfig) -> list[str]:
     if problems:
         raise invalid_config(problems)
     return notes
+
+
+def compile_backends() -> list[str]:
+    """The ``torch.compile`` backends this torch knows, its debugging ones (``aot_eager``,
+    ``eager``) included."""
+    import torch._dynamo  # seconds to import: only when compile=true is checked
+
+    return torch._dynamo.list_backends(exclude_tags=())
 
 
 def invalid_config(problems: list[str]) -> ConfigError:

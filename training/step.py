@@ -138,6 +138,10 @@ class TrainStep:
         processes = accelerator.num_processes  # a prepared scheduler steps once per process
         scheduler = get_scheduler(config.lr_scheduler, optimizer, num_warmup_steps=config.lr_warmup_steps * processes,
                                   num_training_steps=config.max_train_steps * processes)
+        if config.compile:  # before prepare: wrappers (DDP, DeepSpeed) call forward, which runs the compiled chunks
+            model.compile(backend=config.compile_backend)
+            logger.info("torch.compile (backend %s): the first steps and the first validation pay compilation",
+                        config.compile_backend)
         if loader is None:
             model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
         else:

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""What ``torch.compile`` (``TAEHV.compile``, training's ``compile=true``) costs and gains
+on this machine: compilation time and steady-state time, eager against compiled; prints
+one JSON object.
+
+    python bench/bench_compile.py                                # taehv, 9x128x128 inference, 9x64x64 training step
+    python bench/bench_compile.py --frames 5 --height 16 --width 16 --train-height 16 --train-width 16 \\
+        --backend aot_eager --repeats 1                          # seconds: checks the script, measures nothing useful
+
+Cases (``--cases``), each measured eager and compiled, each in a fresh process (so every
+compiled row pays dynamo's and the backend's first imports as a user's process does):
+
+- ``parallel`` / ``sequential``: ``encode_video`` of a (1, T, 3, H, W) clip in [0, 1], then
+  ``decode_video`` of its latents, under ``torch.inference_mode`` with channels-last
+  weights, as ``inference.py`` runs them. Sequential mode compiles two graphs per block
+  sequence (the first chunk, with empty memory, and the others).
+- ``train``: the product's training step (``training.step.TrainStep``, built as the loop
+  builds it) on one in-memory batch with reference latents, as the latent cache delivers
+  them: forward, losses, backward, clipping, AdamW and EMA steps.
+
+``first_s`` is the first call (compilation included), ``steady_s`` the median of
+``--repeats`` calls after ``--warmup`` more; ``compile_s`` = first - steady. Compiled rows
+give ``speedup`` (eager steady over compiled steady) and ``max_abs_diff`` (their output
+against the eager row's: latents, frames, or the first step's loss). Inductor's on-disk
+caches start empty in every process unless ``--warm-cache`` (then a second run measures
+what a later launch pays). Timings are synchronised on CUDA.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models.taehv import TAEHV  # noqa: E402
+
+CASES = ("parallel", "sequential", "train")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time(fn: Callable[[], object], device: torch.device) -> tuple[float, object]:
+    _sync(device)
+    start = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return time.perf_counter() - start, out
+
+
+def first_and_steady(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int,
+                     compiled: bool) -> tuple[dict, object]:
+    """Timings (the first call, the median of ``repeats`` after ``warmup`` more, and for a
+    compiled model their difference) and the first call's output."""
+    first, out = _time(fn, device)
+    for _ in range(warmup):
+        fn()
+    steady = statistics.median(_time(fn, device)[0] for _ in range(repeats))
+    timing = {"first_s": round(first, 4), "steady_s": round(steady, 4)}
+    if compiled:
+        timing["compile_s"] = round(first - steady, 4)
+    return timing, out
+
+
+def inference_case(config: dict, device: torch.device) -> dict:
+    """Encode, then decode, of one clip; the model as ``inference.py`` sets it up."""
+    torch.manual_seed(0)
+    model = TAEHV(variant=config["variant"]).to(device).eval()
+    if config["channels_last"]:
+        model = model.to(memory_format=torch.channels_last)
+    if config["compiled"]:
+        model.compile(backend=config["backend"])
+    parallel = config["case"] == "parallel"
+    frames = torch.rand(1, config["frames"], 3, config["height"], config["width"], device=device)
+    timed = {"warmup": config["warmup"], "repeats": config["repeats"], "compiled": config["compiled"]}
+    with torch.inference_mode():
+        encode, latents = first_and_steady(lambda: model.encode_video(frames, parallel=parallel), device, **timed)
+        decode, decoded = first_and_steady(lambda: model.decode_video(latents, parallel=parallel), device, **timed)
+    return {"encode": encode, "decode": decode, "outputs": {"encode": latents.cpu(), "decode": decoded.cpu()}}
+
+
+def train_case(config: dict, device: torch.device) -> dict:
+    """First and steady steps of ``TrainStep`` with cached reference latents."""
+    from bench.bench_train_step import train_step
+    from training.config import TrainConfig
+    from training.data import ReferenceLatents
+
+    size = (config["train_height"], config["train_width"])
+    train_config = TrainConfig(variant=config["variant"], n_frames=config["frames"], height=size[0], width=size[1],
+                               train_batch_size=config["batch"], mixed_precision=config["mixed_precision"],
+                               learning_rate=1e-4, compile=config["compiled"], compile_backend=config["backend"])
+    torch.manual_seed(0)
+    step = train_step(train_config, device, ReferenceLatents(None, cached=True), seraena=False)
+    torch.manual_seed(1)
+    frames = torch.randint(0, 256, (config["batch"], config["frames"], 3, *size), dtype=torch.uint8)
+    scale = 8 * step.net.patch_size
+    latents = torch.randn(config["batch"], step.net.plan(config["frames"]).latent_frames, step.net.latent_channels,
+                          size[0] // scale, size[1] // scale, device=device)
+    batch = {"frames": frames, "latents": latents}
+    windows = iter(range(1, 1 << 30))
+    timing, first = first_and_steady(lambda: step(batch, next(windows)), device, config["warmup"], config["repeats"],
+                                     config["compiled"])
+    return {"step": timing, "outputs": {"step": first.losses["loss"].detach().cpu()}}  # the first step's loss
+
+
+def measure(config: dict) -> dict:
+    """One case, eager or compiled, in this (fresh) process."""
+    if config["threads"]:
+        torch.set_num_threads(config["threads"])
+    if config["compiled"] and not config["warm_cache"]:  # inductor reads it when it first compiles
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench_compile_inductor_")
+    device = torch.device(config["device"])
+    return (train_case if config["case"] == "train" else inference_case)(config, device)
+
+
+def run_isolated(config: dict) -> dict:
+    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(measure, config).result()
+
+
+def compare(eager: dict, compiled: dict) -> None:
+    """Speed-up and output difference of a compiled row against its eager row (in place)."""
+    for name, out in compiled.pop("outputs").items():
+        timing = compiled[name]
+        timing["speedup"] = round(eager[name]["steady_s"] / timing["steady_s"], 3)
+        timing["max_abs_diff"] = float((out.float() - eager["outputs"][name].float()).abs().max())
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--variant", default="taehv")
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: tracing only)")
+    parser.add_argument("--frames", type=int, default=9, help="frames of the clip (inference) and of each training clip")
+    parser.add_argument("--height", type=int, default=128, help="inference clip size")
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--train-height", type=int, default=64, help="training clip size")
+    parser.add_argument("--train-width", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=2, help="training batch")
+    parser.add_argument("--mixed-precision", default=None, help="training: no | bf16 (default: bf16 on CUDA, no on CPU)")
+    parser.add_argument("--warmup", type=int, default=1, help="calls after the first, before the timed ones")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--no-channels-last", dest="channels_last", action="store_false",
+                        help="inference without channels-last weights (inference.py's default has them)")
+    parser.add_argument("--warm-cache", action="store_true", help="use inductor's default on-disk caches")
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.warmup < 0:
+        parser.error("--repeats must be >= 1 and --warmup >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    precision = args.mixed_precision or ("bf16" if device.type == "cuda" else "no")
+    common = {"device": args.device, "variant": args.variant, "backend": args.backend, "frames": args.frames,
+              "height": args.height, "width": args.width, "train_height": args.train_height,
+              "train_width": args.train_width, "batch": args.batch, "mixed_precision": precision,
+              "warmup": args.warmup, "repeats": args.repeats, "threads": args.threads,
+              "channels_last": args.channels_last, "warm_cache": args.warm_cache}
+    rows = []
+    for case in args.cases:
+        eager = run_isolated({**common, "case": case, "compiled": False})
+        compiled = run_isolated({**common, "case": case, "compiled": True})
+        compare(eager, compiled)
+        eager.pop("outputs")
+        rows.append({"case": case, "eager": eager, "compiled": compiled})
+        print(f"{case}: " + ", ".join(f"{name} {eager[name]['steady_s']:.3f}s eager, {t['steady_s']:.3f}s compiled "
+                                      f"(+{t['compile_s']:.1f}s compiling)" for name, t in compiled.items()),
+              file=sys.stderr)
+    return {
+        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, {os.cpu_count()} cores",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "threads": args.threads or torch.get_num_threads(),
+        **{k: v for k, v in common.items() if k not in ("device", "threads")},
+        "inductor_cache": "default" if args.warm_cache else "fresh per process",
+        "rows": rows,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(), indent=1))

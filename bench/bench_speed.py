@@ -1,0 +1,517 @@
+#!/usr/bin/env python3
+"""Our TAEHV against the published implementation on CPU: speed, peak memory, outputs and
+the roofline, with the same weights, in one command; prints JSON.
+
+    python bench/bench_speed.py --markdown                   # the issue's cases (make bench-speed)
+    python bench/bench_speed.py --variants taehv1_5 --cases 9x128x128 --no-memory
+    python bench/bench_speed.py --frames 17 --sizes 128x128 --profile --no-roofline
+
+The published implementation is ``taehv_published.py`` (``taehv_published_wide.py`` for
+taeltx2_3_wide) of the shared folder (``../shared/reference`` next to the repository,
+``TAEHV_SHARED_DIR`` overrides ``../shared``), imported by path, never copied. Weights:
+ours is ``TAEHV(variant=v)`` (seeded random init), saved under the published file name
+(``taecvx.pth``, ...) and loaded by the published constructor, which picks the
+architecture from that name. Both run ``.eval()`` under ``torch.inference_mode()``, fp32,
+batch 1, ``--threads`` torch threads (default 2).
+
+Cases: ``--cases TxHxW ...``, or the product of ``--frames`` and ``--sizes``; by default
+the issue's targets: T = 9, 17, 49 at 128x128 and T = 9 at 256x256. For each case, op
+(encode, decode) and mode (parallel, sequential):
+
+* time: after ``--warmup`` calls of each, ``--repeats`` calls alternating ours and the
+  published (ours, published, ours, ...) in this one process; medians and minima;
+  ``ratio`` = published median / our median. Encode input: ``torch.rand`` frames
+  (seeded); decode input: the published encoder's latents of those frames.
+* outputs: max |ours - published| of the last timed calls; any case above
+  ``--tolerance`` (1e-4) makes the command exit 1 (after printing the JSON).
+* memory (``--no-memory`` skips it): each (implementation, op, mode, case) in a fresh
+  spawned process: the model and the input loaded, one warm-up call, then the peak RSS
+  (VmHWM, reset through /proc/self/clear_refs after the warm-up where the kernel allows)
+  of one call minus the RSS before the warm-up. ``memory_ratio`` = ours / published.
+* roofline (``--no-roofline`` skips it): this CPU's measured peak (large fp32 3x3
+  convolutions in channels_last and a large matmul at ``--threads``; the maximum), the
+  convolution FLOPs (2 x MACs, as ``torch.utils.flop_counter.FlopCounterMode`` counts
+  them; our fused oneDNN convolutions counted by the same rule) of the published call and
+  of ours (ours may need fewer for the same output), the achieved GFLOP/s of both on the
+  published FLOPs and their fraction of the peak, and ``max_ratio_at_peak`` =
+  published seconds / (our FLOPs / peak): the ratio if ours ran at the measured peak.
+
+``--profile`` runs ``torch.profiler`` on ours for ``--profile-case`` (``op:mode:TxHxW``,
+default the first decode case, parallel) and reports the top 15 ops by self CPU time.
+``--markdown`` prints a Markdown table after the JSON (for docs/benchmarks.md; with
+``--out FILE`` also written to FILE with the suffix ``.md``).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import importlib.util
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+from models.taehv import TAEHV  # noqa: E402
+
+DEFAULT_CASES = [(9, 128, 128), (17, 128, 128), (49, 128, 128), (9, 256, 256)]
+PEAK_CONVS = ["8,256,256,32", "12,128,64,64", "12,64,64,64", "3,512,256,16"]  # N, C_in, C_out, H (= W)
+TOLERANCE = 1e-4
+
+
+# -- the published implementation -----------------------------------------------------------
+
+def shared_dir() -> Path:
+    """``../shared`` next to the repository, or ``TAEHV_SHARED_DIR`` (tests/conftest.py's rule)."""
+    return Path(os.environ.get("TAEHV_SHARED_DIR", REPO_ROOT.parent / "shared")).resolve()
+
+
+def published_file(variant: str) -> Path:
+    name = "taehv_published_wide.py" if variant == "taeltx2_3_wide" else "taehv_published.py"
+    return shared_dir() / "reference" / name
+
+
+_MODULES: dict[Path, object] = {}
+
+
+def load_published(path: Path):
+    """The published module, imported by path (once per file)."""
+    if path not in _MODULES:
+        if not path.exists():
+            sys.exit(f"bench_speed: the published implementation is not at {path} "
+                     "(set TAEHV_SHARED_DIR to the shared/ folder)")
+        spec = importlib.util.spec_from_file_location(f"taehv_published_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _MODULES[path] = module
+    return _MODULES[path]
+
+
+def build_pair(variant: str, workdir: Path, seed: int = 0) -> tuple[TAEHV, torch.nn.Module, Path]:
+    """Ours (seeded random init) and the published model with the same weights, loaded by the
+    published constructor from a file under the published name."""
+    torch.manual_seed(seed)
+    ours = TAEHV(variant=variant).eval()
+    checkpoint = workdir / f"{variant}.pth"
+    torch.save(ours.state_dict(), checkpoint)
+    published = load_published(published_file(variant)).TAEHV(checkpoint_path=str(checkpoint)).eval()
+    return ours, published, checkpoint
+
+
+def operation(model: torch.nn.Module, published: bool, op: str, parallel: bool,
+              x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    kwargs = {"show_progress_bar": False} if published else {}
+    fn = model.encode_video if op == "encode" else model.decode_video
+    return lambda: fn(x, parallel=parallel, **kwargs)
+
+
+# -- timing and outputs ---------------------------------------------------------------------
+
+def time_alternating(ours: Callable[[], torch.Tensor], published: Callable[[], torch.Tensor], warmup: int,
+                     repeats: int) -> tuple[list[float], list[float], torch.Tensor, torch.Tensor]:
+    """Run times of ``ours`` and ``published``, alternating call by call, and their last outputs."""
+    for _ in range(warmup):
+        ours()
+        published()
+    times: tuple[list[float], list[float]] = ([], [])
+    outs: list[torch.Tensor | None] = [None, None]
+    for _ in range(repeats):
+        for k, fn in enumerate((ours, published)):
+            outs[k] = None  # the previous output is not kept alive during the call
+            start = time.perf_counter()
+            outs[k] = fn()
+            times[k].append(time.perf_counter() - start)
+    return times[0], times[1], outs[0], outs[1]
+
+
+# -- FLOPs and the roofline -----------------------------------------------------------------
+
+def _fused_conv_flop(*args, out_shape=None, **kwargs) -> int:
+    """``mkldnn._convolution_pointwise`` (X, W, B, ...) and its ``.binary`` overload
+    (X, other, W, B, ...): 2 x MACs, FlopCounterMode's convolution rule."""
+    from torch.utils.flop_counter import conv_flop_count
+
+    x_shape, w_shape = args[0], args[2] if len(args) > 10 else args[1]
+    return conv_flop_count(list(x_shape), list(w_shape), list(out_shape))
+
+
+def count_flops(fn: Callable[[], torch.Tensor]) -> dict[str, int]:
+    """Convolution FLOPs and all FLOPs FlopCounterMode sees in one call of ``fn``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    mapping = {}
+    if hasattr(torch.ops.mkldnn, "_convolution_pointwise"):
+        mapping[torch.ops.mkldnn._convolution_pointwise] = _fused_conv_flop
+    with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+        fn()
+    counts = counter.get_flop_counts().get("Global", {})
+    conv = sum(v for k, v in counts.items() if "convolution" in str(k))
+    return {"conv": int(conv), "total": int(sum(counts.values()))}
+
+
+def _best_seconds(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_peak(conv_shapes: list[str], matmul_n: int, repeats: int = 3) -> dict:
+    """GFLOP/s of large fp32 3x3 convolutions (channels_last) and of an n x n matmul on this
+    CPU at the current thread count; ``peak_gflops`` is the best of them."""
+    convs = []
+    with torch.inference_mode():
+        for shape in conv_shapes:
+            n, c_in, c_out, hw = (int(v) for v in shape.split(","))
+            x = torch.randn(n, c_in, hw, hw).contiguous(memory_format=torch.channels_last)
+            w = torch.randn(c_out, c_in, 3, 3).contiguous(memory_format=torch.channels_last)
+            flops = 2 * n * c_out * c_in * 9 * hw * hw
+            seconds = _best_seconds(lambda: F.conv2d(x, w, padding=1), repeats)
+            convs.append({"shape": {"n": n, "c_in": c_in, "c_out": c_out, "h": hw, "w": hw}, "gflop": flops / 1e9,
+                          "seconds": seconds, "gflops": flops / seconds / 1e9})
+        matmul = None
+        if matmul_n:
+            a, b = torch.randn(matmul_n, matmul_n), torch.randn(matmul_n, matmul_n)
+            seconds = _best_seconds(lambda: a @ b, repeats)
+            matmul = {"n": matmul_n, "seconds": seconds, "gflops": 2 * matmul_n**3 / seconds / 1e9}
+    conv_peak = max((c["gflops"] for c in convs), default=0.0)
+    return {"convs": convs, "conv_peak_gflops": conv_peak, "matmul": matmul,
+            "peak_gflops": max(conv_peak, matmul["gflops"] if matmul else 0.0)}
+
+
+def add_roofline(row: dict, peak_gflops: float) -> None:
+    pub_flops, our_flops = row["published_flops"]["conv"], row["ours_flops"]["conv"]
+    peak = peak_gflops * 1e9
+    row["published_gflops_s"] = pub_flops / row["published_s"] / 1e9
+    row["ours_gflops_s"] = pub_flops / row["ours_s"] / 1e9  # on the published FLOPs: work done per second
+    row["ours_actual_gflops_s"] = our_flops / row["ours_s"] / 1e9
+    row["published_peak_fraction"] = row["published_gflops_s"] * 1e9 / peak
+    row["ours_peak_fraction"] = row["ours_gflops_s"] * 1e9 / peak
+    row["ours_actual_peak_fraction"] = row["ours_actual_gflops_s"] * 1e9 / peak
+    row["ratio_at_peak_same_flops"] = row["published_s"] * peak / pub_flops
+    row["max_ratio_at_peak"] = row["published_s"] / (our_flops / peak)
+
+
+# -- peak memory, one fresh process per measurement -------------------------------------
+
+def _status_bytes(key: str) -> int | None:
+    """A memory figure of /proc/self/status (VmRSS: now, VmHWM: the peak), None without /proc."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _peak_bytes() -> int:
+    peak = _status_bytes("VmHWM")
+    if peak is None:  # not Linux: the training monitor's fallback (imported only here: it loads accelerate)
+        from training.monitoring import peak_rss_bytes
+
+        peak = _peak_bytes()
+    return peak
+
+
+def _reset_peak() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0); False where not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def memory_worker(config: dict) -> dict:
+    """In a fresh process: peak RSS growth of one call over the loaded model and input."""
+    torch.set_num_threads(config["threads"])
+    if config["impl"] == "ours":
+        model = TAEHV(variant=config["variant"])
+        model.load_state_dict(torch.load(config["checkpoint"], map_location="cpu", weights_only=True))
+    else:
+        model = load_published(Path(config["published_file"])).TAEHV(checkpoint_path=config["checkpoint"])
+    model.eval()
+    x = torch.load(config["input"], weights_only=True)
+    fn = operation(model, config["impl"] == "published", config["op"], config["mode"] == "parallel", x)
+    gc.collect()
+    base = _status_bytes("VmRSS") or 0
+    with torch.inference_mode():
+        out = fn()  # warm-up at the same size
+        del out
+        gc.collect()
+        reset = _reset_peak()
+        out = fn()
+        peak = _peak_bytes()
+    return {"peak_mb": (peak - base) / 2**20, "baseline_mb": base / 2**20, "hwm_reset": reset,
+            "output_shape": list(out.shape)}
+
+
+def measure_memory(config: dict) -> dict:
+    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(memory_worker, config).result()
+
+
+# -- profile ----------------------------------------------------------------------------------
+
+def profile_ours(fn: Callable[[], torch.Tensor], top: int = 15) -> list[dict]:
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        fn()
+    averages = prof.key_averages(group_by_input_shape=True)
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=top), file=sys.stderr, flush=True)
+    total = sum(e.self_cpu_time_total for e in averages) or 1.0
+    rows = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    return [{"name": e.key, "input_shapes": [list(s) if isinstance(s, (list, tuple)) else s for s in e.input_shapes],
+             "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3,
+             "percent": 100 * e.self_cpu_time_total / total} for e in rows]
+
+
+# -- cases, the run, the report ---------------------------------------------------------------
+
+def parse_size(text: str) -> tuple[int, int]:
+    h, w = text.lower().split("x")
+    return int(h), int(w)
+
+
+def parse_case(text: str) -> tuple[int, int, int]:
+    t, h, w = text.lower().split("x")
+    return int(t), int(h), int(w)
+
+
+def cases_from(args: argparse.Namespace) -> list[tuple[int, int, int]]:
+    if args.cases:
+        return [parse_case(c) for c in args.cases]
+    if args.frames is None and args.sizes is None:
+        return list(DEFAULT_CASES)
+    sizes = [parse_size(s) for s in (args.sizes or ["128x128"])]
+    return [(t, h, w) for h, w in sizes for t in (args.frames or [9])]
+
+
+def _case_text(frames: int, height: int, width: int) -> str:
+    return f"{frames}x{height}x{width}"
+
+
+def _log(row: dict) -> None:
+    memory = (f"  {row['ours_mb']:.0f} MB vs {row['published_mb']:.0f} MB" if "ours_mb" in row else "")
+    print(f"{row['variant']} {row['op']:6s} {row['mode']:10s} T={row['frames']:3d} {row['height']}x{row['width']}: "
+          f"ours {row['ours_s']:.4f}s published {row['published_s']:.4f}s x{row['ratio']:.2f}{memory} "
+          f"|diff| {row['max_abs_diff']:.2e}", file=sys.stderr, flush=True)
+
+
+def compare(ours_fn: Callable[[], torch.Tensor], pub_fn: Callable[[], torch.Tensor], warmup: int, repeats: int,
+            label: str, decoded: bool) -> dict:
+    """Alternating timings of ours and the published call, and how far their outputs differ."""
+    with torch.inference_mode():
+        ours_times, pub_times, ours_out, pub_out = time_alternating(ours_fn, pub_fn, warmup, repeats)
+    if ours_out.shape != pub_out.shape:
+        sys.exit(f"bench_speed: {label}: output shapes differ (ours {tuple(ours_out.shape)}, "
+                 f"published {tuple(pub_out.shape)})")
+    row = {"output_shape": list(ours_out.shape),
+           "ours_s": statistics.median(ours_times), "published_s": statistics.median(pub_times),
+           "ours_min_s": min(ours_times), "published_min_s": min(pub_times),
+           "ours_times": ours_times, "published_times": pub_times}
+    row["ratio"] = row["published_s"] / row["ours_s"]
+    row["ratio_min"] = row["published_min_s"] / row["ours_min_s"]
+    row["max_abs_diff"] = (ours_out - pub_out).abs().max().item()
+    if decoded:  # how much of the output the [0, 1] clamp leaves to compare
+        row["unclamped_fraction"] = ((pub_out > 0) & (pub_out < 1)).float().mean().item()
+    return row
+
+
+def run(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads)
+    cases = cases_from(args)
+    settings = {"variants": args.variants, "cases": [_case_text(*c) for c in cases], "ops": args.ops,
+                "modes": args.modes, "repeats": args.repeats, "warmup": args.warmup, "dtype": "fp32", "batch": 1,
+                "memory": args.memory, "roofline": args.roofline, "tolerance": args.tolerance, "seed": args.seed,
+                "published_files": sorted({str(published_file(v)) for v in args.variants})}
+    report: dict = {"benchmark": "speed",
+                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "machine": machine_info(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+                    "settings": settings, "rows": []}
+    if args.roofline:
+        roof = report["roofline"] = measure_peak(args.peak_convs, args.peak_matmul)
+        convs = ", ".join(format(c["gflops"], ".1f") for c in roof["convs"])
+        matmul = roof["matmul"]["gflops"] if roof["matmul"] else 0.0
+        print(f"peak: {roof['peak_gflops']:.1f} GFLOP/s (convs {convs}; matmul {matmul:.1f})", file=sys.stderr,
+              flush=True)
+    profile_case = args.profile_case
+    with tempfile.TemporaryDirectory(prefix="bench_speed_") as tmp:
+        workdir = Path(tmp)
+        for variant in args.variants:
+            ours, published, checkpoint = build_pair(variant, workdir, args.seed)
+            for frames, height, width in cases:
+                video = torch.rand(1, frames, 3, height, width, generator=torch.Generator().manual_seed(args.seed))
+                with torch.inference_mode():
+                    latents = published.encode_video(video, parallel=True, show_progress_bar=False)
+                inputs = {"encode": video, "decode": latents}
+                case = _case_text(frames, height, width)
+                for op in args.ops:
+                    input_path = workdir / f"{variant}_{case}_{op}.pt"
+                    if args.memory:
+                        torch.save(inputs[op], input_path)
+                    for mode in args.modes:
+                        parallel = mode == "parallel"
+                        ours_fn = operation(ours, False, op, parallel, inputs[op])
+                        pub_fn = operation(published, True, op, parallel, inputs[op])
+                        row = {"variant": variant, "op": op, "mode": mode, "frames": frames, "height": height,
+                               "width": width, "input_shape": list(inputs[op].shape),
+                               **compare(ours_fn, pub_fn, args.warmup, args.repeats, f"{variant} {op} {mode} {case}",
+                                         decoded=op == "decode")}
+                        if args.roofline:
+                            with torch.inference_mode():
+                                row["published_flops"], row["ours_flops"] = count_flops(pub_fn), count_flops(ours_fn)
+                            add_roofline(row, report["roofline"]["peak_gflops"])
+                        if args.profile and profile_case is None and op == "decode" and parallel:
+                            profile_case = f"{op}:{mode}:{case}"
+                        if args.profile and profile_case == f"{op}:{mode}:{case}" and "profile" not in report:
+                            with torch.inference_mode():
+                                top = profile_ours(ours_fn)
+                            report["profile"] = {"case": profile_case, "variant": variant, "top_ops": top}
+                        if args.memory:
+                            common = {"variant": variant, "checkpoint": str(checkpoint), "threads": args.threads,
+                                      "published_file": str(published_file(variant)), "input": str(input_path),
+                                      "op": op, "mode": mode}
+                            mem = {impl: measure_memory({**common, "impl": impl}) for impl in ("ours", "published")}
+                            row["ours_mb"], row["published_mb"] = mem["ours"]["peak_mb"], mem["published"]["peak_mb"]
+                            row["memory_ratio"] = (row["ours_mb"] / row["published_mb"] if row["published_mb"] > 0
+                                                   else None)
+                            row["memory"] = mem
+                        report["rows"].append(row)
+                        _log(row)
+    if args.profile and "profile" not in report:
+        print(f"bench_speed: --profile-case {profile_case!r} matched no measured case", file=sys.stderr)
+    report["max_abs_diff"] = max((r["max_abs_diff"] for r in report["rows"]), default=0.0)
+    report["all_within_tolerance"] = report["max_abs_diff"] < args.tolerance
+    return report
+
+
+def machine_info() -> dict:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"processor": platform.processor() or platform.machine(), "cpu_model": model, "cpu_count": os.cpu_count(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "python": platform.python_version(),
+            "platform": platform.platform(), "mkldnn": torch.backends.mkldnn.is_available()}
+
+
+def _fmt(value, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _table(header: list[str], rows: list[list[str]], right_from: int) -> list[str]:
+    align = ["---" if i < right_from else "---:" for i in range(len(header))]
+    return ["| " + " | ".join(cells) + " |" for cells in [header, align, *rows]]
+
+
+def markdown(report: dict) -> str:
+    """The rows as Markdown tables (timings and memory; roofline; profile) for docs/benchmarks.md."""
+    machine, rows = report["machine"], report["rows"]
+    key = [lambda r: r["variant"], lambda r: r["op"], lambda r: r["mode"], lambda r: str(r["frames"]),
+           lambda r: f"{r['height']}x{r['width']}"]
+    lines = [f"TAEHV vs the published implementation, CPU fp32, batch 1, {report['threads']} threads, median of "
+             f"{report['settings']['repeats']} alternating runs ({report['date'][:10]}, "
+             f"{machine['cpu_model'] or machine['processor']}, {machine['cpu_capability']}, torch {report['torch']}); "
+             "ratio = published s / ours s, memory ratio = ours MB / published MB (peak RSS growth of one call).", ""]
+    lines += _table(
+        ["variant", "op", "mode", "T", "size", "ours s", "published s", "ratio", "ours MB", "published MB",
+         "memory ratio", "max abs diff"],
+        [[k(r) for k in key] + [f"{r['ours_s']:.3f}", f"{r['published_s']:.3f}", f"{r['ratio']:.2f}",
+                                _fmt(r.get("ours_mb"), ".0f"), _fmt(r.get("published_mb"), ".0f"),
+                                _fmt(r.get("memory_ratio"), ".2f"), f"{r['max_abs_diff']:.1e}"] for r in rows], 3)
+    if "roofline" in report:
+        roof = report["roofline"]
+        convs = ", ".join(f"{c['shape']['n']}x{c['shape']['c_in']}->{c['shape']['c_out']} at "
+                          f"{c['shape']['h']}x{c['shape']['w']}: {c['gflops']:.1f}" for c in roof["convs"])
+        matmul = f"; matmul {roof['matmul']['n']}^3: {roof['matmul']['gflops']:.1f}" if roof["matmul"] else ""
+        lines += ["", f"Measured peak: {roof['peak_gflops']:.1f} GFLOP/s (fp32 3x3 convs in channels_last, "
+                  f"N x C_in->C_out at HxW: {convs}{matmul}). GFLOP/s: the published call's convolution FLOPs "
+                  "(2 x MACs) per second, for both; max ratio at peak = published s / (our FLOPs / peak).", ""]
+        lines += _table(
+            ["variant", "op", "mode", "T", "size", "published GFLOP", "our GFLOP", "published GFLOP/s",
+             "ours GFLOP/s", "published % peak", "ours % peak", "max ratio at peak"],
+            [[k(r) for k in key] + [f"{r['published_flops']['conv'] / 1e9:.2f}",
+                                    f"{r['ours_flops']['conv'] / 1e9:.2f}", f"{r['published_gflops_s']:.1f}",
+                                    f"{r['ours_gflops_s']:.1f}", f"{100 * r['published_peak_fraction']:.0f}%",
+                                    f"{100 * r['ours_peak_fraction']:.0f}%", f"{r['max_ratio_at_peak']:.2f}"]
+             for r in rows], 3)
+    if "profile" in report:
+        profile = report["profile"]
+        lines += ["", f"Top ops of ours by self CPU time, {profile['variant']} {profile['case']}:", ""]
+        lines += _table(["op", "input shapes", "calls", "ms", "%"],
+                        [[e["name"], str([s for s in e["input_shapes"] if s]), str(e["calls"]),
+                          f"{e['self_cpu_ms']:.2f}", f"{e['percent']:.1f}"] for e in profile["top_ops"]], 2)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", nargs="+", default=["taecvx"])
+    parser.add_argument("--cases", nargs="+", metavar="TxHxW", help="explicit cases, e.g. 9x128x128 17x256x256")
+    parser.add_argument("--frames", type=int, nargs="+", help="with --sizes: their product (default 9)")
+    parser.add_argument("--sizes", nargs="+", metavar="HxW", help="with --frames: their product (default 128x128)")
+    parser.add_argument("--ops", nargs="+", choices=["encode", "decode"], default=["encode", "decode"])
+    parser.add_argument("--modes", nargs="+", choices=["parallel", "sequential"], default=["parallel", "sequential"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="max |ours - published| allowed")
+    parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory processes")
+    parser.add_argument("--roofline", dest="roofline", action="store_true", default=True)
+    parser.add_argument("--no-roofline", dest="roofline", action="store_false")
+    parser.add_argument("--peak-convs", nargs="+", default=PEAK_CONVS, metavar="N,CIN,COUT,H",
+                        help="3x3 convolutions measuring the peak (H = W)")
+    parser.add_argument("--peak-matmul", type=int, default=4096, help="n of the n x n matmul (0: none)")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler on ours for --profile-case")
+    parser.add_argument("--profile-case", metavar="OP:MODE:TxHxW", help="default: the first decode case, parallel")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table after the JSON")
+    parser.add_argument("--out", type=Path, help="also write the JSON here (and the Markdown to its .md)")
+    args = parser.parse_args(argv)
+
+    report = run(args)
+    text = json.dumps(report, indent=2)
+    print(text, flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    if args.markdown:
+        table = markdown(report)
+        print("\n" + table, flush=True)
+        if args.out:
+            args.out.with_suffix(".md").write_text(table)
+    if not report["all_within_tolerance"]:
+        bad = [f"{r['variant']} {r['op']} {r['mode']} {_case_text(r['frames'], r['height'], r['width'])}: "
+               f"{r['max_abs_diff']:.2e}" for r in report["rows"] if not r["max_abs_diff"] < args.tolerance]
+        print(f"bench_speed: ours and the published outputs differ by more than {args.tolerance:g} in "
+              f"{len(bad)} case(s): " + "; ".join(bad), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
