@@ -360,11 +360,14 @@ def parity_major(x: torch.Tensor, stride: int) -> torch.Tensor:
 
 
 def run_chunk(blocks: nn.Sequential, x: torch.Tensor, memory: list[torch.Tensor | None],
-              onednn: OneDNN | None = None) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+              onednn: OneDNN | None = None, frame_by_frame: bool = False
+              ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
     """One NTCHW chunk through ``blocks`` (TPool strides must divide T): the NTCHW frames
     it yields, and ``memory`` updated (per block, the memory block's input frame before
     the chunk; None: zeros). No side effects, so ``torch.compile`` takes it whole.
-    ``onednn``: the fused path's state for a run of several chunks."""
+    ``onednn``: the fused path's state for a run of several chunks. ``frame_by_frame``:
+    the frames a TGrow makes go on one at a time (sequential mode: one frame, not
+    ``t_upscale``, at full resolution)."""
     n = x.shape[0]
     onednn = (onednn or OneDNN(keep=False)) if fused_path(x, blocks) else None
     memory = list(memory)
@@ -375,7 +378,13 @@ def run_chunk(blocks: nn.Sequential, x: torch.Tensor, memory: list[torch.Tensor 
         x = x.flatten(0, 1)
         if onednn:
             x = x.contiguous(memory_format=torch.channels_last)
-    for i, kind, arg in steps:
+    return run_steps(blocks, steps, x, n, memory, onednn, frame_by_frame).unflatten(0, (n, -1)), memory
+
+
+def run_steps(blocks: nn.Sequential, steps: list[tuple[int, str, object]], x: torch.Tensor, n: int,
+              memory: list[torch.Tensor | None], onednn: OneDNN | None, frame_by_frame: bool) -> torch.Tensor:
+    """``steps`` on (N*T)CHW frames, updating ``memory`` in place (see ``run_chunk``)."""
+    for k, (i, kind, arg) in enumerate(steps):
         block = blocks[i]
         if kind == "memory":
             stacked = with_past(x, n, memory[i])
@@ -387,13 +396,17 @@ def run_chunk(blocks: nn.Sequential, x: torch.Tensor, memory: list[torch.Tensor 
             x = conv_act(block, x, onednn, relu=arg)
         elif kind == "conv_shuffle_relu":  # the ReLU after the PixelShuffle commutes with it
             x = F.pixel_shuffle(conv_act(block, x, onednn, relu=True), blocks[i + 1].upscale_factor)
-        elif kind == "upsample_tgrow_conv":
-            x = upsample_conv(blocks[i + 2], blocks[i + 1](x), onednn, relu=arg)
+        elif kind == "upsample_conv":  # the Upsample before the TGrow (run before it, at low resolution)
+            x = upsample_conv(block, x, onednn, relu=arg)
         elif kind == "pool_conv":  # arg: frames laid out parity-major
             x = pool_conv(block, blocks[i + 1], x, onednn, parity_major=arg)
         elif kind == "stem":
             x = stem(block, blocks[i + 2], blocks[i + 3], x, onednn)
-    return x.unflatten(0, (n, -1)), memory
+        if frame_by_frame and isinstance(block, TGrow) and block.stride > 1 and x.shape[0] > n:
+            frames = x.unflatten(0, (n, -1)).unbind(1)
+            return torch.cat([run_steps(blocks, steps[k + 1:], frame, n, memory, onednn, frame_by_frame)
+                              .unflatten(0, (n, -1)) for frame in frames], 1).flatten(0, 1)
+    return x
 
 
 def fused_steps(blocks: nn.Sequential) -> tuple[int, list[tuple[int, str, object]]]:
@@ -402,8 +415,8 @@ def fused_steps(blocks: nn.Sequential) -> tuple[int, list[tuple[int, str, object
     Convolutions take the ReLU that follows; a TPool and the bias-free conv after it
     become ``pool_conv`` (the first one, if only convs and ReLUs precede it, reads a
     parity-major input without strides); an Upsample(2), a
-    TGrow and a 3x3 conv become ``upsample_conv`` (TGrow at low resolution: 1x1 convs
-    commute with nearest upsampling); a conv, PixelShuffle and ReLU take the ReLU too."""
+    TGrow and a 3x3 conv become the TGrow at low resolution (1x1 convs commute with
+    nearest upsampling), then ``upsample_conv``; a conv, PixelShuffle and ReLU take the ReLU too."""
     cached = blocks.__dict__.get("_fused_steps")
     if cached is not None:
         return cached
@@ -427,7 +440,7 @@ def fused_steps(blocks: nn.Sequential) -> tuple[int, list[tuple[int, str, object
             i += 2
         elif at(i, nn.Upsample, TGrow, nn.Conv2d) and _upsample_conv_fits(block, blocks[i + 2]):
             relu = at(i + 3, nn.ReLU)
-            steps.append((i, "upsample_tgrow_conv", relu))
+            steps += [(i + 1, "block", None), (i + 2, "upsample_conv", relu)]  # the TGrow first, at low resolution
             i += 3 + relu
         elif at(i, nn.Conv2d, nn.PixelShuffle, nn.ReLU):
             steps.append((i, "conv_shuffle_relu", None))
@@ -461,16 +474,17 @@ def _upsample_conv_fits(up: nn.Upsample, conv: nn.Conv2d) -> bool:
 class BlockRunner:
     """Runs ``blocks`` over successive chunks of a clip, carrying the memory between them."""
 
-    def __init__(self, blocks: nn.Sequential, run: Callable = run_chunk, keep_weights: bool = True):
-        self.blocks, self.run = blocks, run
+    def __init__(self, blocks: nn.Sequential, run: Callable = run_chunk, keep_weights: bool = True,
+                 frame_by_frame: bool = True):
+        self.blocks, self.run, self.frame_by_frame = blocks, run, frame_by_frame
         self.memory: list[torch.Tensor | None] = [None] * len(blocks)
         self.onednn = OneDNN(keep_weights)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.run is run_chunk:
-            y, memory = run_chunk(self.blocks, x, self.memory, self.onednn)
+            y, memory = run_chunk(self.blocks, x, self.memory, self.onednn, self.frame_by_frame)
         else:  # compiled; CUDA graphs reuse their output buffers on the next call
-            y, memory = self.run(self.blocks, x, self.memory)
+            y, memory = self.run(self.blocks, x, self.memory, None, self.frame_by_frame)
             y, memory = y.clone(), [None if m is None else m.clone() for m in memory]
         self.memory = memory
         return y
@@ -483,7 +497,7 @@ def run_blocks(blocks: nn.Sequential, x: torch.Tensor, parallel: bool, chunk: in
     if x.ndim != 5:
         raise ValueError(f"TAEHV works on NTCHW tensors, got shape {tuple(x.shape)}")
     chunks = [x] if parallel else x.split(chunk, dim=1)
-    runner = BlockRunner(blocks, run, keep_weights=len(chunks) > 1)
+    runner = BlockRunner(blocks, run, keep_weights=len(chunks) > 1, frame_by_frame=not parallel)
     if show_progress_bar:
         chunks = tqdm(chunks, desc="chunks")
     out = [runner(c) for c in chunks]
