@@ -42,6 +42,7 @@ def conv(n_in: int, n_out: int, **kwargs) -> nn.Conv2d:
 # torch.compile the same arithmetic runs as plain ops (there cuDNN or inductor fuse).
 
 _ONEDNN_POINTWISE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise")
+KEPT_WEIGHT_BYTES = 1 << 20  # weights kept reordered for a run are at most this big (memory stays near the published)
 
 
 def fused_path(x: torch.Tensor, blocks: nn.Module) -> bool:
@@ -63,7 +64,7 @@ def conv2d_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     padding = conv.padding if padding is None else padding
     if onednn is not None and weight.shape[1] >= 8:
         attrs = (list(padding), list(conv.stride), list(conv.dilation), conv.groups)
-        if onednn.keep:
+        if onednn.keep and weight.numel() * weight.element_size() <= KEPT_WEIGHT_BYTES:
             weight = onednn.weight(conv, name, lambda: torch._C._nn.mkldnn_reorder_conv2d_weight(
                 weight.contiguous().to_mkldnn(), *attrs, list(x.shape)), shape=tuple(x.shape))
         if add is None:
