@@ -227,7 +227,7 @@ def _peak_bytes() -> int:
     if peak is None:  # not Linux: the training monitor's fallback (imported only here: it loads accelerate)
         from training.monitoring import peak_rss_bytes
 
-        peak = _peak_bytes()
+        peak = peak_rss_bytes()
     return peak
 
 

@@ -11,6 +11,13 @@ weight files load here and weights trained here load there. Layout per model:
 TAELTX pools and grows time in all three stages (8x); TAEH3 encodes 17-frame chunks
 on their own (``encode_h3_chunks``). Videos are NTCHW tensors in [0, 1]; latents are the
 raw (unscaled) latents of the reference VAE. Frame counts follow ``VariantSpec.plan``.
+
+One block runner (``run_chunk``) serves every call: all frames of a chunk pass each block
+together, memory blocks carry their last input to the next chunk. On CPU inference it
+follows a fused schedule (``fused_steps``: oneDNN convolutions with bias, ReLU and
+residual fused, channels-last, TPools folded into the next conv, sub-pixel upsampling
+convs); with autograd, on GPUs and under ``torch.compile`` the blocks run as published.
+The published ``taehv.py``'s constructor, methods and ``StreamingTAEHV`` work unchanged.
 """
 from __future__ import annotations
 
