@@ -53,9 +53,12 @@ KEPT_WEIGHT_BYTES = 1 << 20  # weights kept reordered for a run are at most this
 
 
 def fused_path(x: torch.Tensor, blocks: nn.Module) -> bool:
-    """Whether a run of ``blocks`` on ``x`` takes the fused oneDNN path: CPU, fp32, eager,
-    and no gradient wanted (grad mode off, or neither input nor weights require it)."""
+    """Whether a run of ``blocks`` on ``x`` takes the fused oneDNN path: CPU, fp32 input
+    and weights, no autocast, eager, and no gradient wanted (grad mode off, or neither
+    input nor weights require it)."""
     if not (_ONEDNN_POINTWISE and x.device.type == "cpu" and x.dtype == torch.float32) or torch.compiler.is_compiling():
+        return False
+    if torch.is_autocast_enabled("cpu") or any(p.dtype != torch.float32 for p in blocks.parameters()):
         return False
     return not torch.is_grad_enabled() or not (x.requires_grad or any(p.requires_grad for p in blocks.parameters()))
 

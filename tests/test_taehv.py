@@ -333,3 +333,18 @@ def test_derived_weights_follow_the_weights():
     fresh.load_state_dict(other)
     torch.testing.assert_close(model.decode_video(z), fresh.decode_video(z))
     assert not torch.allclose(model.decode_video(z), before)
+
+
+@torch.no_grad()
+def test_bf16_weights_and_autocast_run_the_plain_blocks():
+    """The fused path is fp32 only: bf16 weights (a bf16 run's model) and autocast run the
+    published blocks, as before, and give the fp32 result to bf16 precision."""
+    torch.manual_seed(0)
+    model = TAEHV(variant="taehv").eval()
+    z = torch.randn(1, 2, 16, 2, 2)
+    reference = model.decode_video(z)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = model.decode_video(z)
+        bf16_weights = model.to(torch.bfloat16).decode_video(z)  # fp32 input, bf16 weights
+    for out in (autocast, bf16_weights):
+        torch.testing.assert_close(out.float(), reference, atol=0.05, rtol=0)
