@@ -63,9 +63,7 @@ import contextlib
 import dataclasses
 import datetime
 import gc
-import importlib.util
 import json
-import os
 import platform
 import sys
 import time
@@ -78,6 +76,7 @@ from torch._dynamo.utils import counters
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+from bench.bench_speed import load_published, published_file  # noqa: E402
 from bench.bench_train_step import timed, train_step  # noqa: E402
 from models import taehv as taehv_module  # noqa: E402
 from models.frames import exact_frame_counts  # noqa: E402
@@ -87,7 +86,7 @@ from training.config import DTYPES, TrainConfig, load_config, reference_vae_fram
 from training.data import ReferenceLatents  # noqa: E402
 from training.monitoring import peak_rss_bytes  # noqa: E402
 
-PUBLISHED_PATH = Path(os.environ.get("TAEHV_SHARED_DIR", REPO_ROOT.parent / "shared")) / "reference" / "taehv_published.py"
+PUBLISHED_PATH = published_file("taew2_1")
 PRESET = REPO_ROOT / "training" / "configs" / "taehv_config_1gpu_h100.py"
 OPS = ("encode", "decode", "stream_decode")
 IMPLEMENTATIONS = ("ours", "published")
@@ -96,17 +95,6 @@ CLEAR_REFS = Path("/proc/self/clear_refs")
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def load_published(path: Path):
-    """The published taehv.py as a module, imported from its file (never copied)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"published taehv.py not found at {path} (--published)")
-    spec = importlib.util.spec_from_file_location("taehv_published", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # torch.compile imports the module of the code it traces by name
-    spec.loader.exec_module(module)
-    return module
 
 
 # -- memory -------------------------------------------------------------------------------

@@ -88,13 +88,13 @@ _MODULES: dict[Path, object] = {}
 
 
 def load_published(path: Path):
-    """The published module, imported by path (once per file)."""
+    """The published module, imported by path (once per file, never copied)."""
     if path not in _MODULES:
-        if not path.exists():
-            sys.exit(f"bench_speed: the published implementation is not at {path} "
-                     "(set TAEHV_SHARED_DIR to the shared/ folder)")
+        if not path.is_file():
+            sys.exit(f"the published implementation is not at {path} (set TAEHV_SHARED_DIR to the shared/ folder)")
         spec = importlib.util.spec_from_file_location(f"taehv_published_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # torch.compile imports the module of the code it traces by name
         spec.loader.exec_module(module)
         _MODULES[path] = module
     return _MODULES[path]
