@@ -371,14 +371,16 @@ def parity_major(x: torch.Tensor, stride: int) -> torch.Tensor:
 
 
 def run_chunk(blocks: nn.Sequential, x: torch.Tensor, memory: list[torch.Tensor | None],
-              onednn: OneDNN | None = None, frame_by_frame: bool = False
-              ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+              onednn: OneDNN | None = None, frame_by_frame: bool = False, drop: int = 0
+              ) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
     """One NTCHW chunk through ``blocks`` (TPool strides must divide T): the NTCHW frames
     it yields, and ``memory`` updated (per block, the memory block's input frame before
     the chunk; None: zeros). No side effects, so ``torch.compile`` takes it whole.
     ``onednn``: the fused path's state for a run of several chunks. ``frame_by_frame``:
     the frames a TGrow makes go on one at a time (sequential mode: one frame, not
-    ``t_upscale``, at full resolution)."""
+    ``t_upscale``, at full resolution). ``drop``: leading output frames nobody wants
+    (the decoder's trimmed frames); the blocks after the last temporal one skip them,
+    and None comes back when every frame is dropped."""
     n = x.shape[0]
     onednn = (onednn or OneDNN(keep=False)) if fused_path(x, blocks) else None
     memory = list(memory)
@@ -389,13 +391,20 @@ def run_chunk(blocks: nn.Sequential, x: torch.Tensor, memory: list[torch.Tensor 
         x = x.flatten(0, 1)
         if onednn:
             x = x.contiguous(memory_format=torch.channels_last)
-    return run_steps(blocks, steps, x, n, memory, onednn, frame_by_frame).unflatten(0, (n, -1)), memory
+    y = run_steps(blocks, steps, x, n, memory, onednn, frame_by_frame, drop)
+    return (None if y is None else y.unflatten(0, (n, -1))), memory
 
 
 def run_steps(blocks: nn.Sequential, steps: list[tuple[int, str, object]], x: torch.Tensor, n: int,
-              memory: list[torch.Tensor | None], onednn: OneDNN | None, frame_by_frame: bool) -> torch.Tensor:
+              memory: list[torch.Tensor | None], onednn: OneDNN | None, frame_by_frame: bool,
+              drop: int = 0) -> torch.Tensor | None:
     """``steps`` on (N*T)CHW frames, updating ``memory`` in place (see ``run_chunk``)."""
+    tail = per_frame_tail(blocks, steps)
     for k, (i, kind, arg) in enumerate(steps):
+        if k == tail and drop:
+            x = drop_frames(x, n, drop)
+            if x is None:
+                return None
         block = blocks[i]
         if kind == "memory":
             stacked = with_past(x, n, memory[i])
@@ -414,10 +423,44 @@ def run_steps(blocks: nn.Sequential, steps: list[tuple[int, str, object]], x: to
         elif kind == "stem":
             x = stem(block, blocks[i + 2], blocks[i + 3], x, onednn)
         if frame_by_frame and isinstance(block, TGrow) and block.stride > 1 and x.shape[0] > n:
-            frames = x.unflatten(0, (n, -1)).unbind(1)
-            return torch.cat([run_steps(blocks, steps[k + 1:], frame, n, memory, onednn, frame_by_frame)
-                              .unflatten(0, (n, -1)) for frame in frames], 1).flatten(0, 1)
-    return x
+            rest = steps[k + 1:]
+            each = int(time_scale(blocks, i + 1))  # output frames per frame from here
+            outs = [run_steps(blocks, rest, frame, n, memory, onednn, frame_by_frame, min(max(drop - j * each, 0), each))
+                    for j, frame in enumerate(x.unflatten(0, (n, -1)).unbind(1))]
+            outs = [o.unflatten(0, (n, -1)) for o in outs if o is not None]
+            return torch.cat(outs, 1).flatten(0, 1) if outs else None
+    return drop_frames(x, n, drop) if tail == len(steps) and drop else x
+
+
+def drop_frames(x: torch.Tensor, n: int, drop: int) -> torch.Tensor | None:
+    """(N*T)CHW frames without the first ``drop`` of each sequence; None if none is left."""
+    frames = x.shape[0] // n
+    return None if drop >= frames else x.unflatten(0, (n, frames))[:, drop:].flatten(0, 1)
+
+
+def temporal(block: nn.Module, kind: str) -> bool:
+    """Whether a step mixes or changes frames (anything else runs frame by frame)."""
+    return kind in ("memory", "pool_conv", "stem") or (isinstance(block, (TGrow, TPool)) and block.stride > 1)
+
+
+def per_frame_tail(blocks: nn.Sequential, steps: list[tuple[int, str, object]]) -> int:
+    """The index of the first of the steps after the last temporal one."""
+    tail = 0
+    for k, (i, kind, _) in enumerate(steps):
+        if temporal(blocks[i], kind):
+            tail = k + 1
+    return tail
+
+
+def time_scale(blocks: nn.Sequential, first: int = 0) -> float:
+    """Output frames per input frame of ``blocks[first:]`` (strides are powers of 2: exact)."""
+    scale = 1.0
+    for block in list(blocks)[first:]:
+        if isinstance(block, TGrow):
+            scale *= block.stride
+        elif isinstance(block, TPool):
+            scale /= block.stride
+    return scale
 
 
 def fused_steps(blocks: nn.Sequential) -> tuple[int, list[tuple[int, str, object]]]:
@@ -483,36 +526,52 @@ def _upsample_conv_fits(up: nn.Upsample, conv: nn.Conv2d) -> bool:
 
 
 class BlockRunner:
-    """Runs ``blocks`` over successive chunks of a clip, carrying the memory between them."""
+    """Runs ``blocks`` over successive chunks of a clip, carrying the memory between them;
+    the first ``drop`` output frames of the clip are skipped (see ``run_chunk``)."""
 
     def __init__(self, blocks: nn.Sequential, run: Callable = run_chunk, keep_weights: bool = True,
-                 frame_by_frame: bool = True):
-        self.blocks, self.run, self.frame_by_frame = blocks, run, frame_by_frame
+                 frame_by_frame: bool = True, drop: int = 0):
+        self.blocks, self.run, self.frame_by_frame, self.drop = blocks, run, frame_by_frame, drop
         self.memory: list[torch.Tensor | None] = [None] * len(blocks)
         self.onednn = OneDNN(keep_weights)
+        self.scale = time_scale(blocks)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The chunk's NTCHW output frames (None while all of them are dropped)."""
+        drop = min(self.drop, int(x.shape[1] * self.scale))
         if self.run is run_chunk:
-            y, memory = run_chunk(self.blocks, x, self.memory, self.onednn, self.frame_by_frame)
+            y, memory = run_chunk(self.blocks, x, self.memory, self.onednn, self.frame_by_frame, drop)
         else:  # compiled; CUDA graphs reuse their output buffers on the next call
-            y, memory = self.run(self.blocks, x, self.memory, None, self.frame_by_frame)
-            y, memory = y.clone(), [None if m is None else m.clone() for m in memory]
-        self.memory = memory
+            y, memory = self.run(self.blocks, x, self.memory, None, self.frame_by_frame, drop)
+            y, memory = None if y is None else y.clone(), [None if m is None else m.clone() for m in memory]
+        self.memory, self.drop = memory, self.drop - drop
         return y
 
 
+SEQUENTIAL_CHUNK_BYTES = 1 << 20  # sequential decoding's first-stage activations per chunk (see latents_per_chunk)
+
+
 def run_blocks(blocks: nn.Sequential, x: torch.Tensor, parallel: bool, chunk: int, show_progress_bar: bool = False,
-               run: Callable = run_chunk) -> torch.Tensor:
+               run: Callable = run_chunk, drop: int = 0) -> torch.Tensor:
     """Apply ``blocks`` to an NTCHW tensor: all frames at once (``parallel``) or ``chunk``
-    frames at a time (memory flat in T)."""
+    frames at a time (memory flat in T), without the first ``drop`` output frames (which
+    the blocks after the last temporal one skip). Chunks are written into one output."""
     if x.ndim != 5:
         raise ValueError(f"TAEHV works on NTCHW tensors, got shape {tuple(x.shape)}")
-    chunks = [x] if parallel else x.split(chunk, dim=1)
-    runner = BlockRunner(blocks, run, keep_weights=len(chunks) > 1, frame_by_frame=not parallel)
-    if show_progress_bar:
-        chunks = tqdm(chunks, desc="chunks")
-    out = [runner(c) for c in chunks]
-    return out[0] if len(out) == 1 else torch.cat(out, 1)
+    chunks = [x] if parallel else x.tensor_split(-(-x.shape[1] // chunk), dim=1)  # even sizes
+    runner = BlockRunner(blocks, run, keep_weights=len(chunks) > 1, frame_by_frame=not parallel, drop=drop)
+    if len(chunks) == 1:
+        return runner(x)
+    out, t = None, 0
+    for c in tqdm(chunks, desc="chunks", disable=not show_progress_bar):
+        y = runner(c)
+        if y is None:
+            continue
+        if out is None:
+            out = y.new_empty((x.shape[0], int(x.shape[1] * runner.scale) - drop, *y.shape[2:]))
+        out[:, t:t + y.shape[1]] = y
+        t += y.shape[1]
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -640,10 +699,13 @@ class TAEHV(nn.Module):
     def preprocess_input_frames(self, x: torch.Tensor) -> torch.Tensor:
         return F.pixel_unshuffle(x, self.patch_size) if self.patch_size > 1 else x
 
-    def postprocess_output_frames(self, x: torch.Tensor, clamp: bool = True) -> torch.Tensor:
-        if self.patch_size > 1:
-            x = F.pixel_shuffle(x, self.patch_size)
-        return x.clamp(0, 1) if clamp else x
+    def postprocess_output_frames(self, x: torch.Tensor, clamp: bool = True, in_place: bool = False) -> torch.Tensor:
+        """Contiguous NTCHW frames (pixel-shuffled for patched variants), clamped to [0, 1]
+        if ``clamp``; ``in_place`` may clamp ``x`` itself (a decoder output nobody else holds)."""
+        x = F.pixel_shuffle(x, self.patch_size) if self.patch_size > 1 else x.contiguous()
+        if not clamp:
+            return x
+        return x.clamp_(0, 1) if in_place and not x.requires_grad else x.clamp(0, 1)
 
     def encode_video(self, x: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False) -> torch.Tensor:
         """Encode NTCHW frames in [0, 1] to NTCHW latents (``plan(T).latent_frames`` of them);
@@ -673,15 +735,22 @@ class TAEHV(nn.Module):
         self, z: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False, clamp: bool = True
     ) -> torch.Tensor:
         """Decode NTCHW latents to NTCHW frames; frame i matches input frame i.
-        ``parallel=False`` runs one latent at a time (memory flat in T)."""
+        ``parallel=False`` runs ``latents_per_chunk`` latents at a time, then frame by
+        frame after each TGrow (memory flat in T)."""
         if z.ndim != 5 or z.shape[2] != self.latent_channels:
             raise ValueError(f"expected NTCHW latents with {self.latent_channels} channels, got shape {tuple(z.shape)}")
-        x = run_blocks(self.decoder, z, parallel, 1, show_progress_bar, self.run_chunk)
+        drop = 0 if self.h3_chunks else self._frames_to_trim(z.shape[1])  # never computed in full
+        x = run_blocks(self.decoder, z, parallel, self.latents_per_chunk(z), show_progress_bar, self.run_chunk, drop)
         if self.h3_chunks:  # the first t_upscale - 1 frames of every chunk's frames go
             x = x[:, h3_kept_frames(z.shape[1], self.t_downscale, self.t_upscale)]
-        else:
-            x = x[:, self._frames_to_trim(z.shape[1]):]
-        return self.postprocess_output_frames(x, clamp).contiguous()
+        return self.postprocess_output_frames(x, clamp, in_place=True)
+
+    def latents_per_chunk(self, z: torch.Tensor) -> int:
+        """Sequential decoding's chunk: as many latents as keep the first stage's
+        activations within ``SEQUENTIAL_CHUNK_BYTES`` (one at video sizes; several for
+        small frames, where each block's per-call cost would dominate)."""
+        width = next(b.out_channels for b in self.decoder if isinstance(b, nn.Conv2d))
+        return max(1, SEQUENTIAL_CHUNK_BYTES // (z.shape[0] * width * z.shape[-2] * z.shape[-1] * z.element_size()))
 
     def _frames_to_trim(self, latent_frames: int) -> int:
         return plan_frames(latent_frames * self.t_downscale, self.t_downscale, self.t_upscale, self.is_cogvideox).trimmed_frames
@@ -780,7 +849,7 @@ class StreamingTAEHV(nn.Module):
             frame = self._frames_out.popleft()
             self.n_frames_decoded += 1
             if self.n_frames_decoded > self.taehv.frames_to_trim:
-                return self.taehv.postprocess_output_frames(frame).contiguous()
+                return self.taehv.postprocess_output_frames(frame)
 
     def flush_encoder(self) -> list[torch.Tensor]:
         """Pad the last partial group of frames with copies of the last one; every latent left."""

@@ -20,6 +20,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 import inference
 from models.checkpoint import save_weights
 from models.diffusers_vae import TAEVideoVAE
+import models.taehv as taehv_module
 from models.taehv import TAEHV, run_chunk
 from models.variants import known_variants
 from test_train import scalars
@@ -76,15 +77,16 @@ def test_the_subset_covers_every_architecture():
 
 @pytest.mark.parametrize("variant", DISTINCT_ARCHITECTURES)
 def test_no_graph_breaks_in_the_blocks(variant):
-    """Encoder on a chunk of ``t_downscale`` frames and decoder on one latent, each with
-    empty memory: one graph, no break (``TAEHV.compile`` uses fullgraph=True). A subset
-    of the variants, one per architecture (``test_the_subset_covers_every_architecture``)."""
+    """Encoder on a chunk of ``t_downscale`` frames and decoder on one latent (sequential,
+    its trimmed frames dropped), each with empty memory: one graph, no break
+    (``TAEHV.compile`` uses fullgraph=True). A subset of the variants, one per
+    architecture (``test_the_subset_covers_every_architecture``)."""
     model = TAEHV(variant=variant)
     p = model.patch_size
     frames = torch.rand(1, model.t_downscale, 3 * p * p, 16, 16)  # after pixel_unshuffle: (16p)x(16p) pixels
     latents = torch.randn(1, 1, model.latent_channels, 2, 2)
-    for blocks, x in ((model.encoder, frames), (model.decoder, latents)):
-        explained = torch._dynamo.explain(run_chunk)(blocks, x, [None] * len(blocks))
+    for blocks, x, drop in ((model.encoder, frames, 0), (model.decoder, latents, model.frames_to_trim)):
+        explained = torch._dynamo.explain(run_chunk)(blocks, x, [None] * len(blocks), None, True, drop)
         torch._dynamo.reset()
         assert explained.graph_break_count == 0, explained.break_reasons
         assert explained.graph_count == 1
@@ -92,7 +94,8 @@ def test_no_graph_breaks_in_the_blocks(variant):
 
 @pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "sequential"])
 @torch.no_grad()
-def test_compiled_encode_decode_match_eager(parallel):
+def test_compiled_encode_decode_match_eager(parallel, monkeypatch):
+    monkeypatch.setattr(taehv_module, "SEQUENTIAL_CHUNK_BYTES", 1)  # sequential: one latent a chunk
     torch.manual_seed(0)
     model = TAEHV(variant="taehv").eval()
     counter = CompileCounterWithBackend("aot_eager")

@@ -348,3 +348,41 @@ def test_bf16_weights_and_autocast_run_the_plain_blocks():
         bf16_weights = model.to(torch.bfloat16).decode_video(z)  # fp32 input, bf16 weights
     for out in (autocast, bf16_weights):
         torch.testing.assert_close(out.float(), reference, atol=0.05, rtol=0)
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("grad", [False, True])
+def test_trimmed_frames_are_never_decoded_in_full(parallel, grad, monkeypatch):
+    """The decoder's first ``frames_to_trim`` frames only feed the memory of later ones:
+    the blocks after the last temporal one (the last conv here) never see them, on the
+    fused path and with autograd, and the frames kept are unchanged."""
+    torch.manual_seed(0)
+    model = TAEHV(variant="taehv").eval()
+    z = torch.randn(1, 3, 16, 2, 2)
+    last = model.decoder[-1]
+    seen = []
+    conv2d_act = taehv_module.conv2d_act
+    monkeypatch.setattr(taehv_module, "conv2d_act", lambda x, w, b, conv, *a, **k: (
+        seen.append(x.shape[0]) if conv is last else None, conv2d_act(x, w, b, conv, *a, **k))[1])  # fused
+    last.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[0]))  # plain blocks
+    with torch.set_grad_enabled(grad):
+        frames = model.decode_video(z, parallel=parallel)
+    assert frames.shape[1] == 3 * 4 - model.frames_to_trim
+    assert sum(seen) == frames.shape[1]
+    with torch.no_grad():
+        reference = model.decode_video(z, parallel=True)
+    torch.testing.assert_close(frames.detach(), reference, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("chunk_bytes, per_chunk", [(1, 1), (3 * 4096, 3), (1 << 30, (1 << 30) // 4096)])
+def test_sequential_decoding_in_chunks_of_latents_gives_the_same_frames(chunk_bytes, per_chunk, monkeypatch):
+    """Sequential decoding takes as many latents at once as fit ``SEQUENTIAL_CHUNK_BYTES``
+    of first-stage activations (one, uneven chunks, all): the frames do not change."""
+    torch.manual_seed(0)
+    model = TAEHV(variant="taehv").eval()
+    z = torch.randn(1, 5, 16, 2, 2)  # first stage: 256 channels of 2x2, 4096 bytes a latent
+    reference = model.decode_video(z, parallel=True)
+    monkeypatch.setattr(taehv_module, "SEQUENTIAL_CHUNK_BYTES", chunk_bytes)
+    assert model.latents_per_chunk(z) == per_chunk
+    torch.testing.assert_close(model.decode_video(z, parallel=False), reference, atol=1e-5, rtol=1e-5)
