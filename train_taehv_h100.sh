@@ -78,11 +78,38 @@ done
 
 # -- pre-flight -------------------------------------------------------------------------
 if [[ -n "${PYTHON:-}" ]]; then :; elif [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
-"$PYTHON" -c "import torch, accelerate, deepspeed, diffusers" 2>/dev/null \
-  || die "the Python environment ($PYTHON) lacks torch/accelerate/deepspeed/diffusers: run 'make setup' or 'pip install -r requirements.txt'"
+# One Python start-up for every check (imports take seconds): exit 3 = packages missing;
+# the line "gpus=N" = the visible CUDA devices; exit 1 = a config error.
+CHECK_OUT=$("$PYTHON" - "$CONFIG" "${EXTRA[@]}" 2>&1 <<'EOF'
+import importlib.util
+import sys
+if any(importlib.util.find_spec(name) is None for name in ("torch", "accelerate", "deepspeed", "diffusers")):
+    sys.exit(3)
+import torch
+print(f"gpus={torch.cuda.device_count()}", flush=True)
+sys.path.insert(0, ".")
+from training.config import ConfigError, check, load_config
+try:
+    config = load_config(sys.argv[1], [arg for arg in sys.argv[2:] if arg != "--debug"])
+    for note in check(config):
+        print(f"  note: {note}")
+    from training.checkpointing import resolve_resume
+    _, checkpoint = resolve_resume(config)  # a damaged checkpoint or one of another variant stops here
+    if checkpoint is not None:
+        print(f"  resuming from {checkpoint}")
+except ConfigError as err:
+    print(f"  {err}")
+    sys.exit(1)
+print(f"  data: {config.annotation_file or config.data_root}; reference VAE: {config.ref_vae_path or 'none (plain autoencoder)'}")
+EOF
+) && CHECK_STATUS=0 || CHECK_STATUS=$?
+LOCAL_GPUS=$(sed -n 's/^gpus=//p' <<<"$CHECK_OUT")
+if (( CHECK_STATUS == 3 )) || [[ -z "$LOCAL_GPUS" ]]; then
+  (( CHECK_STATUS == 3 )) || echo "$CHECK_OUT" >&2
+  die "the Python environment ($PYTHON) lacks torch/accelerate/deepspeed/diffusers: run 'make setup' or 'pip install -r requirements.txt'"
+fi
 ok "python environment: $PYTHON"
 
-LOCAL_GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
 NODE_RANK=${NODE_RANK:-${RANK:-}}
 if [[ -n "$NODE_RANK" && -z "${NNODES:-}" ]]; then
   die "NODE_RANK/RANK is set but NNODES is not: set NNODES (e.g. NNODES=2) so the nodes form one job"
@@ -101,23 +128,8 @@ else
   ok "$LOCAL_GPUS GPU(s) visible, using $PER_NODE on this node ($NNODES node(s))"
 fi
 
-"$PYTHON" - "$CONFIG" "${EXTRA[@]}" <<'EOF' || die "configuration check failed (see above)"
-import sys
-sys.path.insert(0, ".")
-from training.config import ConfigError, check, load_config
-try:
-    config = load_config(sys.argv[1], [arg for arg in sys.argv[2:] if arg != "--debug"])
-    for note in check(config):
-        print(f"  note: {note}")
-    from training.checkpointing import resolve_resume
-    _, checkpoint = resolve_resume(config)  # a damaged checkpoint or one of another variant stops here
-    if checkpoint is not None:
-        print(f"  resuming from {checkpoint}")
-except ConfigError as err:
-    print(f"  {err}", file=sys.stderr)
-    sys.exit(1)
-print(f"  data: {config.annotation_file or config.data_root}; reference VAE: {config.ref_vae_path or 'none (plain autoencoder)'}")
-EOF
+grep -v '^gpus=' <<<"$CHECK_OUT" >&$(( CHECK_STATUS == 0 ? 1 : 2 )) || true
+(( CHECK_STATUS == 0 )) || die "configuration check failed (see above)"
 ok "config $CONFIG (data, reference VAE, frame counts and resume checked)"
 
 # -- launch -----------------------------------------------------------------------------

@@ -120,10 +120,13 @@ def measure(config: dict) -> dict:
     """One case, eager or compiled, in this (fresh) process."""
     if config["threads"]:
         torch.set_num_threads(config["threads"])
-    if config["compiled"] and not config["warm_cache"]:  # inductor reads it when it first compiles
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench_compile_inductor_")
     device = torch.device(config["device"])
-    return (train_case if config["case"] == "train" else inference_case)(config, device)
+    case = train_case if config["case"] == "train" else inference_case
+    if not config["compiled"] or config["warm_cache"]:
+        return case(config, device)
+    with tempfile.TemporaryDirectory(prefix="bench_compile_inductor_") as cache:  # a cold cache, removed after
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # inductor reads it when it first compiles
+        return case(config, device)
 
 
 def run_isolated(config: dict) -> dict:

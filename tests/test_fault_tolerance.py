@@ -83,8 +83,7 @@ def interrupted_chain(launcher, out, clips, faults: str, *common: str, signal_ra
 SERAENA = ["--use_seraena=true", "--train_batch_size=2", "--n_seraena_frames=3"]  # 2 x 9 frames -> 6 groups
 
 
-@pytest.mark.parametrize("launcher, faults, signal_rank, options", [
-    pytest.param(ONE_PROCESS, FAULTS_ONE_PROCESS, "", [], id="1-process"),
+@pytest.mark.parametrize("launcher, faults, signal_rank, options", [  # one process without Seraena: a subset
     pytest.param(ONE_PROCESS, FAULTS_ONE_PROCESS, "", SERAENA, id="1-process-seraena"),
     pytest.param(deepspeed_zero2(29541), FAULTS, ":1", ["--gradient_accumulation_steps=2", *SERAENA],
                  id="2-process-deepspeed-zero2-seraena"),
