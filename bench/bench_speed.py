@@ -28,9 +28,11 @@ the issue's targets: T = 9, 17, 49 at 128x128 and T = 9 at 256x256. For each cas
   spawned process: the model and the input loaded, one warm-up call, then the peak RSS
   (VmHWM, reset through /proc/self/clear_refs after the warm-up where the kernel allows)
   of one call minus the RSS before the warm-up (``*_mb``: the first call's footprint,
-  with what a library sets up once, e.g. oneDNN's kernels) and minus the RSS after it
-  (``*_warm_mb``: what each later call adds). ``memory_ratio`` = ours / published of the
-  first, ``warm_memory_ratio`` of the second.
+  with what a library sets up once, e.g. oneDNN's kernels, and what the allocator keeps),
+  and the peak of the bytes malloc'ed and not freed during the second call, sampled every
+  0.2 ms through glibc's mallinfo2 (``*_heap_mb``: what a call really needs, whatever
+  the allocator keeps). ``memory_ratio`` = ours / published of the first, ``heap_ratio``
+  of the second.
 * roofline (``--no-roofline`` skips it): this CPU's measured peak (large fp32 3x3
   convolutions in channels_last and a large matmul at ``--threads``; the maximum), the
   convolution FLOPs (2 x MACs, as ``torch.utils.flop_counter.FlopCounterMode`` counts
@@ -47,6 +49,8 @@ default the first decode case, parallel) and reports the top 15 ops by self CPU 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import datetime
 import gc
 import importlib.util
@@ -58,6 +62,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -234,6 +239,46 @@ def _peak_bytes() -> int:
     return peak
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def heap_in_use() -> Callable[[], int] | None:
+    """glibc's bytes allocated through malloc and not yet freed (mallinfo2: heap chunks in
+    use + mmapped chunks), or None where there is no glibc >= 2.33."""
+    try:
+        mallinfo2 = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    return lambda: (lambda info: info.uordblks + info.hblkhd)(mallinfo2())
+
+
+def with_heap_peak(fn: Callable[[], torch.Tensor], in_use: Callable[[], int],
+                   interval: float = 2e-4) -> tuple[torch.Tensor, int]:
+    """``fn()`` and the peak of ``in_use()`` during it over the value before, sampled every
+    ``interval`` s by a thread (torch ops release the GIL): the memory a call really
+    allocates, whatever the allocator keeps from earlier calls."""
+    base = peak = in_use()
+    done = threading.Event()
+
+    def poll() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, in_use())
+            time.sleep(interval)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        out = fn()
+    finally:
+        done.set()
+        thread.join()
+    return out, max(peak, in_use()) - base
+
+
 def _reset_peak() -> bool:
     """Reset VmHWM to the current RSS (Linux >= 4.0); False where not allowed."""
     try:
@@ -262,10 +307,10 @@ def memory_worker(config: dict) -> dict:
         del out
         gc.collect()
         reset = _reset_peak()
-        warm = _status_bytes("VmRSS") or 0
-        out = fn()
+        in_use = heap_in_use()
+        out, heap = with_heap_peak(fn, in_use) if in_use else (fn(), None)
         peak = _peak_bytes()
-    return {"peak_mb": (peak - base) / 2**20, "warm_mb": (peak - warm) / 2**20 if reset else None,
+    return {"peak_mb": (peak - base) / 2**20, "heap_mb": None if heap is None else heap / 2**20,
             "baseline_mb": base / 2**20, "hwm_reset": reset,
             "output_shape": list(out.shape)}
 
@@ -402,11 +447,11 @@ def run(args: argparse.Namespace) -> dict:
                             row["ours_mb"], row["published_mb"] = mem["ours"]["peak_mb"], mem["published"]["peak_mb"]
                             row["memory_ratio"] = (row["ours_mb"] / row["published_mb"] if row["published_mb"] > 0
                                                    else None)
-                            row["ours_warm_mb"], row["published_warm_mb"] = (mem["ours"]["warm_mb"],
-                                                                             mem["published"]["warm_mb"])
-                            row["warm_memory_ratio"] = (row["ours_warm_mb"] / row["published_warm_mb"]
-                                                        if (row["published_warm_mb"] or 0) > 0 and
-                                                        row["ours_warm_mb"] is not None else None)
+                            row["ours_heap_mb"], row["published_heap_mb"] = (mem["ours"]["heap_mb"],
+                                                                             mem["published"]["heap_mb"])
+                            row["heap_ratio"] = (row["ours_heap_mb"] / row["published_heap_mb"]
+                                                 if (row["published_heap_mb"] or 0) > 0 and
+                                                 row["ours_heap_mb"] is not None else None)
                             row["memory"] = mem
                         report["rows"].append(row)
                         _log(row)
@@ -447,14 +492,14 @@ def markdown(report: dict) -> str:
              f"{report['settings']['repeats']} alternating runs ({report['date'][:10]}, "
              f"{machine['cpu_model'] or machine['processor']}, {machine['cpu_capability']}, torch {report['torch']}); "
              "ratio = published s / ours s; MB: peak RSS growth of the first call (with what libraries set up once), "
-             "warm MB: of a later call; memory ratios: ours / published.", ""]
+             "heap MB: peak bytes allocated and not freed during a later call; memory ratios: ours / published.", ""]
     lines += _table(
         ["variant", "op", "mode", "T", "size", "ours s", "published s", "ratio", "ours MB", "published MB",
-         "memory ratio", "ours warm MB", "published warm MB", "warm memory ratio", "max abs diff"],
+         "memory ratio", "ours heap MB", "published heap MB", "heap ratio", "max abs diff"],
         [[k(r) for k in key] + [f"{r['ours_s']:.3f}", f"{r['published_s']:.3f}", f"{r['ratio']:.2f}",
                                 _fmt(r.get("ours_mb"), ".0f"), _fmt(r.get("published_mb"), ".0f"),
-                                _fmt(r.get("memory_ratio"), ".2f"), _fmt(r.get("ours_warm_mb"), ".0f"),
-                                _fmt(r.get("published_warm_mb"), ".0f"), _fmt(r.get("warm_memory_ratio"), ".2f"),
+                                _fmt(r.get("memory_ratio"), ".2f"), _fmt(r.get("ours_heap_mb"), ".0f"),
+                                _fmt(r.get("published_heap_mb"), ".0f"), _fmt(r.get("heap_ratio"), ".2f"),
                                 f"{r['max_abs_diff']:.1e}"] for r in rows], 3)
     if "roofline" in report:
         roof = report["roofline"]

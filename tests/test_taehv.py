@@ -321,7 +321,7 @@ def test_encoder_stem_in_bands_of_one_row_gives_the_same_latents(variant, monkey
 
 @torch.no_grad()
 def test_derived_weights_follow_the_weights():
-    """Merged, sub-pixel and reordered weights are cached, and recomputed when a weight
+    """Merged and sub-pixel weights are cached for a run, and recomputed when a weight
     changes in place (an optimizer step, load_state_dict)."""
     torch.manual_seed(0)
     model = TAEHV(variant="taehv").eval()
