@@ -73,6 +73,7 @@ import torch.nn.functional as F
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+import models.taehv as taehv_module  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
 
 DEFAULT_CASES = [(9, 128, 128), (17, 128, 128), (49, 128, 128), (9, 256, 256)]
@@ -292,6 +293,7 @@ def _reset_peak() -> bool:
 def memory_worker(config: dict) -> dict:
     """In a fresh process: peak RSS growth of one call over the loaded model and input."""
     torch.set_num_threads(config["threads"])
+    taehv_module.SEQUENTIAL_CHUNK_BYTES = config["sequential_chunk_bytes"]
     if config["impl"] == "ours":
         model = TAEHV(variant=config["variant"])
         model.load_state_dict(torch.load(config["checkpoint"], map_location="cpu", weights_only=True))
@@ -391,10 +393,12 @@ def compare(ours_fn: Callable[[], torch.Tensor], pub_fn: Callable[[], torch.Tens
 
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
+    taehv_module.SEQUENTIAL_CHUNK_BYTES = args.sequential_chunk_bytes
     cases = cases_from(args)
     settings = {"variants": args.variants, "cases": [_case_text(*c) for c in cases], "ops": args.ops,
                 "modes": args.modes, "repeats": args.repeats, "warmup": args.warmup, "dtype": "fp32", "batch": 1,
                 "memory": args.memory, "roofline": args.roofline, "tolerance": args.tolerance, "seed": args.seed,
+                "sequential_chunk_bytes": args.sequential_chunk_bytes,
                 "published_files": sorted({str(published_file(v)) for v in args.variants})}
     report: dict = {"benchmark": "speed",
                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -441,6 +445,7 @@ def run(args: argparse.Namespace) -> dict:
                             report["profile"] = {"case": profile_case, "variant": variant, "top_ops": top}
                         if args.memory:
                             common = {"variant": variant, "checkpoint": str(checkpoint), "threads": args.threads,
+                                      "sequential_chunk_bytes": args.sequential_chunk_bytes,
                                       "published_file": str(published_file(variant)), "input": str(input_path),
                                       "op": op, "mode": mode}
                             mem = {impl: measure_memory({**common, "impl": impl}) for impl in ("ours", "published")}
@@ -535,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", nargs="+", choices=["encode", "decode"], default=["encode", "decode"])
     parser.add_argument("--modes", nargs="+", choices=["parallel", "sequential"], default=["parallel", "sequential"])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sequential-chunk-bytes", type=int, default=taehv_module.SEQUENTIAL_CHUNK_BYTES,
+                        help="ours: models.taehv.SEQUENTIAL_CHUNK_BYTES (0: sequential decoding one latent at a time)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
