@@ -67,9 +67,9 @@ def conv2d_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                padding: Sequence[int] | None = None) -> torch.Tensor:
     """``relu(conv2d(x, weight, bias) + add)`` with ``conv``'s stride, dilation, groups and
     (unless given) padding; the ReLU and the addition optional. On the fused path
-    (``onednn``) it is one oneDNN call (keeping weights reordered into oneDNN's layout
-    across calls measured 0-3% faster for 8 MB more memory in a taecvx decode: not kept);
-    convolutions over a few input channels (the encoder's first) are faster unfused."""
+    (``onednn``) it is one oneDNN call (weights reordered into oneDNN's layout are not
+    kept across calls: a few percent of time for several MB of memory); convolutions
+    over a few input channels (the encoder's first) are faster unfused."""
     padding = conv.padding if padding is None else padding
     if onednn is not None and weight.shape[1] >= 8:
         attrs = (list(padding), list(conv.stride), list(conv.dilation), conv.groups)
