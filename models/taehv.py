@@ -552,7 +552,8 @@ def run_blocks(blocks: nn.Sequential, x: torch.Tensor, parallel: bool, chunk: in
     if x.ndim != 5:
         raise ValueError(f"TAEHV works on NTCHW tensors, got shape {tuple(x.shape)}")
     chunks = [x] if parallel else x.tensor_split(-(-x.shape[1] // chunk), dim=1)  # even sizes
-    runner = BlockRunner(blocks, run, keep_weights=len(chunks) > 1, frame_by_frame=not parallel, drop=drop)
+    runner = BlockRunner(blocks, run, keep_weights=len(chunks) > 1 or not parallel,  # blocks run more than once
+                         frame_by_frame=not parallel, drop=drop)
     if len(chunks) == 1:
         return runner(x)
     out, t = None, 0

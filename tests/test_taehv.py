@@ -386,3 +386,19 @@ def test_sequential_decoding_in_chunks_of_latents_gives_the_same_frames(chunk_by
     monkeypatch.setattr(taehv_module, "SEQUENTIAL_CHUNK_BYTES", chunk_bytes)
     assert model.latents_per_chunk(z) == per_chunk
     torch.testing.assert_close(model.decode_video(z, parallel=False), reference, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_a_sequential_run_derives_each_weight_once(monkeypatch):
+    """Sequential decoding runs the blocks after each TGrow once per frame, even when all
+    latents fit one chunk: the sub-pixel weights are derived once for the run, not per frame."""
+    torch.manual_seed(0)
+    model = TAEHV(variant="taehv").eval()
+    made = []
+    weight = taehv_module.OneDNN.weight
+    monkeypatch.setattr(taehv_module.OneDNN, "weight", lambda self, owner, name, make: weight(
+        self, owner, name, lambda: (made.append((id(owner), name)), make())[1]))
+    z = torch.randn(1, 2, 16, 2, 2)
+    assert model.latents_per_chunk(z) >= 2  # one chunk
+    model.decode_video(z, parallel=False)
+    assert made and len(made) == len(set(made)), made
