@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser test demo bench bench-speed bench-gpu clean
+.PHONY: setup browser test test-fast demo bench bench-speed bench-gpu clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,21 +30,26 @@ browser:
 test: $(STAMP) browser
 	$(PY) -m pytest -q
 
+# The inner loop: pure-Python and single-process tests, under 2 minutes on 2 cores (tests
+# that start training processes, benchmarks or a browser are marked slow; CI runs them all).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
 demo: $(STAMP)
 	PYTHON=$(PY) bash scripts/demo.sh
 
 bench: $(STAMP)
-	$(PY) bench/bench_model.py --frames 9 17 --height 128 --width 128
+	$(PY) -m bench.bench_model --frames 9 17 --height 128 --width 128
 
 # The GPU path (issue #25): ours against the published TAEHV, eager and compiled, bf16 and
 # fp16, 81 frames of 480x832, plus the 1gpu_h100 training step; JSON on stdout (--out FILE: also a file).
 bench-gpu: $(STAMP)
-	$(PY) bench/bench_gpu.py
+	$(PY) -m bench.bench_gpu
 
 # Ours against the published TAEHV on CPU (issue #25): taecvx, T = 9/17/49 at 128x128 and
 # T = 9 at 256x256, encode/decode, parallel/sequential, 2 threads; JSON, then a Markdown table.
 bench-speed: $(STAMP)
-	$(PY) bench/bench_speed.py --markdown
+	$(PY) -m bench.bench_speed --markdown
 
 clean:
 	rm -rf $(VENV) .pytest_cache demo_output

@@ -12,45 +12,30 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
-import re
-import statistics
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-import cv2
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from evaluation.report import write_report  # noqa: E402
-from evaluation.stills import comparison_stills  # noqa: E402
-from evaluation.videos import latent_picture, side_by_side, to_uint8_frames, write_video  # noqa: E402
-from models.checkpoint import find_weights, read_metadata  # noqa: E402
-from models.frames import FramePlan  # noqa: E402
-from models.taehv import TAEHV  # noqa: E402
-from models.variants import get_variant  # noqa: E402
-from training.config import DTYPES, REF_VAE_CLASSES, TrainConfig, load_config, resolve_path  # noqa: E402
-from training.dataset import (  # noqa: E402
-    VIDEO_EXTENSIONS, BadClipError, VideoClipDataset, VideoDataError, find_videos, frames_to_unit, probe_video)
-from training.errors import ConfigError, exit_on_config_error  # noqa: E402
-from training.export import run_folder_of  # noqa: E402
-from training.metrics import (  # noqa: E402
-    frame_psnr, lpips_unavailable_reason, video_lpips, video_mse, video_psnr, video_ssim, video_temporal_error)
-from training.latent_check import rms_ratio  # noqa: E402
-from training.reference_vae import ReferenceVAE  # noqa: E402
+from evaluation.evaluator import Evaluator, out_of_memory_hint, summarise
+from evaluation.metrics import lpips_unavailable_reason
+from evaluation.report import write_report
+from models.reference_vaes import REF_VAE_CLASSES
+from models.taehv import TAEHV
+from models.variants import get_variant
+from models.weights import find_weights, read_metadata
+from training.config import DTYPES, TrainConfig, load_config
+from training.data.clips import VIDEO_EXTENSIONS, BadClipError, VideoClipDataset, VideoDataError, find_videos, probe_video
+from training.data.reference_vae import ReferenceVAE
+from training.errors import ConfigError, exit_on_config_error
+from training.export import run_folder_of
+from training.flags import ArgumentParser
 
 logger = logging.getLogger("inference")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_path", required=True,
                    help="weights (.pth/.safetensors, ours or published), a training checkpoint or best_model folder, "
                         "or a run folder")
@@ -178,8 +163,8 @@ def build_dataset(args: argparse.Namespace, model: TAEHV, output_dir: Path) -> V
     elif annotation is None and data_root is None:
         if config is None:
             raise ConfigError("give --videos, --annotation_file/--data_root or --config")
-        data_root = resolve_path(config.data_root) if config.data_root else None
-        annotation = resolve_path(config.val_annotation_file or config.annotation_file)
+        data_root = config.data_root or None
+        annotation = config.val_annotation_file or config.annotation_file
     for name, path in (("annotation file", annotation), ("data root", data_root)):
         if path is not None and not Path(path).exists():
             raise ConfigError(f"{name} {path} not found")
@@ -228,235 +213,6 @@ def reference_vae(args: argparse.Namespace, model: TAEHV, device: torch.device) 
     return ReferenceVAE.from_config(config, device)
 
 
-def is_out_of_memory(err: RuntimeError) -> bool:
-    """CUDA raises torch.OutOfMemoryError; the CPU allocator a plain RuntimeError."""
-    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err)
-
-
-def memory_advice(args: argparse.Namespace) -> str:
-    """What the user can lower or switch, given the options of this run."""
-    advice = ["lower --height/--width or --n_frames"]
-    if args.parallel:
-        advice.append("use --sequential (memory flat in the number of frames)")
-    if args.device.startswith("cuda") and args.dtype == "fp32":
-        advice.append("use --dtype bf16")
-    if args.use_ref_vae:
-        advice.append("leave out --use_ref_vae (the reference VAE needs far more memory)")
-    return "; ".join(advice)
-
-
-@contextmanager
-def out_of_memory_hint(args: argparse.Namespace, doing: str) -> Iterator[None]:
-    """Running out of memory while ``doing`` something becomes one line that says what it was
-    and what to lower (the allocator's own message names neither)."""
-    try:
-        yield
-    except RuntimeError as err:
-        if not is_out_of_memory(err):
-            raise
-        raise ConfigError(f"out of memory while {doing}{requested_memory(err)}: {memory_advice(args)}") from err
-
-
-def requested_memory(err: RuntimeError) -> str:
-    """"; it asked for 20.00 GiB more" from CUDA's or the CPU allocator's message, else ""."""
-    found = re.search(r"(?i)tried to allocate (?:([\d.]+ ?[KMGT]i?B)|(\d+) bytes)", str(err))
-    if found is None:
-        return ""
-    return f"; it asked for {found.group(1) or f'{int(found.group(2)) / 2**30:.2f} GiB'} more"
-
-
-def timed(fn, device: torch.device) -> tuple[torch.Tensor, float, float | None]:
-    """(result, seconds, peak MB on CUDA) with the device synchronised around the call."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-    start = time.perf_counter()
-    out = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - start
-    peak = (torch.cuda.max_memory_allocated(device) - before) / 2**20 if device.type == "cuda" else None
-    return out, seconds, peak
-
-
-def quality(decoded: torch.Tensor, target: torch.Tensor, use_lpips: bool) -> dict[str, float]:
-    metrics = {
-        "mse": float(video_mse(decoded, target)[0]),
-        "psnr": float(video_psnr(decoded, target)[0]),
-        "ssim": float(video_ssim(decoded, target)[0]),
-        "temporal_error": float(video_temporal_error(decoded, target)[0]),
-        "psnr_per_frame": [round(float(v), 3) for v in frame_psnr(decoded, target)[0]],
-    }
-    if use_lpips:
-        metrics["lpips"] = float(video_lpips(decoded, target)[0])
-    return metrics
-
-
-def mean_std(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0}
-
-
-def summarise(samples: list[dict]) -> dict:
-    summary = {}
-    for who in ("taehv", "reference"):
-        if who in samples[0]:
-            keys = [k for k, v in samples[0][who].items() if isinstance(v, float)]
-            summary[who] = {k: mean_std([s[who][k] for s in samples]) for k in keys}
-    if "reference" in summary:
-        ours, ref = summary["taehv"], summary["reference"]
-        comparison = {
-            "encode_speedup": ref["encode_s"]["mean"] / ours["encode_s"]["mean"],
-            "decode_speedup": ref["decode_s"]["mean"] / ours["decode_s"]["mean"],
-            "total_speedup": (ref["encode_s"]["mean"] + ref["decode_s"]["mean"])
-            / (ours["encode_s"]["mean"] + ours["decode_s"]["mean"]),
-            "psnr_gap_db": ours["psnr"]["mean"] - ref["psnr"]["mean"],
-            "ssim_gap": ours["ssim"]["mean"] - ref["ssim"]["mean"],
-        }
-        if "decode_peak_mb" in ours and "decode_peak_mb" in ref:
-            comparison["decode_memory_saving"] = 1 - ours["decode_peak_mb"]["mean"] / ref["decode_peak_mb"]["mean"]
-        ratios = [s["latent_rms_ratio"] for s in samples if "latent_rms_ratio" in s]
-        if ratios:  # the model's latent RMS over the reference VAE's (training.latent_check)
-            comparison["latent_rms_ratio"] = statistics.fmean(ratios)
-        summary["comparison"] = comparison
-    return summary
-
-
-@dataclass
-class Evaluator:
-    """Evaluates clips one by one with everything a sample needs, and names what it is doing
-    when memory runs out."""
-    args: argparse.Namespace
-    model: TAEHV
-    ref_vae: ReferenceVAE | None
-    dataset: VideoClipDataset
-    device: torch.device
-    dtype: torch.dtype
-    use_lpips: bool
-    output_dir: Path
-
-    @property
-    def plan(self) -> FramePlan:
-        return self.model.plan(self.dataset.n_frames)
-
-    def doing(self, what: str) -> AbstractContextManager[None]:
-        """``out_of_memory_hint`` for ``what``, with the sizes and mode of this run."""
-        mode = "parallel" if self.args.parallel else "sequential"
-        return out_of_memory_hint(self.args, f"{what} ({self.dataset.n_frames} frames at {self.dataset.height}x"
-                                             f"{self.dataset.width}, {mode}, {self.args.dtype} on {self.device})")
-
-    def evaluate(self, order: np.ndarray, count: int) -> tuple[list[dict], list[dict]]:
-        """(samples, skipped clips): the first ``count`` clips of ``order`` that can give a
-        sample; a clip that cannot (too short, unreadable) is skipped and reported, never
-        replaced by a clip already in the list, so no clip weighs twice in the means. Clips
-        the dataset left out up front (annotated as too short) are reported too."""
-        samples, skipped = [], [{"source": source, "kind": "too short", "reason": "too short: annotated with fewer "
-                                 f"than the {self.dataset.min_frames} frames a sample needs"}
-                                for source in self.dataset.short_clips]
-        with tqdm(total=count, desc="samples", disable=None) as progress:
-            for index in map(int, order):
-                if len(samples) == count:
-                    break
-                source = self.dataset.clips.path(index)
-                try:
-                    clip = self.dataset.load_clip(index)
-                except BadClipError as err:
-                    skipped.append({"source": source, "kind": err.kind, "reason": str(err)})
-                    tqdm.write(f"⚠️  Skipped {source}: {err}")
-                    continue
-                with self.doing(f"loading sample {len(samples) + 1} onto {self.device}"):
-                    frames = frames_to_unit(clip.unsqueeze(0), self.device, self.dtype)
-                if not samples:
-                    self.warm_up(frames)
-                samples.append(self.sample(len(samples), index, source, frames))
-                progress.update()
-        if not samples:
-            raise no_usable_clip(skipped, self.dataset)
-        return samples, skipped
-
-    def warm_up(self, frames: torch.Tensor) -> None:
-        """First calls pay one-off costs (allocator, kernels), kept out of the timings. One
-        frame at the real size does that without the memory of a whole extra clip (with
-        --compile the whole clip, so that compilation sees the real shapes)."""
-        short = frames if self.args.compile else frames[:, :1]
-        with self.doing(f"warming up on {short.shape[1]} frame(s) of the first clip"):
-            self.model.decode_video(self.model.encode_video(short, parallel=self.args.parallel),
-                                    parallel=self.args.parallel)
-            if self.ref_vae is not None:  # MiniMax H3's VAE decodes nothing shorter than 18 frames
-                self.ref_vae.decode(self.ref_vae.encode(frames if self.ref_vae.facts.h3_chunks else short))
-
-    def sample(self, i: int, index: int, source: str, frames: torch.Tensor) -> dict:
-        """Metrics, timings and output files of sample ``i`` (clip ``index``)."""
-        parallel, device = self.args.parallel, self.device
-        with self.doing(f"encoding sample {i + 1}"):
-            latents, enc_s, enc_mb = timed(lambda: self.model.encode_video(frames, parallel=parallel), device)
-        with self.doing(f"decoding sample {i + 1}"):
-            decoded, dec_s, dec_mb = timed(lambda: self.model.decode_video(latents, parallel=parallel), device)
-        decoded, target = self.plan.aligned(decoded.float(), frames.float())
-        with self.doing(f"computing the metrics of sample {i + 1}"):
-            ours = {**quality(decoded, target, self.use_lpips), "encode_s": enc_s, "decode_s": dec_s}
-        if enc_mb is not None:
-            ours.update(encode_peak_mb=enc_mb, decode_peak_mb=dec_mb)
-        result = {"index": index, "source": source, "latent_shape": list(latents.shape), "taehv": ours}
-        line = f"Sample {i + 1}: MSE={ours['mse']:.4f}, PSNR={ours['psnr']:.1f}dB, " \
-               f"SSIM={ours['ssim']:.3f}, Encoding Time={enc_s:.3f}s, Decoding Time={dec_s:.3f}s"
-        ref_decoded = None
-        if self.ref_vae is not None:
-            with self.doing(f"running the reference VAE on sample {i + 1}"):
-                result["reference"], ref_decoded, ref_latents = self.reference(frames)
-            if ref_latents.shape == latents.shape:  # the same latent space: are they on the same scale?
-                result["latent_rms_ratio"] = float(rms_ratio(latents, ref_latents))
-            line += f"\n  Reference VAE - PSNR={result['reference']['psnr']:.1f}dB, " \
-                    f"decode {result['reference']['decode_s'] / dec_s:.1f}x slower than TAEHV"
-        tqdm.write(line)
-        with self.doing(f"writing the videos and pictures of sample {i + 1}"):
-            result["files"] = self.write_files(i, source, target, decoded, latents, ref_decoded)
-        return result
-
-    def reference(self, frames: torch.Tensor) -> tuple[dict, torch.Tensor, torch.Tensor]:
-        """(metrics and timings, decoded frames, latents) of the reference VAE on ``frames``."""
-        ref_latents, enc_s, enc_mb = timed(lambda: self.ref_vae.encode(frames), self.device)
-        decoded, dec_s, dec_mb = timed(lambda: self.ref_vae.decode(ref_latents), self.device)
-        n = min(decoded.shape[1], frames.shape[1])
-        metrics = {**quality(decoded[:, :n], frames[:, :n].float(), self.use_lpips), "encode_s": enc_s, "decode_s": dec_s}
-        if enc_mb is not None:
-            metrics.update(encode_peak_mb=enc_mb, decode_peak_mb=dec_mb)
-        return metrics, decoded[:, :n], ref_latents
-
-    def write_files(self, i: int, source: str, target: torch.Tensor, decoded: torch.Tensor, latents: torch.Tensor,
-                    ref_decoded: torch.Tensor | None) -> dict:
-        """Comparison videos, poster, latent picture and stills of sample ``i``; their paths."""
-        out, stem = self.output_dir, f"test_{i}"
-        fps = self.args.fps or probe_fps(source)
-        original, reconstructed = to_uint8_frames(target[0]), to_uint8_frames(decoded[0])
-        codec = write_video(out / "comparison_videos" / f"{stem}_original.mp4", original, fps)
-        write_video(out / "comparison_videos" / f"{stem}_reconstructed.mp4", reconstructed, fps)
-        comparison = side_by_side(original, reconstructed)
-        write_video(out / "comparison_videos" / f"{stem}_comparison.mp4", comparison, fps)
-        write_png(out / "comparison_videos" / f"{stem}_poster.png", comparison[len(comparison) // 2])
-        write_png(out / "latent_visualizations" / f"{stem}_latents.png", latent_picture(latents[0]))
-        reference = to_uint8_frames(ref_decoded[0]) if ref_decoded is not None else None
-        stills, shown = comparison_stills(original, reconstructed, reference)
-        write_png(out / "stills" / f"{stem}_stills.png", stills)
-        return {"original_video": f"comparison_videos/{stem}_original.mp4",
-                "reconstructed_video": f"comparison_videos/{stem}_reconstructed.mp4",
-                "comparison_video": f"comparison_videos/{stem}_comparison.mp4",
-                "poster_png": f"comparison_videos/{stem}_poster.png",
-                "latents_png": f"latent_visualizations/{stem}_latents.png",
-                "stills_png": f"stills/{stem}_stills.png", "stills_frames": shown, "codec": codec}
-
-
-def no_usable_clip(skipped: list[dict], dataset: VideoClipDataset) -> ConfigError:
-    """The error when every clip tried was skipped: what to change, with an example."""
-    n_frames, stride = dataset.n_frames, dataset.stride_range[0]
-    clips, are = ("the clip", "is") if len(skipped) == 1 else (f"all {len(skipped)} clips", "are")
-    example = f"e.g. {Path(skipped[0]['source']).name}: {skipped[0]['reason']}"
-    if all(s["kind"] == "too short" for s in skipped):
-        return ConfigError(f"{clips} {are} too short: --n_frames={n_frames} at --stride={stride} needs "
-                           f"{dataset.min_frames} frames ({example}): lower --n_frames or --stride")
-    return ConfigError(f"{clips} could not be used ({example}); check the videos or the annotation")
-
-
 @torch.inference_mode()
 def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -502,19 +258,6 @@ def main(argv: list[str] | None = None) -> dict:
     skipped_note = f" (skipped clips: {len(skipped)}, listed there)" if skipped else ""
     print(f"✅ Wrote {output_dir / 'metrics.json'}{skipped_note}, {len(samples)} comparison videos and {report}")
     return results
-
-
-def write_png(path: Path, image: np.ndarray) -> None:
-    """An HWC uint8 RGB image as PNG."""
-    if not cv2.imwrite(str(path), cv2.cvtColor(image, cv2.COLOR_RGB2BGR)):
-        raise OSError(f"cannot write {path}")
-
-
-def probe_fps(path: str) -> float:
-    cap = cv2.VideoCapture(path)
-    fps = cap.get(cv2.CAP_PROP_FPS)
-    cap.release()
-    return fps if fps and math.isfinite(fps) and fps > 0 else 24.0
 
 
 def print_summary(results: dict) -> None:

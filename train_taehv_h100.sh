@@ -10,14 +10,18 @@ ok()   { echo "${GREEN}[ok]${RESET} $*"; }
 warn() { echo "${YELLOW}[warn]${RESET} $*"; }
 die()  { echo "${RED}[error]${RESET} $*" >&2; exit 2; }
 
+# the presets: training/configs/taehv_config_<name>.py
+PRESETS=()
+for preset in training/configs/taehv_config_*.py; do preset=${preset##*/taehv_config_}; PRESETS+=("${preset%.py}"); done
+
 usage() {
   cat <<EOF
 ${BOLD}Usage:${RESET} ./train_taehv_h100.sh NUM_GPUS CONFIG_TYPE [custom CONFIG_PATH] [options] [--key=value ...]
 
   NUM_GPUS      total processes (GPUs) across all nodes: 1, 8, 16, ...
-  CONFIG_TYPE   test | demo | 1gpu_h100 | h100 | a800 | 16gpu_h100 | ltx2 | wan22 | hv15 | h3 |
-                progressive_stage1 | progressive_stage2 | custom
-                (training/configs/taehv_config_<CONFIG_TYPE>.py; custom takes a path)
+  CONFIG_TYPE   a preset of training/configs/taehv_config_<CONFIG_TYPE>.py, one of
+                ${PRESETS[*]};
+                or custom, which takes a config path
 
 Options:
   --resume PATH|NAME|latest  continue a run (latest: newest checkpoint of this config's runs)
@@ -47,13 +51,14 @@ for arg in "$@"; do [[ "$arg" == "--help" || "$arg" == "-h" ]] && { usage; exit 
 
 NUM_GPUS=$1; CONFIG_TYPE=$2; shift 2
 [[ "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]] || die "NUM_GPUS must be a positive integer, got '$NUM_GPUS'"
-case "$CONFIG_TYPE" in
-  test|demo|1gpu_h100|h100|a800|16gpu_h100|ltx2|wan22|hv15|h3|progressive_stage1|progressive_stage2) CONFIG=training/configs/taehv_config_${CONFIG_TYPE}.py ;;
-  custom)
-    [[ $# -ge 1 && "$1" != --* ]] || die "custom needs a config path: ./train_taehv_h100.sh N custom PATH"
-    CONFIG=$1; shift ;;
-  *) die "unknown CONFIG_TYPE '$CONFIG_TYPE' (test, demo, 1gpu_h100, h100, a800, 16gpu_h100, ltx2, wan22, hv15, h3, progressive_stage1, progressive_stage2, custom)" ;;
-esac
+if [[ "$CONFIG_TYPE" == custom ]]; then
+  [[ $# -ge 1 && "$1" != --* ]] || die "custom needs a config path: ./train_taehv_h100.sh N custom PATH"
+  CONFIG=$1; shift
+elif [[ " ${PRESETS[*]} " == *" $CONFIG_TYPE "* ]]; then
+  CONFIG=training/configs/taehv_config_${CONFIG_TYPE}.py
+else
+  die "unknown CONFIG_TYPE '$CONFIG_TYPE' (${PRESETS[*]}, custom)"
+fi
 [[ -f "$CONFIG" ]] || die "config file $CONFIG not found"
 
 EXTRA=()
@@ -87,13 +92,13 @@ if any(importlib.util.find_spec(name) is None for name in ("torch", "accelerate"
     sys.exit(3)
 import torch
 print(f"gpus={torch.cuda.device_count()}", flush=True)
-sys.path.insert(0, ".")
-from training.config import ConfigError, check, load_config
+from training.config import ConfigError, load_config
+from training.preflight import check
 try:
     config = load_config(sys.argv[1], [arg for arg in sys.argv[2:] if arg != "--debug"])
     for note in check(config):
         print(f"  note: {note}")
-    from training.checkpointing import resolve_resume
+    from training.state.checkpoints import resolve_resume
     _, checkpoint = resolve_resume(config)  # a damaged checkpoint or one of another variant stops here
     if checkpoint is not None:
         print(f"  resuming from {checkpoint}")
@@ -133,8 +138,7 @@ grep -v '^gpus=' <<<"$CHECK_OUT" >&$(( CHECK_STATUS == 0 ? 1 : 2 )) || true
 ok "config $CONFIG (data, reference VAE, frame counts and resume checked)"
 
 # -- launch -----------------------------------------------------------------------------
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-TRAIN=(training/taehv_train.py --config "$CONFIG" "${EXTRA[@]}")
+TRAIN=(-m training.taehv_train --config "$CONFIG" "${EXTRA[@]}")
 MASTER_PORT=${MASTER_PORT:-29500}
 if (( NUM_GPUS == 1 && LOCAL_GPUS == 0 )); then
   CMD=("$PYTHON" "${TRAIN[@]}")

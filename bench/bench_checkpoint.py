@@ -3,7 +3,7 @@
 AdamW state, EMA, RNG, fp32 export), the part of it spent computing the CRC-32 of every
 file, and the time to verify them before a resume; prints one JSON object.
 
-    python bench/bench_checkpoint.py --variants taecvx taew2_2 --repeats 3
+    python -m bench.bench_checkpoint --variants taecvx taew2_2 --repeats 3
 
 One process on the CPU, the checkpoint written to ``--dir`` (default: a temporary folder;
 put it on the file system your runs use). Each figure is the median of ``--repeats``
@@ -16,20 +16,19 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from accelerate import Accelerator  # noqa: E402
-from diffusers.training_utils import EMAModel  # noqa: E402
+from accelerate import Accelerator
+from diffusers.training_utils import EMAModel
 
-from models.taehv import TAEHV  # noqa: E402
-from training.checkpointing import TrainingObjects, read_checkpoint_manifest, save_checkpoint  # noqa: E402
-from training.export import export_weights  # noqa: E402
+from models.taehv import TAEHV
+from training.flags import ArgumentParser
+from training.state.checkpoints import TrainingObjects, read_checkpoint_manifest, save_checkpoint
+from training.state.weight_export import export_weights
 
 
 def measure(variant: str, directory: Path, repeats: int) -> dict:
@@ -63,7 +62,7 @@ def measure(variant: str, directory: Path, repeats: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", nargs="+", default=["taecvx", "taew2_2"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", default=None, help="where to write the checkpoints (default: a temporary folder)")

@@ -3,8 +3,8 @@
 on this machine: compilation time and steady-state time, eager against compiled; prints
 one JSON object.
 
-    python bench/bench_compile.py                                # taehv, 9x128x128 inference, 9x64x64 training step
-    python bench/bench_compile.py --frames 5 --height 16 --width 16 --train-height 16 --train-width 16 \\
+    python -m bench.bench_compile                                # taehv, 9x128x128 inference, 9x64x64 training step
+    python -m bench.bench_compile --frames 5 --height 16 --width 16 --train_height 16 --train_width 16 \\
         --backend aot_eager --repeats 1                          # seconds: checks the script, measures nothing useful
 
 Cases (``--cases``), each measured eager and compiled, each in a fresh process (so every
@@ -14,7 +14,7 @@ compiled row pays dynamo's and the backend's first imports as a user's process d
   ``decode_video`` of its latents, under ``torch.inference_mode`` with channels-last
   weights, as ``inference.py`` runs them. Sequential mode compiles two graphs per block
   sequence (the first chunk, with empty memory, and the others).
-- ``train``: the product's training step (``training.step.TrainStep``, built as the loop
+- ``train``: the product's training step (``training.loop.step.TrainStep``, built as the loop
   builds it) on one in-memory batch with reference latents, as the latent cache delivers
   them: forward, losses, backward, clipping, AdamW and EMA steps.
 
@@ -22,7 +22,7 @@ compiled row pays dynamo's and the backend's first imports as a user's process d
 ``--repeats`` calls after ``--warmup`` more; ``compile_s`` = first - steady. Compiled rows
 give ``speedup`` (eager steady over compiled steady) and ``max_abs_diff`` (their output
 against the eager row's: latents, frames, or the first step's loss). Inductor's on-disk
-caches start empty in every process unless ``--warm-cache`` (then a second run measures
+caches start empty in every process unless ``--warm_cache`` (then a second run measures
 what a later launch pays). Timings are synchronised on CUDA.
 """
 from __future__ import annotations
@@ -32,43 +32,27 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from models.taehv import TAEHV  # noqa: E402
+from evaluation.timing import median_seconds, timed
+from models.taehv import TAEHV
+from training.flags import ArgumentParser
 
 CASES = ("parallel", "sequential", "train")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _time(fn: Callable[[], object], device: torch.device) -> tuple[float, object]:
-    _sync(device)
-    start = time.perf_counter()
-    out = fn()
-    _sync(device)
-    return time.perf_counter() - start, out
 
 
 def first_and_steady(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int,
                      compiled: bool) -> tuple[dict, object]:
     """Timings (the first call, the median of ``repeats`` after ``warmup`` more, and for a
     compiled model their difference) and the first call's output."""
-    first, out = _time(fn, device)
-    for _ in range(warmup):
-        fn()
-    steady = statistics.median(_time(fn, device)[0] for _ in range(repeats))
+    out, first, _ = timed(fn, device)
+    steady, _ = median_seconds(fn, device, warmup, repeats)
     timing = {"first_s": round(first, 4), "steady_s": round(steady, 4)}
     if compiled:
         timing["compile_s"] = round(first - steady, 4)
@@ -85,10 +69,10 @@ def inference_case(config: dict, device: torch.device) -> dict:
         model.compile(backend=config["backend"])
     parallel = config["case"] == "parallel"
     frames = torch.rand(1, config["frames"], 3, config["height"], config["width"], device=device)
-    timed = {"warmup": config["warmup"], "repeats": config["repeats"], "compiled": config["compiled"]}
+    counts = {"warmup": config["warmup"], "repeats": config["repeats"], "compiled": config["compiled"]}
     with torch.inference_mode():
-        encode, latents = first_and_steady(lambda: model.encode_video(frames, parallel=parallel), device, **timed)
-        decode, decoded = first_and_steady(lambda: model.decode_video(latents, parallel=parallel), device, **timed)
+        encode, latents = first_and_steady(lambda: model.encode_video(frames, parallel=parallel), device, **counts)
+        decode, decoded = first_and_steady(lambda: model.decode_video(latents, parallel=parallel), device, **counts)
     return {"encode": encode, "decode": decode, "outputs": {"encode": latents.cpu(), "decode": decoded.cpu()}}
 
 
@@ -96,7 +80,7 @@ def train_case(config: dict, device: torch.device) -> dict:
     """First and steady steps of ``TrainStep`` with cached reference latents."""
     from bench.bench_train_step import train_step
     from training.config import TrainConfig
-    from training.data import ReferenceLatents
+    from training.data.loading import ReferenceLatents
 
     size = (config["train_height"], config["train_width"])
     train_config = TrainConfig(variant=config["variant"], n_frames=config["frames"], height=size[0], width=size[1],
@@ -143,7 +127,7 @@ def compare(eager: dict, compiled: dict) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--variant", default="taehv")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
@@ -151,16 +135,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--frames", type=int, default=9, help="frames of the clip (inference) and of each training clip")
     parser.add_argument("--height", type=int, default=128, help="inference clip size")
     parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--train-height", type=int, default=64, help="training clip size")
-    parser.add_argument("--train-width", type=int, default=64)
+    parser.add_argument("--train_height", type=int, default=64, help="training clip size")
+    parser.add_argument("--train_width", type=int, default=64)
     parser.add_argument("--batch", type=int, default=2, help="training batch")
-    parser.add_argument("--mixed-precision", default=None, help="training: no | bf16 (default: bf16 on CUDA, no on CPU)")
+    parser.add_argument("--mixed_precision", default=None, help="training: no | bf16 (default: bf16 on CUDA, no on CPU)")
     parser.add_argument("--warmup", type=int, default=1, help="calls after the first, before the timed ones")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    parser.add_argument("--no-channels-last", dest="channels_last", action="store_false",
+    parser.add_argument("--no_channels_last", dest="channels_last", action="store_false",
                         help="inference without channels-last weights (inference.py's default has them)")
-    parser.add_argument("--warm-cache", action="store_true", help="use inductor's default on-disk caches")
+    parser.add_argument("--warm_cache", action="store_true", help="use inductor's default on-disk caches")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.warmup < 0:
         parser.error("--repeats must be >= 1 and --warmup >= 0")

@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 """Data loader throughput next to raw OpenCV decoding of the same files; prints JSON.
 
-    python bench/bench_data.py --videos-dir ../shared/videos --sizes 720x480 256x256 \\
+    python -m bench.bench_data --videos_dir ../shared/videos --sizes 720x480 256x256 \\
         --clips 48 --workers 0 1 2
 
 Clip length, stride range and crop scale default to the training defaults
-(``training/config.py``: 17 frames, stride 1-3, crop area 0.6-1.0); ``--n-frames 12
---stride-range 1 1`` is the hardest case for the ratios (no skipped frames, so the
+(``training/config.py``: 17 frames, stride 1-3, crop area 0.6-1.0); ``--n_frames 12
+--stride_range 1 1`` is the hardest case for the ratios (no skipped frames, so the
 least decoding per output frame).
 
 Resize: per-frame cost with one OpenCV thread of a single ``cv2.INTER_AREA`` and of the
-loader's ``area_resize`` on loader-like crops (crop scale drawn from ``--crop-scale``) of
+loader's ``area_resize`` on loader-like crops (crop scale drawn from ``--crop_scale``) of
 real frames, timed interleaved crop by crop (median over repeats), and how far apart the
 two outputs are (mean and max absolute difference in 8-bit levels).
 Raw decode: open each file and read ``n_frames`` consecutive frames from the start with
@@ -23,7 +23,7 @@ that both sides of the per-worker ratio get the same share of the machine.
 Loader: ``VideoClipDataset`` samples of ``n_frames`` frames (random crop, area resize to
 WxH, flip, RGB tensor) in two windows:
 - "random": the training sampler (start uniform over the decodable frames, stride in
-  ``--stride-range``): includes the cost of random access (a seek decodes from the
+  ``--stride_range``): includes the cost of random access (a seek decodes from the
   keyframe before the start);
 - "first": the annotation claims each clip has exactly ``n_frames`` frames, so the
   window starts at frame 0 like the raw read: isolates the loader's own overhead.
@@ -62,8 +62,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from training.dataset import (  # noqa: E402
+from training.data.clips import (
     VideoClipDataset,
     VideoReader,
     _ClipWriter,
@@ -73,8 +72,9 @@ from training.dataset import (  # noqa: E402
     find_videos,
     probe_video,
 )
-from training.config import TrainConfig  # noqa: E402
-from training.make_annotations import write_annotation  # noqa: E402
+from training.config import TrainConfig
+from training.flags import ArgumentParser
+from training.make_annotations import write_annotation
 
 Window = tuple[str, int, int, int]  # path, start, stride, count
 
@@ -327,16 +327,16 @@ def loader_row(dataset: VideoClipDataset, windows: list[Window], workers: int, r
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     default_dir = Path(__file__).resolve().parents[2] / "shared" / "videos"
-    parser.add_argument("--videos-dir", type=Path, default=default_dir)
+    parser.add_argument("--videos_dir", type=Path, default=default_dir)
     train = TrainConfig()
-    parser.add_argument("--n-frames", type=int, default=train.n_frames)
+    parser.add_argument("--n_frames", type=int, default=train.n_frames)
     parser.add_argument("--sizes", nargs="+", default=[f"{train.width}x{train.height}", "256x256"], help="WxH outputs")
     parser.add_argument("--clips", type=int, default=48, help="samples per measurement")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--stride-range", type=int, nargs=2, default=[train.stride_min, train.stride_max])
-    parser.add_argument("--crop-scale", type=float, nargs=2, default=[train.crop_scale_min, train.crop_scale_max])
+    parser.add_argument("--stride_range", type=int, nargs=2, default=[train.stride_min, train.stride_max])
+    parser.add_argument("--crop_scale", type=float, nargs=2, default=[train.crop_scale_min, train.crop_scale_max])
     parser.add_argument("--repeats", type=int, default=3, help="rounds per loader row (medians)")
     args = parser.parse_args()
 

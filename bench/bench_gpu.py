@@ -3,12 +3,12 @@
 compiled, in bf16 and fp16, plus a training step of the 1gpu_h100 preset; prints JSON.
 
     make bench-gpu                                      # the defaults below, on the GPU
-    python bench/bench_gpu.py                           # the same
-    python bench/bench_gpu.py --variants taehv1_5 --dtypes bf16 --frames 49 --out gpu.json
-    python bench/bench_gpu.py --tiny                    # CPU: 9 frames of 32x32, fp32, eager, 1 repeat
+    python -m bench.bench_gpu                           # the same
+    python -m bench.bench_gpu --variants taehv1_5 --dtypes bf16 --frames 49 --out gpu.json
+    python -m bench.bench_gpu --tiny                    # CPU: 9 frames of 32x32, fp32, eager, 1 repeat
 
 Model rows, for each variant (``--variants``, default taew2_1 taehv1_5), dtype (``--dtypes``,
-default bf16 fp16) and setting (eager; compiled unless ``--no-compile``), and for each
+default bf16 fp16) and setting (eager; compiled unless ``--no_compile``), and for each
 implementation (``ours``: models/taehv.py, cast with ``.to(device, dtype)`` and
 ``.to(memory_format=torch.channels_last)``; ``published``: the published taehv.py in
 ../shared/reference (``$TAEHV_SHARED_DIR/reference``, ``--published``), built with the
@@ -25,7 +25,7 @@ own main() does), three operations on the same inputs:
 
 Compiled: ours is ``model.compile(dynamic=False)`` (fullgraph), and for ``stream_decode``
 ``model.compile(dynamic=False, mode="reduce-overhead")`` on CUDA (CUDA graphs: the shapes
-are fixed; ``--stream-compile-mode`` picks another mode); the published one is
+are fixed; ``--stream_compile_mode`` picks another mode); the published one is
 ``torch.compile(encode_video / decode_video, dynamic=False)`` and, for its stream, each
 decoder block ``.compile(dynamic=False)`` in the default mode (its stream keeps block
 outputs between calls). ``dynamic=False``: without it the second shape a compiled
@@ -46,7 +46,7 @@ no graph (it would time eager code) is an error. A measurement that raises gets 
 ``error`` field in its row and its traceback on stderr; the others still run, and the
 command exits with status 1 after printing the JSON.
 
-Training rows: ``training.step.TrainStep`` (the loop's step, built by
+Training rows: ``training.loop.step.TrainStep`` (the loop's step, built by
 bench/bench_train_step.py's ``train_step``) on the 1gpu_h100 preset's clip size, batch,
 variant and mixed precision, with reference latents in the batch as the latent cache
 delivers them (random, of the right shape); every call is one micro-batch with its
@@ -75,16 +75,18 @@ import torch
 from torch._dynamo.utils import counters
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-from bench.bench_speed import load_published, published_file  # noqa: E402
-from bench.bench_train_step import timed, train_step  # noqa: E402
-from models import taehv as taehv_module  # noqa: E402
-from models.frames import exact_frame_counts  # noqa: E402
-from models.taehv import TAEHV  # noqa: E402
-from models.variants import get_variant, known_variants  # noqa: E402
-from training.config import DTYPES, TrainConfig, load_config, reference_vae_frames  # noqa: E402
-from training.data import ReferenceLatents  # noqa: E402
-from training.monitoring import peak_rss_bytes  # noqa: E402
+from bench.bench_speed import load_published, published_file
+from bench.bench_train_step import train_step
+from evaluation.timing import median_seconds, synchronize
+from models import taehv as taehv_module
+from models.frames import exact_frame_counts
+from models.taehv import TAEHV
+from models.variants import get_variant, known_variants
+from models.reference_vaes import reference_vae_frames
+from training.config import DTYPES, TrainConfig, load_config
+from training.data.loading import ReferenceLatents
+from training.flags import ArgumentParser
+from training.loop.monitoring import peak_rss_bytes
 
 PUBLISHED_PATH = published_file("taew2_1")
 PRESET = REPO_ROOT / "training" / "configs" / "taehv_config_1gpu_h100.py"
@@ -258,10 +260,9 @@ def measure(run: Callable[[], torch.Tensor], device: torch.device, warmup: int, 
     graphs = GraphCount()
     with torch.inference_mode():
         out = run()  # the first warm-up run: compiles when compiled
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         first = graphs.step()
-        seconds = timed(run, device, warmup - 1, repeats)
+        seconds, _ = median_seconds(run, device, warmup - 1, repeats)
     return {"seconds": seconds, "peak_mb": round(peak.mb(), 1), "graphs_compiled_first_call": first,
             "graphs_compiled_timed": graphs.step()}, out
 
@@ -370,7 +371,7 @@ def train_row(args, device: torch.device, config: TrainConfig, batch: dict, comp
     graphs = GraphCount()
     run()  # first warm-up step: compiles when compiled
     compiled_graphs = graphs.step()
-    seconds = timed(run, device, args.warmup - 1, args.repeats)
+    seconds, _ = median_seconds(run, device, args.warmup - 1, args.repeats)
     row = {"compile": how, "step_s": round(seconds, 6), "steps_per_s": round(1 / seconds, 3),
            "images_per_s": round(config.train_batch_size * config.n_frames / seconds, 2),
            "peak_mb": round(peak.mb(), 1),
@@ -432,7 +433,7 @@ def device_name(device: torch.device) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", nargs="+", default=["taew2_1", "taehv1_5"], choices=known_variants(),
                         metavar="VARIANT")
     parser.add_argument("--frames", type=int, help="input frames (default 81; --tiny: 9)")
@@ -445,8 +446,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "the smallest training clip the preset allows")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="also measure compiled rows (default: on CUDA without --tiny)")
-    parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
-    parser.add_argument("--stream-compile-mode", default="reduce-overhead",
+    parser.add_argument("--compile_backend", default="inductor", help="torch.compile backend (default inductor)")
+    parser.add_argument("--stream_compile_mode", default="reduce-overhead",
                         choices=["reduce-overhead", "default", "max-autotune", "max-autotune-no-cudagraphs"],
                         help="torch.compile mode of our compiled stream_decode on CUDA (default reduce-overhead: "
                              "CUDA graphs); the published stream's blocks always use the default mode")
@@ -467,7 +468,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.compile = args.device.startswith("cuda") and not args.tiny
     backends = torch._dynamo.list_backends(exclude_tags=())
     if args.compile_backend not in backends:
-        parser.error(f"--compile-backend {args.compile_backend!r}: not one of {', '.join(backends)}")
+        parser.error(f"--compile_backend {args.compile_backend!r}: not one of {', '.join(backends)}")
     if args.warmup < 1 or args.repeats < 1:
         parser.error("--warmup and --repeats must be >= 1")
     for variant in args.variants:

@@ -2,7 +2,7 @@
 """Peak memory of ``inference.py --sequential`` on one real clip as the clip gets longer,
 and of its per-sample metrics computed in chunks of frames or all at once; prints JSON.
 
-    OMP_NUM_THREADS=1 python bench/bench_inference_memory.py --frames 5 33 --height 360 --width 640
+    OMP_NUM_THREADS=1 python -m bench.bench_inference_memory --frames 5 33 --height 360 --width 640
 
 Arms:
 - ``inference``: the whole ``inference.py --sequential --num_samples 1`` (random-weight
@@ -27,12 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from training.flags import ArgumentParser  # argparse only: this process stays free of torch
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CLIP = REPO_ROOT.parent / "shared" / "videos" / "udacity_alf_project_video_start_200f.mp4"
 SAVE_WEIGHTS = """
-import sys, torch
-sys.path.insert(0, {repo!r})
-from models.checkpoint import save_weights
+import torch
+from models.weights import save_weights
 from models.taehv import TAEHV
 torch.manual_seed(0)
 save_weights(TAEHV(variant="taehv"), {path!r})
@@ -63,7 +64,7 @@ def inference_run(weights: Path, clip: Path, frames: int, height: int, width: in
 
 
 def metrics_run(clip: Path, frames: int, height: int, width: int, chunked: bool, work: Path) -> dict:
-    command = [sys.executable, __file__, "--metrics-child", "--clip", str(clip), "--frames", str(frames),
+    command = [sys.executable, "-m", "bench.bench_inference_memory", "--metrics_child", "--clip", str(clip), "--frames", str(frames),
                "--height", str(height), "--width", str(width)] + ([] if chunked else ["--unchunked"])
     log = work / f"metrics_T{frames}_{'chunked' if chunked else 'unchunked'}.log"
     status, _, seconds = run_measured(command, log)
@@ -77,10 +78,9 @@ def metrics_child(clip: Path, frames: int, height: int, width: int, unchunked: b
     """Print the peak memory of inference's per-sample metrics on ``clip`` (run in a fresh process)."""
     import torch  # here, not at the top: the parent stays small (see the module docstring)
 
-    sys.path.insert(0, str(REPO_ROOT))
-    from training.dataset import VideoClipDataset, frames_to_unit
-    from training.metrics import frame_psnr, video_mse, video_psnr, video_ssim, video_temporal_error
-    from training.monitoring import peak_rss_bytes
+    from training.data.clips import VideoClipDataset, frames_to_unit
+    from evaluation.metrics import frame_psnr, video_mse, video_psnr, video_ssim, video_temporal_error
+    from training.loop.monitoring import peak_rss_bytes
 
     with tempfile.TemporaryDirectory() as folder:
         annotation = Path(folder) / "clip.json"
@@ -100,13 +100,13 @@ def metrics_child(clip: Path, frames: int, height: int, width: int, unchunked: b
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frames", type=int, nargs="+", default=[5, 33])
     parser.add_argument("--height", type=int, default=360)
     parser.add_argument("--width", type=int, default=640)
     parser.add_argument("--clip", type=Path, default=DEFAULT_CLIP, help="a real clip with enough frames")
     parser.add_argument("--arms", nargs="+", choices=["inference", "metrics"], default=["inference", "metrics"])
-    parser.add_argument("--metrics-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--metrics_child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--unchunked", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.metrics_child:
@@ -116,7 +116,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_inference_memory_"))
     print(f"outputs and logs in {work}", file=sys.stderr)
     weights = work / "taehv.safetensors"
-    torch_version = subprocess.run([sys.executable, "-c", SAVE_WEIGHTS.format(repo=str(REPO_ROOT), path=str(weights))],
+    torch_version = subprocess.run([sys.executable, "-c", SAVE_WEIGHTS.format(path=str(weights))],
                                    check=True, capture_output=True, text=True).stdout.strip()
     runs = []
     for frames in args.frames:

@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 """Encode/decode latency and peak memory of TAEHV next to the CogVideoX-2b VAE; prints JSON.
 
-    python bench/bench_model.py --frames 9 17 49 --height 128 --width 128
-    python bench/bench_model.py --frames 9 --height 256 --width 256 --dtypes fp32 bf16
-    python bench/bench_model.py --device cuda --dtypes bf16 --frames 17 49 --height 480 --width 720
+    python -m bench.bench_model --frames 9 17 49 --height 128 --width 128
+    python -m bench.bench_model --frames 9 --height 256 --width 256 --dtypes fp32 bf16
+    python -m bench.bench_model --device cuda --dtypes bf16 --frames 17 49 --height 480 --width 720
 
 For each (dtype, T) the reference, diffusers ``AutoencoderKLCogVideoX`` with the
 CogVideoX-2b architecture (random weights: speed does not depend on them), is measured
 by the same harness with the same threads, and every TAEHV row (parallel and sequential)
 carries ``decode_speedup`` / ``encode_speedup`` (reference seconds over ours) and
 ``decode_memory_saving`` (1 - our peak / the reference's peak). ``--reference none``
-skips it; ``--ref-repeats`` (default 1: a 9x128x128 reference decode takes 17-40 s on a
+skips it; ``--ref_repeats`` (default 1: a 9x128x128 reference decode takes 17-40 s on a
 2-core CPU) sets its repetitions.
 
 Each measurement (model x operation) runs in a fresh process, so CPU peak memory (max RSS
@@ -26,45 +26,25 @@ import argparse
 import json
 import multiprocessing as mp
 import platform
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.make_reference_vae import COGVIDEOX_2B  # noqa: E402
-from models.taehv import TAEHV  # noqa: E402
-from training.config import DTYPES  # noqa: E402
-from training.monitoring import peak_rss_bytes  # noqa: E402
+from bench.make_reference_vae import COGVIDEOX_2B
+from evaluation.timing import median_seconds
+from models.taehv import TAEHV
+from training.config import DTYPES
+from training.flags import ArgumentParser
+from training.loop.monitoring import peak_rss_bytes
 
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _peak_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return peak_rss_bytes() / 2**20
-
-
-def _timed(fn: Callable[[], torch.Tensor], device: torch.device, warmup: int, repeats: int) -> tuple[float, torch.Tensor]:
-    for _ in range(warmup):
-        out = fn()
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        out = fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
 
 
 def _taehv_operation(config: dict, device: torch.device, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
@@ -111,7 +91,7 @@ def measure(config: dict) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     with torch.inference_mode():
         base = _peak_mb(device)
-        seconds, out = _timed(run, device, config["warmup"], config["repeats"])
+        seconds, out = median_seconds(run, device, config["warmup"], config["repeats"])
         peak = _peak_mb(device) - base
     return {"seconds": seconds, "peak_mb": peak, "output_shape": list(out.shape)}
 
@@ -142,7 +122,7 @@ def _log(row: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frames", type=int, nargs="+", default=[9, 17])
     parser.add_argument("--height", type=int, default=128)
     parser.add_argument("--width", type=int, default=128)
@@ -151,13 +131,13 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--variant", default="taecvx", help="TAEHV variant (taecvx: CogVideoX latents)")
     parser.add_argument("--reference", choices=["cogvideox-2b", "none"], default="cogvideox-2b")
-    parser.add_argument("--channels-last", action="store_true")
+    parser.add_argument("--channels_last", action="store_true")
     parser.add_argument("--compile", action="store_true", help="TAEHV.compile(): torch.compile the block runner behind encode/decode")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--ref-warmup", type=int, default=0)
-    parser.add_argument("--ref-repeats", type=int, default=1)
+    parser.add_argument("--ref_warmup", type=int, default=0)
+    parser.add_argument("--ref_repeats", type=int, default=1)
     args = parser.parse_args()
 
     common = dict(height=args.height, width=args.width, device=args.device, threads=args.threads,

@@ -2,20 +2,20 @@
 """Quality at equal budget: the project's recipe against a naive loop; prints one JSON
 object and writes it with a PNG plot of the held-out curves.
 
-    python bench/bench_quality.py                                  # ../shared/videos, 300 steps
-    python bench/bench_quality.py --videos /data/clips --steps 1000 --out bench_quality_out
-    python bench/bench_quality.py --arms recipe no_ema constant_lr full_crop stride_1 bias_0   # the ablation
-    python bench/bench_quality.py --recipe-overrides --ema_decay=0.9    # the recipe with other settings
-    python bench/bench_quality.py --arms recipe progressive             # two stages against one, equal steps
+    python -m bench.bench_quality                                  # ../shared/videos, 300 steps
+    python -m bench.bench_quality --videos /data/clips --steps 1000 --out bench_quality_out
+    python -m bench.bench_quality --arms recipe no_ema constant_lr full_crop stride_1 bias_0   # the ablation
+    python -m bench.bench_quality --recipe_overrides --ema_decay=0.9    # the recipe with other settings
+    python -m bench.bench_quality --arms recipe progressive             # two stages against one, equal steps
 
 Both arms train the published TAEHV architecture (``--variant``) from the same seed on the
 same clips, with the same steps, batch, size, frame count and learning rate, and are scored
 on the same held-out clips (other files than the training clips) by the same validation
-code (``training.validation.validate``: PSNR/SSIM of aligned frames):
+code (``training.loop.validation.validate``: PSNR/SSIM of aligned frames):
 
 - ``recipe``: the product, run as a user runs it (``training/taehv_train.py`` with
   ``--config``, default the from-scratch preset ``taehv_config_scratch.py``, plus the
-  shared settings and any ``--recipe-overrides``): its EMA weights, schedule, warm-up, clipping, crops, strides
+  shared settings and any ``--recipe_overrides``): its EMA weights, schedule, warm-up, clipping, crops, strides
   and decoder bias initialisation; validation uses the EMA weights it exports.
 - ``naive``: plain AdamW on the reconstruction MSE, constant learning rate, no EMA, no
   clipping, default initialisation, on batches from the same loader.
@@ -44,16 +44,16 @@ import numpy as np
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-from accelerate import Accelerator  # noqa: E402
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+from accelerate import Accelerator
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from models.taehv import TAEHV  # noqa: E402
-from training.config import TrainConfig, load_config  # noqa: E402
-from training.data import build_datasets, build_train_loader  # noqa: E402
-from training.dataset import find_videos, frames_to_unit  # noqa: E402
-from training.make_annotations import write_annotation  # noqa: E402
-from training.validation import validate  # noqa: E402
+from models.taehv import TAEHV
+from training.config import TrainConfig, load_config
+from training.data.loading import build_datasets, build_train_loader
+from training.data.clips import find_videos, frames_to_unit
+from training.flags import ArgumentParser
+from training.make_annotations import write_annotation
+from training.loop.validation import validate
 
 SHARED_VIDEOS = Path(os.environ.get("TAEHV_SHARED_DIR", REPO_ROOT.parent / "shared")) / "videos"
 RECIPE_CONFIG = REPO_ROOT / "training" / "configs" / "taehv_config_scratch.py"
@@ -100,7 +100,7 @@ def run_recipe(args: argparse.Namespace, settings: list[str], out: Path, arm: st
                extra: tuple[str, ...] = ()) -> list[dict]:
     """The training script, as a user runs it (with ``arm``'s ablation and ``extra``
     settings); the curve from its validation history."""
-    command = [sys.executable, str(REPO_ROOT / "training" / "taehv_train.py"), "--config", str(args.config), *settings,
+    command = [sys.executable, "-m", "training.taehv_train", "--config", str(args.config), *settings,
                f"--output_dir={out}", f"--run_name={arm}", *args.recipe_overrides, *ABLATIONS.get(arm, []), *extra]
     start = time.time()
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
@@ -204,9 +204,9 @@ def plot(curves: dict[str, list[dict]], path: Path, title: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--videos", type=Path, default=SHARED_VIDEOS, help="clip folder (default: ../shared/videos)")
-    parser.add_argument("--hold-out-every", type=int, default=3, help="every N-th file (sorted) is held out")
+    parser.add_argument("--hold_out_every", type=int, default=3, help="every N-th file (sorted) is held out")
     parser.add_argument("--config", type=Path, default=RECIPE_CONFIG, help="the recipe's config file")
     parser.add_argument("--variant", default="taehv")
     parser.add_argument("--frames", type=int, default=13)
@@ -219,7 +219,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="folder for quality.json and quality.png (default: a temporary one)")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=["recipe", "naive"],
                         help="what to train: the recipe, the naive loop, and/or ablations of the recipe")
-    parser.add_argument("--recipe-overrides", nargs=argparse.REMAINDER, default=[],
+    parser.add_argument("--recipe_overrides", nargs=argparse.REMAINDER, default=[],
                         help="--key=value settings for the recipe and its ablations, not the naive loop (everything after this flag)")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_quality_"))

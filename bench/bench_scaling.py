@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Data-parallel scaling: training throughput with 1 and 2 (or more) processes; prints JSON.
 
-    python bench/bench_scaling.py --processes 1 2 --steps 30             # CPU, gloo, DDP
-    python bench/bench_scaling.py --processes 1 2 --deepspeed           # DeepSpeed ZeRO-2
+    python -m bench.bench_scaling --processes 1 2 --steps 30             # CPU, gloo, DDP
+    python -m bench.bench_scaling --processes 1 2 --deepspeed           # DeepSpeed ZeRO-2
 
 Runs the real training script (``training/taehv_train.py``, from-scratch preset: taecvx from
 scratch on procedural clips, no reference VAE) for ``--steps`` optimizer steps per
@@ -30,10 +30,10 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from training.demo_data import make_demo_dataset  # noqa: E402
+from training.demo_data import make_demo_dataset
+from training.flags import ArgumentParser
 
-TRAIN = REPO / "training" / "taehv_train.py"
+TRAIN = ["-m", "training.taehv_train"]
 SCRATCH_CONFIG = REPO / "training" / "configs" / "taehv_config_scratch.py"
 ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 
@@ -57,7 +57,7 @@ def run(processes: int, args: argparse.Namespace, data: dict, work: Path) -> dic
     cpu = not torch.cuda.is_available()
     threads = max(1, (os.cpu_count() or 1) // processes)
     command = [
-        *launcher(processes, args.deepspeed, threads, 29500 + processes), str(TRAIN), "--config", str(SCRATCH_CONFIG),
+        *launcher(processes, args.deepspeed, threads, 29500 + processes), *TRAIN, "--config", str(SCRATCH_CONFIG),
         f"--output_dir={out}", "--run_name=run", f"--data_root={data['root']}",
         f"--annotation_file={data['train']}", f"--val_annotation_file={data['val']}",
         f"--max_train_steps={args.steps}", "--log_every=1", f"--validation_every={10 * args.steps}",
@@ -65,7 +65,7 @@ def run(processes: int, args: argparse.Namespace, data: dict, work: Path) -> dic
         f"--train_batch_size={args.batch_size}", f"--dataloader_num_workers={args.workers}",
         f"--height={args.height}", f"--width={args.width}", f"--n_frames={args.frames}",
     ]
-    ddp_on_cpu = cpu and processes > 1 and not args.deepspeed  # DeepSpeed runs need no flag (gloo: training/distributed.py)
+    ddp_on_cpu = cpu and processes > 1 and not args.deepspeed  # DeepSpeed runs need no flag (gloo: training/loop/distributed.py)
     env = {**os.environ, **({"ACCELERATE_USE_CPU": "true"} if ddp_on_cpu else {})}
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env)
     if result.returncode != 0:
@@ -76,12 +76,12 @@ def run(processes: int, args: argparse.Namespace, data: dict, work: Path) -> dic
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--deepspeed", action="store_true", help="DeepSpeed ZeRO-2 instead of DDP")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--skip", type=int, default=5, help="warm-up steps left out of the median")
-    parser.add_argument("--batch-size", type=int, default=4, help="per process")
+    parser.add_argument("--batch_size", type=int, default=4, help="per process")
     parser.add_argument("--workers", type=int, default=0, help="data-loader workers per process")
     parser.add_argument("--frames", type=int, default=9)
     parser.add_argument("--height", type=int, default=64)

@@ -2,9 +2,9 @@
 """Our TAEHV against the published implementation on CPU: speed, peak memory, outputs and
 the roofline, with the same weights, in one command; prints JSON.
 
-    python bench/bench_speed.py --markdown                   # the issue's cases (make bench-speed)
-    python bench/bench_speed.py --variants taehv1_5 --cases 9x128x128 --no-memory
-    python bench/bench_speed.py --frames 17 --sizes 128x128 --profile --no-roofline
+    python -m bench.bench_speed --markdown                   # the issue's cases (make bench-speed)
+    python -m bench.bench_speed --variants taehv1_5 --cases 9x128x128 --no_memory
+    python -m bench.bench_speed --frames 17 --sizes 128x128 --profile --no_roofline
 
 The published implementation is ``taehv_published.py`` (``taehv_published_wide.py`` for
 taeltx2_3_wide) of the shared folder (``../shared/reference`` next to the repository,
@@ -24,7 +24,7 @@ the issue's targets: T = 9, 17, 49 at 128x128 and T = 9 at 256x256. For each cas
   (seeded); decode input: the published encoder's latents of those frames.
 * outputs: max |ours - published| of the last timed calls; any case above
   ``--tolerance`` (1e-4) makes the command exit 1 (after printing the JSON).
-* memory (``--no-memory`` skips it): each (implementation, op, mode, case) in a fresh
+* memory (``--no_memory`` skips it): each (implementation, op, mode, case) in a fresh
   spawned process: the model and the input loaded, one warm-up call, then the peak RSS
   (VmHWM, reset through /proc/self/clear_refs after the warm-up where the kernel allows)
   of one call minus the RSS before the warm-up (``*_mb``: the first call's footprint,
@@ -33,7 +33,7 @@ the issue's targets: T = 9, 17, 49 at 128x128 and T = 9 at 256x256. For each cas
   0.2 ms through glibc's mallinfo2 (``*_heap_mb``: what a call really needs, whatever
   the allocator keeps). ``memory_ratio`` = ours / published of the first, ``heap_ratio``
   of the second.
-* roofline (``--no-roofline`` skips it): this CPU's measured peak (large fp32 3x3
+* roofline (``--no_roofline`` skips it): this CPU's measured peak (large fp32 3x3
   convolutions in channels_last and a large matmul at ``--threads``; the maximum), the
   convolution FLOPs (2 x MACs, as ``torch.utils.flop_counter.FlopCounterMode`` counts
   them; our fused oneDNN convolutions counted by the same rule) of the published call and
@@ -41,7 +41,7 @@ the issue's targets: T = 9, 17, 49 at 128x128 and T = 9 at 256x256. For each cas
   published FLOPs and their fraction of the peak, and ``max_ratio_at_peak`` =
   published seconds / (our FLOPs / peak): the ratio if ours ran at the measured peak.
 
-``--profile`` runs ``torch.profiler`` on ours for ``--profile-case`` (``op:mode:TxHxW``,
+``--profile`` runs ``torch.profiler`` on ours for ``--profile_case`` (``op:mode:TxHxW``,
 default the first decode case, parallel) and reports the top 15 ops by self CPU time.
 ``--markdown`` prints a Markdown table after the JSON (for docs/benchmarks.md; with
 ``--out FILE`` also written to FILE with the suffix ``.md``).
@@ -72,9 +72,9 @@ import torch
 import torch.nn.functional as F
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-import models.taehv as taehv_module  # noqa: E402
-from models.taehv import TAEHV  # noqa: E402
+import models.taehv as taehv_module
+from models.taehv import TAEHV
+from training.flags import ArgumentParser
 
 DEFAULT_CASES = [(9, 128, 128), (17, 128, 128), (49, 128, 128), (9, 256, 256)]
 PEAK_CONVS = ["8,256,256,32", "12,128,64,64", "12,64,64,64", "3,512,256,16"]  # N, C_in, C_out, H (= W)
@@ -234,7 +234,7 @@ def _status_bytes(key: str) -> int | None:
 def _peak_bytes() -> int:
     peak = _status_bytes("VmHWM")
     if peak is None:  # not Linux: the training monitor's fallback (imported only here: it loads accelerate)
-        from training.monitoring import peak_rss_bytes
+        from training.loop.monitoring import peak_rss_bytes
 
         peak = peak_rss_bytes()
     return peak
@@ -461,7 +461,7 @@ def run(args: argparse.Namespace) -> dict:
                         report["rows"].append(row)
                         _log(row)
     if args.profile and "profile" not in report:
-        print(f"bench_speed: --profile-case {profile_case!r} matched no measured case", file=sys.stderr)
+        print(f"bench_speed: --profile_case {profile_case!r} matched no measured case", file=sys.stderr)
     report["max_abs_diff"] = max((r["max_abs_diff"] for r in report["rows"]), default=0.0)
     report["all_within_tolerance"] = report["max_abs_diff"] < args.tolerance
     return report
@@ -532,7 +532,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", nargs="+", default=["taecvx"])
     parser.add_argument("--cases", nargs="+", metavar="TxHxW", help="explicit cases, e.g. 9x128x128 17x256x256")
     parser.add_argument("--frames", type=int, nargs="+", help="with --sizes: their product (default 9)")
@@ -540,20 +540,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", nargs="+", choices=["encode", "decode"], default=["encode", "decode"])
     parser.add_argument("--modes", nargs="+", choices=["parallel", "sequential"], default=["parallel", "sequential"])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--sequential-chunk-bytes", type=int, default=taehv_module.SEQUENTIAL_CHUNK_BYTES,
+    parser.add_argument("--sequential_chunk_bytes", type=int, default=taehv_module.SEQUENTIAL_CHUNK_BYTES,
                         help="ours: models.taehv.SEQUENTIAL_CHUNK_BYTES (0: sequential decoding one latent at a time)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="max |ours - published| allowed")
-    parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory processes")
+    parser.add_argument("--no_memory", dest="memory", action="store_false", help="skip the peak-memory processes")
     parser.add_argument("--roofline", dest="roofline", action="store_true", default=True)
-    parser.add_argument("--no-roofline", dest="roofline", action="store_false")
-    parser.add_argument("--peak-convs", nargs="+", default=PEAK_CONVS, metavar="N,CIN,COUT,H",
+    parser.add_argument("--no_roofline", dest="roofline", action="store_false")
+    parser.add_argument("--peak_convs", nargs="+", default=PEAK_CONVS, metavar="N,CIN,COUT,H",
                         help="3x3 convolutions measuring the peak (H = W)")
-    parser.add_argument("--peak-matmul", type=int, default=4096, help="n of the n x n matmul (0: none)")
-    parser.add_argument("--profile", action="store_true", help="torch.profiler on ours for --profile-case")
-    parser.add_argument("--profile-case", metavar="OP:MODE:TxHxW", help="default: the first decode case, parallel")
+    parser.add_argument("--peak_matmul", type=int, default=4096, help="n of the n x n matmul (0: none)")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler on ours for --profile_case")
+    parser.add_argument("--profile_case", metavar="OP:MODE:TxHxW", help="default: the first decode case, parallel")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table after the JSON")
     parser.add_argument("--out", type=Path, help="also write the JSON here (and the Markdown to its .md)")
     args = parser.parse_args(argv)

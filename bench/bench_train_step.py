@@ -2,21 +2,21 @@
 """Training-step cost: a full step against the bare forward+backward of the autoencoder;
 prints one JSON object.
 
-    python bench/make_reference_vae.py /tmp/cvx2b           # CogVideoX-2b architecture, random weights
-    python bench/bench_train_step.py --ref-vae /tmp/cvx2b --height 64 --width 64 --frames 9
-    python bench/bench_train_step.py --device cuda --ref-vae /tmp/cvx2b --height 480 --width 720 --frames 17
+    python -m bench.make_reference_vae /tmp/cvx2b           # CogVideoX-2b architecture, random weights
+    python -m bench.bench_train_step --ref_vae /tmp/cvx2b --height 64 --width 64 --frames 9
+    python -m bench.bench_train_step --device cuda --ref_vae /tmp/cvx2b --height 480 --width 720 --frames 17
 
 Scenarios, each timed as the median of ``--repeats`` steps after ``--warmup`` steps on one
 in-memory batch (data loading is measured by bench/bench_data.py), synchronised on CUDA:
 
 - ``bare``: the autoencoder's forward pass on the batch and its reference latents, the
   recipe's losses and the backward pass; nothing else.
-- ``cached`` / ``none``: the product's training step (``training.step.TrainStep``, the
+- ``cached`` / ``none``: the product's training step (``training.loop.step.TrainStep``, the
   object the training loop calls) with reference latents in the batch, as the latent
   cache delivers them / without a reference VAE: normalisation, forward, losses, the
   cross-rank agreement, backward, gradient clipping, optimizer, scheduler and EMA steps;
   optionally with Seraena.
-- ``online``: the same step with the reference VAE encoding the batch (``--ref-vae``).
+- ``online``: the same step with the reference VAE encoding the batch (``--ref_vae``).
 
 One process; ``ratio_to_bare`` is the step time over ``bare``.
 """
@@ -26,39 +26,20 @@ import argparse
 import contextlib
 import json
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from accelerate import Accelerator  # noqa: E402
+from accelerate import Accelerator
 
-from models.taehv import TAEHV  # noqa: E402
-from training.config import TrainConfig  # noqa: E402
-from training.data import ReferenceLatents  # noqa: E402
-from training.reference_vae import ReferenceVAE  # noqa: E402
-from training.step import TrainStep  # noqa: E402
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(step, device: torch.device, warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        step()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from evaluation.timing import median_seconds
+from models.taehv import TAEHV
+from training.config import TrainConfig
+from training.data.loading import ReferenceLatents
+from training.data.reference_vae import ReferenceVAE
+from training.flags import ArgumentParser
+from training.loop.step import TrainStep
 
 
 def train_step(config: TrainConfig, device: torch.device, latents: ReferenceLatents, seraena: bool) -> TrainStep:
@@ -82,17 +63,17 @@ def main() -> None:
 
 
 def run() -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--variant", default="taecvx")
     parser.add_argument("--frames", type=int, default=9)
     parser.add_argument("--height", type=int, default=64)
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--n-seraena-frames", type=int, default=3)
-    parser.add_argument("--seraena-buffer", type=int, default=1024)
-    parser.add_argument("--ref-vae", default="", help="diffusers folder (bench/make_reference_vae.py) for 'online'")
-    parser.add_argument("--mixed-precision", default=None, help="no | bf16 (default: bf16 on CUDA, no on CPU)")
+    parser.add_argument("--n_seraena_frames", type=int, default=3)
+    parser.add_argument("--seraena_buffer", type=int, default=1024)
+    parser.add_argument("--ref_vae", default="", help="diffusers folder (bench/make_reference_vae.py) for 'online'")
+    parser.add_argument("--mixed_precision", default=None, help="no | bf16 (default: bf16 on CUDA, no on CPU)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
@@ -122,7 +103,7 @@ def run() -> dict:
     rows = []
 
     def record(name: str, seraena: bool, run, warmup: int = args.warmup) -> None:
-        seconds = timed(run, device, warmup, args.repeats)
+        seconds, _ = median_seconds(run, device, warmup, args.repeats)
         rows.append({"scenario": name, "seraena": seraena, "step_s": round(seconds, 4),
                      "samples_per_s": round(args.batch / seconds, 2)})
 

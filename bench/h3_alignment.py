@@ -23,7 +23,7 @@ The VAE is built, saved with ``save_pretrained`` and loaded back with ``from_pre
 a temporary folder (nothing is downloaded). Prints a JSON summary; the TAE columns are
 ``models.frames.plan_frames(T, h3_chunks=True)``. Runs in a few seconds on one CPU thread:
 
-    OMP_NUM_THREADS=1 python bench/h3_alignment.py
+    OMP_NUM_THREADS=1 python -m bench.h3_alignment
 """
 from __future__ import annotations
 
@@ -32,15 +32,14 @@ import json
 import logging
 import sys
 import tempfile
-from pathlib import Path
 from typing import Any
 
 import diffusers
 import torch
 from diffusers import AutoencoderKLMiniMaxH3
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from models.frames import h3_decoded_frames, plan_frames  # noqa: E402
+from models.frames import h3_decoded_frames, plan_frames
+from training.flags import ArgumentParser
 
 log = logging.getLogger("h3_alignment")
 
@@ -170,7 +169,7 @@ def span(indices: list[int]) -> list[int] | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frames", type=int, nargs="*", default=list(FRAME_COUNTS))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

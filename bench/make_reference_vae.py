@@ -4,7 +4,7 @@
 Speed and memory benchmarks need the reference VAE's architecture, not its weights, and
 nothing can be downloaded on benchmark machines:
 
-    python bench/make_reference_vae.py /tmp/cogvideox2b_random     # CogVideoX-2b architecture
+    python -m bench.make_reference_vae /tmp/cogvideox2b_random     # CogVideoX-2b architecture
 then pass ``--ref_vae_path=/tmp/cogvideox2b_random`` to training or inference.
 """
 from __future__ import annotations
@@ -13,6 +13,8 @@ import argparse
 
 import torch
 from diffusers import AutoencoderKLCogVideoX
+
+from training.flags import ArgumentParser
 
 # CogVideoX-2b's vae/config.json (the diffusers defaults are this configuration)
 COGVIDEOX_2B = dict(
@@ -23,7 +25,7 @@ COGVIDEOX_2B = dict(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

@@ -75,8 +75,12 @@ def latent_picture(latents: torch.Tensor, scale: int = 4) -> np.ndarray:
     t, c, h, w = latents.shape
     flat = latents.detach().float().cpu().permute(0, 2, 3, 1).reshape(-1, c)
     flat = flat - flat.mean(0)
-    _, _, v = torch.pca_lowrank(flat, q=min(3, *flat.shape), center=False)  # tiny latents: fewer values than 3
-    rgb = flat @ v[:, :3]
+    # exact PCA from the channel covariance (pca_lowrank is randomised: pictures varied run to
+    # run), each component's sign fixed by its largest entry; tiny latents: fewer than 3
+    _, vectors = torch.linalg.eigh(flat.T @ flat)
+    v = vectors.flip(1)[:, :min(3, *flat.shape)]
+    v = v * v.gather(0, v.abs().argmax(0, keepdim=True)).sign()
+    rgb = flat @ v
     lo, hi = rgb.quantile(0.01, 0), rgb.quantile(0.99, 0)
     rgb = ((rgb - lo) / (hi - lo).clamp_min(1e-6)).clamp(0, 1)
     if rgb.shape[1] < 3:

@@ -2,10 +2,10 @@
 
 Pipelines hand the VAE NCTHW videos in [-1, 1] and read ``encode(x).latent_dist`` and
 ``decode(z).sample``; they scale or normalise latents around the diffusion model
-themselves and undo it before ``decode`` (docs/teachers.md), so the TAE sees the raw
+themselves and undo it before ``decode`` (docs/reference_vaes.md), so the TAE sees the raw
 latents it was trained on. What they read from ``vae.config`` (scaling factor, compression
 ratios, ``latents_mean``/``latents_std``) comes from the real VAE's config when it is given
-(``like=pipe.vae``), else from the defaults of the teacher's diffusers class, with the
+(``like=pipe.vae``), else from the defaults of the reference VAE's diffusers class, with the
 compression set from the TAE itself. Tiling and slicing are accepted and do nothing: a TAE
 needs neither.
 """
@@ -22,8 +22,8 @@ from diffusers.configuration_utils import FrozenDict
 from diffusers.models.autoencoders.vae import DecoderOutput
 from diffusers.utils import BaseOutput
 
-from models.taehv import TAEHV
-from training.teachers import TEACHERS
+from .reference_vaes import REF_VAE_CLASSES, ref_vae_class_of
+from .taehv import TAEHV
 
 logger = logging.getLogger(__name__)
 
@@ -47,26 +47,19 @@ class TAEEncoderOutput(BaseOutput):
     latents: torch.Tensor
 
 
-def teacher_of(variant: str) -> str:
-    """The ``ref_vae_class`` whose latent space ``variant`` lives in."""
-    base = variant.removesuffix("_super").removesuffix("_wide")
-    for name, teacher in TEACHERS.items():
-        if base in teacher.variants:
-            return name
-    raise ValueError(f"no diffusers VAE class is known for {variant}; pass like=<the pipeline's VAE>")
-
-
 def pipeline_config(tae: TAEHV, like: torch.nn.Module | None = None) -> dict:
     """The config pipelines read: the real VAE's (``like``) or its class defaults, with the
     TAE's latent channels and compression."""
     if like is not None:
         config = dict(like.config)
     else:
-        teacher = teacher_of(tae.variant)
-        if teacher in ("ltx", "ltx2"):
+        ref_vae_class = ref_vae_class_of(tae.variant)
+        if ref_vae_class is None:
+            raise ValueError(f"no diffusers VAE class is known for {tae.variant}; pass like=<the pipeline's VAE>")
+        if ref_vae_class in ("ltx", "ltx2"):
             raise ValueError("LTX keeps its latents_mean/latents_std in the VAE's weights, not its config: pass "
                              "like=<the pipeline's VAE> (TAEVideoVAE.from_file(path, like=pipe.vae))")
-        cls = getattr(diffusers, TEACHERS[teacher].diffusers_class)
+        cls = getattr(diffusers, REF_VAE_CLASSES[ref_vae_class].diffusers_class)
         config = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
                   if k != "self" and p.default is not inspect.Parameter.empty}
         mean = config.get("latents_mean")

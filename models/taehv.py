@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .checkpoint import load_weights, read_metadata
+from .weights import load_weights, read_metadata
 from .frames import H3_CHUNK_FRAMES, H3_DROPPED_LATENTS, H3_LEFT_PAD, FramePlan, h3_kept_frames, plan_frames
 from .variants import resolve_variant
 

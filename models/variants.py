@@ -27,7 +27,6 @@ class VariantSpec:
     latent_channels: int
     arch: str = "base"  # decoder: "base", "super" (512..64, ConvNeXt-style blocks) or "wide" (1024..64)
     is_cogvideox: bool = False
-    reference: str = ""  # the reference VAE whose latent space it lives in
     encoder_time_downscale: tuple[bool, ...] = FOUR_X[0]
     decoder_time_upscale: tuple[bool, ...] = FOUR_X[1]
     h3_chunks: bool = False  # MiniMax H3's chunked encode and decode (models.frames.H3_CHUNK_FRAMES)
@@ -46,21 +45,19 @@ class VariantSpec:
 
 
 BASE_VARIANTS = {
-    "taehv": VariantSpec("taehv", 1, 16, reference="HunyuanVideo"),
-    "taew2_1": VariantSpec("taew2_1", 1, 16, reference="Wan 2.1"),
-    "taeos1_3": VariantSpec("taeos1_3", 1, 16, reference="Open-Sora 1.3"),
-    "taecvx": VariantSpec("taecvx", 1, 16, is_cogvideox=True, reference="CogVideoX"),
-    "taehv1_5": VariantSpec("taehv1_5", 2, 32, reference="HunyuanVideo 1.5"),
-    "taew2_2": VariantSpec("taew2_2", 2, 48, reference="Wan 2.2"),
+    "taehv": VariantSpec("taehv", 1, 16),
+    "taew2_1": VariantSpec("taew2_1", 1, 16),
+    "taeos1_3": VariantSpec("taeos1_3", 1, 16),
+    "taecvx": VariantSpec("taecvx", 1, 16, is_cogvideox=True),
+    "taehv1_5": VariantSpec("taehv1_5", 2, 32),
+    "taew2_2": VariantSpec("taew2_2", 2, 48),
 }
 SUPER_SUFFIX = "_super"  # every base variant also exists with the "super" decoder
 OTHER_VARIANTS = {
-    "taeh3": VariantSpec("taeh3", 2, 24, reference="MiniMax H3", h3_chunks=True),
-    "taeltx_2": VariantSpec("taeltx_2", 4, 128, reference="LTX-2", encoder_time_downscale=EIGHT_X[0],
-                            decoder_time_upscale=EIGHT_X[1]),
-    "taeltx2_3": VariantSpec("taeltx2_3", 4, 128, reference="LTX-2.3 and LTX-2.5", encoder_time_downscale=EIGHT_X[0],
-                             decoder_time_upscale=EIGHT_X[1]),
-    "taeltx2_3_wide": VariantSpec("taeltx2_3_wide", 4, 128, arch="wide", reference="LTX-2.3 and LTX-2.5",
+    "taeh3": VariantSpec("taeh3", 2, 24, h3_chunks=True),
+    "taeltx_2": VariantSpec("taeltx_2", 4, 128, encoder_time_downscale=EIGHT_X[0], decoder_time_upscale=EIGHT_X[1]),
+    "taeltx2_3": VariantSpec("taeltx2_3", 4, 128, encoder_time_downscale=EIGHT_X[0], decoder_time_upscale=EIGHT_X[1]),
+    "taeltx2_3_wide": VariantSpec("taeltx2_3_wide", 4, 128, arch="wide",
                                   encoder_time_downscale=EIGHT_X[0], decoder_time_upscale=EIGHT_X[1]),
 }
 

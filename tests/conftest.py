@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+REPO_ROOT = Path(__file__).resolve().parents[1]  # on sys.path through pytest.ini's pythonpath
 
 
 # The suite's peak disk use is one training test's checkpoints (2.5 GB measured on a full
@@ -84,8 +81,8 @@ def tiny_cogvideox_vae(tmp_path_factory) -> Path:
     return root
 
 
-# The smallest configs of each teacher class that keep its real latent channels and
-# compression (docs/teachers.md); built, saved and loaded through diffusers in tests.
+# The smallest configs of each reference VAE class that keep its real latent channels and
+# compression (docs/reference_vaes.md); built, saved and loaded through diffusers in tests.
 TINY_VAES = {
     "cogvideox": {"block_out_channels": (4, 4, 4, 4), "layers_per_block": 1, "norm_num_groups": 1, "latent_channels": 16},
     "hunyuan": {"block_out_channels": (4, 4, 4, 4), "layers_per_block": 1, "norm_num_groups": 1, "latent_channels": 16},
@@ -113,9 +110,9 @@ def save_tiny_vae(root: Path, name: str, **overrides) -> Path:
     import diffusers
     import torch
 
-    from training.teachers import TEACHERS
+    from models.reference_vaes import REF_VAE_CLASSES
 
     torch.manual_seed(0)
-    teacher = TEACHERS["wan" if name == "wan22" else name]
-    getattr(diffusers, teacher.diffusers_class)(**{**TINY_VAES[name], **overrides}).save_pretrained(root / "vae")
+    ref_vae = REF_VAE_CLASSES["wan" if name == "wan22" else name]
+    getattr(diffusers, ref_vae.diffusers_class)(**{**TINY_VAES[name], **overrides}).save_pretrained(root / "vae")
     return root

@@ -10,14 +10,18 @@ import math
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO_ROOT, _require, shared_dir
+
+pytestmark = pytest.mark.slow  # a benchmark
 
 VARIANTS = {"taehv1_5": (2, 32)}  # patch size, latent channels (the default's taew2_1 runs the same code)
 
 
 def test_gpu_benchmark_tiny_compares_ours_with_the_published_model():
     published = _require(shared_dir() / "reference" / "taehv_published.py", "the published taehv.py")
-    args = [sys.executable, str(REPO_ROOT / "bench" / "bench_gpu.py"), "--tiny", "--device", "cpu", "--threads", "1",
+    args = [sys.executable, "-m", "bench.bench_gpu", "--tiny", "--device", "cpu", "--threads", "1",
             "--compile", "--compile-backend", "eager", "--published", str(published), "--variants", *VARIANTS]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -8,11 +8,15 @@ import sys
 
 import cv2
 
+import pytest
+
 from conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # a benchmark
 
 
 def test_quality_benchmark_runs_its_arms_on_held_out_files(videos_dir, tmp_path):
-    args = [sys.executable, str(REPO_ROOT / "bench" / "bench_quality.py"), "--videos", str(videos_dir),
+    args = [sys.executable, "-m", "bench.bench_quality", "--videos", str(videos_dir),
             "--steps", "2", "--points", "1", "--frames", "5", "--size", "32", "--batch", "2", "--out", str(tmp_path),
             "--arms", "recipe", "naive", "stride_1", "progressive"]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)

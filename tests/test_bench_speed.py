@@ -13,15 +13,14 @@ import torch
 
 from conftest import REPO_ROOT, shared_dir
 
-SCRIPT = REPO_ROOT / "bench" / "bench_speed.py"
 TINY = ["--variants", "taehv", "--frames", "5", "--sizes", "16x16"]
 
-pytestmark = pytest.mark.skipif(not (shared_dir() / "reference" / "taehv_published.py").exists(),
-                                reason="the published implementation (shared/reference) is not here")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not (shared_dir() / "reference" / "taehv_published.py").exists(),
+                                                   reason="the published implementation (shared/reference) is not here")]
 
 
 def _run(*args: str) -> tuple[dict, str]:
-    result = subprocess.run([sys.executable, str(SCRIPT), *TINY, *args], capture_output=True, text=True, cwd=REPO_ROOT,
+    result = subprocess.run([sys.executable, "-m", "bench.bench_speed", *TINY, *args], capture_output=True, text=True, cwd=REPO_ROOT,
                             timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     report, end = json.JSONDecoder().raw_decode(result.stdout)

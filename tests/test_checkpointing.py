@@ -12,8 +12,8 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from training.best_model import BestTracker
-from training.checkpointing import (
+from training.loop.best_model import BestTracker
+from training.state.checkpoints import (
     CHECKPOINT_MANIFEST,
     DiskFullError,
     is_disk_full,
@@ -25,8 +25,8 @@ from training.checkpointing import (
     write_atomically,
 )
 from training.config import ConfigError, TrainConfig
-from training.resilience import FaultPlan, agree
-from training.state_io import load_tree, save_tree
+from training.loop.resilience import FaultPlan, agree
+from training.state.serialisation import load_tree, save_tree
 
 
 def test_optimizer_state_round_trips_without_pickle(tmp_path):

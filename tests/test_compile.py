@@ -18,17 +18,20 @@ from accelerate import Accelerator
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import inference
-from models.checkpoint import save_weights
+from models.weights import save_weights
 from models.diffusers_vae import TAEVideoVAE
 import models.taehv as taehv_module
 from models.taehv import TAEHV, run_chunk
 from models.variants import known_variants
 from test_train import scalars
 from train_runs import ONE_PROCESS, run_dir, train
-from training.config import TrainConfig, check
-from training.data import ReferenceLatents
+from training.config import TrainConfig
+from training.preflight import check
+from training.data.loading import ReferenceLatents
 from training.errors import ConfigError
-from training.step import TrainStep
+from training.loop.step import TrainStep
+
+pytestmark = pytest.mark.slow  # torch.compile and training processes
 
 ATOL = 1e-5
 

@@ -11,8 +11,9 @@ import pytest
 
 from conftest import save_tiny_vae
 from models.variants import get_variant
-from training.metrics import lpips_unavailable_reason
-from training.config import ConfigError, TrainConfig, apply_overrides, check, load_config, run_prefix
+from evaluation.metrics import lpips_unavailable_reason
+from training.config import ConfigError, TrainConfig, apply_overrides, load_config, run_prefix
+from training.preflight import check
 
 CONFIGS = Path(__file__).resolve().parents[1] / "training" / "configs"
 PRESETS = ["taehv_config", "taehv_config_1gpu_h100", "taehv_config_h100", "taehv_config_a800",
@@ -27,7 +28,7 @@ def valid(tmp_path: Path, **changes) -> TrainConfig:
 
 
 def vae_folder(root: Path, name: str = "cogvideox", **overrides) -> str:
-    """A tiny diffusers VAE of teacher ``name`` saved into ``root/vae``."""
+    """A tiny diffusers VAE of reference VAE class ``name`` saved into ``root/vae``."""
     return str(save_tiny_vae(root, name, **overrides))
 
 
@@ -111,15 +112,15 @@ def test_frame_counts_with_reference_vae_list_valid_values(tmp_path):
     check(valid(tmp_path, ref_vae_path=str(tmp_path), n_frames=17, variant="taecvx"))
 
 
-@pytest.mark.parametrize("variant, teacher, size, bad, with_vae, exact, good", [
+@pytest.mark.parametrize("variant, ref_vae, size, bad, with_vae, exact, good", [
     ("taeltx2_3", "ltx2", 64, 17 + 4, "Valid: 9, 17, 25, 33", "exact values: 1, 9, 17, 25", 121),
     ("taeh3", "h3", 32, 17, "Valid: 22, 39, 56", "exact values: 5, 22, 39, 56", 22),
 ])
-def test_frame_counts_of_the_newer_variants_follow_their_plan(tmp_path, variant, teacher, size, bad, with_vae, exact,
+def test_frame_counts_of_the_newer_variants_follow_their_plan(tmp_path, variant, ref_vae, size, bad, with_vae, exact,
                                                                good):
     """LTX decodes 8k+1 frames exactly; H3 17c - 12, and its VAE needs more than 17 frames."""
-    vae = vae_folder(tmp_path / "vae_root", teacher)
-    config = valid(tmp_path, variant=variant, height=size, width=size, ref_vae_path=vae, ref_vae_class=teacher)
+    vae = vae_folder(tmp_path / "vae_root", ref_vae)
+    config = valid(tmp_path, variant=variant, height=size, width=size, ref_vae_path=vae, ref_vae_class=ref_vae)
     with pytest.raises(ConfigError, match=with_vae):
         check(config.replace(n_frames=bad))
     check(config.replace(n_frames=good))
@@ -181,7 +182,7 @@ def test_lpips_here_decides_the_config_check(tmp_path, fresh_lpips_probe):
 def test_lpips_missing_module_is_unavailable_and_refused(tmp_path, monkeypatch, caplog, fresh_lpips_probe):
     # what torchmetrics' constructor raises when torchvision is not installed
     fake_lpips_module(monkeypatch, ModuleNotFoundError("LPIPS metric requires that torchvision is installed."))
-    with caplog.at_level(logging.INFO, logger="training.metrics"):
+    with caplog.at_level(logging.INFO, logger="evaluation.metrics"):
         reason = lpips_unavailable_reason()
         lpips_unavailable_reason()  # cached: logged once
     assert reason.startswith("ModuleNotFoundError: LPIPS metric requires that torchvision is installed.")
@@ -239,7 +240,7 @@ def test_validation_size_is_checked_and_used_for_the_held_out_clips(tmp_path, de
     assert "must be positive, got 0x720" in str(err.value) and "set both val_height and val_width" in str(err.value)
     with pytest.raises(ConfigError, match=r"val_height and val_width must be multiples of 8 \(.*\), got 44x64"):
         check(valid(tmp_path, val_height=44, val_width=64))
-    from training.data import build_datasets
+    from training.data.loading import build_datasets
 
     config = valid(tmp_path, data_root=str(demo_clips["root"]), annotation_file=str(demo_clips["train"]),
                    val_annotation_file=str(demo_clips["val"]), n_frames=5, height=16, width=24, val_height=48, val_width=64)

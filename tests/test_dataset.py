@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.dataset import (
+from training.data.clips import (
     AreaResizer,
     ClipTable,
     EpochShuffleSampler,
@@ -341,7 +341,7 @@ def test_short_clip_skipped_and_counted(index_dir, tmp_path, policy, n_frames, s
 
 
 def test_only_short_clips_is_an_error_that_says_how_to_fix_the_annotation(index_dir, tmp_path):
-    with pytest.raises(VideoDataError, match=r"all 1 clips .* fewer than the 13 frames a sample needs.*--min-frames 13"):
+    with pytest.raises(VideoDataError, match=r"all 1 clips .* fewer than the 13 frames a sample needs.*--min_frames 13"):
         index_dataset(index_dir, tmp_path, [{"path": "short.mp4", "frames": 12}], n_frames=13)
 
 
@@ -434,7 +434,7 @@ def test_bad_files_replaced_deterministically_and_logged_once(index_dir, bad_fil
     good = [{"path": f"clip{i}.mp4", "frames": 24} for i in range(3)]
     bad = [{"full_path": str(p), "frames": 200} for p in bad_files.values()]
     ds = index_dataset(index_dir, tmp_path, good + bad)
-    caplog.set_level(logging.WARNING, logger="training.dataset")
+    caplog.set_level(logging.WARNING, logger="training.data.clips")
     for i in range(3, 7):
         first, again = ds[i], ds[i]
         assert first["failures"] >= 1
@@ -556,7 +556,7 @@ def test_persistent_workers_follow_set_epoch(index_dir, tmp_path):
 ACCELERATE_SHARDS = """
 import sys
 from accelerate.data_loader import prepare_data_loader
-from training.dataset import EpochShuffleSampler, VideoClipDataset, build_dataloader
+from training.data.clips import EpochShuffleSampler, VideoClipDataset, build_dataloader
 
 root = sys.argv[1]
 ds = VideoClipDataset(root, root + "/annotations_train.json", n_frames=2, height=8, width=8)

@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from training.dataset import VideoClipDataset, probe_video
+from training.data.clips import VideoClipDataset, probe_video
 from training.demo_data import make_demo_dataset, render_clip
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +42,7 @@ def test_demo_dataset_feeds_the_dataset(tmp_path):
     assert VideoClipDataset(annotation_file=paths["val"], n_frames=2, height=8, width=8)[0]["failures"] == 0
 
 
+@pytest.mark.slow  # a process of the tool
 def test_demo_cli(tmp_path):
     out = tmp_path / "demo"
     args = ["--num-clips", "3", "--frames", "6", "--height", "32", "--width", "48", "--seed", "7"]

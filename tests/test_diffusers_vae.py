@@ -10,7 +10,7 @@ from diffusers import (AutoencoderKLLTXVideo, CogVideoXDDIMScheduler, CogVideoXP
                        WanPipeline, WanTransformer3DModel)
 
 from conftest import save_tiny_vae
-from models.checkpoint import save_weights
+from models.weights import save_weights
 from models.diffusers_vae import TAEVideoVAE
 from models.taehv import TAEHV
 
@@ -109,7 +109,7 @@ def test_ltx_pipeline_runs_end_to_end_with_the_tae_and_the_vaes_statistics(tmp_p
     torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
 
 
-def test_teachers_whose_statistics_live_in_their_weights_need_the_pipelines_vae(tmp_path):
+def test_reference_vaes_whose_statistics_live_in_their_weights_need_the_pipelines_vae(tmp_path):
     """LTX's latents_mean/std are buffers of its VAE, Wan 2.2's 48 values are not the class
     defaults: without ``like=pipe.vae`` the wrapper says so instead of using wrong ones."""
     for variant, message in (("taeltx2_3", "pass like=<the pipeline's VAE>"), ("taew2_2", "has 16 channels")):

@@ -15,9 +15,10 @@ from accelerate import Accelerator
 from conftest import REPO_ROOT
 from models.frames import group_frames, plan_frames, ungroup_frames
 from models.taehv import TAEHV
-from training.config import ConfigError, TrainConfig, check, load_config, resolve_path
-from training.monitoring import tensorboard_hparams
-from training.resilience import is_finite_number
+from training.config import ConfigError, TrainConfig, load_config, resolve_path
+from training.preflight import check
+from training.loop.monitoring import tensorboard_hparams
+from training.loop.resilience import is_finite_number
 
 CONFIGS = REPO_ROOT / "training" / "configs"
 
@@ -35,7 +36,7 @@ def test_error01_config_paths_resolve_from_the_repository_and_missing_ones_stop_
 
 
 def test_error02_the_reference_vae_is_frozen_and_never_prepared(tiny_cogvideox_vae):
-    from training.reference_vae import ReferenceVAE
+    from training.data.reference_vae import ReferenceVAE
 
     ref = ReferenceVAE(tiny_cogvideox_vae, dtype="fp32")
     assert not isinstance(ref, torch.nn.Module)  # cannot be handed to accelerator.prepare by mistake
@@ -56,7 +57,7 @@ def test_error03_tensorboard_gets_only_the_types_it_accepts(tmp_path, name):
 
 
 def test_error04_inputs_follow_the_dtype_of_low_precision_weights():
-    from training.step import training_forward
+    from training.loop.step import training_forward
 
     config = TrainConfig(n_frames=9)
     model = TAEHV(variant="taecvx").to(torch.bfloat16)  # as DeepSpeed bf16 casts the module
@@ -94,8 +95,8 @@ def test_error10_seraena_stays_out_of_prepare_and_trains_on_its_own():
     """The training step hands only the TAE to Accelerate (DeepSpeed takes one model per
     Accelerator); the discriminator keeps its own optimizer and still learns. The 2-process
     ZeRO-2 runs (tests/test_train.py, tests/test_fault_tolerance.py) show it identical on both ranks."""
-    from training.data import ReferenceLatents
-    from training.step import TrainStep
+    from training.data.loading import ReferenceLatents
+    from training.loop.step import TrainStep
 
     config = TrainConfig(n_frames=9, height=16, width=16, train_batch_size=2, use_seraena=True, n_seraena_frames=9,
                          seraena_buffer_size=8, mixed_precision="no")
@@ -132,7 +133,7 @@ def test_error15_16_seraena_follows_the_decoded_tensor(variant, n_frames):
     """Groups and context come from the decoded tensor (16 for taecvx's 16 frames, 17 for
     taehv's 19), so frames, targets and context always line up."""
     from models.seraena import Seraena
-    from training.adversarial import seraena_loss
+    from training.loop.adversarial import seraena_loss
 
     model = TAEHV(variant=variant)
     plan = model.plan(n_frames)

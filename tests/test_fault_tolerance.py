@@ -38,7 +38,9 @@ from train_runs import (
     train_args,
     wait_for,
 )
-from training.checkpointing import CHECKPOINT_MANIFEST, list_checkpoints
+from training.state.checkpoints import CHECKPOINT_MANIFEST, list_checkpoints
+
+pytestmark = pytest.mark.slow  # training processes
 
 STEPS = 6
 FAULTS = "oom@2:1,nan_loss@4:0"  # window 2: rank 1 runs out of memory; window 4: rank 0's loss is NaN
@@ -394,7 +396,7 @@ def test_decoder_only_fine_tuning_keeps_the_encoder_and_resumes_exactly(tmp_path
     """train_encoder=false from stage-1 weights, with EMA (and Seraena on one process): the
     encoder comes out bit-identical (also when DeepSpeed keeps the module in bf16), has no
     optimizer state, and SIGTERM + resume ends bit-identical to an uninterrupted run."""
-    from models.checkpoint import save_weights
+    from models.weights import save_weights
     from models.taehv import TAEHV
 
     torch.manual_seed(3)

@@ -7,22 +7,17 @@ i (the last input frame past the end of the clip), as ``FramePlan.target`` assum
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 
 import pytest
 import torch
 
-from conftest import REPO_ROOT
 
 
 @pytest.fixture(scope="module")
 def h3():
-    spec = importlib.util.spec_from_file_location("h3_alignment", REPO_ROOT / "bench" / "h3_alignment.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["h3_alignment"] = module
-    spec.loader.exec_module(module)
-    return module
+    from bench import h3_alignment
+
+    return h3_alignment
 
 
 @pytest.fixture(scope="module")

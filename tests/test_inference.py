@@ -17,11 +17,13 @@ import torch
 import torch.nn.functional as F
 
 from conftest import REPO_ROOT
-from models.checkpoint import save_weights
+from models.weights import save_weights
 from models.frames import plan_frames
 from models.taehv import TAEHV
-from training.dataset import VideoClipDataset, frames_to_unit
-from training.metrics import frame_psnr, video_mse, video_psnr, video_ssim, video_temporal_error
+from training.data.clips import VideoClipDataset, frames_to_unit
+from evaluation.metrics import frame_psnr, video_mse, video_psnr, video_ssim, video_temporal_error
+
+pytestmark = pytest.mark.slow  # inference.py processes
 
 INFERENCE = str(REPO_ROOT / "inference.py")
 CLIPS = ["udacity_vehdet_test_video.mp4", "gopro_max_heromode.mp4"]
@@ -243,7 +245,6 @@ def test_debug_keeps_the_traceback(weights, tmp_path, videos_dir):
 
 OUT_OF_MEMORY = """
 import sys, torch
-sys.path.insert(0, {repo!r})
 import inference
 from training.errors import exit_on_config_error
 
@@ -259,7 +260,7 @@ exit_on_config_error(inference.main)
 def test_out_of_memory_says_what_to_lower(weights, tmp_path, videos_dir):
     """Running out of memory (here: a decode that raises as CUDA does) ends in one line that
     names the step, the sizes and what to lower, with exit status 2."""
-    command = [sys.executable, "-c", OUT_OF_MEMORY.format(repo=str(REPO_ROOT)), "--model_path", str(weights),
+    command = [sys.executable, "-c", OUT_OF_MEMORY, "--model_path", str(weights),
                "--videos", str(videos_dir / CLIPS[0]), "--height", "32", "--width", "48", "--n_frames", "5",
                "--output_dir", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)

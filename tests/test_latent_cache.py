@@ -1,4 +1,4 @@
-"""Reference-latent cache (built by training/cache_latents.py, read by training/latent_cache.py): built by the real CLI in subprocesses
+"""Reference-latent cache (built by training/cache_latents.py, read by training/data/latent_cache.py): built by the real CLI in subprocesses
 for the demo clips and a tiny CogVideoX VAE, then compared with the latents training would
 compute online. (Two processes, under ``accelerate launch`` or torchrun, run the same code
 with a shard partition; left out here to keep this file fast.)
@@ -21,11 +21,11 @@ from conftest import REPO_ROOT
 from train_runs import TEST_CONFIG
 from training.cache_latents import entry_point
 from training.config import ConfigError, TrainConfig, load_config
-from training.data import build_datasets
-from training.dataset import VideoClipDataset, VideoDataError, build_dataloader, frames_to_unit
-from training.latent_cache import CachedLatentDataset, LatentCache, latent_sample_generator
+from training.data.loading import build_datasets
+from training.data.clips import VideoClipDataset, VideoDataError, build_dataloader, frames_to_unit
+from training.data.latent_cache import CachedLatentDataset, LatentCache, latent_sample_generator
 from training.make_annotations import write_annotation
-from training.reference_vae import ReferenceVAE
+from training.data.reference_vae import ReferenceVAE
 
 MISSING = 5  # index of the missing file in the annotation (6 clips: shards {0, 1}, {2, 3}, {4, 5})
 LATENT_SHAPE = (3, 16, 4, 4)  # 9 frames at 32x32 -> 3 latent frames of 16 x 4 x 4
@@ -121,6 +121,7 @@ def test_mode_latents_equal_online_latents(data, tiny_cogvideox_vae, tmp_path):
             assert torch.equal(cache.latents(epoch, index), online(vae, dataset[index]["frames"])), (epoch, index)
 
 
+@pytest.mark.slow
 def test_rerun_computes_only_missing_shards(sampled_cache, data, tiny_cogvideox_vae, tmp_path):
     """An interrupted cache finished with three clips per VAE call: complete shards are
     untouched, missing ones come back with the same latents."""

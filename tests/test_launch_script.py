@@ -10,6 +10,8 @@ import pytest
 from conftest import REPO_ROOT
 from training.demo_data import make_demo_dataset
 
+pytestmark = pytest.mark.slow  # the launch script starts training
+
 SCRIPT = str(REPO_ROOT / "train_taehv_h100.sh")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from training.dataset import VideoClipDataset
+from training.data.clips import VideoClipDataset
 from training.make_annotations import DEFAULT_GROUP_REGEX, group_key, main, split_train_val
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +25,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a process of the tool
 def test_cli_probes_splits_and_reports_skips(videos_dir, tmp_path):
     src = tmp_path / "videos"
     (src / "drive").mkdir(parents=True)
@@ -73,6 +74,7 @@ def test_cli_probes_splits_and_reports_skips(videos_dir, tmp_path):
     assert val_ds.clips.path(0) == val["list"][0]["full_path"]
 
 
+@pytest.mark.slow  # a process of the tool
 def test_cli_fails_clearly_without_usable_videos(tmp_path, capsys):
     (tmp_path / "bad.mp4").write_text("nope")
     result = run_cli(str(tmp_path), "-o", str(tmp_path / "a.json"))

@@ -181,6 +181,7 @@ def _rank_worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_keep_identical_discriminators(tmp_path: Path):
     context = mp.spawn(_rank_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=False)
     deadline = time.monotonic() + 120

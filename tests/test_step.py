@@ -9,9 +9,9 @@ from accelerate import Accelerator
 
 from models.taehv import TAEHV
 from training.config import TrainConfig
-from training.data import ReferenceLatents
-from training.resilience import FaultPlan, StopRequest
-from training.step import TrainStep
+from training.data.loading import ReferenceLatents
+from training.loop.resilience import FaultPlan, StopRequest
+from training.loop.step import TrainStep
 
 FRAMES, SIZE = 5, 8
 

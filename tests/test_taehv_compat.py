@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from models.checkpoint import read_metadata, save_weights
+from models.weights import read_metadata, save_weights
 from models.taehv import TAEHV
 
 ATOL = 1e-4

@@ -16,10 +16,12 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import REPO_ROOT
-from models.checkpoint import save_weights
+from models.weights import save_weights
 from models.taehv import TAEHV
 from train_runs import DDP_ENV, ONE_PROCESS, TEST_CONFIG, TRAIN, ddp, deepspeed_zero2, run_dir, train
 from training.demo_data import make_demo_dataset
+
+pytestmark = pytest.mark.slow  # training processes
 
 
 def run_training(launcher: list[str], out: Path, data: dict, *overrides: str, env: dict | None = None) -> Path:
@@ -98,7 +100,7 @@ def test_loss_falls_when_overfitting_one_clip(tmp_path):
 
 
 def test_yaml_accumulation_conflict_is_an_error(tmp_path, demo_clips):
-    args = [sys.executable, TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}",
+    args = [sys.executable, *TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}",
             f"--annotation_file={demo_clips['train']}", f"--val_annotation_file={demo_clips['val']}"]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
                             env={**os.environ, "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "8"})
@@ -107,21 +109,21 @@ def test_yaml_accumulation_conflict_is_an_error(tmp_path, demo_clips):
 
 def test_missing_reference_vae_is_an_error_not_a_fallback(tmp_path, demo_clips):
     (tmp_path / "empty").mkdir()
-    args = [sys.executable, TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}",
+    args = [sys.executable, *TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}",
             f"--annotation_file={demo_clips['train']}", f"--val_annotation_file={demo_clips['val']}", f"--ref_vae_path={tmp_path / 'empty'}"]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 2 and "is not a diffusers model folder" in result.stderr
 
 
 def test_resume_of_missing_checkpoint_is_an_error(tmp_path, demo_clips):
-    args = [sys.executable, TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}",
+    args = [sys.executable, *TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}",
             f"--annotation_file={demo_clips['train']}", f"--val_annotation_file={demo_clips['val']}", "--resume", str(tmp_path / "run" / "checkpoints" / "checkpoint-9")]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 2 and "does not exist" in result.stderr
 
 
 def test_a_user_error_is_one_line_and_debug_keeps_the_traceback(tmp_path, demo_clips):
-    args = [sys.executable, TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}",
+    args = [sys.executable, *TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}",
             f"--annotation_file={demo_clips['train']}", f"--val_annotation_file={demo_clips['val']}", "--height=0"]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from conftest import REPO_ROOT
 
-TRAIN = str(REPO_ROOT / "training" / "taehv_train.py")
+TRAIN = ["-m", "training.taehv_train"]  # run as a module from the repository root
 TEST_CONFIG = str(REPO_ROOT / "training" / "configs" / "taehv_config_test.py")
 ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 ONE_PROCESS = [sys.executable]
@@ -34,7 +34,7 @@ DDP_ENV = {"ACCELERATE_USE_CPU": "true"}
 
 
 def train_args(launcher: list[str], out: Path, data: dict, *overrides: str) -> list[str]:
-    return [*launcher, TRAIN, "--config", TEST_CONFIG, f"--output_dir={out}", f"--data_root={data['root']}",
+    return [*launcher, *TRAIN, "--config", TEST_CONFIG, f"--output_dir={out}", f"--data_root={data['root']}",
             f"--annotation_file={data['train']}", f"--val_annotation_file={data['val']}", *overrides]
 
 

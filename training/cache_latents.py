@@ -6,12 +6,11 @@
 
 The reference VAE dominates a distillation step; with its latents on disk, training costs
 what plain autoencoder training costs. What the cache holds and how training reads it:
-``training.latent_cache`` and docs/latent_cache.md. Shards are written atomically, so an
+``training.data.latent_cache`` and docs/latent_cache.md. Shards are written atomically, so an
 existing shard is complete and a rerun skips it.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -26,12 +25,14 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from models.atomic import atomic_write
-from training.config import TrainConfig, check, load_config, resolve_path
-from training.data import build_datasets
-from training.dataset import VideoClipDataset, frames_to_unit
-from training.distributed import process_state
+from training.config import TrainConfig, load_config, resolve_path
+from training.flags import ArgumentParser
+from training.preflight import check
+from training.data.loading import build_datasets
+from training.data.clips import VideoClipDataset, frames_to_unit
+from training.loop.distributed import process_state
 from training.errors import ConfigError, exit_on_config_error
-from training.latent_cache import (
+from training.data.latent_cache import (
     CACHE_MANIFEST,
     FORMAT_VERSION,
     LatentCache,
@@ -41,7 +42,7 @@ from training.latent_cache import (
     shard_path,
     validity,
 )
-from training.reference_vae import ReferenceVAE
+from training.data.reference_vae import ReferenceVAE
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ def build_cache(config: TrainConfig, output: str | Path, shard_size: int = 256, 
 
 def main(argv: list[str] | None = None) -> CacheSummary:
     """The CLI: options of the builder, everything else ``--key=value`` config overrides."""
-    parser = argparse.ArgumentParser(description="Precompute reference-VAE latents of the training clips "
+    parser = ArgumentParser(description="Precompute reference-VAE latents of the training clips "
                                      "(docs/latent_cache.md). Other --key=value arguments override the config.",
                                      allow_abbrev=False)
     parser.add_argument("--config", required=True, help="Python config file defining `config`")

@@ -3,8 +3,9 @@
 A config file is a plain Python module that defines ``config`` (a ``TrainConfig``), usually
 by ``replace``-ing the documented base in ``training/configs/taehv_config.py``. Overrides
 on the command line are parsed to each field's type; an unknown key is an error that
-names the closest valid key. ``check`` validates everything that can be checked before
-heavy work starts.
+names the closest valid key. Paths are made absolute here, once. This is the ground floor:
+each component checks its own keys (``problems(config)`` next to its code), and
+``training.preflight.check`` asks them all before heavy work starts.
 """
 from __future__ import annotations
 
@@ -19,19 +20,11 @@ from pathlib import Path
 
 import torch
 
-from models.frames import H3_CHUNK_FRAMES, exact_frame_counts, group_sizes
+from models.reference_vaes import auto_variant
 from models.variants import VariantSpec, get_variant
-from training.best_model import METRIC_DIRECTIONS
 from training.errors import ConfigError
-from training.metrics import lpips_unavailable_reason
-from training.resilience import FaultPlan
-from training.teachers import TEACHERS, auto_variant, teacher_problems
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-MIXED_PRECISION = ("no", "fp16", "bf16")
-LR_SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
-# ref_vae_class -> the diffusers class that loads it (training, the latent cache and inference)
-REF_VAE_CLASSES = {name: teacher.diffusers_class for name, teacher in TEACHERS.items()}
 # dtype names users type (ref_vae_dtype, inference --dtype) -> torch dtypes
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -74,7 +67,7 @@ class TrainConfig:
 
     # -- reference VAE (empty path: plain autoencoder training) ------------------------
     ref_vae_path: str = ""  # diffusers model folder, e.g. a local copy of CogVideoX-2b
-    ref_vae_class: str = "cogvideox"  # one of training.teachers.TEACHERS (docs/teachers.md)
+    ref_vae_class: str = "cogvideox"  # one of models.reference_vaes.REF_VAE_CLASSES (docs/reference_vaes.md)
     ref_vae_subfolder: str = "vae"
     ref_vae_dtype: str = "bf16"  # "fp32", "bf16" or "fp16"
     ref_latent_sample: bool = True  # latent_dist.sample() (recipe); False: the mode
@@ -129,7 +122,7 @@ class TrainConfig:
     # -- debugging -------------------------------------------------------------------
     detect_anomaly: bool = False
     profile_steps: int = 0  # >0: write a torch profiler trace of that many steps
-    fault_injection: str = ""  # tests only: e.g. "nan_loss@3:1,sigterm@5" (training/resilience.py FaultPlan)
+    fault_injection: str = ""  # tests only: e.g. "nan_loss@3:1,sigterm@5" (training/loop/resilience.py FaultPlan)
 
     @property
     def validation_size(self) -> tuple[int, int]:
@@ -188,7 +181,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     config = namespace.get("config")
     if not isinstance(config, TrainConfig):
         raise ConfigError(f"{path} must define `config = TrainConfig(...)` (got {type(config).__name__})")
-    return with_auto_variant(apply_overrides(replace(config, config_file=str(path)), list(overrides)))
+    return with_auto_variant(resolve_paths(apply_overrides(replace(config, config_file=str(path)), list(overrides))))
 
 
 def with_auto_variant(config: TrainConfig) -> TrainConfig:
@@ -196,7 +189,7 @@ def with_auto_variant(config: TrainConfig) -> TrainConfig:
     config.json); left as it is when that cannot be told, for ``check`` to explain."""
     if config.variant != "auto" or not config.ref_vae_path:
         return config
-    found = auto_variant(config.ref_vae_class, resolve_path(config.ref_vae_path) / config.ref_vae_subfolder)
+    found = auto_variant(config.ref_vae_class, Path(config.ref_vae_path) / config.ref_vae_subfolder)
     return config if found is None else replace(config, variant=found)
 
 
@@ -214,162 +207,63 @@ def resolve_path(path: str) -> Path:
     return p if p.is_absolute() else REPO_ROOT / p
 
 
-def check(config: TrainConfig) -> list[str]:
-    """Validate a config before any heavy work. Raises ConfigError listing every problem;
-    returns informational notes (e.g. frames the reconstruction loss does not cover)."""
-    problems, notes = [], []
+# the keys that name files or folders: load_config makes them absolute, once
+PATH_KEYS = ("output_dir", "data_root", "annotation_file", "val_annotation_file", "pretrained_model_path", "ref_vae_path",
+             "latent_cache_dir")
 
-    def need(ok: bool, message: str) -> None:
-        if not ok:
-            problems.append(message)
 
+def resolve_paths(config: TrainConfig) -> TrainConfig:
+    """Every path key made absolute (relative ones are relative to the repository root), so
+    the rest of the code uses them as they are."""
+    return replace(config, **{key: str(resolve_path(value)) for key in PATH_KEYS if (value := getattr(config, key))})
+
+
+# -- the config's own problems (each component checks its keys: training/preflight.py) ----
+
+def type_problems(config: TrainConfig) -> list[str]:
+    """Values of the wrong type, and numbers that are not finite."""
+    problems = []
     for name, value in config.to_dict().items():
-        need(isinstance(value, _TYPES[name]), f"{name}={value!r} should be a {_TYPES[name].__name__}")
-        need(not isinstance(value, float) or math.isfinite(value), f"{name}={value!r} must be a finite number")
-    if problems:
-        raise invalid_config(problems)
+        if not isinstance(value, _TYPES[name]):
+            problems.append(f"{name}={value!r} should be a {_TYPES[name].__name__}")
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{name}={value!r} must be a finite number")
+    return problems
 
-    if config.variant == "auto":
-        vae_problems = teacher_problems(config.ref_vae_class, resolve_path(config.ref_vae_path) / config.ref_vae_subfolder,
-                                        "auto") if config.ref_vae_path and config.ref_vae_class in TEACHERS else []
-        raise invalid_config(vae_problems or ["variant=auto takes the reference VAE's own TAE variant: set ref_vae_path "
-                                              "(and ref_vae_class) to its diffusers folder, or name the variant"])
+
+def below(config: TrainConfig, names: tuple[str, ...], minimum: int) -> list[str]:
+    """``name must be >= minimum`` for each of ``names`` below it."""
+    return [f"{name} must be >= {minimum}" for name in names if getattr(config, name) < minimum]
+
+
+DEMO_DATA = REPO_ROOT / "demo_output" / "data"  # the built-in clips of the demo and test presets
+
+
+def missing_paths(config: TrainConfig) -> list[str]:
+    """Path keys that name something that does not exist (for the built-in demo clips: the
+    command that makes them)."""
+    found, hinted = [], False
+    for key in PATH_KEYS[1:]:
+        if (value := getattr(config, key)) and not (path := resolve_path(value)).exists():
+            demo = path.is_relative_to(DEMO_DATA) and not hinted
+            found.append(f"{key}: {path} does not exist" + (": `make demo` makes the built-in clips there (or "
+                                                             "`python -m training.demo_data demo_output/data` alone)" if demo else ""))
+            hinted = hinted or demo
+    return found
+
+
+def spec_of(config: TrainConfig) -> VariantSpec:
+    """The config's TAE variant (ConfigError for an unknown name)."""
     try:
-        spec = get_variant(config.variant)
+        return get_variant(config.variant)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    multiple = 8 * spec.patch_size
-    need(config.height > 0 and config.width > 0, f"height and width must be positive, got {config.height}x{config.width}")
-    need(config.height % multiple == 0 and config.width % multiple == 0,
-         f"height and width must be multiples of {multiple} (8 * patch_size of {spec.name}), got {config.height}x{config.width}")
-    need(config.val_height >= 0 and config.val_width >= 0 and (config.val_height == 0) == (config.val_width == 0),
-         f"set both val_height and val_width (positive), or neither, got {config.val_height}x{config.val_width}")
-    need(config.val_height % multiple == 0 and config.val_width % multiple == 0,
-         f"val_height and val_width must be multiples of {multiple} (8 * patch_size of {spec.name}), "
-         f"got {config.val_height}x{config.val_width}")
-    need(config.n_frames >= 1, "n_frames must be >= 1")
-    need(1 <= config.stride_min <= config.stride_max, "need 1 <= stride_min <= stride_max")
-    need(0 < config.crop_scale_min <= config.crop_scale_max <= 1, "need 0 < crop_scale_min <= crop_scale_max <= 1")
-    need(config.short_clip_policy in ("lower_stride", "skip"), "short_clip_policy must be 'lower_stride' or 'skip'")
-    need(config.mixed_precision in MIXED_PRECISION, f"mixed_precision must be one of {MIXED_PRECISION}")
-    need(config.lr_scheduler in LR_SCHEDULERS, f"lr_scheduler must be one of {LR_SCHEDULERS}")
-    need(config.ref_vae_class in REF_VAE_CLASSES, f"ref_vae_class must be one of {', '.join(REF_VAE_CLASSES)}")
-    need(config.ref_vae_dtype in DTYPES, f"ref_vae_dtype must be one of {', '.join(DTYPES)}")
-    for name in ("train_batch_size", "gradient_accumulation_steps", "max_train_steps", "log_every",
-                 "validation_every", "validation_batch_size", "checkpointing_steps", "checkpoints_total_limit",
-                 "max_consecutive_skipped_steps", "n_seraena_frames"):
-        need(getattr(config, name) >= 1, f"{name} must be >= 1")
-    for name in ("encoder_loss_weight", "decoder_loss_weight", "reconstruction_loss_weight", "lpips_loss_weight",
-                 "seraena_loss_weight",
-                 "max_grad_norm", "weight_decay", "lr_warmup_steps", "dataloader_num_workers", "image_log_every",
-                 "profile_steps", "num_validation_samples", "early_stopping_patience", "early_stopping_min_delta"):
-        need(getattr(config, name) >= 0, f"{name} must be >= 0")
-    need(config.learning_rate > 0, "learning_rate must be > 0")
-    if config.compile:
-        known = compile_backends()
-        need(config.compile_backend in known, f"compile_backend={config.compile_backend!r} is not a torch.compile "
-             f"backend; known: {', '.join(name for name in known if 'TESTING' not in name)}")
-    need(0 < config.ema_decay < 1, "ema_decay must be in (0, 1)")
-
-    plan = spec.plan(config.n_frames)
-    # for the messages; the rule is plan.exact, no limit
-    exact = exact_frame_counts(64, spec.t_downscale, spec.t_upscale, spec.is_cogvideox, spec.h3_chunks)
-    if config.ref_vae_path:
-        valid = [t for t in exact if reference_vae_frames(t, spec)][:8]
-        need(plan.exact and reference_vae_frames(config.n_frames, spec),
-             f"n_frames={config.n_frames} does not work with a reference VAE and {spec.name}: the reference VAE "
-             f"{reference_vae_rule(spec)} and the decoder must return exactly the input frames "
-             f"(here {plan.decoded_frames} from {plan.latent_frames} latents). Valid: {', '.join(map(str, valid))}, ...")
-        need(config.encoder_loss_weight + config.decoder_loss_weight + config.reconstruction_loss_weight > 0,
-             "all loss weights are 0")
-    else:
-        need(config.reconstruction_loss_weight > 0,
-             "without a reference VAE only the reconstruction loss trains the model: set reconstruction_loss_weight > 0")
-        if not plan.exact:
-            notes.append(f"n_frames={config.n_frames}: {spec.name} decodes {plan.decoded_frames} frames, so the "
-                         f"reconstruction loss covers input frames 0..{plan.aligned_frames - 1}; exact values: "
-                         f"{', '.join(map(str, exact[:8]))}, ...")
-        notes.append("no reference VAE: plain autoencoder training (encoder/decoder distillation losses off)")
-
-    if config.use_seraena:
-        sizes = group_sizes(plan.decoded_frames)
-        even = [g for g in sizes if config.train_batch_size * plan.decoded_frames // g % 2 == 0]
-        need(config.n_seraena_frames in sizes,
-             f"n_seraena_frames={config.n_seraena_frames} does not divide the {plan.decoded_frames} decoded frames of "
-             f"n_frames={config.n_frames} ({spec.name}); frames would be dropped. Valid: {', '.join(map(str, sizes))}")
-        need(config.n_seraena_frames not in sizes or config.n_seraena_frames in even,
-             f"Seraena splits each batch into halves, so train_batch_size x decoded frames / n_seraena_frames "
-             f"({config.train_batch_size} x {plan.decoded_frames} / {config.n_seraena_frames}) must be even: use an "
-             f"even train_batch_size" + (f" or n_seraena_frames in {even}" if even else ""))
-        need(config.seraena_buffer_size >= 1, "seraena_buffer_size must be >= 1")
-        need(config.seraena_learning_rate > 0, "seraena_learning_rate must be > 0")
-    need(config.train_encoder or bool(config.pretrained_model_path),
-         "train_encoder=false keeps the encoder as loaded: set pretrained_model_path (e.g. stage 1's export)")
-    if not config.train_encoder and config.ref_vae_path and config.encoder_loss_weight > 0:
-        notes.append("train_encoder=false: the encoder loss is logged but trains nothing (the encoder is frozen)")
-    need(config.latent_cache_epochs >= 1, "latent_cache_epochs must be >= 1")
-    need(not config.latent_cache_dir or bool(config.ref_vae_path),
-         "latent_cache_dir holds reference latents: set ref_vae_path to the VAE the cache was made with")
-
-    for name in ("pretrained_model_path", "ref_vae_path", "annotation_file", "val_annotation_file", "data_root",
-                 "latent_cache_dir"):
-        value = getattr(config, name)
-        need(not value or resolve_path(value).exists(), f"{name}: {resolve_path(value)} does not exist")
-    if config.ref_vae_path and resolve_path(config.ref_vae_path).exists() and config.ref_vae_class in TEACHERS:
-        problems.extend(reference_vae_problems(config))
-    need(bool(config.data_root or config.annotation_file), "set data_root (a folder of videos) or annotation_file")
-    need(config.best_metric in METRIC_DIRECTIONS,
-         f"best_metric={config.best_metric!r}: expected one of {', '.join(METRIC_DIRECTIONS)}")
-    need(config.best_metric != "val/psnr_from_reference_latents" or bool(config.ref_vae_path),
-         "best_metric=val/psnr_from_reference_latents needs a reference VAE (ref_vae_path)")
-    need(config.early_stopping_patience == 0 or bool(config.val_annotation_file and config.num_validation_samples),
-         "early_stopping_patience > 0 needs validation: set val_annotation_file and num_validation_samples > 0")
-    try:
-        FaultPlan.parse(config.fault_injection)
-    except ConfigError as err:
-        problems.append(str(err))
-    if config.lpips_loss_weight > 0 or config.best_metric == "val/lpips":
-        reason = lpips_unavailable_reason()
-        need(reason is None, f"lpips_loss_weight > 0 or best_metric=val/lpips, but LPIPS is unusable: {reason}")
-    if problems:
-        raise invalid_config(problems)
-    return notes
-
-
-def compile_backends() -> list[str]:
-    """The ``torch.compile`` backends this torch knows, its debugging ones (``aot_eager``,
-    ``eager``) included."""
-    import torch._dynamo  # seconds to import: only when compile=true is checked
-
-    return torch._dynamo.list_backends(exclude_tags=())
 
 
 def invalid_config(problems: list[str]) -> ConfigError:
     """One line for one problem, one line each for several."""
     return ConfigError(f"invalid config: {problems[0]}" if len(problems) == 1 else
                        "invalid config:\n  " + "\n  ".join(problems))
-
-
-def reference_vae_problems(config: TrainConfig) -> list[str]:
-    """What makes ``ref_vae_path`` unfit to teach ``config.variant``, read from the model
-    folder's ``config.json`` alone: checked before launch, and before the weights are loaded."""
-    return teacher_problems(config.ref_vae_class, resolve_path(config.ref_vae_path) / config.ref_vae_subfolder,
-                            config.variant)
-
-
-def reference_vae_frames(n_frames: int, spec: VariantSpec) -> bool:
-    """Whether the reference VAE of ``spec`` takes ``n_frames`` frames: ``t_downscale * k + 1``
-    (k >= 1) encode to k+1 latents (4k+1 for most, 8k+1 for LTX); MiniMax H3 pads clips to
-    17-frame chunks and decodes only more than 17 frames (docs/h3_alignment.md)."""
-    if spec.h3_chunks:
-        return n_frames > H3_CHUNK_FRAMES
-    return n_frames > 1 and (n_frames - 1) % spec.t_downscale == 0
-
-
-def reference_vae_rule(spec: VariantSpec) -> str:
-    if spec.h3_chunks:
-        return f"pads clips to {H3_CHUNK_FRAMES}-frame chunks and decodes only clips of more than {H3_CHUNK_FRAMES} frames"
-    return f"encodes {spec.t_downscale}k+1 frames to k+1 latents"
 
 
 def describe(config: TrainConfig) -> str:

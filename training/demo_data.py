@@ -1,6 +1,6 @@
 """Procedural driving clips, so that training runs end to end without a dataset.
 
-    python -m training.demo_data OUT_DIR --num-clips 32 --frames 24 --height 96 --width 144 --seed 0
+    python -m training.demo_data OUT_DIR --num_clips 32 --frames 24 --height 96 --width 144 --seed 0
 
 The first users train on driving scenes at 720x480, so each clip is one: a camera in the
 right lane of a (possibly curving) road in perspective, dashed lane markings and edge lines
@@ -26,6 +26,7 @@ import cv2
 import numpy as np
 
 from evaluation.videos import write_video
+from training.flags import ArgumentParser
 from training.make_annotations import write_annotation
 
 
@@ -214,14 +215,14 @@ def make_demo_dataset(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--num-clips", type=int, default=32)
+    parser.add_argument("--num_clips", type=int, default=32)
     parser.add_argument("--frames", type=int, default=24)
     parser.add_argument("--height", type=int, default=96)
     parser.add_argument("--width", type=int, default=144)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--val-fraction", type=float, default=0.125)
+    parser.add_argument("--val_fraction", type=float, default=0.125)
     parser.add_argument("--fps", type=float, default=24.0)
     args = parser.parse_args(argv)
     paths = make_demo_dataset(

@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from models.checkpoint import WeightsError
+from models.weights import WeightsError
 
 EXIT_USER_ERROR = 2
 logger = logging.getLogger(__name__)

@@ -1,74 +1,19 @@
-"""Exporting the trained weights: full fp32 state dicts in the published key format.
+"""The export bundle: ``python -m training.export RUN_OR_WEIGHTS --out DIR``.
 
-What gets exported is the EMA weights when they are kept, else the optimizer's fp32 master
-weights (DeepSpeed bf16/fp16 keeps the module itself in low precision), under every
-distributed mode: ``weights.safetensors`` in each checkpoint, ``best_model/`` and the run's
-``final_model.pth`` / ``final_model.safetensors``. At the end, a run also writes its export
-bundle (``write_bundle``: published-name files and a model card) into ``export/``; the
-same comes from ``python -m training.export RUN_OR_WEIGHTS --out DIR``.
+A training run writes the same bundle into ``export/`` at its end: published-name weight
+files and a model card (what the model is, what it was trained on, how well it did).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import torch
 from safetensors.torch import save
-from accelerate import Accelerator
-from accelerate.utils import DistributedType
-from diffusers.training_utils import EMAModel
 
 from models.atomic import atomic_write
-from models.checkpoint import export_state_dict, find_weights, save_weights, weights_metadata
-from training.checkpointing import list_checkpoints, read_trainer_state, write_atomically
-
-
-def fp32_weights(accelerator: Accelerator, model: torch.nn.Module, ema: EMAModel | None,
-                 frozen: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """Full fp32 weights in the published key format: the EMA or master weights of what
-    trains, ``frozen`` (fp32, as loaded) for what does not. Under DeepSpeed every rank must
-    call this (the master weights are sharded)."""
-    net = accelerator.unwrap_model(model)
-    state = {k: v.detach().float() for k, v in net.state_dict().items()}
-    trainable = [(name, param) for name, param in net.named_parameters() if param.requires_grad]
-    if ema is not None:
-        state.update(zip([name for name, _ in trainable], ema.shadow_params))
-    elif accelerator.distributed_type == DistributedType.DEEPSPEED:
-        from deepspeed.utils import safe_get_full_fp32_param
-
-        for name, param in trainable:
-            full = safe_get_full_fp32_param(param)
-            if full is None and param.dtype != torch.float32:
-                raise RuntimeError(f"cannot recover fp32 master weights of {name} from DeepSpeed")
-            state[name] = (param if full is None else full).detach().float()
-    state.update(frozen or {})
-    return state
-
-
-def export_weights(accelerator: Accelerator, model: torch.nn.Module, ema: EMAModel | None, directory: Path,
-                   stem: str, suffixes: tuple[str, ...] = (".pth", ".safetensors"),
-                   frozen: dict[str, torch.Tensor] | None = None) -> None:
-    """Write ``directory/<stem><suffix>`` (call on every rank; the main process writes)."""
-    state = fp32_weights(accelerator, model, ema, frozen)
-    if accelerator.is_main_process:
-        for suffix in suffixes:
-            save_weights(accelerator.unwrap_model(model), directory / f"{stem}{suffix}", state)
-
-
-def export_best_model(accelerator: Accelerator, model: torch.nn.Module, ema: EMAModel | None, run_dir: Path,
-                      info: dict, frozen: dict[str, torch.Tensor] | None = None) -> None:
-    """Atomically replace ``best_model/`` (weights + ``model_info.json``); every rank calls it."""
-    def write(tmp: Path) -> None:
-        export_weights(accelerator, model, ema, tmp, "weights", frozen=frozen)
-        if accelerator.is_main_process:
-            (tmp / "model_info.json").write_text(json.dumps(info, indent=1))
-
-    write_atomically(accelerator, run_dir / "best_model", write, {"step": info["step"]})
-
-
-# ----------------------------------------------------------------------------------------
-# The export bundle: python -m training.export RUN_OR_WEIGHTS --out DIR
-# ----------------------------------------------------------------------------------------
+from models.reference_vaes import video_model
+from models.weights import export_state_dict, find_weights, save_weights, weights_metadata
+from training.state.checkpoints import list_checkpoints, read_trainer_state
 
 BUNDLE_FOLDER = "export"  # where a training run writes its bundle
 
@@ -99,7 +44,7 @@ def _model_card(model, weights: Path, run: Path | None, files: list[str], comman
     """README.md of a bundle: what the model is, what it was trained on, how well it did."""
     metadata = weights_metadata(model)
     lines = [f"# {model.variant} (TAE)", "",
-             f"A tiny video autoencoder in the latent space of {model.spec.reference or 'its reference VAE'}: "
+             f"A tiny video autoencoder in the latent space of {video_model(model.variant) or 'its reference VAE'}: "
              f"{model.latent_channels} latent channels, patch {model.patch_size}, {model.t_downscale}x in time.", "",
              f"- Frame rule: {metadata['frame_rule']}.",
              f"- Parameters: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M.",
@@ -146,11 +91,12 @@ def write_bundle(weights: Path, out: Path, fp16: bool = False, command: str = ""
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
     import shlex
     import sys
 
-    parser = argparse.ArgumentParser(description="Write the export bundle of a training run or a weight file.")
+    from training.flags import ArgumentParser
+
+    parser = ArgumentParser(description="Write the export bundle of a training run or a weight file.")
     parser.add_argument("source", help="a run folder, a checkpoint or best_model folder, or a weight file")
     parser.add_argument("--out", required=True, help="folder to write the bundle into")
     parser.add_argument("--fp16", action="store_true", help="also write <variant>_fp16.safetensors")

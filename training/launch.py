@@ -1,6 +1,6 @@
 """``accelerate launch`` as the launch script runs it, with training's own ending kept.
 
-    python -m training.launch [accelerate launch options] training/taehv_train.py --config ...
+    python -m training.launch [accelerate launch options] -m training.taehv_train --config ...
 
 When a training process ends on purpose with a non-zero status (a one-line user error
 such as the data going away, or too many skipped steps), accelerate's launcher adds a

@@ -1,6 +1,6 @@
 """Write train/val annotation files for a folder of videos.
 
-    python -m training.make_annotations DIR -o annotations.json [--val-fraction 0.1]
+    python -m training.make_annotations DIR -o annotations.json [--val_fraction 0.1]
 
 Every video under DIR is decoded once to learn how many frames really decode (container
 counts can be wrong), its fps and size. Unusable files are left out and reported with
@@ -9,7 +9,7 @@ users' format ``{"total": N, "list": [{"path", "full_path", "frames", "duration"
 the skipped files and reasons go to ``<out>_skipped.json``.
 
 Clips from the same source stay on the same side of the split: the group of a clip is
-the first match of ``--group-regex`` on its path relative to DIR (by default its folder
+the first match of ``--group_regex`` on its path relative to DIR (by default its folder
 plus the file name up to the first "_" or "."), and the split is deterministic given
 ``--seed``.
 """
@@ -26,7 +26,8 @@ from typing import Iterable, Sequence
 
 from tqdm import tqdm
 
-from training.dataset import BadClipError, find_videos, probe_video
+from training.data.clips import BadClipError, find_videos, probe_video
+from training.flags import ArgumentParser
 
 DEFAULT_GROUP_REGEX = r"^(?:.*/)?[^_./]+"
 
@@ -67,7 +68,7 @@ def _probe(args: tuple[Path, str, int]) -> tuple[str, dict | None, str | None]:
     except BadClipError as err:
         return rel, None, str(err)
     if info.frames < min_frames:
-        return rel, None, f"too short: {info.frames} decodable frames < --min-frames {min_frames}"
+        return rel, None, f"too short: {info.frames} decodable frames < --min_frames {min_frames}"
     entry = {
         "path": rel,
         "full_path": str(full),
@@ -94,24 +95,24 @@ def output_paths(out: Path) -> dict[str, Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", type=Path, help="folder scanned recursively for videos")
     parser.add_argument("-o", "--output", type=Path, required=True, help="e.g. annotations.json")
-    parser.add_argument("--val-fraction", type=float, default=0.1, help="share of clips for validation")
+    parser.add_argument("--val_fraction", type=float, default=0.1, help="share of clips for validation")
     parser.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
     parser.add_argument(
-        "--group-regex",
+        "--group_regex",
         default=DEFAULT_GROUP_REGEX,
         help="first match on the relative path = source group kept on one side ('' = no grouping)",
     )
-    parser.add_argument("--min-frames", type=int, default=1, help="skip clips with fewer decodable frames")
+    parser.add_argument("--min_frames", type=int, default=1, help="skip clips with fewer decodable frames")
     parser.add_argument("--workers", type=int, default=1, help="probing processes")
     args = parser.parse_args(argv)
 
     if not args.directory.is_dir():
         parser.error(f"{args.directory} is not a folder")
     if not 0 <= args.val_fraction < 1:
-        parser.error("--val-fraction must be in [0, 1)")
+        parser.error("--val_fraction must be in [0, 1)")
     root = args.directory.resolve()
     rel_paths = find_videos(root)
     kept, skipped = [], []
@@ -137,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"train: {len(train)} clips -> {paths['train']}")
     print(f"val:   {len(val)} clips -> {paths['val']}")
     if not val and args.val_fraction > 0 and kept:
-        print("note: no source group is small enough for --val-fraction; the validation file is empty")
+        print("note: no source group is small enough for --val_fraction; the validation file is empty")
     if skipped:
         reasons = Counter(s["reason"].split(":")[0] for s in skipped)
         print(f"skipped ({dict(reasons)}) -> {paths['skipped']}")

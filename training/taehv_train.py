@@ -2,12 +2,12 @@
 """Train or fine-tune a TAEHV in a reference VAE's latent space.
 
     accelerate launch --config_file accelerate_configs/deepspeed_8gpu.yaml \
-        training/taehv_train.py --config training/configs/taehv_config_h100.py [--key=value ...]
-    python training/taehv_train.py --config training/configs/taehv_config_demo.py   # one process
+        -m training.taehv_train --config training/configs/taehv_config_h100.py [--key=value ...]
+    python -m training.taehv_train --config training/configs/taehv_config_demo.py   # one process
 
 Set-up, then one loop under Accelerate (1 process, DDP or DeepSpeed ZeRO-2; gloo on CPU):
-the data and its reference latents come from ``training.data``, everything from a batch
-to the optimizer step is ``training.step.TrainStep``, and beside it ``Cadence`` logs to
+the data and its reference latents come from ``training.data.loading``, everything from a batch
+to the optimizer step is ``training.loop.step.TrainStep``, and beside it ``Cadence`` logs to
 TensorBoard, validates (best model, early stopping) and writes atomic checkpoints that
 resume bit-identically; the run ends with a final fp32 export in the published key format.
 
@@ -28,35 +28,36 @@ if __name__ == "__main__":  # a stop signal that arrives while the libraries loa
     for _sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(_sig, lambda signum, frame: EARLY_SIGNALS.append(signum))
 
-import argparse  # noqa: E402
-import logging  # noqa: E402
-import os  # noqa: E402
-import shlex  # noqa: E402
-import sys  # noqa: E402
-from dataclasses import asdict, dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
+import logging
+import os
+import shlex
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-from accelerate import Accelerator, PartialState  # noqa: E402
-from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, set_seed  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
+import torch
+from accelerate import Accelerator, PartialState
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, set_seed
+from tqdm.auto import tqdm
 
-from training.best_model import BestTracker  # noqa: E402
-from training.checkpointing import DiskFullError, load_training_state, new_run_dir, remove_partial_checkpoints, resolve_resume, save_checkpoint  # noqa: E402
-from training.config import TrainConfig, check, describe, load_config  # noqa: E402
-from training.data import TrainingData, batches_until_data_error, build_train_loader, build_training_data  # noqa: E402
-from training.dataset import VideoClipDataset, VideoDataError, frames_to_unit  # noqa: E402
-from training.distributed import process_group_backend, process_state  # noqa: E402
-from training.errors import EXIT_USER_ERROR, USER_ERRORS, ConfigError, debug_requested  # noqa: E402
-from training.export import BUNDLE_FOLDER, export_best_model, export_weights, write_bundle  # noqa: E402
-from training.latent_check import check_at_start  # noqa: E402
-from training.monitoring import Monitor  # noqa: E402
-from training.reference_vae import ReferenceVAE  # noqa: E402
-from training.resilience import FaultPlan, StopRequest, agree, broadcast_flag  # noqa: E402
-from training.step import StepResult, TrainStep, build_model  # noqa: E402
-from training.validation import ValidationDataError, validate  # noqa: E402
+from training.loop.best_model import BestTracker
+from training.state.checkpoints import DiskFullError, load_training_state, new_run_dir, remove_partial_checkpoints, resolve_resume, save_checkpoint
+from training.config import TrainConfig, describe, load_config
+from training.preflight import check
+from training.data.loading import TrainingData, batches_until_data_error, build_train_loader, build_training_data
+from training.data.clips import VideoClipDataset, VideoDataError, frames_to_unit
+from training.loop.distributed import process_group_backend, process_state
+from training.errors import EXIT_USER_ERROR, USER_ERRORS, ConfigError, debug_requested
+from training.export import BUNDLE_FOLDER, write_bundle
+from training.flags import ArgumentParser
+from training.state.weight_export import export_best_model, export_weights
+from training.data.latent_check import check_at_start
+from training.loop.monitoring import Monitor
+from training.data.reference_vae import ReferenceVAE
+from training.loop.resilience import FaultPlan, StopRequest, agree, broadcast_flag
+from training.loop.step import StepResult, TrainStep, build_model
+from training.loop.validation import ValidationDataError, validate
 
 logger = logging.getLogger("taehv_train")
 
@@ -89,7 +90,7 @@ class Progress:
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    parser = argparse.ArgumentParser(description="Train a TAEHV (see README).", allow_abbrev=False)
+    parser = ArgumentParser(description="Train a TAEHV (see README).", allow_abbrev=False)
     parser.add_argument("--config", required=True, help="Python config file defining `config`")
     parser.add_argument("--resume", default=None, help="shorthand for --resume_from_checkpoint")
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
@@ -101,9 +102,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 def launch_command() -> list[str]:
     """The command that started this run: the launch script's (it passes it in
-    TAEHV_LAUNCH_COMMAND), else this script's."""
+    TAEHV_LAUNCH_COMMAND), else this module's (``python -m training.taehv_train ...``)."""
     launch = os.environ.get("TAEHV_LAUNCH_COMMAND")
-    words = shlex.split(launch) if launch else [sys.executable, *sys.argv]
+    words = shlex.split(launch) if launch else [sys.executable, "-m", "training.taehv_train", *sys.argv[1:]]
     if not launch and "LOCAL_RANK" in os.environ:  # started by accelerate launch / torchrun
         words[:1] = ["accelerate", "launch", "<the same launch options>"]
     return words
@@ -178,7 +179,7 @@ class Cadence:
     def __init__(self, config: TrainConfig, step: TrainStep, progress: Progress, tracker: BestTracker,
                  monitor: Monitor, run_dir: Path, val_set: VideoClipDataset | None, ref_vae: ReferenceVAE | None,
                  faults: FaultPlan):
-        self.config, self.step, self.progress, self.tracker, self.monitor = config, step, progress, tracker, monitor
+        self.config, self.train_step, self.progress, self.tracker, self.monitor = config, step, progress, tracker, monitor
         self.run_dir, self.val_set, self.ref_vae, self.faults = run_dir, val_set, ref_vae, faults
         self.accelerator = step.accelerator
         self.samples_per_step = config.train_batch_size * config.gradient_accumulation_steps * self.accelerator.num_processes
@@ -222,7 +223,7 @@ class Cadence:
 
     def checkpoint(self) -> Path:
         """Save the full training state (every rank calls it)."""
-        step, progress, acc = self.step, self.progress, self.accelerator
+        step, progress, acc = self.train_step, self.progress, self.accelerator
         trainer_state = {"progress": asdict(progress), "validation_history": self.tracker.history,
                          "config": self.config.to_dict()}
         def export(directory: Path) -> None:
@@ -240,7 +241,7 @@ class Cadence:
         config, step = self.config, self.progress.step
         last = step >= config.max_train_steps
         if step % config.log_every == 0 or last:
-            logs = self.monitor.log_train(step, self.step.scheduler.get_last_lr()[0], grad_norm, self.samples_per_step)
+            logs = self.monitor.log_train(step, self.train_step.scheduler.get_last_lr()[0], grad_norm, self.samples_per_step)
             psnr = self.monitor.last_psnr  # shown from the first validation on
             self.progress_bar.set_postfix(loss=f"{logs['train/loss']:.4f}", **({} if psnr is None else {"psnr": f"{psnr:.2f}"}))
         early_stop = False
@@ -259,7 +260,7 @@ class Cadence:
     def validate(self, step: int) -> bool:
         """Validate the EMA weights, keep the best model; True when early stopping says stop
         (decided on rank 0, obeyed by all)."""
-        config, trainer, acc = self.config, self.step, self.accelerator
+        config, trainer, acc = self.config, self.train_step, self.accelerator
         with trainer.averaged_weights():
             metrics = validate(acc, trainer.net, self.val_set, config, self.ref_vae, trainer.input_dtype)
         self.monitor.log_validation(step, metrics)
@@ -355,7 +356,7 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path
 @torch.no_grad()
 def check_latent_scale(step: TrainStep, data: TrainingData, pretrained: bool, clips: int = 2) -> None:
     """The model's latents of a few training clips against their reference latents
-    (``training.latent_check``); draws nothing from the run's random streams."""
+    (``training.data.latent_check``); draws nothing from the run's random streams."""
     device = step.accelerator.device
     items = [data.train[i] for i in range(min(clips, len(data.train)))]
     batch = {key: torch.stack([item[key] for item in items]) for key in ("frames", "latents") if key in items[0]}
@@ -368,7 +369,7 @@ def finish(stop_reason: str, cadence: Cadence, stop: StopRequest, data_error: Vi
     """Save what the way the run stopped calls for: a checkpoint after a signal, too many
     skipped steps (then exit 1) or the training or validation data going away (then exit 2), a checkpoint and the
     final export after early stopping, the final export when it finished."""
-    accelerator, progress, run_dir, step = cadence.accelerator, cadence.progress, cadence.run_dir, cadence.step
+    accelerator, progress, run_dir, step = cadence.accelerator, cadence.progress, cadence.run_dir, cadence.train_step
     if stop_reason in ("signal", "skipped", "data"):
         path = cadence.checkpoint()
         accelerator.end_training()

@@ -1,4 +1,4 @@
-"""Every diffusers video VAE as the teacher: facts from its config, the matching TAE variant,
+"""Every diffusers video VAE as the reference VAE: facts from its config, the matching TAE variant,
 and the whole path (two training steps, a one-clip latent cache, inference --use_ref_vae)
 with a tiny instance of each class saved by diffusers and loaded back."""
 from __future__ import annotations
@@ -12,21 +12,25 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, save_tiny_vae
-from models.checkpoint import save_weights
+from models.weights import save_weights
 from models.taehv import TAEHV
 from train_runs import ONE_PROCESS, TEST_CONFIG, run_dir, train
-from training.dataset import frames_to_unit
-from training.latent_check import compare, diagnose
-from training.reference_vae import ReferenceVAE
-from training.teachers import TeacherFacts, auto_variant, teacher_facts, read_vae_config
+from training.data.clips import frames_to_unit
+from training.data.latent_check import compare, diagnose
+from training.data.reference_vae import ReferenceVAE
+from models.reference_vaes import (REF_VAE_CLASSES, LatentSpace, auto_variant, latent_space, read_vae_config,
+                                   ref_vae_class_of, video_model)
+from models.variants import known_variants
+from training.config import load_config
+from training.preflight import check
 
 # tiny VAE, ref_vae_class, facts, the variant "auto" picks, size, an exact frame count
 CASES = [
-    ("hunyuan15", "hunyuan15", TeacherFacts(32, 16, 4), "taehv1_5", 32, 9),
-    ("wan22", "wan", TeacherFacts(48, 16, 4), "taew2_2", 32, 9),
-    ("ltx", "ltx", TeacherFacts(128, 32, 8), "taeltx_2", 32, 9),
-    ("ltx2", "ltx2", TeacherFacts(128, 32, 8), "taeltx2_3", 64, 9),
-    ("h3", "h3", TeacherFacts(24, 16, 4, h3_chunks=True), "taeh3", 32, 22),
+    ("hunyuan15", "hunyuan15", LatentSpace(32, 16, 4), "taehv1_5", 32, 9),
+    ("wan22", "wan", LatentSpace(48, 16, 4), "taew2_2", 32, 9),
+    ("ltx", "ltx", LatentSpace(128, 32, 8), "taeltx_2", 32, 9),
+    ("ltx2", "ltx2", LatentSpace(128, 32, 8), "taeltx2_3", 64, 9),
+    ("h3", "h3", LatentSpace(24, 16, 4, h3_chunks=True), "taeh3", 32, 22),
 ]
 IDS = [case[0] for case in CASES]
 
@@ -45,7 +49,7 @@ def test_facts_come_from_the_config_and_match_the_latents(tmp_path, tiny, ref_va
     """The facts read from config.json (no weights) are what the loaded VAE does: its
     latents for an exact clip have the TAE plan's shape, and variant=auto picks the TAE."""
     root = save_tiny_vae(tmp_path, tiny)
-    assert teacher_facts(ref_vae_class, read_vae_config(root / "vae")) == facts
+    assert latent_space(ref_vae_class, read_vae_config(root / "vae")) == facts
     assert auto_variant(ref_vae_class, root / "vae") == variant
     vae = ReferenceVAE(root, ref_vae_class, dtype="fp32", sample=False)
     clip = frames_to_unit(torch.randint(0, 255, (1, frames, 3, size, size), dtype=torch.uint8), "cpu")
@@ -57,13 +61,14 @@ def test_facts_come_from_the_config_and_match_the_latents(tmp_path, tiny, ref_va
     assert decoded.shape[1] >= plan.decoded_frames and 0 <= float(decoded.min()) <= float(decoded.max()) <= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tiny, ref_vae_class, facts, variant, size, frames", CASES, ids=IDS)
-def test_train_cache_and_evaluate_with_each_teacher(tmp_path, long_clips, tiny, ref_vae_class, facts, variant, size,
+def test_train_cache_and_evaluate_with_each_reference_vae(tmp_path, long_clips, tiny, ref_vae_class, facts, variant, size,
                                                     frames):
-    root = save_tiny_vae(tmp_path / "teacher", tiny)
-    teacher = [f"--ref_vae_path={root}", f"--ref_vae_class={ref_vae_class}", "--ref_vae_dtype=fp32", "--variant=auto",
+    root = save_tiny_vae(tmp_path / "ref_vae", tiny)
+    ref_vae = [f"--ref_vae_path={root}", f"--ref_vae_class={ref_vae_class}", "--ref_vae_dtype=fp32", "--variant=auto",
                f"--height={size}", f"--width={size}", f"--n_frames={frames}", "--stride_max=1"]
-    train(ONE_PROCESS, tmp_path / "out", long_clips, *teacher, "--max_train_steps=2", "--num_validation_samples=1",
+    train(ONE_PROCESS, tmp_path / "out", long_clips, *ref_vae, "--max_train_steps=2", "--num_validation_samples=1",
           "--mixed_precision=no")
     run = run_dir(tmp_path / "out")
     assert json.loads((run / "config.json").read_text())["variant"] == variant
@@ -72,7 +77,7 @@ def test_train_cache_and_evaluate_with_each_teacher(tmp_path, long_clips, tiny, 
     one_clip = tmp_path / "one_clip.json"
     entries = json.loads(Path(long_clips["train"]).read_text())["list"][:1]
     one_clip.write_text(json.dumps({"total": 1, "list": entries}))
-    cache = subprocess.run([sys.executable, "-m", "training.cache_latents", "--config", TEST_CONFIG, *teacher,
+    cache = subprocess.run([sys.executable, "-m", "training.cache_latents", "--config", TEST_CONFIG, *ref_vae,
                             f"--data_root={long_clips['root']}", f"--annotation_file={one_clip}",
                             f"--val_annotation_file={long_clips['val']}",
                             "--output", str(tmp_path / "cache"), "--dtype", "fp32"],
@@ -108,6 +113,7 @@ def test_the_latent_scale_check_names_normalised_latents_and_a_wrong_variant():
     assert "ratio 8" in wrong and "another variant" in wrong
 
 
+@pytest.mark.slow
 def test_a_pretrained_model_off_the_reference_scale_is_a_loud_warning_at_start(tmp_path, demo_clips,
                                                                                tiny_cogvideox_vae):
     """Weights that do not belong to this latent space (here: untrained ones given as
@@ -117,3 +123,33 @@ def test_a_pretrained_model_off_the_reference_scale_is_a_loud_warning_at_start(t
           f"--pretrained_model_path={pretrained}", "--max_train_steps=1", "--num_validation_samples=1")
     log = (run_dir(tmp_path / "out") / "train.log").read_text()
     assert "WARNING latent scale check: the model's latents have RMS" in log and "likely cause" in log
+
+
+def test_one_table_says_which_variant_belongs_to_which_reference_vae():
+    """The wrapper's lookup, variant="auto" and the model card read one table."""
+    assert ref_vae_class_of("taecvx") == "cogvideox" and ref_vae_class_of("taehv1_5_super") == "hunyuan15"
+    assert ref_vae_class_of("taeltx2_3_wide") == "ltx2" and ref_vae_class_of("taeos1_3") is None
+    assert video_model("taew2_2") == "Wan 2.2" and video_model("taecvx_super") == "CogVideoX"
+    assert all(name in known_variants() for ref in REF_VAE_CLASSES.values() for name in ref.variants)
+
+
+def test_a_reference_vae_config_is_read_once_per_process(tmp_path, demo_clips, monkeypatch):
+    """load_config (variant=auto), the config check and loading the reference VAE all need its
+    config.json; our code reads the file once (diffusers reads it again itself when it loads
+    the weights, through its own open())."""
+    root = save_tiny_vae(tmp_path / "vae_root", "cogvideox")
+    reads, read_text = [], Path.read_text
+
+    def counting_read_text(path: Path, *args, **kwargs) -> str:
+        if path.name == "config.json" and tmp_path in path.parents:
+            reads.append(path)
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counting_read_text)
+    config = load_config(TEST_CONFIG, [f"--ref_vae_path={root}", "--variant=auto", "--n_frames=9",
+                                       f"--data_root={demo_clips['root']}", f"--annotation_file={demo_clips['train']}",
+                                       f"--val_annotation_file={demo_clips['val']}"])
+    assert config.variant == "taecvx"
+    check(config)
+    ReferenceVAE.from_config(config, "cpu")
+    assert reads == [root.resolve() / "vae" / "config.json"]

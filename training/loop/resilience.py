@@ -18,12 +18,12 @@ import logging
 import math
 import os
 import signal
-import threading
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from training.config import TrainConfig, below
 from training.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -67,24 +67,6 @@ class StopRequest:
         return self.signal_name is not None
 
 
-def leave_stop_signals_to_parent(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: a preempted job's SIGTERM, or Ctrl+C, reaches every
-    process of the job, workers included; a worker that died of it would crash the
-    training process before it can save. So workers ignore SIGINT, and SIGTERM unless it
-    comes from their parent (how the DataLoader shuts down a worker that does not stop by
-    itself): it is blocked and taken by a thread that checks the sender."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    threading.Thread(target=_exit_on_sigterm_from, args=(os.getppid(),), daemon=True,
-                     name="sigterm-from-parent").start()
-
-
-def _exit_on_sigterm_from(parent: int) -> None:
-    while True:
-        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
-            os._exit(0)
-
-
 def agree(flags: list[bool], device: torch.device) -> list[bool]:
     """Element-wise OR of ``flags`` over all ranks (one small all-reduce)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
@@ -113,6 +95,16 @@ def is_finite_number(value) -> bool:
 def poisoned(loss: torch.Tensor) -> torch.Tensor:
     """The same graph with NaN gradients everywhere: backward still runs every collective."""
     return loss * float("nan")
+
+
+def problems(config: TrainConfig) -> list[str]:
+    """What is wrong with the fault-handling keys."""
+    found = below(config, ("max_consecutive_skipped_steps",), 1)
+    try:
+        FaultPlan.parse(config.fault_injection)
+    except ConfigError as err:
+        found.append(str(err))
+    return found
 
 
 @dataclass

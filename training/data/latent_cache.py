@@ -3,7 +3,7 @@
 The dataset draws every sample from ``(seed, epoch, index)``, so the latents of
 ``dataset[index]`` at ``epoch`` are a fixed tensor: the cache stores them for epochs
 ``0 .. latent_cache_epochs - 1`` and training reuses epoch ``e % latent_cache_epochs``
-(``CachedLatentDataset``, wrapped around the training set by ``training.data``). Sampled
+(``CachedLatentDataset``, wrapped around the training set by ``training.data.loading``). Sampled
 latents use a generator seeded per sample (``latent_sample_generator``), so a cache does
 not depend on batching, sharding, the number of processes or restarts.
 
@@ -24,8 +24,8 @@ import torch
 from safetensors import safe_open
 
 from models.variants import get_variant
-from training.config import TrainConfig, resolve_path
-from training.dataset import EpochDataset, VideoClipDataset, VideoDataError, shared_epoch
+from training.config import TrainConfig, below
+from training.data.clips import EpochDataset, VideoClipDataset, VideoDataError, shared_epoch
 from training.errors import ConfigError
 
 FORMAT_VERSION = 1
@@ -43,6 +43,14 @@ def latent_sample_generator(seed: int, epoch: int, index: int, device: torch.dev
     return torch.Generator(device).manual_seed(int(state))
 
 
+def problems(config: TrainConfig) -> list[str]:
+    """What is wrong with the latent-cache keys."""
+    found = below(config, ("latent_cache_epochs",), 1)
+    if config.latent_cache_dir and not config.ref_vae_path:
+        found.append("latent_cache_dir holds reference latents: set ref_vae_path to the VAE the cache was made with")
+    return found
+
+
 def shard_path(directory: Path, epoch: int, shard: int) -> Path:
     """Where shard ``shard`` (indices ``shard * shard_size`` onwards) of ``epoch`` lives."""
     return directory / f"epoch{epoch:03d}" / f"shard{shard:06d}.safetensors"
@@ -50,18 +58,17 @@ def shard_path(directory: Path, epoch: int, shard: int) -> Path:
 
 def _file_digest(path: str) -> str:
     """sha256 of an annotation file: the same name with other clips is another dataset."""
-    resolved = resolve_path(path) if path else None
-    if resolved is None or not resolved.is_file():
+    if not path or not Path(path).is_file():
         return ""
-    return hashlib.sha256(resolved.read_bytes()).hexdigest()
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def validity(config: TrainConfig, n_clips: int) -> dict:
     """Every setting that changes the cached latents: the frames (data and its random
     draws) and the reference VAE. Two configs with the same validity share a cache."""
     return {
-        "data_root": str(resolve_path(config.data_root)) if config.data_root else "",
-        "annotation_file": str(resolve_path(config.annotation_file)) if config.annotation_file else "",
+        "data_root": config.data_root,
+        "annotation_file": config.annotation_file,
         "annotation_sha256": _file_digest(config.annotation_file),
         "n_clips": n_clips,
         "n_frames": config.n_frames,
@@ -74,7 +81,7 @@ def validity(config: TrainConfig, n_clips: int) -> dict:
         "hflip": config.hflip,
         "seed": config.seed,
         "short_clip_policy": config.short_clip_policy,
-        "ref_vae_path": str(resolve_path(config.ref_vae_path)) if config.ref_vae_path else "",
+        "ref_vae_path": config.ref_vae_path,
         "ref_vae_class": config.ref_vae_class,
         "ref_vae_subfolder": config.ref_vae_subfolder,
         "ref_vae_dtype": config.ref_vae_dtype,
@@ -163,7 +170,7 @@ class LatentCache:
 
 class CachedLatentDataset(EpochDataset):
     """A training dataset whose items also carry ``latents``, the cached reference latents
-    of exactly their frames. ``training.data.build_training_data`` wraps the training set
+    of exactly their frames. ``training.data.loading.build_training_data`` wraps the training set
     once, with ``CachedLatentDataset.from_config(train_set, config)``.
 
     Epoch ``e`` draws the clips of cached epoch ``e % epochs``: ``set_epoch`` (called by the
@@ -184,7 +191,7 @@ class CachedLatentDataset(EpochDataset):
     @classmethod
     def from_config(cls, dataset: VideoClipDataset, config: TrainConfig) -> CachedLatentDataset:
         """Open ``config.latent_cache_dir`` and check that it matches ``config`` and ``dataset``."""
-        cache = LatentCache(resolve_path(config.latent_cache_dir))
+        cache = LatentCache(Path(config.latent_cache_dir))
         cache.check(config, len(dataset))
         return cls(dataset, cache)
 

@@ -17,6 +17,8 @@ import json
 import logging
 import math
 import os
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Literal, Sequence
@@ -27,7 +29,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from training.errors import ConfigError
-from training.resilience import leave_stop_signals_to_parent
 
 logger = logging.getLogger(__name__)
 
@@ -504,7 +505,7 @@ class VideoClipDataset(EpochDataset):
         short = (self.clips.frames >= 0) & (self.clips.frames < need)
         if not short.any():
             return []
-        advice = (f"`python -m training.make_annotations DIR -o annotations.json --min-frames {need}` writes an "
+        advice = (f"`python -m training.make_annotations DIR -o annotations.json --min_frames {need}` writes an "
                   "annotation without them")
         if short.all():
             raise VideoDataError(f"all {len(short)} clips in {source} have fewer than the {need} frames a sample needs "
@@ -619,7 +620,7 @@ class VideoClipDataset(EpochDataset):
         report = ProbeReport(probed=n, failed=len(examples), reasons=reasons)
         logger.info("probed %d clips: %d unusable %s", n, report.failed, reasons)
         if report.failure_fraction > self.max_failure_fraction:
-            min_frames = f" --min-frames {self.n_frames}" if "too short" in reasons else ""
+            min_frames = f" --min_frames {self.n_frames}" if "too short" in reasons else ""
             raise VideoDataError(
                 f"{report.failed} of {n} probed clips are unusable ({report.failure_fraction:.0%} > "
                 f"max_failure_fraction={self.max_failure_fraction:.0%}); reasons: {reasons}; e.g. "
@@ -657,6 +658,24 @@ class EpochShuffleSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.dataset.epoch)
         return iter(torch.randperm(len(self.dataset), generator=generator).tolist())
+
+
+def leave_stop_signals_to_parent(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: a preempted job's SIGTERM, or Ctrl+C, reaches every
+    process of the job, workers included; a worker that died of it would crash the
+    training process before it can save. So workers ignore SIGINT, and SIGTERM unless it
+    comes from their parent (how the DataLoader shuts down a worker that does not stop by
+    itself): it is blocked and taken by a thread that checks the sender."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=_exit_on_sigterm_from, args=(os.getppid(),), daemon=True,
+                     name="sigterm-from-parent").start()
+
+
+def _exit_on_sigterm_from(parent: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+            os._exit(0)
 
 
 def build_dataloader(

@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from training.config import TrainConfig, below
+
 logger = logging.getLogger(__name__)
 
 # metric -> True when higher is better
@@ -25,6 +27,18 @@ METRIC_DIRECTIONS = {
     "val/mse": False,
     "val/lpips": False,
 }
+
+
+def problems(config: TrainConfig) -> list[str]:
+    """What is wrong with the best-model and early-stopping keys."""
+    found = below(config, ("early_stopping_patience", "early_stopping_min_delta"), 0)
+    if config.best_metric not in METRIC_DIRECTIONS:
+        found.append(f"best_metric={config.best_metric!r}: expected one of {', '.join(METRIC_DIRECTIONS)}")
+    if config.best_metric == "val/psnr_from_reference_latents" and not config.ref_vae_path:
+        found.append("best_metric=val/psnr_from_reference_latents needs a reference VAE (ref_vae_path)")
+    if config.early_stopping_patience and not (config.val_annotation_file and config.num_validation_samples):
+        found.append("early_stopping_patience > 0 needs validation: set val_annotation_file and num_validation_samples > 0")
+    return found
 
 
 @dataclass

@@ -12,14 +12,19 @@ import torch
 from accelerate import Accelerator
 
 from models.taehv import TAEHV
-from training.config import TrainConfig
-from training.dataset import VideoClipDataset, VideoDataError, frames_to_unit
-from training.metrics import lpips_unavailable_reason, video_lpips, video_mse, video_psnr, video_ssim
-from training.reference_vae import ReferenceVAE
-from training.resilience import agree
+from training.config import TrainConfig, below
+from training.data.clips import VideoClipDataset, VideoDataError, frames_to_unit
+from evaluation.metrics import lpips_unavailable_reason, video_lpips, video_mse, video_psnr, video_ssim
+from training.data.reference_vae import ReferenceVAE
+from training.loop.resilience import agree
 
 logger = logging.getLogger(__name__)
 STRIP_FRAMES = 6
+
+
+def problems(config: TrainConfig) -> list[str]:
+    """What is wrong with the validation keys."""
+    return below(config, ("validation_batch_size",), 1) + below(config, ("num_validation_samples",), 0)
 
 
 class ValidationDataError(VideoDataError):

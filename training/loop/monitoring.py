@@ -13,10 +13,15 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
-from training.config import TrainConfig
+from training.config import TrainConfig, below
 
 logger = logging.getLogger(__name__)
 HPARAM_TYPES = (int, float, str, bool)
+
+
+def problems(config: TrainConfig) -> list[str]:
+    """What is wrong with the logging and profiling keys."""
+    return below(config, ("log_every", "validation_every"), 1) + below(config, ("image_log_every", "profile_steps"), 0)
 
 
 def tensorboard_hparams(config: TrainConfig) -> dict:

@@ -15,12 +15,36 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from models.frames import group_frames, ungroup_frames
+from models.frames import group_frames, group_sizes, ungroup_frames
 from models.seraena import Seraena
 from models.taehv import TAEHV
-from training.config import TrainConfig
+from models.variants import VariantSpec
+from training.config import TrainConfig, below
 
 logger = logging.getLogger(__name__)
+
+
+def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
+    """What is wrong with the Seraena keys: the group size must divide the decoded frames
+    and leave an even number of groups per batch (the discriminator takes halves)."""
+    found = below(config, ("n_seraena_frames",), 1) + below(config, ("seraena_loss_weight",), 0)
+    if not config.use_seraena:
+        return found
+    decoded = spec.plan(config.n_frames).decoded_frames
+    sizes = group_sizes(decoded)
+    even = [g for g in sizes if config.train_batch_size * decoded // g % 2 == 0]
+    if config.n_seraena_frames not in sizes:
+        found.append(f"n_seraena_frames={config.n_seraena_frames} does not divide the {decoded} decoded frames of "
+                     f"n_frames={config.n_frames} ({spec.name}); frames would be dropped. Valid: {', '.join(map(str, sizes))}")
+    elif config.n_seraena_frames not in even:
+        found.append(f"Seraena splits each batch into halves, so train_batch_size x decoded frames / n_seraena_frames "
+                     f"({config.train_batch_size} x {decoded} / {config.n_seraena_frames}) must be even: use an "
+                     f"even train_batch_size" + (f" or n_seraena_frames in {even}" if even else ""))
+    if config.seraena_buffer_size < 1:
+        found.append("seraena_buffer_size must be >= 1")
+    if config.seraena_learning_rate <= 0:
+        found.append("seraena_learning_rate must be > 0")
+    return found
 
 
 def build_seraena(config: TrainConfig, net: TAEHV, device: torch.device) -> Seraena:

@@ -12,7 +12,7 @@ verified too, so a file damaged in place (same size) is caught before it is trai
 and "latest" names the newest checkpoint that is complete and intact.
 
 Nothing here unpickles: weights are safetensors, every other state goes through
-``training.state_io`` (safetensors + JSON).
+``training.state.serialisation`` (safetensors + JSON).
 """
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ from accelerate.utils import DistributedType, broadcast_object_list, gather_obje
 from safetensors.torch import load_file, save_file
 
 from models.atomic import TMP_PREFIX, atomic_write, fsync_directory, temporary_name
-from training.config import TrainConfig, resolve_path, run_prefix
+from training.config import TrainConfig, below, resolve_path, run_prefix
 from training.errors import ConfigError
-from training.state_io import load_tree, save_tree
+from training.state.serialisation import load_tree, save_tree
 
 logger = logging.getLogger(__name__)
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -58,6 +58,11 @@ class Stateful(Protocol):
 # ----------------------------------------------------------------------------------------
 # Finding runs and checkpoints
 # ----------------------------------------------------------------------------------------
+
+
+def problems(config: TrainConfig) -> list[str]:
+    """What is wrong with the checkpoint keys."""
+    return below(config, ("checkpointing_steps", "checkpoints_total_limit"), 1)
 
 
 def checkpoint_step(path: Path) -> int:
@@ -129,7 +134,7 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 def _runs_of(config: TrainConfig) -> list[Path]:
     """This config's run directories, newest first."""
-    root = resolve_path(config.output_dir)
+    root = Path(config.output_dir)
     if config.run_name:
         return [root / config.run_name] if (root / config.run_name).is_dir() else []
     prefix = run_prefix(config) + "_"
@@ -163,7 +168,7 @@ def _checkpoint_named(config: TrainConfig, name: str) -> Path:
     for run in _runs_of(config):
         if (run / "checkpoints" / name).is_dir():
             return run / "checkpoints" / name
-    raise ConfigError(f"--resume {name}: no run of this config under {resolve_path(config.output_dir)} holds "
+    raise ConfigError(f"--resume {name}: no run of this config under {Path(config.output_dir)} holds "
                       f"{name} (runs searched: {', '.join(p.name for p in _runs_of(config)) or 'none'})")
 
 
@@ -201,7 +206,7 @@ def resolve_resume(config: TrainConfig) -> tuple[Path | None, Path | None]:
         found = _latest(config)
         if found is None and spec:
             raise ConfigError(f"--resume latest: no complete checkpoint in any {run_prefix(config)}* run under "
-                              f"{resolve_path(config.output_dir)}; start without --resume or give a checkpoint path")
+                              f"{Path(config.output_dir)}; start without --resume or give a checkpoint path")
     elif spec:
         path = resolve_path(spec)
         if "/" not in spec and not path.exists():  # a bare name
@@ -218,7 +223,7 @@ def resolve_resume(config: TrainConfig) -> tuple[Path | None, Path | None]:
 
 
 def new_run_dir(config: TrainConfig) -> Path:
-    root = resolve_path(config.output_dir)
+    root = Path(config.output_dir)
     if config.run_name:
         return root / config.run_name
     return root / f"{run_prefix(config)}_{datetime.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}"

@@ -10,7 +10,7 @@ losses on frames aligned by the model's FramePlan, adds Seraena's loss, and runs
 backward pass; at the end of an accumulation window it clips the gradients and steps the
 optimizer, the scheduler and the EMA weights, or skips the window on every rank.
 
-Skipping is decided together (``training.resilience``): each rank contributes whether its
+Skipping is decided together (``training.loop.resilience``): each rank contributes whether its
 forward pass ran out of memory, whether its loss is non-finite and whether a signal
 arrived, in one all-reduce. A rank whose forward pass failed runs a placeholder clip so
 that its backward pass joins the same gradient collectives, every rank back-propagates a
@@ -33,15 +33,45 @@ from torch.utils.data import DataLoader
 
 from models.seraena import Seraena
 from models.taehv import TAEHV, AutoencoderOutput
-from training.adversarial import build_seraena, seraena_loss
-from training.checkpointing import TrainingObjects
-from training.config import TrainConfig, resolve_path
-from training.data import ReferenceLatents
-from training.dataset import frames_to_unit
-from training.losses import compute_losses
-from training.resilience import FaultPlan, StopRequest, agree, is_finite_number, poisoned
+from training.loop.adversarial import build_seraena, seraena_loss
+from training.state.checkpoints import TrainingObjects
+from training.config import TrainConfig, below
+from training.data.loading import ReferenceLatents
+from training.data.clips import VideoDataError, frames_to_unit
+from training.loop.losses import compute_losses
+from training.loop.resilience import FaultPlan, StopRequest, agree, is_finite_number, poisoned
 
 logger = logging.getLogger(__name__)
+MIXED_PRECISION = ("no", "fp16", "bf16")
+LR_SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
+
+
+def problems(config: TrainConfig) -> list[str]:
+    """What is wrong with the optimisation and model keys."""
+    found = below(config, ("train_batch_size", "gradient_accumulation_steps", "max_train_steps"), 1)
+    found += below(config, ("max_grad_norm", "weight_decay", "lr_warmup_steps"), 0)
+    if config.mixed_precision not in MIXED_PRECISION:
+        found.append(f"mixed_precision must be one of {MIXED_PRECISION}")
+    if config.lr_scheduler not in LR_SCHEDULERS:
+        found.append(f"lr_scheduler must be one of {LR_SCHEDULERS}")
+    if config.learning_rate <= 0:
+        found.append("learning_rate must be > 0")
+    if not 0 < config.ema_decay < 1:
+        found.append("ema_decay must be in (0, 1)")
+    if config.compile and config.compile_backend not in (known := compile_backends()):
+        found.append(f"compile_backend={config.compile_backend!r} is not a torch.compile backend; known: "
+                     f"{', '.join(name for name in known if 'TESTING' not in name)}")
+    if not (config.train_encoder or config.pretrained_model_path):
+        found.append("train_encoder=false keeps the encoder as loaded: set pretrained_model_path (e.g. stage 1's export)")
+    return found
+
+
+def compile_backends() -> list[str]:
+    """The ``torch.compile`` backends this torch knows, its debugging ones (``aot_eager``,
+    ``eager``) included."""
+    import torch._dynamo  # seconds to import: only when compile=true is checked
+
+    return torch._dynamo.list_backends(exclude_tags=())
 
 
 def build_model(config: TrainConfig, resumed: bool = False) -> TAEHV:
@@ -50,7 +80,7 @@ def build_model(config: TrainConfig, resumed: bool = False) -> TAEHV:
     its checkpoint. With ``train_encoder=False`` the encoder is frozen as loaded (also on
     resume: its fp32 weights are the ones exported)."""
     if config.pretrained_model_path and (not resumed or not config.train_encoder):
-        model = TAEHV(resolve_path(config.pretrained_model_path), variant=config.variant)
+        model = TAEHV(config.pretrained_model_path, variant=config.variant)
         logger.info("initialised from %s", config.pretrained_model_path)
     else:
         model = TAEHV(variant=config.variant)
@@ -150,13 +180,13 @@ class TrainStep:
                    frozen)
         return step, loader
 
-    def __call__(self, batch: dict | Exception, window: int) -> StepResult:
+    def __call__(self, batch: dict | VideoDataError, window: int) -> StepResult:
         """Train on one micro-batch of accumulation window ``window`` (counted from 1,
-        skipped windows included). ``batch`` is the exception instead when this rank could
-        not load its batch (the data went away)."""
+        skipped windows included). ``batch`` is the VideoDataError instead when this rank
+        could not load its batch (the data went away: ``batches_until_data_error``)."""
         acc, rank = self.accelerator, self.accelerator.process_index
         self.faults.maybe_signal(window, rank)
-        data_failed = isinstance(batch, Exception)
+        data_failed = isinstance(batch, VideoDataError)
         with acc.accumulate(self.model):
             forward, z_ref, losses, out_of_memory = None, None, None, False
             try:

@@ -18,12 +18,39 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from training.config import TrainConfig, resolve_path
-from training.dataset import VideoClipDataset, VideoDataError, build_dataloader
-from training.latent_cache import CachedLatentDataset
-from training.reference_vae import ReferenceVAE
+from models.variants import VariantSpec
+from training.config import TrainConfig, below
+from training.data.clips import VideoClipDataset, VideoDataError, build_dataloader
+from training.data.latent_cache import CachedLatentDataset
+from training.data.reference_vae import ReferenceVAE
 
 logger = logging.getLogger(__name__)
+
+
+def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
+    """What is wrong with the data keys: sizes the variant can take, frames, strides, crops."""
+    found, multiple = [], 8 * spec.patch_size
+    if config.height <= 0 or config.width <= 0:
+        found.append(f"height and width must be positive, got {config.height}x{config.width}")
+    if config.height % multiple or config.width % multiple:
+        found.append(f"height and width must be multiples of {multiple} (8 * patch_size of {spec.name}), "
+                     f"got {config.height}x{config.width}")
+    if config.val_height < 0 or config.val_width < 0 or (config.val_height == 0) != (config.val_width == 0):
+        found.append(f"set both val_height and val_width (positive), or neither, got {config.val_height}x{config.val_width}")
+    if config.val_height % multiple or config.val_width % multiple:
+        found.append(f"val_height and val_width must be multiples of {multiple} (8 * patch_size of {spec.name}), "
+                     f"got {config.val_height}x{config.val_width}")
+    if config.n_frames < 1:
+        found.append("n_frames must be >= 1")
+    if not 1 <= config.stride_min <= config.stride_max:
+        found.append("need 1 <= stride_min <= stride_max")
+    if not 0 < config.crop_scale_min <= config.crop_scale_max <= 1:
+        found.append("need 0 < crop_scale_min <= crop_scale_max <= 1")
+    if config.short_clip_policy not in ("lower_stride", "skip"):
+        found.append("short_clip_policy must be 'lower_stride' or 'skip'")
+    if not (config.data_root or config.annotation_file):
+        found.append("set data_root (a folder of videos) or annotation_file")
+    return found + below(config, ("dataloader_num_workers",), 0)
 
 
 def build_datasets(config: TrainConfig) -> tuple[VideoClipDataset, VideoClipDataset | None]:
@@ -32,14 +59,14 @@ def build_datasets(config: TrainConfig) -> tuple[VideoClipDataset, VideoClipData
     common = dict(n_frames=config.n_frames, height=config.height, width=config.width, seed=config.seed,
                   short_clip_policy=config.short_clip_policy, max_failure_fraction=config.max_failure_fraction,
                   stride_range=(config.stride_min, config.stride_max))
-    data_root = resolve_path(config.data_root) if config.data_root else None
+    data_root = config.data_root or None
     train = VideoClipDataset(
-        data_root, resolve_path(config.annotation_file) if config.annotation_file else None, mode="train",
+        data_root, config.annotation_file or None, mode="train",
         crop_scale=(config.crop_scale_min, config.crop_scale_max), hflip=config.hflip, **common)
     val = None
     if config.val_annotation_file and config.num_validation_samples > 0:
         height, width = config.validation_size
-        val = VideoClipDataset(data_root, resolve_path(config.val_annotation_file), mode="val",
+        val = VideoClipDataset(data_root, config.val_annotation_file, mode="val",
                                **(common | dict(height=height, width=width)))
     return train, val
 

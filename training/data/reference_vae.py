@@ -1,6 +1,6 @@
-"""The frozen reference VAE: any diffusers video VAE of ``training.teachers.TEACHERS``.
+"""The frozen reference VAE: any diffusers video VAE of ``models.reference_vaes.REF_VAE_CLASSES``.
 
-TAEHV lives in the reference VAE's latent space, so its latents are the teacher: encoder
+TAEHV lives in the reference VAE's latent space, so its latents are the ref_vae: encoder
 targets, and decoder inputs. Training, the latent-cache builder and ``inference.py
 --use_ref_vae`` all build it with ``ReferenceVAE.from_config``: loaded once, frozen, kept
 out of ``accelerator.prepare`` (DeepSpeed would demand an optimizer for it). A missing or
@@ -14,9 +14,12 @@ from pathlib import Path
 
 import torch
 
-from training.config import DTYPES, REF_VAE_CLASSES, TrainConfig, reference_vae_problems, resolve_path
+from models.frames import exact_frame_counts
+from models.reference_vaes import (REF_VAE_CLASSES, latent_space, read_vae_config, ref_vae_problems,
+                                   reference_vae_frames, reference_vae_rule)
+from models.variants import VariantSpec
+from training.config import DTYPES, TrainConfig
 from training.errors import ConfigError
-from training.teachers import TEACHERS, read_vae_config, teacher_facts
 
 logger = logging.getLogger(__name__)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -46,6 +49,34 @@ def from_diffusers(latents: torch.Tensor) -> torch.Tensor:
     return latents.permute(0, 2, 1, 3, 4)
 
 
+def folder_problems(config: TrainConfig, variant: str) -> list[str]:
+    """What makes ``ref_vae_path`` unfit to teach ``variant``, read from the model folder's
+    ``config.json`` alone: checked before launch, and before the weights are loaded."""
+    return ref_vae_problems(config.ref_vae_class, Path(config.ref_vae_path) / config.ref_vae_subfolder, variant)
+
+
+def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
+    """What is wrong with the ``ref_vae_*`` keys: the class, the dtype, the frame count the
+    reference VAE takes, and the model folder itself."""
+    found = []
+    if config.ref_vae_class not in REF_VAE_CLASSES:
+        found.append(f"ref_vae_class must be one of {', '.join(REF_VAE_CLASSES)}")
+    if config.ref_vae_dtype not in DTYPES:
+        found.append(f"ref_vae_dtype must be one of {', '.join(DTYPES)}")
+    if not config.ref_vae_path:
+        return found
+    plan = spec.plan(config.n_frames)
+    if not (plan.exact and reference_vae_frames(config.n_frames, spec)):
+        exact = exact_frame_counts(64, spec.t_downscale, spec.t_upscale, spec.is_cogvideox, spec.h3_chunks)
+        valid = [t for t in exact if reference_vae_frames(t, spec)][:8]  # for the message; the rule has no limit
+        found.append(f"n_frames={config.n_frames} does not work with a reference VAE and {spec.name}: the reference "
+                     f"VAE {reference_vae_rule(spec)} and the decoder must return exactly the input frames "
+                     f"(here {plan.decoded_frames} from {plan.latent_frames} latents). Valid: {', '.join(map(str, valid))}, ...")
+    if Path(config.ref_vae_path).exists() and config.ref_vae_class in REF_VAE_CLASSES:
+        found.extend(folder_problems(config, config.variant))
+    return found
+
+
 class ReferenceVAE:
     """Frozen diffusers VAE that returns raw (unscaled) NTCHW latents for NTCHW frames."""
 
@@ -61,27 +92,27 @@ class ReferenceVAE:
         except ValueError as err:
             raise ConfigError(f"reference VAE: {err}; point at a local copy of the video model with its "
                               f"'{subfolder}' subfolder") from None
-        cls = getattr(diffusers, REF_VAE_CLASSES[vae_class])
+        cls = getattr(diffusers, REF_VAE_CLASSES[vae_class].diffusers_class)
         self.vae = cls.from_pretrained(path, subfolder=subfolder, torch_dtype=DTYPES[dtype]).to(device).eval()
         self.vae.requires_grad_(False)
         self.dtype = DTYPES[dtype]
         self.sample = sample
-        self.pixels, self.one_clip_at_a_time = TEACHERS[vae_class].pixels, TEACHERS[vae_class].one_clip_at_a_time
-        self.facts = teacher_facts(vae_class, dict(self.vae.config))
-        self.latent_channels = self.facts.latent_channels
+        self.pixels, self.one_clip_at_a_time = REF_VAE_CLASSES[vae_class].pixels, REF_VAE_CLASSES[vae_class].one_clip_at_a_time
+        self.latent_space = latent_space(vae_class, dict(self.vae.config))
+        self.latent_channels = self.latent_space.latent_channels
         # LTX VAEs with timestep conditioning decode at a timestep; 0 is the clean video
         self.decode_timestep = bool(getattr(self.vae.config, "timestep_conditioning", False))
-        logger.info("reference VAE %s from %s (%s, %.1fM parameters, %s)", REF_VAE_CLASSES[vae_class],
-                    path, dtype, sum(p.numel() for p in self.vae.parameters()) / 1e6, self.facts.describe())
+        logger.info("reference VAE %s from %s (%s, %.1fM parameters, %s)", REF_VAE_CLASSES[vae_class].diffusers_class,
+                    path, dtype, sum(p.numel() for p in self.vae.parameters()) / 1e6, self.latent_space.describe())
 
     @classmethod
     def from_config(cls, config: TrainConfig, device: torch.device | str) -> ReferenceVAE:
         """The reference VAE a config names (``ref_vae_*`` keys), checked (before loading it)
         against the TAE variant it teaches."""
-        problems = reference_vae_problems(config)
-        if problems:
-            raise ConfigError("; ".join(problems))
-        return cls(resolve_path(config.ref_vae_path), config.ref_vae_class, config.ref_vae_subfolder,
+        found = folder_problems(config, config.variant)
+        if found:
+            raise ConfigError("; ".join(found))
+        return cls(config.ref_vae_path, config.ref_vae_class, config.ref_vae_subfolder,
                    config.ref_vae_dtype, device, config.ref_latent_sample)
 
     @torch.no_grad()

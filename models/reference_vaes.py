@@ -1,0 +1,184 @@
+"""The reference VAEs a TAE lives next to: every diffusers video VAE class, its TAEs, and
+what its ``config.json`` says about its latent space.
+
+``REF_VAE_CLASSES`` is the one table of which TAE variant belongs to which reference VAE:
+``variant="auto"``, the diffusers wrapper's config lookup and the exported model card all
+read it. Everything else here is read from the model folder's ``config.json`` alone (no
+weights are loaded, and the file is read once per process), so a config check can judge a
+reference VAE before anything starts: its diffusers class, latent channels, spatial and
+temporal compression (hence the frame rule), and which TAE variants fit its latent space.
+
+The latents are the raw ones ``vae.encode(...).latent_dist`` gives: every pipeline
+un-scales (``scaling_factor``) or un-normalises (``latents_mean``/``latents_std``) its
+latents before ``vae.decode``, so a TAE trained on raw latents decodes what the pipeline
+passes to ``vae.decode`` (checked per pipeline in docs/reference_vaes.md).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from .frames import H3_CHUNK_FRAMES
+from .variants import SUPER_SUFFIX, VariantSpec, get_variant, known_variants
+
+
+@dataclass(frozen=True)
+class RefVAEClass:
+    diffusers_class: str
+    variants: dict[str, str]  # its published TAEs -> the video model each belongs to; variant="auto" takes the first that fits
+    pixels: str = "signed"  # "signed": [-1, 1]; "imagenet": ImageNet-normalised [0, 1] (MiniMax H3)
+    one_clip_at_a_time: bool = False  # diffusers 0.42's HunyuanVideo 1.5 attention mask breaks on batches > 1
+
+
+# ref_vae_class (the config key's values) -> the diffusers class that loads it and its TAEs
+REF_VAE_CLASSES = {
+    "cogvideox": RefVAEClass("AutoencoderKLCogVideoX", {"taecvx": "CogVideoX"}),
+    "hunyuan": RefVAEClass("AutoencoderKLHunyuanVideo", {"taehv": "HunyuanVideo"}),
+    "hunyuan15": RefVAEClass("AutoencoderKLHunyuanVideo15", {"taehv1_5": "HunyuanVideo 1.5"}, one_clip_at_a_time=True),
+    "wan": RefVAEClass("AutoencoderKLWan", {"taew2_1": "Wan 2.1", "taew2_2": "Wan 2.2"}),
+    "ltx": RefVAEClass("AutoencoderKLLTXVideo", {"taeltx_2": "LTX-2"}),
+    "ltx2": RefVAEClass("AutoencoderKLLTX2Video", {"taeltx2_3": "LTX-2.3 and LTX-2.5", "taeltx_2": "LTX-2",
+                                                   "taeltx2_3_wide": "LTX-2.3 and LTX-2.5"}),
+    "h3": RefVAEClass("AutoencoderKLMiniMaxH3", {"taeh3": "MiniMax H3"}, pixels="imagenet"),
+}
+
+
+def ref_vae_class_of(variant: str) -> str | None:
+    """The ``ref_vae_class`` whose latent space ``variant`` (a super decoder too) lives in;
+    None for a TAE whose reference VAE diffusers does not have (taeos1_3)."""
+    base = variant.removesuffix(SUPER_SUFFIX)
+    return next((name for name, ref in REF_VAE_CLASSES.items() if base in ref.variants), None)
+
+
+def video_model(variant: str) -> str | None:
+    """The video model whose latent space ``variant`` lives in, for model cards and messages."""
+    name = ref_vae_class_of(variant)
+    return REF_VAE_CLASSES[name].variants[variant.removesuffix(SUPER_SUFFIX)] if name else None
+
+
+@dataclass(frozen=True)
+class LatentSpace:
+    """What a reference VAE's config says about its latent space."""
+
+    latent_channels: int
+    spatial_compression: int
+    temporal_compression: int
+    h3_chunks: bool = False
+
+    def fits(self, spec: VariantSpec) -> bool:
+        """``spec`` lives in this latent space: same channels, compression and time axis."""
+        return (spec.latent_channels, 8 * spec.patch_size, spec.t_downscale, spec.h3_chunks) == (
+            self.latent_channels, self.spatial_compression, self.temporal_compression, self.h3_chunks)
+
+    def describe(self) -> str:
+        return (f"{self.latent_channels} latent channels, {self.spatial_compression}x space, "
+                f"{self.temporal_compression}x time" + (", 17-frame chunks" if self.h3_chunks else ""))
+
+
+@functools.lru_cache(maxsize=None)
+def _config_text(config_file: Path, mtime_ns: int, size: int) -> str:
+    return config_file.read_text()  # once per process and file version (the stat keys the cache)
+
+
+def read_vae_config(folder: Path) -> dict:
+    """The ``config.json`` of a diffusers model folder (read once per process); ValueError
+    naming the folder when it is missing or not JSON."""
+    config_file = Path(folder).resolve() / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"{folder} is not a diffusers model folder (no config.json)")
+    stat = config_file.stat()
+    try:
+        return json.loads(_config_text(config_file, stat.st_mtime_ns, stat.st_size))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{config_file} is not valid JSON ({err})") from None
+
+
+def _ratio(config: dict, key: str, derived: int) -> int:
+    """A compression ratio from the config when it says, else derived from the blocks (LTX
+    leaves ``None`` there when its blocks give the ratio)."""
+    return int(config[key]) if config.get(key) else derived
+
+
+def latent_space(ref_vae_class: str, config: dict) -> LatentSpace:
+    """Latent channels and compression of a VAE of class ``ref_vae_class`` from its config,
+    the way the diffusers class itself derives them (docs/reference_vaes.md)."""
+    if ref_vae_class == "cogvideox":  # no spatial key: one 2x downsample between blocks
+        return LatentSpace(config["latent_channels"], 2 ** (len(config["block_out_channels"]) - 1),
+                           int(config.get("temporal_compression_ratio") or 4))
+    if ref_vae_class in ("hunyuan", "hunyuan15"):
+        return LatentSpace(config["latent_channels"], int(config["spatial_compression_ratio"]),
+                           int(config["temporal_compression_ratio"]))
+    if ref_vae_class == "wan":  # the scale_factor_* keys are labels; the blocks decide
+        spatial = 2 ** (len(config["dim_mult"]) - 1) * (config.get("patch_size") or 1)
+        return LatentSpace(config["z_dim"], spatial, 2 ** sum(config.get("temperal_downsample", [False, True, True])))
+    if ref_vae_class in ("ltx", "ltx2"):
+        scaling = sum(config["spatio_temporal_scaling"])
+        return LatentSpace(config["latent_channels"],
+                           _ratio(config, "spatial_compression_ratio", config["patch_size"] * 2 ** scaling),
+                           _ratio(config, "temporal_compression_ratio", config["patch_size_t"] * 2 ** scaling))
+    if ref_vae_class == "h3":
+        return LatentSpace(config["latent_channels"], math.prod(config["spatial_downsample_factors"]),
+                           math.prod(config["temporal_downsample_factors"]), h3_chunks=True)
+    raise ValueError(f"ref_vae_class must be one of {', '.join(REF_VAE_CLASSES)}, got {ref_vae_class!r}")
+
+
+def variants_for(ref_vae_class: str, space: LatentSpace) -> list[str]:
+    """TAE variants that live in this latent space, the reference VAE's own first."""
+    own = [name for name in REF_VAE_CLASSES[ref_vae_class].variants if space.fits(get_variant(name))]
+    return own + [name for name in known_variants() if name not in own and space.fits(get_variant(name))]
+
+
+def ref_vae_problems(ref_vae_class: str, folder: Path, variant: str) -> list[str]:
+    """What makes the VAE in ``folder`` unfit to teach ``variant`` ("auto": any of its own),
+    each with what to change."""
+    try:
+        config = read_vae_config(folder)
+    except ValueError as err:
+        return [f"ref_vae_path: {err}: point ref_vae_path at a local copy of the video model, whose VAE "
+                "subfolder (ref_vae_subfolder) holds it"]
+    found, ref = config.get("_class_name"), REF_VAE_CLASSES[ref_vae_class]
+    if found != ref.diffusers_class:
+        matching = [name for name, r in REF_VAE_CLASSES.items() if r.diffusers_class == found]
+        return [f"{folder / 'config.json'} holds a {found}, but ref_vae_class={ref_vae_class} loads "
+                f"{ref.diffusers_class}" + (f": set ref_vae_class={matching[0]}" if matching else "")]
+    space = latent_space(ref_vae_class, config)
+    fitting = variants_for(ref_vae_class, space)
+    if variant == "auto":
+        return [] if fitting else [f"no TAE variant fits the reference VAE ({space.describe()})"]
+    if space.fits(get_variant(variant)):
+        return []
+    spec = get_variant(variant)
+    return [f"the reference VAE has {space.describe()} but {variant} has {spec.latent_channels} latent channels, "
+            f"{8 * spec.patch_size}x space, {spec.t_downscale}x time" + (", 17-frame chunks" if spec.h3_chunks else "")
+            + (f": pick the matching variant ({', '.join(fitting)})" if fitting else ": no TAE variant fits it")]
+
+
+def auto_variant(ref_vae_class: str, folder: Path) -> str | None:
+    """The TAE variant ``variant="auto"`` means for the VAE in ``folder``; None when the
+    folder or its class cannot tell (the config check then says why)."""
+    try:
+        config = read_vae_config(folder)
+    except ValueError:
+        return None
+    if ref_vae_class not in REF_VAE_CLASSES or config.get("_class_name") != REF_VAE_CLASSES[ref_vae_class].diffusers_class:
+        return None
+    fitting = variants_for(ref_vae_class, latent_space(ref_vae_class, config))
+    return fitting[0] if fitting else None
+
+
+def reference_vae_frames(n_frames: int, spec: VariantSpec) -> bool:
+    """Whether the reference VAE of ``spec`` takes ``n_frames`` frames: ``t_downscale * k + 1``
+    (k >= 1) encode to k+1 latents (4k+1 for most, 8k+1 for LTX); MiniMax H3 pads clips to
+    17-frame chunks and decodes only more than 17 frames (docs/h3_alignment.md)."""
+    if spec.h3_chunks:
+        return n_frames > H3_CHUNK_FRAMES
+    return n_frames > 1 and (n_frames - 1) % spec.t_downscale == 0
+
+
+def reference_vae_rule(spec: VariantSpec) -> str:
+    if spec.h3_chunks:
+        return f"pads clips to {H3_CHUNK_FRAMES}-frame chunks and decodes only clips of more than {H3_CHUNK_FRAMES} frames"
+    return f"encodes {spec.t_downscale}k+1 frames to k+1 latents"

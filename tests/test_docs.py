@@ -1,0 +1,81 @@
+"""The docs name only what exists: the README's layout table has one row per folder and
+names files that are there, every repository path and `python -m` module the docs name
+exists, and every `--flag` / `--key=value` they show is a config key or a flag of a tool."""
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import fields
+
+import pytest
+
+from conftest import REPO_ROOT
+from training.config import TrainConfig
+
+DOCS = [REPO_ROOT / "README.md", REPO_ROOT / "checkpoints" / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+EXTENSIONS = ("py", "md", "sh", "yaml", "yml", "txt", "json", "ini", "png")
+# flags of other programs the docs show (pytest, tensorboard, accelerate launch) and the placeholder --key=value
+OTHER_FLAGS = {"basetemp", "logdir", "multi_gpu", "num_processes", "num_machines", "main_process_port", "config_file", "key"}
+OURS = ("models", "training", "evaluation", "bench", "docs", "tests", "scripts", "accelerate_configs")  # not run outputs
+
+
+def tracked_files() -> list[str]:
+    result = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=REPO_ROOT)
+    if result.returncode != 0:
+        pytest.skip("not a git checkout")
+    return result.stdout.split()
+
+
+def code_spans(text: str) -> list[str]:
+    return re.findall(r"`([^`\n]+)`", text)
+
+
+def layout_rows() -> dict[str, str]:
+    readme = (REPO_ROOT / "README.md").read_text()
+    table = readme[readme.index("## Layout"):]
+    return dict(re.findall(r"^\| `([^`]+/)` \| (.*) \|$", table, flags=re.M))
+
+
+def test_the_layout_table_has_one_row_per_folder_and_names_its_files():
+    folders = {path.rpartition("/")[0] + "/" for path in tracked_files() if "/" in path}
+    folders = {f for f in folders if not f.startswith((".", "docs/images/", "tests/fixtures/"))}
+    rows = layout_rows()
+    assert set(rows) == folders, f"README layout rows {sorted(set(rows) ^ folders)} do not match the folders"
+    for folder, text in rows.items():
+        for name in re.findall(r"`([\w.]+\.(?:py|sh|md))`", text):
+            assert (REPO_ROOT / folder / name).exists() or (REPO_ROOT / name).exists(), f"{folder}{name} (layout table)"
+
+
+def test_every_path_and_module_the_docs_name_exists():
+    missing = []
+    for doc in DOCS:
+        for span in code_spans(doc.read_text()):
+            for token in span.split():
+                token = token.strip("(),;:'\"")
+                if (re.fullmatch(rf"[\w.-]+(/[\w.-]+)+\.({'|'.join(EXTENSIONS)})", token)
+                        and token.split("/")[0] in OURS and not (REPO_ROOT / token).exists()):
+                    missing.append(f"{doc.name}: {token}")
+            for module in re.findall(r"python3? -m ((?:training|bench|evaluation|models)(?:\.\w+)+)(?![\w<.])", span):
+                if not (REPO_ROOT / (module.replace(".", "/") + ".py")).exists():
+                    missing.append(f"{doc.name}: python -m {module}")
+    assert missing == []
+
+
+def tool_flags() -> set[str]:
+    """Every long flag some tool defines (snake_case; both spellings are accepted)."""
+    flags = set()
+    for path in [*REPO_ROOT.glob("training/*.py"), *REPO_ROOT.glob("bench/*.py"), REPO_ROOT / "inference.py"]:
+        flags |= set(re.findall(r"add_argument\(\s*\"--([\w-]+)\"", path.read_text()))
+    flags |= set(re.findall(r"--([\w-]+)\)", (REPO_ROOT / "train_taehv_h100.sh").read_text()))
+    return {flag.replace("-", "_") for flag in flags}
+
+
+def test_every_flag_the_docs_show_is_a_config_key_or_a_flag():
+    known, unknown = {f.name for f in fields(TrainConfig)} | tool_flags() | OTHER_FLAGS, []
+    for doc in DOCS:
+        for span in code_spans(doc.read_text()):
+            for flag in re.findall(r"(?:^|[\s\[(])--([a-z][\w-]*)", span):
+                flag = flag.replace("-", "_")
+                if flag not in known and flag.removeprefix("no_") not in known:  # --no_x of a boolean --x
+                    unknown.append(f"{doc.name}: --{flag}")
+    assert unknown == []

@@ -1,0 +1,34 @@
+"""The config check before any heavy work: every component's ``problems(config)``, asked in one go.
+
+Each component owns the rules of its keys (data sizes and frames, the reference VAE, the
+losses, Seraena, optimisation, validation, checkpoints, early stopping, fault handling);
+this module only asks them all, so a user sees every problem of a config at once. The
+launch script, training, the latent-cache builder and the tests call ``check``.
+"""
+from __future__ import annotations
+
+from models.reference_vaes import REF_VAE_CLASSES
+from training.config import TrainConfig, invalid_config, missing_paths, spec_of, type_problems
+from training.data import latent_cache, loading, reference_vae
+from training.loop import adversarial, best_model, losses, monitoring, resilience, step, validation
+from training.state import checkpoints
+
+
+def check(config: TrainConfig) -> list[str]:
+    """Validate a config before any heavy work. Raises ConfigError listing every problem;
+    returns informational notes (e.g. frames the reconstruction loss does not cover)."""
+    if problems := type_problems(config):
+        raise invalid_config(problems)
+    if config.variant == "auto":  # with_auto_variant could not tell: say why
+        folder_problems = (reference_vae.folder_problems(config, "auto")
+                           if config.ref_vae_path and config.ref_vae_class in REF_VAE_CLASSES else [])
+        raise invalid_config(folder_problems or ["variant=auto takes the reference VAE's own TAE variant: set "
+                                                 "ref_vae_path (and ref_vae_class) to its diffusers folder, or name the variant"])
+    spec = spec_of(config)
+    problems = [*loading.problems(config, spec), *reference_vae.problems(config, spec), *losses.problems(config),
+                *adversarial.problems(config, spec), *step.problems(config), *latent_cache.problems(config),
+                *monitoring.problems(config), *validation.problems(config), *checkpoints.problems(config),
+                *best_model.problems(config), *resilience.problems(config), *missing_paths(config)]
+    if problems:
+        raise invalid_config(problems)
+    return losses.notes(config, spec)
