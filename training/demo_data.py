@@ -216,14 +216,14 @@ def make_demo_dataset(
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--num_clips", type=int, default=32)
-    parser.add_argument("--frames", type=int, default=24)
-    parser.add_argument("--height", type=int, default=96)
-    parser.add_argument("--width", type=int, default=144)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--val_fraction", type=float, default=0.125)
-    parser.add_argument("--fps", type=float, default=24.0)
+    parser.add_argument("out_dir", type=Path, help="folder for the clips and annotations_{train,val}.json")
+    parser.add_argument("--num_clips", type=int, default=32, help="clips to render (default: 32)")
+    parser.add_argument("--frames", type=int, default=24, help="frames per clip (default: 24)")
+    parser.add_argument("--height", type=int, default=96, help="frame height (default: 96)")
+    parser.add_argument("--width", type=int, default=144, help="frame width (default: 144)")
+    parser.add_argument("--seed", type=int, default=0, help="the same seed renders the same scenes")
+    parser.add_argument("--val_fraction", type=float, default=0.125, help="share of clips held out (default: 0.125)")
+    parser.add_argument("--fps", type=float, default=24.0, help="frame rate written into the files (default: 24)")
     args = parser.parse_args(argv)
     paths = make_demo_dataset(
         args.out_dir, args.num_clips, args.frames, args.height, args.width, args.seed, args.val_fraction, args.fps

@@ -10,7 +10,7 @@ from __future__ import annotations
 from models.reference_vaes import REF_VAE_CLASSES
 from training.config import TrainConfig, invalid_config, missing_paths, spec_of, type_problems
 from training.data import latent_cache, loading, reference_vae
-from training.loop import adversarial, best_model, losses, monitoring, resilience, step, validation
+from training.loop import adversarial, best_model, losses, monitoring, optimisation, resilience, validation
 from training.state import checkpoints
 
 
@@ -26,7 +26,7 @@ def check(config: TrainConfig) -> list[str]:
                                                  "ref_vae_path (and ref_vae_class) to its diffusers folder, or name the variant"])
     spec = spec_of(config)
     problems = [*loading.problems(config, spec), *reference_vae.problems(config, spec), *losses.problems(config),
-                *adversarial.problems(config, spec), *step.problems(config), *latent_cache.problems(config),
+                *adversarial.problems(config, spec), *optimisation.problems(config), *latent_cache.problems(config),
                 *monitoring.problems(config), *validation.problems(config), *checkpoints.problems(config),
                 *best_model.problems(config), *resilience.problems(config), *missing_paths(config)]
     if problems:
