@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import save_tiny_vae
+from conftest import REPO_ROOT, save_tiny_vae
 from models.variants import get_variant
 from evaluation.metrics import lpips_unavailable_reason
 from training.config import ConfigError, TrainConfig, apply_overrides, load_config, run_prefix
@@ -224,6 +224,19 @@ def test_wrong_type_in_config_file(tmp_path):
     bad.write_text("config = dict(n_frames=9)\n")
     with pytest.raises(ConfigError, match="must define `config = TrainConfig"):
         load_config(bad)
+    bad.write_text("from training.config import TrainConfig\nconfig = TrainConfig(data_root=5)\n")
+    with pytest.raises(ConfigError, match="data_root=5 should be a str"):  # not resolved as a path first
+        check(load_config(bad))
+
+
+def test_paths_are_made_absolute_once_and_missing_demo_clips_name_the_command(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative paths are the repository root's, wherever the tool runs
+    config = load_config(REPO_ROOT / "training" / "configs" / "taehv_config_test.py",
+                         ["--data_root=demo_output/data/not_made_here", "--annotation_file=", "--val_annotation_file="])
+    assert config.data_root == str(REPO_ROOT / "demo_output" / "data" / "not_made_here") and config.annotation_file == ""
+    with pytest.raises(ConfigError, match=r"data_root: .*not_made_here does not exist: `make demo` makes the built-in "
+                                          r"clips there \(or `python -m training.demo_data demo_output/data` alone\)"):
+        check(config)
 
 
 @pytest.mark.parametrize("variant, frames", [("taehv", 65), ("taehv", 101), ("taecvx", 73)])

@@ -215,7 +215,8 @@ PATH_KEYS = ("output_dir", "data_root", "annotation_file", "val_annotation_file"
 def resolve_paths(config: TrainConfig) -> TrainConfig:
     """Every path key made absolute (relative ones are relative to the repository root), so
     the rest of the code uses them as they are."""
-    return replace(config, **{key: str(resolve_path(value)) for key in PATH_KEYS if (value := getattr(config, key))})
+    return replace(config, **{key: str(resolve_path(value)) for key in PATH_KEYS
+                              if isinstance(value := getattr(config, key), str) and value})  # others: type_problems
 
 
 # -- the config's own problems (each component checks its keys: training/preflight.py) ----
