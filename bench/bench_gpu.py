@@ -80,9 +80,9 @@ from bench.bench_train_step import train_step
 from evaluation.timing import median_seconds, synchronize
 from models import taehv as taehv_module
 from models.frames import exact_frame_counts
+from models.reference_vaes import reference_vae_frames
 from models.taehv import TAEHV
 from models.variants import get_variant, known_variants
-from models.reference_vaes import reference_vae_frames
 from training.config import DTYPES, TrainConfig, load_config
 from training.data.loading import ReferenceLatents
 from training.flags import ArgumentParser

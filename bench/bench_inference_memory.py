@@ -33,8 +33,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CLIP = REPO_ROOT.parent / "shared" / "videos" / "udacity_alf_project_video_start_200f.mp4"
 SAVE_WEIGHTS = """
 import torch
-from models.weights import save_weights
 from models.taehv import TAEHV
+from models.weights import save_weights
 torch.manual_seed(0)
 save_weights(TAEHV(variant="taehv"), {path!r})
 print(torch.__version__)

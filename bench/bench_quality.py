@@ -49,11 +49,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from models.taehv import TAEHV
 from training.config import TrainConfig, load_config
-from training.data.loading import build_datasets, build_train_loader
 from training.data.clips import find_videos, frames_to_unit
+from training.data.loading import build_datasets, build_train_loader
 from training.flags import ArgumentParser
-from training.make_annotations import write_annotation
 from training.loop.validation import validate
+from training.make_annotations import write_annotation
 
 SHARED_VIDEOS = Path(os.environ.get("TAEHV_SHARED_DIR", REPO_ROOT.parent / "shared")) / "videos"
 RECIPE_CONFIG = REPO_ROOT / "training" / "configs" / "taehv_config_scratch.py"

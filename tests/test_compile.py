@@ -18,18 +18,18 @@ from accelerate import Accelerator
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import inference
-from models.weights import save_weights
 from models.diffusers_vae import TAEVideoVAE
+from models.weights import save_weights
 import models.taehv as taehv_module
 from models.taehv import TAEHV, run_chunk
 from models.variants import known_variants
 from test_train import scalars
 from train_runs import ONE_PROCESS, run_dir, train
 from training.config import TrainConfig
-from training.preflight import check
 from training.data.loading import ReferenceLatents
 from training.errors import ConfigError
 from training.loop.step import TrainStep
+from training.preflight import check
 
 pytestmark = pytest.mark.slow  # torch.compile and training processes
 

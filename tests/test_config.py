@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT, save_tiny_vae
-from models.variants import get_variant
 from evaluation.metrics import lpips_unavailable_reason
+from models.variants import get_variant
 from training.config import ConfigError, TrainConfig, apply_overrides, load_config, run_prefix
 from training.preflight import check
 

@@ -10,9 +10,9 @@ from diffusers import (AutoencoderKLLTXVideo, CogVideoXDDIMScheduler, CogVideoXP
                        WanPipeline, WanTransformer3DModel)
 
 from conftest import save_tiny_vae
-from models.weights import save_weights
 from models.diffusers_vae import TAEVideoVAE
 from models.taehv import TAEHV
+from models.weights import save_weights
 
 
 def wrapped(variant: str, tmp_path, like: torch.nn.Module | None = None) -> TAEVideoVAE:

@@ -16,9 +16,9 @@ from conftest import REPO_ROOT
 from models.frames import group_frames, plan_frames, ungroup_frames
 from models.taehv import TAEHV
 from training.config import ConfigError, TrainConfig, load_config, resolve_path
-from training.preflight import check
 from training.loop.monitoring import tensorboard_hparams
 from training.loop.resilience import is_finite_number
+from training.preflight import check
 
 CONFIGS = REPO_ROOT / "training" / "configs"
 

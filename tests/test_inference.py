@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 
 from conftest import REPO_ROOT
-from models.weights import save_weights
+from evaluation.metrics import frame_psnr, video_mse, video_psnr, video_ssim, video_temporal_error
 from models.frames import plan_frames
 from models.taehv import TAEHV
+from models.weights import save_weights
 from training.data.clips import VideoClipDataset, frames_to_unit
-from evaluation.metrics import frame_psnr, video_mse, video_psnr, video_ssim, video_temporal_error
 
 pytestmark = pytest.mark.slow  # inference.py processes
 

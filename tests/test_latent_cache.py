@@ -21,11 +21,11 @@ from conftest import REPO_ROOT
 from train_runs import TEST_CONFIG
 from training.cache_latents import entry_point
 from training.config import ConfigError, TrainConfig, load_config
-from training.data.loading import build_datasets
 from training.data.clips import VideoClipDataset, VideoDataError, build_dataloader, frames_to_unit
 from training.data.latent_cache import CachedLatentDataset, LatentCache, latent_sample_generator
-from training.make_annotations import write_annotation
+from training.data.loading import build_datasets
 from training.data.reference_vae import ReferenceVAE
+from training.make_annotations import write_annotation
 
 MISSING = 5  # index of the missing file in the annotation (6 clips: shards {0, 1}, {2, 3}, {4, 5})
 LATENT_SHAPE = (3, 16, 4, 4)  # 9 frames at 32x32 -> 3 latent frames of 16 x 4 x 4

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, save_tiny_vae
-from models.weights import save_weights
 from models.taehv import TAEHV
+from models.weights import save_weights
 from train_runs import ONE_PROCESS, TEST_CONFIG, run_dir, train
 from training.data.clips import frames_to_unit
 from training.data.latent_check import compare, diagnose

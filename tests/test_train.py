@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import REPO_ROOT
-from models.weights import save_weights
 from models.taehv import TAEHV
+from models.weights import save_weights
 from train_runs import DDP_ENV, ONE_PROCESS, TEST_CONFIG, TRAIN, ddp, deepspeed_zero2, run_dir, train
 from training.demo_data import make_demo_dataset
 

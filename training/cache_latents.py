@@ -26,12 +26,12 @@ from tqdm.auto import tqdm
 
 from models.atomic import atomic_write
 from training.config import TrainConfig, load_config, resolve_path
-from training.flags import ArgumentParser
-from training.preflight import check
-from training.data.loading import build_datasets
 from training.data.clips import VideoClipDataset, frames_to_unit
-from training.loop.distributed import process_state
+from training.data.loading import build_datasets
 from training.errors import ConfigError, exit_on_config_error
+from training.flags import ArgumentParser
+from training.loop.distributed import process_state
+from training.preflight import check
 from training.data.latent_cache import (
     CACHE_MANIFEST,
     FORMAT_VERSION,

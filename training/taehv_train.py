@@ -35,29 +35,29 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-
 import torch
 from accelerate import Accelerator, PartialState
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, set_seed
 from tqdm.auto import tqdm
 
-from training.loop.best_model import BestTracker
-from training.state.checkpoints import DiskFullError, load_training_state, new_run_dir, remove_partial_checkpoints, resolve_resume, save_checkpoint
 from training.config import TrainConfig, describe, load_config
-from training.preflight import check
-from training.data.loading import TrainingData, batches_until_data_error, build_train_loader, build_training_data
 from training.data.clips import VideoClipDataset, VideoDataError, frames_to_unit
-from training.loop.distributed import process_group_backend, process_state
+from training.data.latent_check import check_at_start
+from training.data.loading import TrainingData, batches_until_data_error, build_train_loader, build_training_data
+from training.data.reference_vae import ReferenceVAE
 from training.errors import EXIT_USER_ERROR, USER_ERRORS, ConfigError, debug_requested
 from training.export import BUNDLE_FOLDER, write_bundle
 from training.flags import ArgumentParser
-from training.state.weight_export import export_best_model, export_weights
-from training.data.latent_check import check_at_start
+from training.loop.best_model import BestTracker
+from training.loop.distributed import process_group_backend, process_state
 from training.loop.monitoring import Monitor
-from training.data.reference_vae import ReferenceVAE
 from training.loop.resilience import FaultPlan, StopRequest, agree, broadcast_flag
 from training.loop.step import StepResult, TrainStep, build_model
 from training.loop.validation import ValidationDataError, validate
+from training.preflight import check
+from training.state.checkpoints import (DiskFullError, load_training_state, new_run_dir, remove_partial_checkpoints,
+                                       resolve_resume, save_checkpoint)
+from training.state.weight_export import export_best_model, export_weights
 
 logger = logging.getLogger("taehv_train")
 

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from evaluation.metrics import lpips_unavailable_reason
-from models.taehv import AutoencoderOutput
 from models.frames import exact_frame_counts
+from models.taehv import AutoencoderOutput
 from models.variants import VariantSpec
 from training.config import TrainConfig, below
 from training.data.latent_check import rms_ratio

@@ -33,13 +33,13 @@ from torch.utils.data import DataLoader
 
 from models.seraena import Seraena
 from models.taehv import TAEHV, AutoencoderOutput
-from training.loop.adversarial import build_seraena, seraena_loss
-from training.state.checkpoints import TrainingObjects
 from training.config import TrainConfig
-from training.data.loading import ReferenceLatents
 from training.data.clips import VideoDataError, frames_to_unit
+from training.data.loading import ReferenceLatents
+from training.loop.adversarial import build_seraena, seraena_loss
 from training.loop.losses import compute_losses
 from training.loop.resilience import FaultPlan, StopRequest, agree, is_finite_number, poisoned
+from training.state.checkpoints import TrainingObjects
 
 logger = logging.getLogger(__name__)
 def build_model(config: TrainConfig, resumed: bool = False) -> TAEHV:

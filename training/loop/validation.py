@@ -11,10 +11,10 @@ import logging
 import torch
 from accelerate import Accelerator
 
+from evaluation.metrics import lpips_unavailable_reason, video_lpips, video_mse, video_psnr, video_ssim
 from models.taehv import TAEHV
 from training.config import TrainConfig, below
 from training.data.clips import VideoClipDataset, VideoDataError, frames_to_unit
-from evaluation.metrics import lpips_unavailable_reason, video_lpips, video_mse, video_psnr, video_ssim
 from training.data.reference_vae import ReferenceVAE
 from training.loop.resilience import agree
 
