@@ -144,7 +144,11 @@ def ref_vae_problems(ref_vae_class: str, folder: Path, variant: str) -> list[str
         matching = [name for name, r in REF_VAE_CLASSES.items() if r.diffusers_class == found]
         return [f"{folder / 'config.json'} holds a {found}, but ref_vae_class={ref_vae_class} loads "
                 f"{ref.diffusers_class}" + (f": set ref_vae_class={matching[0]}" if matching else "")]
-    space = latent_space(ref_vae_class, config)
+    try:
+        space = latent_space(ref_vae_class, config)
+    except KeyError as err:
+        return [f"{folder / 'config.json'} has no {err.args[0]!r}, which an {ref.diffusers_class} config needs to tell "
+                "its latent space: is the file complete?"]
     fitting = variants_for(ref_vae_class, space)
     if variant == "auto":
         return [] if fitting else [f"no TAE variant fits the reference VAE ({space.describe()})"]
@@ -165,7 +169,10 @@ def auto_variant(ref_vae_class: str, folder: Path) -> str | None:
         return None
     if ref_vae_class not in REF_VAE_CLASSES or config.get("_class_name") != REF_VAE_CLASSES[ref_vae_class].diffusers_class:
         return None
-    fitting = variants_for(ref_vae_class, latent_space(ref_vae_class, config))
+    try:
+        fitting = variants_for(ref_vae_class, latent_space(ref_vae_class, config))
+    except KeyError:  # ref_vae_problems names the missing key
+        return None
     return fitting[0] if fitting else None
 
 

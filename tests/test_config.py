@@ -284,3 +284,26 @@ def test_the_reference_vae_folder_is_checked_before_launch(tmp_path):
                                           r"16 latent channels, 8x space, 4x time: pick the matching variant \(taew2_2, "
                                           r"taew2_2_super\)"):
         check(valid(tmp_path, ref_vae_path=wide, n_frames=17))
+
+
+def test_mistakes_in_a_config_file_name_the_file_and_line(tmp_path):
+    """A syntax error, and a key typo inside config.replace(...), are one line with the file,
+    the line and (for the typo) the closest key, as the same typo on the command line is."""
+    typo = tmp_path / "typo.py"
+    typo.write_text("from training.configs.taehv_config import config as base\n\nconfig = base.replace(\n"
+                    "    lerning_rate=3e-4,\n)\n")
+    with pytest.raises(ConfigError, match=r"typo\.py:3: unknown config key 'lerning_rate'; did you mean 'learning_rate'\?"):
+        load_config(typo)
+    broken = tmp_path / "broken.py"
+    broken.write_text("config = (\n")
+    with pytest.raises(ConfigError, match=r"broken\.py:1: syntax error: '\(' was never closed"):
+        load_config(broken)
+
+
+def test_a_missing_export_of_a_preset_run_names_the_run_that_writes_it(tmp_path):
+    config = load_config(REPO_ROOT / "training" / "configs" / "taehv_config_progressive_stage2.py",
+                         [f"--output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"pretrained_model_path: .*/output/progressive_stage1/export/taecvx\.pth does "
+                                          r"not exist: the end of the progressive_stage1 run writes it "
+                                          r"\(`\./train_taehv_h100\.sh N progressive_stage1`\)"):
+        check(config)

@@ -66,3 +66,12 @@ def test_custom_config_path(tmp_path):
                       "config = base.replace(data_root='/definitely/missing')\n")
     result = launch("1", "custom", str(config))
     assert result.returncode == 2 and "/definitely/missing does not exist" in result.stderr
+
+
+def test_a_key_typo_in_a_custom_config_file_is_one_line(tmp_path):
+    config = tmp_path / "my_config.py"
+    config.write_text("from training.configs.taehv_config_test import config as base\n"
+                      "config = base.replace(lerning_rate=3e-4)\n")
+    result = launch("1", "custom", str(config))
+    assert result.returncode == 2 and "Traceback" not in result.stdout + result.stderr
+    assert "my_config.py:2: unknown config key 'lerning_rate'; did you mean 'learning_rate'?" in result.stdout + result.stderr

@@ -19,7 +19,7 @@ from training.data.clips import frames_to_unit
 from training.data.latent_check import compare, diagnose
 from training.data.reference_vae import ReferenceVAE
 from models.reference_vaes import (REF_VAE_CLASSES, LatentSpace, auto_variant, latent_space, read_vae_config,
-                                   ref_vae_class_of, video_model)
+                                   ref_vae_class_of, ref_vae_problems, video_model)
 from models.variants import known_variants
 from training.config import load_config
 from training.preflight import check
@@ -153,3 +153,16 @@ def test_a_reference_vae_config_is_read_once_per_process(tmp_path, demo_clips, m
     check(config)
     ReferenceVAE.from_config(config, "cpu")
     assert reads == [root.resolve() / "vae" / "config.json"]
+
+
+def test_a_config_json_without_a_key_the_facts_need_is_one_problem(tmp_path):
+    """A CogVideoX config.json with no block_out_channels: one problem naming the key and
+    the file (it was a KeyError traceback in the launch script's pre-flight)."""
+    root = save_tiny_vae(tmp_path / "vae_root", "cogvideox")
+    config_file = root / "vae" / "config.json"
+    config_file.write_text(json.dumps({k: v for k, v in json.loads(config_file.read_text()).items()
+                                       if k != "block_out_channels"}))
+    assert auto_variant("cogvideox", root / "vae") is None
+    assert ref_vae_problems("cogvideox", root / "vae", "taecvx") == [
+        f"{config_file} has no 'block_out_channels', which an AutoencoderKLCogVideoX config needs to tell its latent "
+        "space: is the file complete?"]

@@ -14,6 +14,7 @@ import difflib
 import json
 import math
 import runpy
+import traceback
 import typing
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -130,6 +131,11 @@ class TrainConfig:
         return self.val_height or self.height, self.val_width or self.width
 
     def replace(self, **changes) -> "TrainConfig":
+        """A copy with ``changes``; an unknown key is a ConfigError that names the closest one
+        (config files call this: ``load_config`` adds the file and line)."""
+        for key in changes:
+            if key not in _TYPES:
+                raise ConfigError(unknown_key_message(key))
         return replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -177,7 +183,14 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} not found")
-    namespace = runpy.run_path(str(path))
+    try:
+        namespace = runpy.run_path(str(path))
+    except SyntaxError as err:
+        raise ConfigError(f"{path}:{err.lineno}: syntax error: {err.msg}") from None
+    except ConfigError as err:  # e.g. config.replace(lerning_rate=...): where in the file
+        lines = [frame.lineno for frame in traceback.extract_tb(err.__traceback__)
+                 if Path(frame.filename).resolve() == path.resolve()]
+        raise ConfigError(f"{path}:{lines[-1]}: {err}" if lines else str(err)) from None
     config = namespace.get("config")
     if not isinstance(config, TrainConfig):
         raise ConfigError(f"{path} must define `config = TrainConfig(...)` (got {type(config).__name__})")
@@ -248,9 +261,19 @@ def missing_paths(config: TrainConfig) -> list[str]:
         if (value := getattr(config, key)) and not (path := resolve_path(value)).exists():
             demo = path.is_relative_to(DEMO_DATA) and not hinted
             found.append(f"{key}: {path} does not exist" + (": `make demo` makes the built-in clips there (or "
-                                                             "`python -m training.demo_data demo_output/data` alone)" if demo else ""))
+                                                             "`python -m training.demo_data demo_output/data` alone)" if demo else "")
+                         + made_by_preset(path))
             hinted = hinted or demo
     return found
+
+
+def made_by_preset(path: Path) -> str:
+    """For a missing export of a preset's run (``<output_dir>/<preset>/export/...``, the
+    run folder named after the preset): the command that makes it."""
+    run = path.parent.parent.name if path.parent.name == "export" else ""
+    if not run or not (REPO_ROOT / "training" / "configs" / f"taehv_config_{run}.py").is_file():
+        return ""
+    return f": the end of the {run} run writes it (`./train_taehv_h100.sh N {run}`)"
 
 
 def spec_of(config: TrainConfig) -> VariantSpec:
