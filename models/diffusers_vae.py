@@ -52,6 +52,10 @@ def pipeline_config(tae: TAEHV, like: torch.nn.Module | None = None) -> dict:
     TAE's latent channels and compression."""
     if like is not None:
         config = dict(like.config)
+        channels = config.get("latent_channels", config.get("z_dim"))
+        if channels is not None and channels != tae.latent_channels:
+            raise ValueError(f"like= is a VAE with {channels} latent channels, but {tae.variant} has "
+                             f"{tae.latent_channels}: pass the pipeline's own VAE, whose latent space the TAE lives in")
     else:
         ref_vae_class = ref_vae_class_of(tae.variant)
         if ref_vae_class is None:

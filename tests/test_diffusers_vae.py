@@ -115,3 +115,13 @@ def test_reference_vaes_whose_statistics_live_in_their_weights_need_the_pipeline
     for variant, message in (("taeltx2_3", "pass like=<the pipeline's VAE>"), ("taew2_2", "has 16 channels")):
         with pytest.raises(ValueError, match=message):
             wrapped(variant, tmp_path)
+
+
+def test_a_like_vae_of_another_latent_space_is_refused(tmp_path):
+    """like= a Wan VAE with 4 latent channels for a 16-channel TAE: refused with both numbers,
+    never a config whose z_dim is quietly rewritten."""
+    import diffusers
+
+    like = diffusers.AutoencoderKLWan(base_dim=4, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1)
+    with pytest.raises(ValueError, match="like= is a VAE with 4 latent channels, but taew2_1 has 16"):
+        wrapped("taew2_1", tmp_path, like=like)

@@ -13,6 +13,7 @@ from safetensors.torch import save
 from models.atomic import atomic_write
 from models.reference_vaes import video_model
 from models.weights import export_state_dict, find_weights, save_weights, weights_metadata
+from training.errors import ConfigError
 from training.state.checkpoints import list_checkpoints, read_trainer_state
 
 BUNDLE_FOLDER = "export"  # where a training run writes its bundle
@@ -72,14 +73,21 @@ def _model_card(model, weights: Path, run: Path | None, files: list[str], comman
     return "\n".join(lines)
 
 
-def write_bundle(weights: Path, out: Path, fp16: bool = False, command: str = "") -> list[Path]:
+def write_bundle(weights: Path, out: Path, fp16: bool = False, command: str = "", overwrite: bool = False) -> list[Path]:
     """The files a user takes away: ``<variant>.pth`` (published key format, fp32; loads in
     the published implementation by its name), ``<variant>.safetensors`` (the name ComfyUI
     and stable-diffusion.cpp look for; published keys plus our metadata), optionally
-    ``<variant>_fp16.safetensors``, and a model card ``README.md``."""
+    ``<variant>_fp16.safetensors``, and a model card ``README.md``. Files already in ``out``
+    are a ConfigError unless ``overwrite`` (a run rewrites its own ``export/``)."""
     from models.taehv import TAEHV
 
     model = TAEHV(weights)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file: name a folder for the bundle")
+    names = [f"{model.variant}.pth", f"{model.variant}.safetensors", "README.md"]
+    names += [f"{model.variant}_fp16.safetensors"] if fp16 else []
+    if not overwrite and (there := [name for name in names if (out / name).exists()]):
+        raise ConfigError(f"{out} already holds {', '.join(there)}: pass --force to replace them, or another --out")
     out.mkdir(parents=True, exist_ok=True)
     written = [save_weights(model, out / f"{model.variant}.pth"), save_weights(model, out / f"{model.variant}.safetensors")]
     if fp16:
@@ -100,9 +108,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("source", help="a run folder, a checkpoint or best_model folder, or a weight file")
     parser.add_argument("--out", required=True, help="folder to write the bundle into")
     parser.add_argument("--fp16", action="store_true", help="also write <variant>_fp16.safetensors")
+    parser.add_argument("--force", action="store_true", help="replace the bundle's files when --out already holds them")
     args = parser.parse_args(argv)
     command = "`" + shlex.join(["python", "-m", "training.export", *(sys.argv[1:] if argv is None else argv)]) + "`"
-    for path in write_bundle(find_weights(args.source), Path(args.out), args.fp16, command):
+    try:
+        written = write_bundle(find_weights(args.source), Path(args.out), args.fp16, command, overwrite=args.force)
+    except OSError as err:  # read-only file system, no space, no permission: the user's to fix
+        raise ConfigError(f"cannot write the bundle into {args.out}: {err.strerror or err}") from None
+    for path in written:
         print(f"wrote {path}")
 
 

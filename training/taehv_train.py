@@ -398,7 +398,7 @@ def finish(stop_reason: str, cadence: Cadence, stop: StopRequest, data_error: Vi
     if accelerator.is_main_process:
         logger.info("saved %s and %s", run_dir / "final_model.pth", run_dir / "final_model.safetensors")
         bundle = write_bundle(run_dir / "final_model.safetensors", run_dir / BUNDLE_FOLDER,
-                              command="training/taehv_train.py at the end of the run")
+                              command="training/taehv_train.py at the end of the run", overwrite=True)
         logger.info("wrote the export bundle %s (%s)", run_dir / BUNDLE_FOLDER, ", ".join(p.name for p in bundle))
     accelerator.end_training()
     return run_dir

@@ -1,0 +1,56 @@
+"""`python -m training.export` refuses what would lose or hide something: --out naming a
+file, a folder that already holds the bundle's files (unless --force), a read-only folder;
+each is one line and exit status 2, and the user's files are left as they were."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT
+from models.taehv import TAEHV
+from models.weights import save_weights
+
+pytestmark = pytest.mark.slow  # processes of the tool
+
+UNSHARE = subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode == 0
+
+
+def export(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "training.export", *map(str, args)], capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=120)
+
+
+def assert_one_line(result: subprocess.CompletedProcess, message: str) -> None:
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().count("\n") == 0 and message in result.stderr, result.stderr
+
+
+def test_export_refuses_to_overwrite_or_to_write_into_a_file(tmp_path):
+    torch.manual_seed(0)
+    weights = save_weights(TAEHV(variant="taecvx"), tmp_path / "w.safetensors")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    assert_one_line(export(weights, "--out", a_file), f"--out {a_file} is a file: name a folder for the bundle")
+    out = tmp_path / "bundle"
+    out.mkdir()
+    (out / "README.md").write_text("my own readme")
+    assert_one_line(export(weights, "--out", out), f"{out} already holds README.md: pass --force to replace them")
+    assert (out / "README.md").read_text() == "my own readme" and sorted(p.name for p in out.iterdir()) == ["README.md"]
+    assert export(weights, "--out", out, "--force").returncode == 0
+    assert "# taecvx (TAE)" in (out / "README.md").read_text()
+
+
+@pytest.mark.skipif(not UNSHARE, reason="needs unshare -rm (a private mount namespace) for a read-only tmpfs")
+def test_export_into_a_read_only_folder_is_one_line(tmp_path):
+    torch.manual_seed(0)
+    weights = save_weights(TAEHV(variant="taecvx"), tmp_path / "w.safetensors")
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    script = (f"mount -t tmpfs -o ro,size=1m none {folder} && {sys.executable} -m training.export {weights} "
+              f"--out {folder}/bundle")
+    result = subprocess.run(["unshare", "-rm", "bash", "-c", script], capture_output=True, text=True, cwd=REPO_ROOT,
+                            timeout=120)
+    assert_one_line(result, f"cannot write the bundle into {folder}/bundle: Read-only file system")
