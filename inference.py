@@ -23,12 +23,13 @@ from evaluation.report import write_report
 from models.reference_vaes import REF_VAE_CLASSES
 from models.taehv import TAEHV
 from models.variants import get_variant
-from models.weights import find_weights, read_metadata
+from models.weights import read_metadata
 from training.config import DTYPES, TrainConfig, load_config
 from training.data.clips import VIDEO_EXTENSIONS, BadClipError, VideoClipDataset, VideoDataError, find_videos, probe_video
 from training.data.reference_vae import ReferenceVAE
 from training.errors import ConfigError, exit_on_config_error
 from training.export import run_folder_of
+from training.state.checkpoints import verified_weights
 from training.flags import ArgumentParser
 
 logger = logging.getLogger("inference")
@@ -114,7 +115,7 @@ def model_variant(requested: str | None, path: Path) -> str | None:
 
 
 def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[TAEHV, Path]:
-    path = find_weights(args.model_path)
+    path = verified_weights(args.model_path)
     model = TAEHV(path, variant=model_variant(args.variant, path)).to(device, dtype).eval()
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)

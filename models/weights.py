@@ -154,8 +154,14 @@ def fitting_variants(model_class: type[nn.Module], signature: dict[str, tuple[in
 
 def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
     """Load a weight file into a TAEHV ``model`` strictly, or raise one error that says what
-    differs. ``model.adapt_state_dict`` fits full weights into a preview decoder first."""
-    found = model.adapt_state_dict(read_state_dict(path))
+    differs. ``model.adapt_state_dict`` fits full weights into a preview decoder first.
+    Weights holding NaN or Inf (a damaged file) are refused."""
+    state_dict = read_state_dict(path)
+    broken = [k for k, v in state_dict.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if broken:
+        raise WeightsError(f"{path}: {len(broken)} tensor(s) hold NaN or Inf (e.g. {broken[0]}): the file is damaged; "
+                           "use another copy or an earlier checkpoint")
+    found = model.adapt_state_dict(state_dict)
     expected = shape_signature(model.state_dict())
     problems = describe_mismatch(expected, shape_signature(found))
     if problems:

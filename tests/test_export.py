@@ -1,11 +1,13 @@
-"""`python -m training.export` refuses what would lose or hide something: --out naming a
-file, a folder that already holds the bundle's files (unless --force), a read-only folder;
-each is one line and exit status 2, and the user's files are left as they were."""
+"""`python -m training.export` and `inference.py` refuse what would lose or hide something:
+--out naming a file, a folder that already holds the bundle's files (unless --force), a
+read-only folder, weights damaged in the middle (NaN/Inf); each is one line and exit status
+2, and the user's files are left as they were."""
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,6 +16,16 @@ from models.taehv import TAEHV
 from models.weights import save_weights
 
 pytestmark = pytest.mark.slow  # processes of the tool
+
+
+
+def damage_the_middle(path, size: int = 4 << 20) -> None:
+    """``size`` random bytes written over the middle of a file (its size unchanged)."""
+    data = bytearray(path.read_bytes())
+    start = (len(data) - size) // 2
+    data[start:start + size] = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes()
+    path.write_bytes(bytes(data))
+
 
 UNSHARE = subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode == 0
 
@@ -54,3 +66,18 @@ def test_export_into_a_read_only_folder_is_one_line(tmp_path):
     result = subprocess.run(["unshare", "-rm", "bash", "-c", script], capture_output=True, text=True, cwd=REPO_ROOT,
                             timeout=120)
     assert_one_line(result, f"cannot write the bundle into {folder}/bundle: Read-only file system")
+
+
+def test_weights_damaged_in_the_middle_are_refused_by_export_and_inference(tmp_path, videos_dir):
+    torch.manual_seed(0)
+    weights = save_weights(TAEHV(variant="taecvx"), tmp_path / "taecvx.safetensors")
+    damage_the_middle(weights)
+    assert_one_line(export(weights, "--out", tmp_path / "bundle"), "hold NaN or Inf")
+    assert not (tmp_path / "bundle").exists()
+    clip = sorted(videos_dir.glob("*.mp4"))[0]
+    result = subprocess.run([sys.executable, "inference.py", "--model_path", str(weights), "--videos", str(clip),
+                             "--n_frames", "5", "--height", "32", "--width", "48", "--num_samples", "1",
+                             "--output_dir", str(tmp_path / "eval")], capture_output=True, text=True, cwd=REPO_ROOT,
+                            timeout=120)
+    assert_one_line(result, "hold NaN or Inf")
+    assert not (tmp_path / "eval" / "metrics.json").exists()

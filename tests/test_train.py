@@ -172,6 +172,17 @@ def test_the_export_bundle_of_a_run(tmp_path, demo_clips, tiny_cogvideox_vae):
     assert "# taecvx (TAE)" in card and "CogVideoX" in card and "Frame rule: T -> ceil(T/4)" in card
     assert "## Validation" in card and "val/psnr" in card and "taehv_train.py" in card and "Training: 2 of 2 steps" in card
     assert "python -m training.export" in (tmp_path / "cli" / "README.md").read_text()
+    # a checkpoint whose weights were damaged after saving: its manifest refuses it to both tools
+    checkpoint = run / "checkpoints" / "checkpoint-2"
+    data = bytearray((checkpoint / "weights.safetensors").read_bytes())
+    data[len(data) // 2:len(data) // 2 + 4096] = bytes(4096)
+    (checkpoint / "weights.safetensors").write_bytes(bytes(data))
+    for command in ([sys.executable, "-m", "training.export", str(checkpoint), "--out", str(tmp_path / "damaged")],
+                    [sys.executable, "inference.py", "--model_path", str(checkpoint), "--config", TEST_CONFIG]):
+        result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert "checkpoint-2 is damaged (weights.safetensors checksum)" in result.stderr
+        assert f"{checkpoint / 'weights.safetensors'} cannot be trusted" in result.stderr
 
 
 def test_the_progressive_recipe_chains_two_stages_through_the_launch_script(tmp_path, demo_clips, tiny_cogvideox_vae):

@@ -12,9 +12,9 @@ from safetensors.torch import save
 
 from models.atomic import atomic_write
 from models.reference_vaes import video_model
-from models.weights import export_state_dict, find_weights, save_weights, weights_metadata
+from models.weights import export_state_dict, save_weights, weights_metadata
 from training.errors import ConfigError
-from training.state.checkpoints import list_checkpoints, read_trainer_state
+from training.state.checkpoints import list_checkpoints, read_trainer_state, verified_weights
 
 BUNDLE_FOLDER = "export"  # where a training run writes its bundle
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     command = "`" + shlex.join(["python", "-m", "training.export", *(sys.argv[1:] if argv is None else argv)]) + "`"
     try:
-        written = write_bundle(find_weights(args.source), Path(args.out), args.fp16, command, overwrite=args.force)
+        written = write_bundle(verified_weights(args.source), Path(args.out), args.fp16, command, overwrite=args.force)
     except OSError as err:  # read-only file system, no space, no permission: the user's to fix
         raise ConfigError(f"cannot write the bundle into {args.out}: {err.strerror or err}") from None
     for path in written:

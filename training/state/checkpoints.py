@@ -38,6 +38,7 @@ from accelerate.utils import DistributedType, broadcast_object_list, gather_obje
 from safetensors.torch import load_file, save_file
 
 from models.atomic import TMP_PREFIX, atomic_write, fsync_directory, temporary_name
+from models.weights import find_weights
 from training.config import TrainConfig, below, resolve_path, run_prefix
 from training.errors import ConfigError
 from training.state.serialisation import load_tree, save_tree
@@ -108,6 +109,18 @@ def read_checkpoint_manifest(path: Path, verify_checksums: bool = False) -> dict
         if changed:
             raise DamagedCheckpointError(f"{path.name} is damaged ({', '.join(changed[:3])} checksum)")
     return manifest
+
+
+def verified_weights(path: str | Path) -> Path:
+    """The weight file behind ``path`` (``models.weights.find_weights``); inside a checkpoint
+    or ``best_model`` folder, only once its manifest's checksums vouch for the folder's files."""
+    weights = find_weights(path)
+    if (weights.parent / CHECKPOINT_MANIFEST).is_file():
+        try:
+            read_checkpoint_manifest(weights.parent, verify_checksums=True)
+        except DamagedCheckpointError as err:
+            raise DamagedCheckpointError(f"{err}: {weights} cannot be trusted; use another checkpoint") from None
+    return weights
 
 
 def is_complete(path: Path) -> bool:
