@@ -145,6 +145,8 @@ class Evaluator:
         samples, skipped = [], [{"source": source, "kind": "too short", "reason": "too short: annotated with fewer "
                                  f"than the {self.dataset.min_frames} frames a sample needs"}
                                 for source in self.dataset.short_clips]
+        skipped += [{"source": source, "kind": "refused entry", "reason": why}
+                    for source, why in self.dataset.refused_entries]
         with tqdm(total=count, desc="samples", disable=None) as progress:
             for index in map(int, order):
                 if len(samples) == count:

@@ -340,6 +340,23 @@ def test_short_clip_skipped_and_counted(index_dir, tmp_path, policy, n_frames, s
     assert sample["frames"].shape[0] == n_frames
 
 
+def test_bad_annotation_entries_are_refused_one_by_one_and_listed(index_dir, tmp_path):
+    """Frame counts that are not positive whole numbers, and paths that leave data_root, are
+    left out per entry with the reason (missing or null frames: the container says)."""
+    entries = [{"path": "long.mp4", "frames": 30}, {"path": "long.mp4", "frames": -5}, {"path": "long.mp4", "frames": 0},
+               {"path": "long.mp4", "frames": 2.5}, {"path": "long.mp4", "frames": "many"},
+               {"path": "../../../etc/passwd", "frames": 30}, {"path": "long.mp4", "frames": None},
+               {"path": "long.mp4", "frames": 30.0}]
+    ds = index_dataset(index_dir, tmp_path, entries, n_frames=8)
+    assert len(ds) == 3 and list(ds.clips.frames) == [30, -1, 30]
+    assert [why for _, why in ds.refused_entries] == [
+        "entry 1: frames=-5 is not a positive whole number", "entry 2: frames=0 is not a positive whole number",
+        "entry 3: frames=2.5 is not a positive whole number", "entry 4: frames='many' is not a positive whole number",
+        f"entry 5: ../../../etc/passwd leaves {index_dir}"]
+    with pytest.raises(VideoDataError, match=r"no clips in .*\(1 entries refused, e.g. entry 0: frames=-5 is not"):
+        index_dataset(index_dir, tmp_path, [{"path": "long.mp4", "frames": -5}], n_frames=8)
+
+
 def test_only_short_clips_is_an_error_that_says_how_to_fix_the_annotation(index_dir, tmp_path):
     with pytest.raises(VideoDataError, match=r"all 1 clips .* fewer than the 13 frames a sample needs.*--min_frames 13"):
         index_dataset(index_dir, tmp_path, [{"path": "short.mp4", "frames": 12}], n_frames=13)

@@ -273,10 +273,12 @@ def test_out_of_memory_says_what_to_lower(weights, tmp_path, videos_dir):
 def test_short_clips_are_skipped_and_reported(source, weights, tmp_path, videos_dir):
     """A clip too short for --n_frames at --stride is skipped and listed (metrics.json and
     the report), not replaced by another clip of the list; the stride is recorded. With an
-    annotation that gives frame counts the dataset leaves it out up front: listed too."""
+    annotation that gives frame counts the dataset leaves it out up front: listed too, as is
+    an entry whose frame count is no positive whole number."""
     clips = [str(videos_dir / c) for c in CLIPS]  # 38 frames (too short for 21 at stride 2), 315 frames
     annotation = tmp_path / "clips.json"
-    annotation.write_text(json.dumps({"list": [{"full_path": c, "frames": n} for c, n in zip(clips, (38, 315))]}))
+    annotation.write_text(json.dumps({"list": [{"full_path": c, "frames": n} for c, n in zip(clips, (38, 315))]
+                                      + [{"full_path": clips[1], "frames": -5}]}))
     data = ["--videos", *clips] if source == "videos" else ["--annotation_file", str(annotation)]
     command = [sys.executable, INFERENCE, "--model_path", str(weights), *data, "--n_frames", "21", "--stride", "2",
                "--height", "32", "--width", "48", "--sequential", "--output_dir", str(tmp_path / "out")]
@@ -285,7 +287,8 @@ def test_short_clips_are_skipped_and_reported(source, weights, tmp_path, videos_
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["settings"]["stride"] == 2
     assert [s["source"] for s in metrics["samples"]] == [clips[1]]
-    assert [(s["source"], s["kind"]) for s in metrics["skipped"]] == [(clips[0], "too short")]
+    refused = [(clips[1], "refused entry")] if source == "annotation" else []
+    assert [(s["source"], s["kind"]) for s in metrics["skipped"]] == [(clips[0], "too short"), *refused]
     if source == "videos":
         assert f"Skipped {clips[0]}" in result.stdout
     report = (tmp_path / "out" / "summary_report.html").read_text()

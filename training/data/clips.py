@@ -86,14 +86,16 @@ class ClipTable:
     path_bytes: np.ndarray  # uint8, all paths UTF-8 encoded back to back
     offsets: np.ndarray  # int64, len(table) + 1
     frames: np.ndarray  # int32
+    refused: tuple[tuple[str, str], ...] = ()  # annotation entries left out: (path as written, why)
 
     @classmethod
-    def from_lists(cls, root: str | Path, paths: Sequence[str], frames: Sequence[int]) -> "ClipTable":
+    def from_lists(cls, root: str | Path, paths: Sequence[str], frames: Sequence[int],
+                   refused: Sequence[tuple[str, str]] = ()) -> "ClipTable":
         encoded = [p.encode("utf-8") for p in paths]
         offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
         np.cumsum([len(e) for e in encoded], out=offsets[1:])
         path_bytes = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-        return cls(str(root), path_bytes, offsets, np.asarray(frames, dtype=np.int32))
+        return cls(str(root), path_bytes, offsets, np.asarray(frames, dtype=np.int32), tuple(refused))
 
     @classmethod
     def from_directory(cls, directory: str | Path) -> "ClipTable":
@@ -107,7 +109,10 @@ class ClipTable:
 
         With ``data_root``, ``path`` is taken relative to it (``full_path`` when there is
         no ``path``); without, ``full_path`` wins and ``path`` is relative to the
-        annotation file's folder. Absolute paths are used as they are.
+        annotation file's folder. Absolute paths are used as they are. An entry whose
+        ``frames`` is not a positive whole number (missing or null: the container says), or
+        whose relative path leaves the root (``../../etc/passwd``), is left out and listed
+        in ``refused``.
         """
         annotation_file = Path(annotation_file)
         with open(annotation_file, encoding="utf-8") as f:
@@ -118,14 +123,22 @@ class ClipTable:
         else:
             keys = ("full_path", "path")
             root = str(annotation_file.resolve().parent)
-        paths, frames = [], []
+        paths, frames, refused = [], [], []
         for i, entry in enumerate(entries):
             key = next((k for k in keys if k in entry), None)
             if key is None:
                 raise ValueError(f"{annotation_file}: entry {i} has neither 'path' nor 'full_path'")
-            paths.append(entry[key])
-            frames.append(int(entry.get("frames") or -1))  # missing/0/null: ask the container
-        return cls.from_lists(root, paths, frames)
+            path, count = str(entry[key]), entry.get("frames")
+            if isinstance(count, float) and count.is_integer():
+                count = int(count)
+            if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+                refused.append((path, f"entry {i}: frames={count!r} is not a positive whole number"))
+            elif not os.path.isabs(path) and os.path.normpath(path).split(os.sep)[0] == os.pardir:
+                refused.append((path, f"entry {i}: {path} leaves {root}"))
+            else:
+                paths.append(path)
+                frames.append(-1 if count is None else count)  # missing/null: ask the container
+        return cls.from_lists(root, paths, frames, refused)
 
     def __len__(self) -> int:
         return len(self.frames)
@@ -472,9 +485,15 @@ class VideoClipDataset(EpochDataset):
             source = f"{folder} (scanned for {', '.join(VIDEO_EXTENSIONS)})"
         else:
             raise ValueError("give annotation_file (a JSON annotation or a folder) or data_root (a folder of videos)")
+        self.refused_entries = list(self.clips.refused)
+        if self.refused_entries:
+            logger.warning("%d annotation entries in %s are refused and left out, e.g. %s", len(self.refused_entries),
+                           source, self.refused_entries[0][1])
         if len(self.clips) == 0:
             raise VideoDataError(
-                f"no clips in {source}: point data_root/annotation_file at your videos, write an "
+                f"no clips in {source}" + (f" ({len(self.refused_entries)} entries refused, e.g. "
+                                           f"{self.refused_entries[0][1]})" if self.refused_entries else "")
+                + ": point data_root/annotation_file at your videos, write an "
                 "annotation with `python -m training.make_annotations DIR -o annotations.json`, or "
                 "generate demo data with `python -m training.demo_data OUT_DIR`"
             )
