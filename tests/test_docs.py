@@ -15,7 +15,7 @@ from training.config import TrainConfig
 DOCS = [REPO_ROOT / "README.md", REPO_ROOT / "checkpoints" / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 EXTENSIONS = ("py", "md", "sh", "yaml", "yml", "txt", "json", "ini", "png")
 # flags of other programs the docs show (pytest, tensorboard, accelerate launch) and the placeholder --key=value
-OTHER_FLAGS = {"basetemp", "logdir", "multi_gpu", "num_processes", "num_machines", "main_process_port", "config_file", "key"}
+OTHER_FLAGS = {"basetemp", "logdir", "multi_gpu", "num_processes", "key"}
 OURS = ("models", "training", "evaluation", "bench", "docs", "tests", "scripts", "accelerate_configs")  # not run outputs
 
 

@@ -1,6 +1,6 @@
 """The frozen reference VAE: any diffusers video VAE of ``models.reference_vaes.REF_VAE_CLASSES``.
 
-TAEHV lives in the reference VAE's latent space, so its latents are the ref_vae: encoder
+TAEHV lives in the reference VAE's latent space, so its latents are what the TAE learns: encoder
 targets, and decoder inputs. Training, the latent-cache builder and ``inference.py
 --use_ref_vae`` all build it with ``ReferenceVAE.from_config``: loaded once, frozen, kept
 out of ``accelerator.prepare`` (DeepSpeed would demand an optimizer for it). A missing or
