@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -214,14 +215,25 @@ def reference_vae(args: argparse.Namespace, model: TAEHV, device: torch.device) 
     return ReferenceVAE.from_config(config, device)
 
 
+def prepare_output_dir(output_dir: Path) -> Path:
+    """The output folders, and proof that they can be written, before any work is done."""
+    try:
+        for folder in ("comparison_videos", "latent_visualizations", "stills"):
+            (output_dir / folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output_dir):
+            pass
+    except OSError as err:
+        raise ConfigError(f"cannot write into --output_dir {output_dir}: {err.strerror or err}; choose a folder "
+                          "you can write") from None
+    return output_dir
+
+
 @torch.inference_mode()
 def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    output_dir = Path(args.output_dir)
-    for folder in ("comparison_videos", "latent_visualizations", "stills"):
-        (output_dir / folder).mkdir(parents=True, exist_ok=True)
+    output_dir = prepare_output_dir(Path(args.output_dir))
 
     with out_of_memory_hint(args, f"loading the model onto {device}"):
         model, weights = load_model(args, device, dtype)

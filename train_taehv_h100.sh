@@ -93,10 +93,11 @@ if any(importlib.util.find_spec(name) is None for name in ("torch", "accelerate"
 import torch
 print(f"gpus={torch.cuda.device_count()}", flush=True)
 from training.config import ConfigError, load_config
+from training.loop.memory import check_fits
 from training.preflight import check
 try:
     config = load_config(sys.argv[1], [arg for arg in sys.argv[2:] if arg != "--debug"])
-    for note in check(config):
+    for note in [*check(config), *check_fits(config)]:
         print(f"  note: {note}")
     from training.state.checkpoints import resolve_resume
     _, checkpoint = resolve_resume(config)  # a damaged checkpoint or one of another variant stops here

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from accelerate import Accelerator
+from safetensors.torch import save_file
 
 from training.loop.best_model import BestTracker
 from training.state.checkpoints import (
@@ -157,9 +158,34 @@ def test_a_full_disk_is_one_error_that_keeps_the_last_checkpoint(tmp_path):
         torch.save({"a": torch.zeros(100_000)}, tmp / "model.pth")
 
     with pytest.raises(DiskFullError, match=r"no space left to save checkpoint-2 in .*checkpoints: it needs about "
-                                            r"[0-9.]+ GiB and [0-9.]+ GiB are free; checkpoint-1 kept intact"):
-        write_atomically(_accelerator(), tmp_path / "checkpoints" / "checkpoint-2", write, {"step": 2})
+                                            r"[0-9.]+ MiB and [0-9.]+ GiB are free; checkpoint-1 kept intact"):
+        write_atomically(_accelerator(), tmp_path / "checkpoints" / "checkpoint-2", write, {"step": 2},
+                         expected_bytes=lambda: 2**40)  # a previous save's size wins over the estimate
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint-1"]  # no partial folder
+    with pytest.raises(DiskFullError, match=r"no space left to save checkpoint-2 in .*fresh: it needs about 3\.0 MiB "
+                                            r"and [0-9.]+ GiB are free; nothing was saved"):  # the first save: the estimate
+        write_atomically(_accelerator(), tmp_path / "fresh" / "checkpoint-2", write, {"step": 2},
+                         expected_bytes=lambda: 3 * 2**20)
+
+
+def test_the_size_of_a_checkpoint_is_estimated_from_the_state_it_saves(tmp_path):
+    """What a first save needs, before anything was written: within a few per cent of
+    what it then takes on disk."""
+    from training.state.checkpoints import TrainingObjects, save_checkpoint, training_state_bytes
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 64))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 64)).sum().backward()
+    optimizer.step()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    objects = TrainingObjects(_accelerator(), model, optimizer, scheduler, None, torch.Generator())
+
+    def export(tmp: Path) -> None:
+        save_file({k: v.float().contiguous() for k, v in model.state_dict().items()}, str(tmp / "weights.safetensors"))
+
+    saved = save_checkpoint(objects, tmp_path, 1, 1, {"progress": {}}, export)
+    on_disk = sum(p.stat().st_size for p in saved.rglob("*") if p.is_file())
+    assert 0.9 * on_disk < training_state_bytes(objects) <= on_disk
 
 
 def _config(tmp_path: Path, **changes) -> TrainConfig:

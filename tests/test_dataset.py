@@ -611,3 +611,13 @@ def test_dataloader_without_workers_has_no_worker_options(index_dir, tmp_path):
     assert isinstance(loader.sampler, EpochShuffleSampler)
     batch = next(iter(loader))
     assert batch["frames"].shape == (1, 4, 3, 16, 24)
+
+
+def test_a_million_entries_are_held_in_flat_arrays_and_the_start_up_probes_64(index_dir, tmp_path):
+    """An annotation of 1e6 entries (all one clip): the table stays a few bytes per entry,
+    shared by forked workers, and the start-up probe reads 64 clips, not all of them."""
+    ds = index_dataset(index_dir, tmp_path, [{"path": "long.mp4", "frames": 30}] * 1_000_000, n_frames=8)
+    assert len(ds) == 1_000_000 and not ds.refused_entries
+    table = ds.clips
+    assert table.path_bytes.nbytes + table.offsets.nbytes + table.frames.nbytes <= 21 * 1_000_000  # path + 12 bytes
+    assert ds.probe().probed == 64

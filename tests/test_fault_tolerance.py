@@ -32,12 +32,14 @@ from train_runs import (
     deepspeed_zero2,
     exit_status,
     kill_session,
+    one_line_error,
     start,
     tensors,
     train,
     train_args,
     wait_for,
 )
+from models.atomic import TMP_PREFIX
 from training.state.checkpoints import CHECKPOINT_MANIFEST, list_checkpoints
 
 pytestmark = pytest.mark.slow  # training processes
@@ -259,13 +261,6 @@ def test_validation_data_gone_on_one_rank_saves_then_one_line(tmp_path):
     assert saved.name == f"checkpoint-{stopped_at}" and 2 < stopped_at < 60 and stopped_at % 2 == 0
 
 
-def one_line_error(result: subprocess.CompletedProcess) -> str:
-    """The error line of a run that exited 2: no traceback anywhere."""
-    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-4000:]
-    assert "Traceback" not in result.stdout + result.stderr
-    return next(line for line in result.stderr.splitlines() if "error: " in line)
-
-
 def test_failed_starts_and_refused_resumes_leave_the_runs_as_they_were(tmp_path, demo_clips):
     """A configuration problem stops before any run folder exists; a start that fails later
     says why in its train.log and does not hide older runs from a bare checkpoint name; a
@@ -281,6 +276,10 @@ def test_failed_starts_and_refused_resumes_leave_the_runs_as_they_were(tmp_path,
                               text=True, timeout=300, cwd=REPO_ROOT)
 
     assert "height and width must be positive" in one_line_error(attempt("--height=0"))
+    assert re.search(r"one training step keeps about [0-9.]+ GiB of activations .* at 16384x16384, .*, more than the "
+                     r"[0-9.]+ GiB of", one_line_error(attempt("--height=16384", "--width=16384")))
+    assert "cannot write the run directory under /proc/taehv_out: No such file or directory" in one_line_error(
+        attempt("--output_dir=/proc/taehv_out"))
     assert list(tmp_path.iterdir()) == [run]  # the check ran before any folder was made
     missing = tmp_path / "missing.json"
     missing.write_text(json.dumps({"total": 1, "list": [{"path": "gone.mp4", "frames": 12}]}))
@@ -309,29 +308,49 @@ def test_failed_starts_and_refused_resumes_leave_the_runs_as_they_were(tmp_path,
 @pytest.mark.skipif(subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0,
                     reason="needs unshare -rm (a private mount namespace) for a small tmpfs")
 def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(tmp_path, demo_clips):
-    """A real full disk: the run's folder is a tmpfs with room for one checkpoint. The
-    second save fails on every rank's write with ENOSPC; the run exits 2 with one line
-    (folder, space needed, space free), keeps checkpoint-2, and the printed command
-    resumes once there is room."""
+    """A real full disk: the run's folder is a tmpfs. At 3 MiB the first save fails: one
+    line says what it needs (the estimate of the state, not what got written) and, with
+    nothing to resume, prints the command that starts again. Given room for one
+    checkpoint, that command's second save fails on every rank's write with ENOSPC; the
+    run exits 2 with one line (folder, space needed, space free), keeps checkpoint-2, and
+    the printed command resumes once there is room."""
     out, logs = tmp_path / "out", tmp_path / "logs"
     out.mkdir(), logs.mkdir()
     args = shlex.join(train_args(ONE_PROCESS, out, demo_clips, "--run_name=run", "--max_train_steps=4",
                                  "--checkpointing_steps=2", "--validation_every=100"))
     script = f"""
-        mount -t tmpfs -o size=330m none {out}
-        {args} > {logs}/first.out 2> {logs}/first.err; echo $? > {logs}/first.status
+        mount -t tmpfs -o size=3m none {out}
+        {args} > {logs}/tiny.out 2> {logs}/tiny.err; echo $? > {logs}/tiny.status
+        ls -A {out}/run/checkpoints > {logs}/tiny.kept
+        mount -o remount,size=330m {out}
+        grep -o 'start again with: .* (nothing' {logs}/tiny.err | cut -c19- | sed 's/ (nothing$//' > {logs}/restart
+        bash -c "$(cat {logs}/restart)" > {logs}/first.out 2> {logs}/first.err; echo $? > {logs}/first.status
         ls {out}/run/checkpoints > {logs}/kept
         mount -o remount,size=1g {out}
         grep -o 'resume with: .*' {logs}/first.err | cut -c14- > {logs}/command
         bash -c "$(cat {logs}/command)" > {logs}/second.out 2>&1; echo $? > {logs}/second.status
         cat {out}/run/checkpoints/checkpoint-4/trainer_state.json > {logs}/state.json
+        du -bs {out}/run/checkpoints/checkpoint-4 | cut -f1 > {logs}/checkpoint.bytes
     """
     subprocess.run(["unshare", "-rm", "bash", "-c", script], cwd=REPO_ROOT, timeout=600, check=True)
-    first = subprocess.CompletedProcess([], int((logs / "first.status").read_text()), (logs / "first.out").read_text(),
-                                        (logs / "first.err").read_text())
-    line = one_line_error(first)
-    assert re.search(r"no space left to save checkpoint-4 in .*/run/checkpoints: it needs about 0\.\d\d GiB and "
-                     r"0\.\d\d GiB are free; checkpoint-2 kept intact", line), line
+
+    def outcome(name: str) -> subprocess.CompletedProcess:
+        return subprocess.CompletedProcess([], int((logs / f"{name}.status").read_text()),
+                                           (logs / f"{name}.out").read_text(), (logs / f"{name}.err").read_text())
+
+    line = one_line_error(outcome("tiny"))
+    needed = re.search(r"no space left to save checkpoint-2 in .*/run/checkpoints: it needs about ([0-9.]+ .iB) and "
+                       r"[0-9.]+ .iB are free; nothing was saved\. .*, then start again with: (.*) \(nothing to resume "
+                       r"yet\)$", line)
+    assert needed, line
+    assert (logs / "tiny.kept").read_text() == ""  # no partial folder
+    assert "--resume" not in needed.group(2) and (logs / "restart").read_text().strip() == needed.group(2)
+    line = one_line_error(outcome("first"))
+    assert re.search(r"no space left to save checkpoint-4 in .*/run/checkpoints: it needs about [0-9.]+ .iB and "
+                     r"[0-9.]+ .iB are free; checkpoint-2 kept intact. .*, then resume with: .* --resume latest$", line), line
+    number, unit = needed.group(1).split()
+    estimate, saved = float(number) * 2 ** (30 if unit == "GiB" else 20), int((logs / "checkpoint.bytes").read_text())
+    assert 0.9 * saved < estimate < 1.05 * saved  # the estimate of the first save against what a save takes
     assert (logs / "kept").read_text().split() == ["checkpoint-2"]  # no partial folder either
     assert int((logs / "second.status").read_text()) == 0, (logs / "second.out").read_text()[-3000:]
     assert json.loads((logs / "state.json").read_text())["progress"]["step"] == 4
@@ -421,3 +440,41 @@ def test_decoder_only_fine_tuning_keeps_the_encoder_and_resumes_exactly(tmp_path
         assert len(state["__dict__"][0][1]["__dict__"]) == decoder_tensors
     else:
         assert len(optimizer_files) == 2  # the ZeRO shards (decoder only, checked by the bit-identical encoder)
+
+
+def test_one_writer_per_run_and_kill_9_in_the_middle_of_saves(tmp_path, demo_clips):
+    """A second run into the folder of a running one (2 DeepSpeed processes) is refused in
+    one line naming the first, on every rank, and the first goes on. Then kill -9 of the
+    run while it writes a checkpoint, three times in a row: each time `--resume latest`
+    removes the partial folder and continues from the newest intact checkpoint."""
+    common = ["--run_name=run", "--max_train_steps=400", "--checkpointing_steps=1", "--validation_every=1000",
+              "--checkpoints_total_limit=2"]
+    checkpoints = tmp_path / "run" / "checkpoints"
+    process = start(train_args(ONE_PROCESS, tmp_path, demo_clips, *common), tmp_path / "first.log")
+    wait_for(lambda: (checkpoints / "checkpoint-1").is_dir(), what="checkpoint-1")
+    second = subprocess.run(launch_script(2, tmp_path, demo_clips, *common), capture_output=True, text=True,
+                            timeout=300, cwd=REPO_ROOT, env={**os.environ, "MASTER_PORT": "29553"})
+    line = one_line_error(second)
+    assert f"{tmp_path / 'run'} is being written by another training run (pid {process.pid} on " in line, line
+    assert process.poll() is None  # the first run goes on
+
+    def saving() -> bool:
+        return any(p.name.startswith(TMP_PREFIX) for p in checkpoints.iterdir())
+
+    partial_saves = 0
+    for attempt in range(3):
+        wait_for(saving, timeout=120, what="a checkpoint being written", interval=0.002)
+        process.kill()
+        process.wait()
+        partial = saving()  # else the kill landed just after the save's rename
+        partial_saves += partial
+        newest = list_checkpoints(checkpoints)[-1]
+        process = start(train_args(ONE_PROCESS, tmp_path, demo_clips, *common, "--resume", "latest"),
+                        tmp_path / f"resumed{attempt}.log")
+        wait_for(lambda: "resumed from" in (tmp_path / f"resumed{attempt}.log").read_text(), what="the resume")
+        log = (tmp_path / f"resumed{attempt}.log").read_text()
+        assert f"resumed from {newest} " in log, log[-3000:]
+        assert ("left by a checkpoint save that did not finish" in log) == partial
+    assert partial_saves >= 2  # the kills do land in the middle of saves
+    process.kill()
+    process.wait()

@@ -161,10 +161,11 @@ def test_outputs_and_schema(evaluation):
     (["--use_ref_vae"], "--use_ref_vae needs --ref_vae_path"),
     (["--videos", "missing_clip.mp4"], "video file(s) not found: "),
     ([], "give --videos, --annotation_file/--data_root or --config"),
+    (["--output_dir", "/proc/taehv_results"], "cannot write into --output_dir /proc/taehv_results: No such file"),
 ])
 def test_argument_errors(args, message, weights, tmp_path, videos_dir):
     defaults = ["--model_path", str(weights), "--output_dir", str(tmp_path)]
-    if "--use_ref_vae" in args:
+    if "--use_ref_vae" in args or "--output_dir" in args:
         defaults += ["--videos", str(videos_dir / CLIPS[0])]
     result = subprocess.run([sys.executable, INFERENCE, *defaults, *args], capture_output=True, text=True,
                             cwd=REPO_ROOT, timeout=120)
@@ -194,7 +195,8 @@ def planted(tmp_path_factory, weights) -> dict[str, Path]:
     save_weights(TAEHV(variant="taecvx"), run / "final_model.pth")
     (run / "config.json").write_text(json.dumps({"variant": "taecvx"}))
     save_weights(TAEHV(variant="taeltx2_3"), root / "taeltx2_3.pth")
-    return {"truncated": root / "truncated.safetensors", "pickled": root / "pickled.pth",
+    save_weights(TAEHV(variant="taeh3"), root / "taeh3.pth")
+    return {"h3": root / "taeh3.pth", "truncated": root / "truncated.safetensors", "pickled": root / "pickled.pth",
             "plain_pth": root / "taehv_plain.pth", "run_pth": run / "final_model.pth", "ltx": root / "taeltx2_3.pth"}
 
 
@@ -207,8 +209,9 @@ def planted(tmp_path_factory, weights) -> dict[str, Path]:
     ("truncated", [], "is not a readable safetensors file (damaged or truncated)", True),
     ("pickled", [], "holds objects other than tensors (global: GLOBAL pathlib", True),
     ("weights", ["--n_frames", "41"], "is too short: --n_frames=41 at --stride=1 needs 41 frames", True),
+    ("h3", ["--n_frames", "22", "--stride", "2"], "is too short: --n_frames=22 at --stride=2 needs 43 frames", True),
 ], ids=["unknown-variant", "ltx-size", "variant-vs-metadata", "variant-vs-run-config", "variant-does-not-fit",
-        "damaged-safetensors", "refused-pickle", "clip-too-short"])
+        "damaged-safetensors", "refused-pickle", "clip-too-short", "clip-too-short-for-taeh3"])
 def test_user_errors_exit_2_in_one_line(model, args, message, one_line, weights, planted, tmp_path, videos_dir):
     """Weight, variant and data problems end in ``error: ...`` and exit status 2, without a
     traceback, and never advise unpickling a refused file with ``weights_only=False``."""
@@ -369,3 +372,21 @@ def test_the_variant_of_our_own_pth_comes_from_its_run_config(where, tmp_path):
     args = argparse.Namespace(model_path=str(run / where), variant=None, channels_last=False, compile=False)
     model, path = inference.load_model(args, torch.device("cpu"), torch.float32)
     assert path == run / where and model.variant == "taehv1_5"
+
+
+def test_file_names_with_html_are_escaped_in_the_report(weights, tmp_path, videos_dir):
+    """Clip names are data, not markup: a kept and a skipped clip whose names hold HTML and
+    JavaScript appear escaped in the report (and as they are in metrics.json)."""
+    kept, short = tmp_path / "<img src=x onerror=alert(1)>.mp4", tmp_path / "<b onmouseover=alert(2)>short.mp4"
+    shutil.copy(videos_dir / CLIPS[1], kept)
+    shutil.copy(videos_dir / CLIPS[0], short)  # 38 frames: too short for 21 at stride 2
+    command = [sys.executable, INFERENCE, "--model_path", str(weights), "--videos", str(kept), str(short),
+               "--n_frames", "21", "--stride", "2", "--height", "32", "--width", "48", "--sequential",
+               "--output_dir", str(tmp_path / "out")]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    report = (tmp_path / "out" / "summary_report.html").read_text()
+    assert "<img src=x" not in report and "<b onmouseover" not in report
+    assert "&lt;img src=x onerror=alert(1)&gt;.mp4" in report and "&lt;b onmouseover=alert(2)&gt;short.mp4" in report
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert [s["source"] for s in metrics["samples"]] == [str(kept)] and metrics["skipped"][0]["source"] == str(short)

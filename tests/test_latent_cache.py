@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT
-from train_runs import TEST_CONFIG
+from train_runs import TEST_CONFIG, one_line_error
 from training.cache_latents import entry_point
 from training.config import ConfigError, TrainConfig, load_config
 from training.data.clips import VideoClipDataset, VideoDataError, build_dataloader, frames_to_unit
@@ -225,3 +226,46 @@ def test_errors_exit_with_status_2_and_say_what_to_set(data, tiny_cogvideox_vae,
     assert exit_info.value.code == 2 and "not empty" in capsys.readouterr().err
     assert not (tmp_path / "cache" / "manifest.json").exists()
 
+
+
+@pytest.mark.slow
+def test_training_refuses_a_cache_made_for_other_settings_or_with_a_damaged_shard(sampled_cache, data,
+                                                                                   tiny_cogvideox_vae, tmp_path):
+    """Through the training entry point: a cache made for another size, or with a shard
+    whose header does not open, is refused in one line before the first step; a shard
+    whose latent bytes were overwritten (same size) stops the run when the row is read,
+    after saving, with the shard and row named."""
+    cache = tmp_path / "cache"
+    shutil.copytree(sampled_cache, cache)
+
+    def train(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "training.taehv_train", "--config", TEST_CONFIG,
+                               *overrides(data, tiny_cogvideox_vae, f"--latent_cache_dir={cache}",
+                                          f"--output_dir={tmp_path / 'out'}", "--validation_every=100", *extra)],
+                              capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+
+    assert "was made for other settings (width: cache 32, now 48)" in one_line_error(train("--width=48"))
+    shard = cache / "epoch001" / "shard000002.safetensors"
+    original = shard.read_bytes()
+    shard.write_bytes(b"\xff" * 8 + original[8:])  # the header's length
+    line = one_line_error(train())
+    assert f"has 1 damaged shard(s) (e.g. {shard} does not open" in line and "rerun `python -m training.cache_latents`" in line
+    shard.write_bytes(original)
+
+    def damage_rows(shard: Path) -> bytes:
+        original = shard.read_bytes()
+        with open(shard, "r+b") as f:  # inside the latents of the shard's two rows
+            f.seek(len(original) // 2)
+            f.write(os.urandom(64))
+        return original
+
+    shard = cache / "epoch000" / "shard000000.safetensors"  # read by the start-up's latent-scale check
+    original = damage_rows(shard)
+    line = one_line_error(train())
+    assert re.search(rf"error: latent cache shard {shard}, row [01] is damaged \(checksum\): delete", line), line
+    shard.write_bytes(original)
+    shard = cache / "epoch000" / "shard000002.safetensors"  # read in the first epoch
+    damage_rows(shard)
+    line = one_line_error(train("--run_name=run", "--max_train_steps=8", "--checkpointing_steps=100"))
+    assert re.search(rf"the training data became unreadable at step \d+ \(latent cache shard {shard}, row [01] is "
+                     r"damaged \(checksum\): delete .*\); saved .*checkpoint-\d+\. .* resume with: ", line), line

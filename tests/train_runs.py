@@ -47,18 +47,25 @@ def train(launcher: list[str], out: Path, data: dict, *overrides: str, env: dict
     return result
 
 
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    """The error line of a run that exited 2: no traceback anywhere."""
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    return next(line for line in result.stderr.splitlines() if "error: " in line)
+
+
 def start(args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
     """Start a process in its own session (so it can be signalled as a whole), output to ``log``."""
     return subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                             env={**os.environ, **(env or {})}, start_new_session=True)
 
 
-def wait_for(condition, timeout: float = 180, what: str = "condition") -> None:
+def wait_for(condition, timeout: float = 180, what: str = "condition", interval: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+        time.sleep(interval)
 
 
 def kill_session(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:

@@ -35,10 +35,12 @@ from training.preflight import check
 from training.data.latent_cache import (
     CACHE_MANIFEST,
     FORMAT_VERSION,
+    ROW_CRC32,
     LatentCache,
     differences,
     latent_sample_generator,
     read_cache_manifest,
+    row_crc32,
     shard_path,
     validity,
 )
@@ -110,15 +112,16 @@ def _check_folder(output: Path, manifest: dict) -> None:
     mismatches = differences({**existing["valid_for"], **existing["storage"], "format": existing.get("format")},
                              {**manifest["valid_for"], **manifest["storage"], "format": manifest["format"]})
     if mismatches:
-        raise ConfigError(f"{output} holds a latent cache made with other settings:\n  " + "\n  ".join(mismatches)
-                          + f"\nuse another --output folder, or delete {output} to rebuild it")
+        raise ConfigError(f"{output} holds a latent cache made with other settings ({'; '.join(mismatches)}): "
+                          f"use another --output folder, or delete {output} to rebuild it")
 
 
 def _write_shard(path: Path, latents: list[torch.Tensor], clips: list[int], rank: int) -> None:
-    """Atomically: a shard that exists is complete, whatever kills the process."""
-    atomic_write(path, safetensors.torch.save({"latents": torch.stack(latents).contiguous(),
-                                               "clips": torch.tensor(clips, dtype=torch.int64)},
-                                              metadata={"rank": str(rank)}))
+    """Atomically: a shard that exists is complete, whatever kills the process. Each row's
+    CRC-32 goes in the metadata, so training detects a damaged row when it reads it."""
+    rows = torch.stack(latents).contiguous()
+    atomic_write(path, safetensors.torch.save({"latents": rows, "clips": torch.tensor(clips, dtype=torch.int64)},
+                                              metadata={"rank": str(rank), ROW_CRC32: ",".join(map(str, map(row_crc32, rows)))}))
 
 
 @dataclass

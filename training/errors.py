@@ -21,6 +21,11 @@ class ConfigError(ValueError):
 USER_ERRORS = (ConfigError, WeightsError)
 
 
+def readable_size(size: float) -> str:
+    """A byte count as the messages give it: GiB from 10 MiB up, else MiB."""
+    return f"{size / 2**30:.2f} GiB" if size >= 10 * 2**20 else f"{size / 2**20:.1f} MiB"
+
+
 def debug_requested(argv: list[str] | None = None) -> bool:
     """``--debug`` among the command-line arguments: show tracebacks instead of one line."""
     return "--debug" in (sys.argv[1:] if argv is None else argv)

@@ -2,6 +2,7 @@
 
 Each component owns the rules of its keys (data sizes and frames, the reference VAE, the
 losses, Seraena, optimisation, validation, checkpoints, early stopping, fault handling);
+whether a valid config fits this machine's memory is ``training.loop.memory.check_fits``.
 this module only asks them all, so a user sees every problem of a config at once. The
 launch script, training, the latent-cache builder and the tests call ``check``.
 """

@@ -34,6 +34,7 @@ import shlex
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import IO
 
 import torch
 from accelerate import Accelerator, PartialState
@@ -50,13 +51,15 @@ from training.export import BUNDLE_FOLDER, write_bundle
 from training.flags import ArgumentParser
 from training.loop.best_model import BestTracker
 from training.loop.distributed import process_group_backend, process_state
+from training.loop.memory import check_fits
 from training.loop.monitoring import Monitor
 from training.loop.resilience import FaultPlan, StopRequest, agree, broadcast_flag
 from training.loop.step import StepResult, TrainStep, build_model
 from training.loop.validation import ValidationDataError, validate
 from training.preflight import check
-from training.state.checkpoints import (DiskFullError, load_training_state, new_run_dir, remove_partial_checkpoints,
-                                       resolve_resume, save_checkpoint)
+from training.state.checkpoints import (DiskFullError, is_disk_full, list_checkpoints, load_training_state, new_run_dir,
+                                       remove_partial_checkpoints, resolve_resume, save_checkpoint)
+from training.state.run_lock import lock_run_dir, release_run_dir
 from training.state.weight_export import export_best_model, export_weights
 
 logger = logging.getLogger("taehv_train")
@@ -146,20 +149,29 @@ def make_accelerator(config: TrainConfig, run_dir: Path) -> Accelerator:
     )
 
 
-def decide_run_dir(state: PartialState, config: TrainConfig) -> tuple[Path, Path | None]:
-    """(run directory, checkpoint to resume), decided once on the main process and shared,
-    so every rank writes to the same place; a resumed run continues in its own directory."""
-    decision = [None]
+def decide_run_dir(state: PartialState, config: TrainConfig) -> tuple[Path, Path | None, IO[str] | None]:
+    """(run directory, checkpoint to resume, its lock), decided once on the main process and
+    shared, so every rank writes to the same place; a resumed run continues in its own
+    directory. The main process holds the directory's lock; a refusal (another run holds
+    it, a checkpoint that cannot be resumed) reaches every rank, so none waits for the others."""
+    decision, lock = [None], None
     if state.is_main_process:
-        run_dir, checkpoint = resolve_resume(config)
-        decision[0] = (str(run_dir or new_run_dir(config)), str(checkpoint) if checkpoint else None)
+        try:
+            run_dir, checkpoint = resolve_resume(config)
+            run_dir = run_dir or new_run_dir(config)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lock = lock_run_dir(run_dir)
+            decision[0] = (str(run_dir), str(checkpoint) if checkpoint else None)
+        except ConfigError as err:
+            decision[0] = str(err)
+        except OSError as err:  # output_dir on a read-only or missing file system
+            decision[0] = (f"cannot write the run directory under {config.output_dir}: {err.strerror or err}; "
+                           "choose an output_dir you can write")
     if torch.distributed.is_initialized():
         torch.distributed.broadcast_object_list(decision, src=0)
-    run_dir, checkpoint = Path(decision[0][0]), decision[0][1] and Path(decision[0][1])
-    if state.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    state.wait_for_everyone()
-    return run_dir, checkpoint
+    if isinstance(decision[0], str):
+        raise ConfigError(decision[0])
+    return Path(decision[0][0]), decision[0][1] and Path(decision[0][1]), lock
 
 
 def setup_logging(run_dir: Path, accelerator: Accelerator) -> None:
@@ -283,9 +295,9 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path
     caller before anything slow, so that a signal during start-up is not lost."""
     stop = stop or StopRequest()
     config = parse_args(argv)
-    notes = check(config)
+    notes = [*check(config), *check_fits(config)]
     faults = FaultPlan.parse(config.fault_injection)
-    run_dir, resume_from = decide_run_dir(process_state(), config)
+    run_dir, resume_from, lock = decide_run_dir(process_state(), config)
     accelerator = make_accelerator(config, run_dir)
     setup_logging(run_dir, accelerator)
     for note in notes:
@@ -296,7 +308,29 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path
         remove_partial_checkpoints(run_dir / "checkpoints")
     set_seed(config.seed)  # identical initial weights on every rank
     torch.autograd.set_detect_anomaly(config.detect_anomaly)
+    try:
+        return train(config, accelerator, run_dir, resume_from, faults, stop)
+    except Exception as err:  # a full disk anywhere in the run: say what to run once there is room
+        if not is_disk_full(err):
+            raise
+        what = str(err) if isinstance(err, DiskFullError) else f"no space left on the device of {run_dir} ({err})"
+        raise DiskFullError(f"{what}, then {next_command(run_dir)}") from err
+    finally:
+        if lock is not None:
+            release_run_dir(lock)
 
+
+def next_command(run_dir: Path) -> str:
+    """After a failure that leaves the run as it was: the command that resumes it when it
+    holds a checkpoint, else the one that starts it again."""
+    if list_checkpoints(run_dir / "checkpoints"):
+        return f"resume with: {resume_command()}"
+    return f"start again with: {shlex.join(launch_command())} (nothing to resume yet)"
+
+
+def train(config: TrainConfig, accelerator: Accelerator, run_dir: Path, resume_from: Path | None,
+          faults: FaultPlan, stop: StopRequest) -> Path:
+    """Build the model, data and step, restore ``resume_from``, and run the loop to its end."""
     model = build_model(config, resumed=resume_from is not None)
     ref_vae = ReferenceVAE.from_config(config, accelerator.device) if config.ref_vae_path else None
     data = build_training_data(config, ref_vae)
@@ -424,8 +458,7 @@ def entry_point(argv: list[str] | None = None, early_signals: list[int] = ()) ->
     except USER_ERRORS as err:
         if debug_requested(argv):
             raise
-        resume = f" with: {resume_command()}" if isinstance(err, DiskFullError) else ""
-        logger.error("error: %s%s", err, resume)
+        logger.error("error: %s", err)
         status = EXIT_USER_ERROR
     except TrainingAborted as err:
         logger.error("%s", err)

@@ -9,28 +9,38 @@ not depend on batching, sharding, the number of processes or restarts.
 
 Layout (docs/latent_cache.md): ``manifest.json`` (what the cache is valid for) and
 ``epoch{e:03d}/shard{k:06d}.safetensors``, each holding ``latents`` [n, T', C, h, w] and
-``clips`` [n] (the clip each sample actually used) for indices ``k * shard_size`` onwards.
+``clips`` [n] (the clip each sample actually used) for indices ``k * shard_size`` onwards,
+with each latent row's CRC-32 in the metadata: a damaged row is an error when it is read
+(the run saves and stops, like any data gone bad), a shard whose header does not open is
+refused at start-up.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
+import zlib
 from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from models.variants import get_variant
 from training.config import TrainConfig, below
 from training.data.clips import EpochDataset, VideoClipDataset, VideoDataError, shared_epoch
 from training.errors import ConfigError
 
+logger = logging.getLogger(__name__)
+
 FORMAT_VERSION = 1
 CACHE_MANIFEST = "manifest.json"
 SAMPLING_STREAM = 0x1A7E  # keeps the latent noise stream apart from the dataset's (seed, epoch, index) draws
+REBUILD_SHARDS = ("delete the damaged shard(s) and rerun `python -m training.cache_latents` with the same settings "
+                  "(it computes only the missing shards)")
+ROW_CRC32 = "row_crc32"  # shard metadata: the CRC-32 of every latent row, comma-separated
 VALIDITY_HELP = ("rebuild it with `python -m training.cache_latents --config <this config>`, or set "
                  "latent_cache_dir='' to compute reference latents online")
 
@@ -91,6 +101,11 @@ def validity(config: TrainConfig, n_clips: int) -> dict:
     }
 
 
+def row_crc32(row: torch.Tensor) -> int:
+    """CRC-32 of a tensor's bytes (any dtype, bfloat16 included)."""
+    return zlib.crc32(row.contiguous().view(torch.uint8).numpy())
+
+
 def differences(cached: dict, wanted: dict) -> list[str]:
     """``key: cache X, now Y`` for every key whose value differs."""
     return [f"{key}: cache {cached.get(key)!r}, now {wanted.get(key)!r}"
@@ -128,33 +143,78 @@ class LatentCache:
     def n_shards(self) -> int:
         return math.ceil(self.n_clips / self.shard_size)
 
+    def shard_paths(self) -> list[Path]:
+        return [shard_path(self.directory, epoch, shard) for epoch in range(self.epochs) for shard in range(self.n_shards)]
+
     def missing_shards(self) -> list[Path]:
-        return [path for epoch in range(self.epochs) for shard in range(self.n_shards)
-                if not (path := shard_path(self.directory, epoch, shard)).is_file()]
+        return [path for path in self.shard_paths() if not path.is_file()]
+
+    def damaged_shards(self) -> list[str]:
+        """``path (why)`` for each shard whose header does not open or whose rows are not
+        the manifest's: reads only the headers."""
+        found, unchecked = [], 0
+        for path in self.shard_paths():
+            try:
+                _, shapes, crcs = self._open_shard(path)
+            except VideoDataError as err:
+                found.append(str(err))
+                continue
+            unchecked += crcs is None
+            rows = shapes.get("clips", (0,))[0]
+            index = int(path.stem.removeprefix("shard"))
+            expected = min(self.shard_size, self.n_clips - index * self.shard_size)
+            if rows != expected:
+                found.append(f"{path} holds {rows} rows, the manifest says {expected}")
+        self._open.clear()
+        if unchecked:
+            logger.warning("latent cache %s: %d shard(s) were built before row checksums, so bytes damaged inside "
+                           "them go undetected; rebuild the cache to add them", self.directory, unchecked)
+        return found
 
     def check(self, config: TrainConfig, n_clips: int) -> None:
         """Raise ConfigError unless this cache holds the latents ``config`` would compute
-        for a dataset of ``n_clips`` clips, for every cached epoch."""
+        for a dataset of ``n_clips`` clips, for every cached epoch, in shards that open."""
         mismatches = differences(self.manifest["valid_for"], validity(config, n_clips))
         if mismatches:
-            raise ConfigError(f"latent cache {self.directory} was made for other settings:\n  "
-                              + "\n  ".join(mismatches) + f"\n{VALIDITY_HELP}")
+            raise ConfigError(f"latent cache {self.directory} was made for other settings ({'; '.join(mismatches)}): "
+                              f"{VALIDITY_HELP}")
         missing = self.missing_shards()
         if missing:
             raise ConfigError(f"latent cache {self.directory} is incomplete: {len(missing)} shard(s) missing "
                               f"(e.g. {missing[0]}); rerun `python -m training.cache_latents` with the same "
                               "settings to finish it")
+        damaged = self.damaged_shards()
+        if damaged:
+            raise ConfigError(f"latent cache {self.directory} has {len(damaged)} damaged shard(s) (e.g. {damaged[0]}): "
+                              f"{REBUILD_SHARDS}")
+
+    def _open_shard(self, path: Path) -> tuple[object, dict[str, tuple], list[int] | None]:
+        """(handle, shapes by name, row CRCs or None for a cache built before checksums),
+        from the most recently used shards."""
+        entry = self._open.pop(path, None)
+        if entry is None:
+            try:
+                handle = safe_open(str(path), framework="pt")
+                shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+            except (SafetensorError, OSError) as err:
+                raise VideoDataError(f"{path} does not open ({err})") from err
+            crcs = (handle.metadata() or {}).get(ROW_CRC32)
+            entry = handle, shapes, [int(crc) for crc in crcs.split(",")] if crcs else None
+        self._open[path] = entry  # most recently used last
+        if len(self._open) > self.max_open_shards:
+            self._open.popitem(last=False)
+        return entry
 
     def _row(self, epoch: int, index: int, name: str) -> torch.Tensor:
         if not 0 <= index < self.n_clips:
             raise IndexError(f"index {index} out of range for a cache of {self.n_clips} clips")
         shard, row = divmod(index, self.shard_size)
         path = shard_path(self.directory, epoch % self.epochs, shard)
-        handle = self._open.pop(path, None) or safe_open(str(path), framework="pt")
-        self._open[path] = handle  # most recently used last
-        if len(self._open) > self.max_open_shards:
-            self._open.popitem(last=False)
-        return handle.get_slice(name)[row]
+        handle, _, crcs = self._open_shard(path)
+        value = handle.get_slice(name)[row]
+        if name == "latents" and crcs is not None and row_crc32(value) != crcs[row]:
+            raise VideoDataError(f"latent cache shard {path}, row {row} is damaged (checksum): {REBUILD_SHARDS}")
+        return value
 
     def latents(self, epoch: int, index: int) -> torch.Tensor:
         """float32 [latent_frames, C, h, w] of sample ``index`` at ``epoch`` (modulo the cached epochs)."""

@@ -40,8 +40,8 @@ from safetensors.torch import load_file, save_file
 from models.atomic import TMP_PREFIX, atomic_write, fsync_directory, temporary_name
 from models.weights import find_weights
 from training.config import TrainConfig, below, resolve_path, run_prefix
-from training.errors import ConfigError
-from training.state.serialisation import load_tree, save_tree
+from training.errors import ConfigError, readable_size
+from training.state.serialisation import load_tree, save_tree, tensor_bytes
 
 logger = logging.getLogger(__name__)
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -279,24 +279,27 @@ def _folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
 
 
-def _disk_full_message(final: Path, tmp: Path) -> str:
-    """Where, how much is needed (the newest complete save beside it, else what was
-    written before the failure) and how much is free."""
+def _disk_full_message(final: Path, needed: int) -> str:
+    """What was being saved where, how much it needs (the newest complete save beside it,
+    else ``needed``, the estimate of the ranks' state) and how much is free."""
     previous = [p for p in final.parent.iterdir() if p.is_dir() and (p / CHECKPOINT_MANIFEST).is_file()]
-    needed = _folder_bytes(max(previous, key=lambda p: p.stat().st_mtime)) if previous else _folder_bytes(tmp)
+    if previous:
+        needed = _folder_bytes(max(previous, key=lambda p: p.stat().st_mtime))
     free = shutil.disk_usage(final.parent).free
     kept = [p.name for p in previous if p.name != final.name]
-    return (f"no space left to save {final.name} in {final.parent}: it needs about {needed / 2**30:.2f} GiB and "
-            f"{free / 2**30:.2f} GiB are free; " + (f"{', '.join(sorted(kept))} kept intact" if kept else
-                                                      "nothing was saved") +
-            ". Free some space (or lower checkpoints_total_limit, or move output_dir) and resume")
+    return (f"no space left to save {final.name} in {final.parent}: it needs about {readable_size(needed)} and "
+            f"{readable_size(free)} are free; " + (f"{', '.join(sorted(kept))} kept intact" if kept else
+                                           "nothing was saved") +
+            ". Free some space (or lower checkpoints_total_limit, or move output_dir)")
 
 
-def _write_on_every_rank(accelerator: Accelerator, final: Path, tmp: Path, write: Callable[[Path], None]) -> None:
+def _write_on_every_rank(accelerator: Accelerator, final: Path, tmp: Path, write: Callable[[Path], None],
+                         expected_bytes: Callable[[], int]) -> None:
     """Run ``write(tmp)`` on every rank and act on failures together, so that no rank waits
     in a collective for one that failed: a full disk is a DiskFullError on every rank
-    (the partial folder is removed); another error is raised where it happened and the
-    other ranks say which rank failed."""
+    (the partial folder is removed; ``expected_bytes()``, summed over the ranks, says what
+    the save needs when nothing was saved before); another error is raised where it
+    happened and the other ranks say which rank failed."""
     failure = None
     try:
         write(tmp)
@@ -306,7 +309,9 @@ def _write_on_every_rank(accelerator: Accelerator, final: Path, tmp: Path, write
     failed = [(rank, what) for rank, what in gather_object([(accelerator.process_index, described)]) if what is not None]
     if not failed:
         return
-    message = _disk_full_message(final, tmp) if any(what == "disk full" for _, what in failed) else None
+    message = None
+    if any(what == "disk full" for _, what in failed):
+        message = _disk_full_message(final, sum(gather_object([expected_bytes()])))
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     if message is not None:
@@ -325,16 +330,18 @@ def _checksums(accelerator: Accelerator, tmp: Path) -> dict[str, str]:
 
 
 def write_atomically(accelerator: Accelerator, final: Path, write: Callable[[Path], None],
-                     info: dict[str, Any], before_commit: Callable[[], None] = lambda: None) -> Path:
+                     info: dict[str, Any], before_commit: Callable[[], None] = lambda: None,
+                     expected_bytes: Callable[[], int] = lambda: 0) -> Path:
     """Every rank calls ``write(tmp)``; then the ranks checksum the files, the main process
     writes the manifest and renames ``tmp`` to ``final``. ``before_commit`` runs on every
-    rank just before the manifest (the test hook for a crash during saving)."""
+    rank just before the manifest (the test hook for a crash during saving);
+    ``expected_bytes()`` (this rank's share of the save) is asked only when the disk is full."""
     tmp = temporary_name(final)
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    _write_on_every_rank(accelerator, final, tmp, write)
+    _write_on_every_rank(accelerator, final, tmp, write, expected_bytes)
     start = time.perf_counter()
     checksums = _checksums(accelerator, tmp)
     seconds = time.perf_counter() - start
@@ -441,6 +448,21 @@ def write_training_state(objects: TrainingObjects, directory: Path, trainer_stat
     (directory / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
 
 
+def training_state_bytes(objects: TrainingObjects) -> int:
+    """About how many bytes this rank's part of a checkpoint takes (its tensors, the
+    exported fp32 weights included)."""
+    total = sum(tensor_bytes(extra.training_state()) for extra in objects.extras.values())
+    if objects.deepspeed:
+        total += tensor_bytes(objects.model.optimizer.state_dict())
+    if not objects.accelerator.is_main_process:
+        return total
+    module_state = objects.module.state_dict()
+    total += tensor_bytes(module_state) + 4 * sum(v.numel() for v in module_state.values())  # + weights.safetensors
+    if not objects.deepspeed:
+        total += tensor_bytes(objects.optimizer.state_dict())
+    return total + (tensor_bytes(objects.ema.state_dict()) if objects.ema is not None else 0)
+
+
 def read_trainer_state(path: Path) -> dict:
     return json.loads((path / "trainer_state.json").read_text())
 
@@ -493,7 +515,7 @@ def save_checkpoint(objects: TrainingObjects, directory: Path, step: int, keep: 
         export(tmp)
 
     info = {"step": step, "world_size": acc.num_processes, "distributed_type": str(acc.distributed_type)}
-    write_atomically(acc, final, write, info, before_commit)
+    write_atomically(acc, final, write, info, before_commit, lambda: training_state_bytes(objects))
     if acc.is_main_process:
         for old in list_checkpoints(directory)[:-keep]:
             shutil.rmtree(old)

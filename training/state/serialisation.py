@@ -74,6 +74,17 @@ def save_tree(stem: Path, tree: Any) -> list[Path]:
     return written
 
 
+def tensor_bytes(tree: Any) -> int:
+    """Bytes of the tensors and arrays in ``tree``: about what ``save_tree`` writes for it."""
+    if isinstance(tree, (torch.Tensor, np.ndarray)):
+        return tree.nbytes
+    if isinstance(tree, dict):
+        return sum(tensor_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(tensor_bytes(v) for v in tree)
+    return 0
+
+
 def load_tree(stem: Path) -> Any:
     """Rebuild what ``save_tree(stem, ...)`` wrote, tensors on the CPU."""
     document = json.loads(stem.with_suffix(".json").read_text())

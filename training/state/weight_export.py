@@ -60,4 +60,8 @@ def export_best_model(accelerator: Accelerator, model: torch.nn.Module, ema: EMA
         if accelerator.is_main_process:
             (tmp / "model_info.json").write_text(json.dumps(info, indent=1))
 
-    write_atomically(accelerator, run_dir / "best_model", write, {"step": info["step"]})
+    def expected_bytes() -> int:  # weights.pth + weights.safetensors, fp32
+        return 8 * sum(v.numel() for v in accelerator.unwrap_model(model).state_dict().values()) \
+            if accelerator.is_main_process else 0
+
+    write_atomically(accelerator, run_dir / "best_model", write, {"step": info["step"]}, expected_bytes=expected_bytes)

@@ -1,0 +1,59 @@
+"""The pre-flight's estimate of one step's activations (training/loop/memory.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.taehv import TAEHV
+from training.config import ConfigError, load_config
+from training.loop import memory
+
+
+def saved_on_cpu(variant: str, frames: int, with_reference: bool, train_encoder: bool) -> int:
+    """What a real forward on the CPU keeps for the backward pass, by storage."""
+    torch.manual_seed(0)
+    net = TAEHV(variant=variant)
+    net.encoder.requires_grad_(train_encoder)
+    clips = torch.rand(1, frames, 3, 32, 32)
+    with torch.no_grad():
+        reference = net.encode_video(clips) if with_reference else None
+    kept = {}
+
+    def keep(tensor):
+        kept[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        net(clips, reference, decode_own=True)
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("variant, with_reference, train_encoder", [
+    ("taehv", False, True), ("taehv", True, False), ("taeh3", True, True)])
+def test_the_estimate_is_what_a_real_forward_keeps(variant, with_reference, train_encoder):
+    """The meta-device forward keeps exactly the storages a real one does: both decodes
+    with reference latents, no encoder activations when it is frozen."""
+    frames = 22 if variant == "taeh3" else 9
+    estimate = memory.activation_bytes(variant, 1, frames, 32, 32, torch.float32, with_reference, True, train_encoder)
+    assert estimate == saved_on_cpu(variant, frames, with_reference, train_encoder)
+
+
+def test_a_step_that_cannot_fit_is_refused_with_its_size_and_a_close_one_is_warned(monkeypatch):
+    config = load_config("training/configs/taehv_config_test.py", [])
+    needed = memory.step_bytes(config)
+    monkeypatch.setattr(memory, "device_memory", lambda: ("the test device", int(needed * 1.2)))
+    assert "may run out of memory" in memory.check_fits(config)[0]
+    monkeypatch.setattr(memory, "device_memory", lambda: ("the test device", needed - 1))
+    with pytest.raises(ConfigError, match=r"^one training step keeps about [0-9.]+ .iB of activations \(1 clip\(s\) "
+                                          r"of 9 frames at 32x32, taecvx, fp32\), more than the [0-9.]+ .iB of the "
+                                          r"test device: lower height and width"):
+        memory.check_fits(config)
+    monkeypatch.setattr(memory, "device_memory", lambda: ("the test device", needed * 2))
+    assert "may run out of memory" not in memory.check_fits(config)[0]
+
+
+def test_the_h100_preset_needs_about_24_gib_of_activations():
+    """The seeds' recipe (2 clips of 17 frames at 480x720, bf16): fits an 80 GB GPU, which
+    is what the check compares it with there; its config check does not depend on the machine."""
+    config = load_config("training/configs/taehv_config_h100.py", [])
+    assert 20 * 2**30 < memory.step_bytes(config) < 28 * 2**30

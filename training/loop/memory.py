@@ -1,0 +1,94 @@
+"""How much memory one training step needs, known before any data or weights load.
+
+The TAE's forward pass is run on the ``meta`` device (shapes only: nothing is computed or
+allocated) at the training size, and the storages it keeps for the backward pass are
+added up: the activations of one micro-batch, exactly as the training forward makes them
+(both decodes when reference latents are used, no encoder activations when it is frozen).
+Weights and optimizer state of a tiny TAE are small beside them; the reference VAE,
+Seraena and LPIPS are not counted. A run whose activations alone exceed the device's
+memory is refused before the run starts (the launch script's pre-flight, then training on
+each node), with the number, instead of hanging in start-up or dying in its first step.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import torch
+
+from models.taehv import TAEHV
+from training.config import TrainConfig
+from training.errors import ConfigError, readable_size
+
+_HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+CGROUP_MEMORY_LIMIT = Path("/sys/fs/cgroup/memory.max")
+# peak of forward + backward over the kept activations: 1.30-1.37 (bench/bench_step_memory.py)
+BACKWARD_PEAK = 1.4
+
+
+@functools.lru_cache(maxsize=8)
+def activation_bytes(variant: str, batch: int, frames: int, height: int, width: int, dtype: torch.dtype,
+                     with_reference: bool, decode_own: bool, train_encoder: bool) -> int:
+    """Bytes the training forward of ``batch`` clips keeps for the backward pass."""
+    with torch.device("meta"):
+        net = TAEHV(variant=variant).to(dtype)
+    net.encoder.requires_grad_(train_encoder)
+    clips = torch.zeros(batch, frames, 3, height, width, device="meta", dtype=dtype)
+    reference = None
+    if with_reference:
+        with torch.no_grad():
+            reference = torch.zeros_like(net.encode_video(clips))
+    kept: dict[int, int] = {}  # by storage: a tensor saved by several operations counts once
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        kept[storage._cdata] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        net(clips, reference, decode_own=decode_own)
+    return sum(kept.values())
+
+
+def step_bytes(config: TrainConfig) -> int:
+    """The activations of one micro-batch of ``config``'s training."""
+    with_reference = bool(config.ref_vae_path or config.latent_cache_dir)
+    return activation_bytes(config.variant, config.train_batch_size, config.n_frames, config.height, config.width,
+                            _HALF.get(config.mixed_precision, torch.float32), with_reference,
+                            not with_reference or config.reconstruction_loss_weight > 0, config.train_encoder)
+
+
+def device_memory() -> tuple[str, int]:
+    """(name, bytes) of the memory one training process may use: the first GPU's, else
+    this machine's RAM (or its cgroup limit) shared by the processes on it."""
+    if torch.cuda.is_available():
+        properties = torch.cuda.get_device_properties(0)
+        return f"the {properties.name}", properties.total_memory
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if CGROUP_MEMORY_LIMIT.is_file() and (limit := CGROUP_MEMORY_LIMIT.read_text().strip()).isdigit():
+        total = min(total, int(limit))
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return ("this machine's RAM" if processes == 1 else f"this machine's RAM / {processes} processes"), total // processes
+
+
+def _describe(config: TrainConfig, needed: int) -> str:
+    return (f"one training step keeps about {readable_size(needed)} of activations ({config.train_batch_size} "
+            f"clip(s) of {config.n_frames} frames at {config.height}x{config.width}, {config.variant}, "
+            f"{config.mixed_precision if config.mixed_precision in _HALF else 'fp32'})")
+
+
+def check_fits(config: TrainConfig) -> list[str]:
+    """Raise ConfigError when one step's activations alone exceed the device's memory;
+    else the estimate as a note for the log (a warning when the backward pass's peak may
+    not fit). The launch script's pre-flight and training call it on the machine that
+    trains; ``training.preflight.check`` stays a property of the config alone."""
+    where, available = device_memory()
+    needed = step_bytes(config)
+    if needed > available:
+        raise ConfigError(f"{_describe(config, needed)}, more than the {readable_size(available)} of {where}: lower "
+                          "height and width (the training crop), n_frames or train_batch_size "
+                          "(gradient_accumulation_steps keeps the effective batch)")
+    warning = (f"; the backward pass peaks about {BACKWARD_PEAK:g}x higher, so it may run out of memory: consider a "
+               "smaller crop, fewer frames or a smaller batch" if needed * BACKWARD_PEAK > available else "")
+    return [f"{_describe(config, needed)}; {where} has {readable_size(available)}{warning}"]
