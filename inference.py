@@ -21,7 +21,7 @@ import torch
 from evaluation.evaluator import Evaluator, out_of_memory_hint, summarise
 from evaluation.metrics import lpips_unavailable_reason
 from evaluation.report import write_report
-from models.reference_vaes import REF_VAE_CLASSES
+from models.reference_vaes import AUTO_CLASS, REF_VAE_CLASSES
 from models.taehv import TAEHV
 from models.variants import get_variant
 from models.weights import read_metadata
@@ -57,7 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--use_ref_vae", action="store_true", help="also evaluate the reference VAE and report ratios")
     p.add_argument("--ref_vae_path", default=None, help="diffusers folder (default: the config's ref_vae_path)")
-    p.add_argument("--ref_vae_class", default=None, choices=list(REF_VAE_CLASSES))
+    p.add_argument("--ref_vae_class", default=None, choices=[AUTO_CLASS, *REF_VAE_CLASSES],
+                   help="the reference VAE's class (default: the config's, else auto: from the folder's config.json)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--parallel", dest="parallel", action="store_true", default=True, help="all frames at once (default)")
     mode.add_argument("--sequential", dest="parallel", action="store_false", help="frame by frame, memory flat in T")

@@ -46,6 +46,22 @@ REF_VAE_CLASSES = {
 }
 
 
+AUTO_CLASS = "auto"  # ref_vae_class read from the folder's config.json (its _class_name)
+
+
+def resolve_ref_vae_class(ref_vae_class: str, folder: Path) -> str:
+    """``ref_vae_class``, or for "auto" the one whose diffusers class the folder's
+    ``config.json`` names; ValueError saying why it cannot be told."""
+    if ref_vae_class != AUTO_CLASS:
+        return ref_vae_class
+    found = read_vae_config(folder).get("_class_name")
+    for name, ref in REF_VAE_CLASSES.items():
+        if ref.diffusers_class == found:
+            return name
+    raise ValueError(f"{Path(folder) / 'config.json'} holds a {found or 'model without _class_name'}, which no "
+                     f"ref_vae_class loads yet (known: {', '.join(ref.diffusers_class for ref in REF_VAE_CLASSES.values())})")
+
+
 def ref_vae_class_of(variant: str) -> str | None:
     """The ``ref_vae_class`` whose latent space ``variant`` (a super decoder too) lives in;
     None for a TAE whose reference VAE diffusers does not have (taeos1_3)."""
@@ -139,6 +155,10 @@ def ref_vae_problems(ref_vae_class: str, folder: Path, variant: str) -> list[str
     except ValueError as err:
         return [f"ref_vae_path: {err}: point ref_vae_path at a local copy of the video model, whose VAE "
                 "subfolder (ref_vae_subfolder) holds it"]
+    try:
+        ref_vae_class = resolve_ref_vae_class(ref_vae_class, folder)
+    except ValueError as err:
+        return [f"ref_vae_class=auto: {err}"]
     found, ref = config.get("_class_name"), REF_VAE_CLASSES[ref_vae_class]
     if found != ref.diffusers_class:
         matching = [name for name, r in REF_VAE_CLASSES.items() if r.diffusers_class == found]
@@ -165,6 +185,7 @@ def auto_variant(ref_vae_class: str, folder: Path) -> str | None:
     folder or its class cannot tell (the config check then says why)."""
     try:
         config = read_vae_config(folder)
+        ref_vae_class = resolve_ref_vae_class(ref_vae_class, folder)
     except ValueError:
         return None
     if ref_vae_class not in REF_VAE_CLASSES or config.get("_class_name") != REF_VAE_CLASSES[ref_vae_class].diffusers_class:

@@ -278,7 +278,7 @@ def test_the_reference_vae_folder_is_checked_before_launch(tmp_path):
         check(valid(tmp_path, ref_vae_path=str(tmp_path / "empty"), n_frames=17))
     wan = vae_folder(tmp_path / "wan", "wan")
     with pytest.raises(ConfigError, match="holds a AutoencoderKLWan, but ref_vae_class=cogvideox .*: set ref_vae_class=wan"):
-        check(valid(tmp_path, ref_vae_path=wan, n_frames=17))
+        check(valid(tmp_path, ref_vae_path=wan, ref_vae_class="cogvideox", n_frames=17))
     wide = vae_folder(tmp_path / "wide", "cogvideox", latent_channels=48, block_out_channels=(4, 4, 4, 4, 4))
     with pytest.raises(ConfigError, match=r"the reference VAE has 48 latent channels, 16x space, 4x time but taecvx has "
                                           r"16 latent channels, 8x space, 4x time: pick the matching variant \(taew2_2, "

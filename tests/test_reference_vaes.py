@@ -21,7 +21,7 @@ from training.data.reference_vae import ReferenceVAE
 from models.reference_vaes import (REF_VAE_CLASSES, LatentSpace, auto_variant, latent_space, read_vae_config,
                                    ref_vae_class_of, ref_vae_problems, video_model)
 from models.variants import known_variants
-from training.config import load_config
+from training.config import ConfigError, TrainConfig, load_config
 from training.preflight import check
 
 # tiny VAE, ref_vae_class, facts, the variant "auto" picks, size, an exact frame count
@@ -166,3 +166,34 @@ def test_a_config_json_without_a_key_the_facts_need_is_one_problem(tmp_path):
     assert ref_vae_problems("cogvideox", root / "vae", "taecvx") == [
         f"{config_file} has no 'block_out_channels', which an AutoencoderKLCogVideoX config needs to tell its latent "
         "space: is the file complete?"]
+
+
+def test_ref_vae_class_auto_reads_the_class_from_the_folder(tmp_path, demo_clips):
+    """ref_vae_class=auto (the default) takes the class the folder's config.json names (and
+    variant=auto then its TAE); an explicit class that contradicts the file, or a class no
+    entry of the table loads, is one problem that says what to do."""
+    assert TrainConfig().ref_vae_class == "auto"
+    cogvideox, wan = save_tiny_vae(tmp_path / "cogvideox", "cogvideox"), save_tiny_vae(tmp_path / "wan", "wan22")
+    data = [f"--data_root={demo_clips['root']}", f"--annotation_file={demo_clips['train']}",
+            f"--val_annotation_file={demo_clips['val']}", "--n_frames=9"]
+
+    def config_for(root: Path, *extra: str) -> TrainConfig:
+        return load_config(TEST_CONFIG, [f"--ref_vae_path={root}", *data, *extra])
+
+    config = config_for(wan, "--ref_vae_class=auto", "--variant=auto")
+    assert (config.ref_vae_class, config.variant) == ("wan", "taew2_2")
+    config = config_for(cogvideox, "--ref_vae_class=auto", "--variant=taecvx")
+    assert config.ref_vae_class == "cogvideox" and check(config) is not None
+    vae = ReferenceVAE(cogvideox, "auto", dtype="fp32")  # inference without --config: resolved when loading
+    assert vae.latent_channels == 16
+    with pytest.raises(ConfigError, match=r"holds a AutoencoderKLCogVideoX, but ref_vae_class=wan loads "
+                                          r"AutoencoderKLWan: set ref_vae_class=cogvideox"):
+        check(config_for(cogvideox, "--ref_vae_class=wan", "--variant=taecvx"))
+
+    config_file = wan / "vae" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "_class_name": "AutoencoderKLMochi"}))
+    config = config_for(wan, "--ref_vae_class=auto", "--variant=auto")
+    assert (config.ref_vae_class, config.variant) == ("auto", "auto")  # left for the check to explain
+    with pytest.raises(ConfigError, match=rf"ref_vae_class=auto: {config_file} holds a AutoencoderKLMochi, which no "
+                                          r"ref_vae_class loads yet \(known: AutoencoderKLCogVideoX, "):
+        check(config)

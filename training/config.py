@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from models.reference_vaes import auto_variant
+from models.reference_vaes import AUTO_CLASS, auto_variant, resolve_ref_vae_class
 from models.variants import VariantSpec, get_variant
 from training.errors import ConfigError
 
@@ -68,7 +68,7 @@ class TrainConfig:
 
     # -- reference VAE (empty path: plain autoencoder training) ------------------------
     ref_vae_path: str = ""  # diffusers model folder, e.g. a local copy of CogVideoX-2b
-    ref_vae_class: str = "cogvideox"  # one of models.reference_vaes.REF_VAE_CLASSES (docs/reference_vaes.md)
+    ref_vae_class: str = "auto"  # auto: from the folder's config.json; or one of models.reference_vaes.REF_VAE_CLASSES
     ref_vae_subfolder: str = "vae"
     ref_vae_dtype: str = "bf16"  # "fp32", "bf16" or "fp16"
     ref_latent_sample: bool = True  # latent_dist.sample() (recipe); False: the mode
@@ -198,11 +198,20 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
 
 
 def with_auto_variant(config: TrainConfig) -> TrainConfig:
-    """``variant="auto"`` becomes the reference VAE's own TAE variant (read from its
-    config.json); left as it is when that cannot be told, for ``check`` to explain."""
-    if config.variant != "auto" or not config.ref_vae_path:
+    """``ref_vae_class="auto"`` becomes the class the reference VAE's config.json names, and
+    ``variant="auto"`` its own TAE variant; each left as it is when that cannot be told, for
+    ``check`` to explain. Runs, caches and checkpoints then record what was resolved."""
+    if not config.ref_vae_path:
         return config
-    found = auto_variant(config.ref_vae_class, Path(config.ref_vae_path) / config.ref_vae_subfolder)
+    folder = Path(config.ref_vae_path) / config.ref_vae_subfolder
+    if config.ref_vae_class == AUTO_CLASS:
+        try:
+            config = replace(config, ref_vae_class=resolve_ref_vae_class(AUTO_CLASS, folder))
+        except ValueError:  # the config check says why
+            return config
+    if config.variant != "auto":
+        return config
+    found = auto_variant(config.ref_vae_class, folder)
     return config if found is None else replace(config, variant=found)
 
 

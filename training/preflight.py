@@ -8,7 +8,7 @@ launch script, training, the latent-cache builder and the tests call ``check``.
 """
 from __future__ import annotations
 
-from models.reference_vaes import REF_VAE_CLASSES
+from models.reference_vaes import AUTO_CLASS, REF_VAE_CLASSES
 from training.config import TrainConfig, invalid_config, missing_paths, spec_of, type_problems
 from training.data import latent_cache, loading, reference_vae
 from training.loop import adversarial, best_model, losses, monitoring, optimisation, resilience, validation
@@ -22,7 +22,7 @@ def check(config: TrainConfig) -> list[str]:
         raise invalid_config(problems)
     if config.variant == "auto":  # with_auto_variant could not tell: say why
         folder_problems = (reference_vae.folder_problems(config, "auto")
-                           if config.ref_vae_path and config.ref_vae_class in REF_VAE_CLASSES else [])
+                           if config.ref_vae_path and config.ref_vae_class in (*REF_VAE_CLASSES, AUTO_CLASS) else [])
         raise invalid_config(folder_problems or ["variant=auto takes the reference VAE's own TAE variant: set "
                                                  "ref_vae_path (and ref_vae_class) to its diffusers folder, or name the variant"])
     spec = spec_of(config)

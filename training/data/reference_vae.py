@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from models.frames import exact_frame_counts
-from models.reference_vaes import (REF_VAE_CLASSES, latent_space, read_vae_config, ref_vae_problems,
-                                   reference_vae_frames, reference_vae_rule)
+from models.reference_vaes import (AUTO_CLASS, REF_VAE_CLASSES, latent_space, read_vae_config, ref_vae_problems,
+                                   reference_vae_frames, reference_vae_rule, resolve_ref_vae_class)
 from models.variants import VariantSpec
 from training.config import DTYPES, TrainConfig
 from training.errors import ConfigError
@@ -59,8 +59,9 @@ def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
     """What is wrong with the ``ref_vae_*`` keys: the class, the dtype, the frame count the
     reference VAE takes, and the model folder itself."""
     found = []
-    if config.ref_vae_class not in REF_VAE_CLASSES:
-        found.append(f"ref_vae_class must be one of {', '.join(REF_VAE_CLASSES)}")
+    known = config.ref_vae_class in REF_VAE_CLASSES or config.ref_vae_class == AUTO_CLASS
+    if not known:
+        found.append(f"ref_vae_class must be {AUTO_CLASS} or one of {', '.join(REF_VAE_CLASSES)}")
     if config.ref_vae_dtype not in DTYPES:
         found.append(f"ref_vae_dtype must be one of {', '.join(DTYPES)}")
     if not config.ref_vae_path:
@@ -72,7 +73,7 @@ def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
         found.append(f"n_frames={config.n_frames} does not work with a reference VAE and {spec.name}: the reference "
                      f"VAE {reference_vae_rule(spec)} and the decoder must return exactly the input frames "
                      f"(here {plan.decoded_frames} from {plan.latent_frames} latents). Valid: {', '.join(map(str, valid))}, ...")
-    if Path(config.ref_vae_path).exists() and config.ref_vae_class in REF_VAE_CLASSES:
+    if Path(config.ref_vae_path).exists() and known:
         found.extend(folder_problems(config, config.variant))
     return found
 
@@ -80,18 +81,23 @@ def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
 class ReferenceVAE:
     """Frozen diffusers VAE that returns raw (unscaled) NTCHW latents for NTCHW frames."""
 
-    def __init__(self, path: str | Path, vae_class: str = "cogvideox", subfolder: str = "vae",
+    def __init__(self, path: str | Path, vae_class: str = AUTO_CLASS, subfolder: str = "vae",
                  dtype: str = "bf16", device: torch.device | str = "cpu", sample: bool = True):
         import diffusers
 
-        if vae_class not in REF_VAE_CLASSES:
-            raise ConfigError(f"ref_vae_class must be one of {', '.join(REF_VAE_CLASSES)}, got {vae_class!r}")
+        if vae_class not in REF_VAE_CLASSES and vae_class != AUTO_CLASS:
+            raise ConfigError(f"ref_vae_class must be {AUTO_CLASS} or one of {', '.join(REF_VAE_CLASSES)}, got "
+                              f"{vae_class!r}")
         path = Path(path)
         try:
             read_vae_config(path / subfolder)
         except ValueError as err:
             raise ConfigError(f"reference VAE: {err}; point at a local copy of the video model with its "
                               f"'{subfolder}' subfolder") from None
+        try:
+            vae_class = resolve_ref_vae_class(vae_class, path / subfolder)
+        except ValueError as err:
+            raise ConfigError(f"ref_vae_class=auto: {err}") from None
         cls = getattr(diffusers, REF_VAE_CLASSES[vae_class].diffusers_class)
         self.vae = cls.from_pretrained(path, subfolder=subfolder, torch_dtype=DTYPES[dtype]).to(device).eval()
         self.vae.requires_grad_(False)
