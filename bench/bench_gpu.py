@@ -79,7 +79,6 @@ from bench.bench_speed import load_published, published_file
 from bench.bench_train_step import train_step
 from evaluation.timing import median_seconds, synchronize
 from models import taehv as taehv_module
-from models.frames import exact_frame_counts
 from models.reference_vaes import reference_vae_frames
 from models.taehv import TAEHV
 from models.variants import get_variant, known_variants
@@ -334,8 +333,7 @@ def training_config(args, device: torch.device) -> TrainConfig:
     config = load_config(PRESET)
     if args.tiny:
         spec = get_variant(config.variant)
-        frames = [t for t in exact_frame_counts(64, spec.t_downscale, spec.t_upscale, spec.is_cogvideox,
-                                                spec.h3_chunks) if reference_vae_frames(t, spec)][0]
+        frames = [t for t in spec.exact_frame_counts(64) if reference_vae_frames(t, spec)][0]
         side = 8 * spec.patch_size
         config = config.replace(n_frames=frames, height=side, width=side, mixed_precision="no")
     elif device.type != "cuda":

@@ -28,6 +28,7 @@ from evaluation.stills import comparison_stills
 from evaluation.timing import timed
 from evaluation.videos import latent_picture, side_by_side, to_uint8_frames, write_video
 from models.frames import FramePlan
+from models.reference_vaes import reference_vae_frames
 from models.taehv import TAEHV
 from training.data.clips import BadClipError, VideoClipDataset, frames_to_unit
 from training.data.latent_check import rms_ratio
@@ -176,8 +177,10 @@ class Evaluator:
         with self.doing(f"warming up on {short.shape[1]} frame(s) of the first clip"):
             self.model.decode_video(self.model.encode_video(short, parallel=self.args.parallel),
                                     parallel=self.args.parallel)
-            if self.ref_vae is not None:  # MiniMax H3's VAE decodes nothing shorter than 18 frames
-                self.ref_vae.decode(self.ref_vae.encode(frames if self.ref_vae.latent_space.h3_chunks else short))
+            if self.ref_vae is not None:  # the fewest frames it takes (MiniMax H3: 18; Allegro: 24)
+                fewest = next((t for t in range(1, frames.shape[1]) if reference_vae_frames(t, self.model.spec)),
+                              frames.shape[1])
+                self.ref_vae.decode(self.ref_vae.encode(frames[:, :fewest]))
 
     def sample(self, i: int, index: int, source: str, frames: torch.Tensor) -> dict:
         """Metrics, timings and output files of sample ``i`` (clip ``index``)."""

@@ -62,13 +62,14 @@ H3_CHUNK_FRAMES, H3_LEFT_PAD, H3_DROPPED_LATENTS = 17, 3, 3  # MiniMax H3's chun
 
 
 def plan_frames(input_frames: int, t_downscale: int = 4, t_upscale: int = 4, is_cogvideox: bool = False,
-                h3_chunks: bool = False) -> FramePlan:
+                h3_chunks: bool = False, causal: bool = True) -> FramePlan:
     """Frame counts for a clip of ``input_frames`` frames.
 
     ``T -> ceil(T / t_downscale)`` latents ``-> latents * t_upscale`` raw decoded frames, of
     which the first ``t_upscale - 1`` are trimmed (they precede the first input frame).
     The CogVideoX variant (taecvx) keeps them when the latent count is even, so that its
-    frame counts match CogVideoX's VAE.
+    frame counts match CogVideoX's VAE. A TAE of a non-causal VAE (Allegro: T = 4L both
+    ways) trims nothing.
 
     MiniMax H3 (``h3_chunks``) cuts time into chunks of 17 frames (the clip padded at the
     end with copies of its last frame), each encoded on its own after 3 zero frames
@@ -89,7 +90,7 @@ def plan_frames(input_frames: int, t_downscale: int = 4, t_upscale: int = 4, is_
                          aligned_frames=min(decoded, input_frames))
     latents = math.ceil(input_frames / t_downscale)
     raw = latents * t_upscale
-    trim = 0 if (is_cogvideox and latents % 2 == 0) else t_upscale - 1
+    trim = 0 if (is_cogvideox and latents % 2 == 0) or not causal else t_upscale - 1
     decoded = raw - trim
     return FramePlan(
         input_frames=input_frames,
@@ -115,9 +116,10 @@ def h3_decoded_frames(latent_frames: int, t_downscale: int = 4, t_upscale: int =
 
 
 def exact_frame_counts(limit: int, t_downscale: int = 4, t_upscale: int = 4, is_cogvideox: bool = False,
-                       h3_chunks: bool = False) -> list[int]:
+                       h3_chunks: bool = False, causal: bool = True) -> list[int]:
     """Input frame counts up to ``limit`` for which decoding returns exactly the input frames."""
-    return [t for t in range(1, limit + 1) if plan_frames(t, t_downscale, t_upscale, is_cogvideox, h3_chunks).exact]
+    return [t for t in range(1, limit + 1)
+            if plan_frames(t, t_downscale, t_upscale, is_cogvideox, h3_chunks, causal).exact]
 
 
 def group_frames(frames: torch.Tensor, group: int) -> torch.Tensor:

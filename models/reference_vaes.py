@@ -18,19 +18,36 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .frames import H3_CHUNK_FRAMES
-from .variants import SUPER_SUFFIX, VariantSpec, get_variant, known_variants
+from .variants import SUPER_SUFFIX, VariantSpec, built_family, built_name, get_variant, known_variants
+
+
+@dataclass(frozen=True)
+class FrameRule:
+    """Which clip lengths a reference VAE encodes and decodes faithfully, where that is not
+    the TAE's own exact counts (``t_downscale * k + 1``)."""
+
+    takes: Callable[[int], bool]
+    says: str
 
 
 @dataclass(frozen=True)
 class RefVAEClass:
     diffusers_class: str
-    variants: dict[str, str]  # its published TAEs -> the video model each belongs to; variant="auto" takes the first that fits
+    variants: dict[str, str]  # its TAEs -> the video model each belongs to; variant="auto" takes the first that fits
     pixels: str = "signed"  # "signed": [-1, 1]; "imagenet": ImageNet-normalised [0, 1] (MiniMax H3)
     one_clip_at_a_time: bool = False  # diffusers 0.42's HunyuanVideo 1.5 attention mask breaks on batches > 1
+    family: str | None = None  # the TAE this package builds for it (models.variants.BUILT_FAMILIES), if none is published
+    latents: str = "sample"  # "mode": the posterior's mean (KVAE's has unit variance; Cosmos's none)
+    frames_in_front: bool = False  # VidTok: t_downscale - 1 copies of the first frame before encoding (its forward's)
+    image_encoder: bool = False  # SVD: a 2-D encoder over frames, decode(z, num_frames)
+    time_tiles: tuple[int, int] | None = None  # Allegro: only tiled, (frames, stride); decode gives NTCHW
+    frame_rule: FrameRule | None = None  # None: the TAE's exact counts
+    refused: str | None = None  # why training with it is not possible yet
 
 
 # ref_vae_class (the config key's values) -> the diffusers class that loads it and its TAEs
@@ -43,6 +60,28 @@ REF_VAE_CLASSES = {
     "ltx2": RefVAEClass("AutoencoderKLLTX2Video", {"taeltx2_3": "LTX-2.3 and LTX-2.5", "taeltx_2": "LTX-2",
                                                    "taeltx2_3_wide": "LTX-2.3 and LTX-2.5"}),
     "h3": RefVAEClass("AutoencoderKLMiniMaxH3", {"taeh3": "MiniMax H3"}, pixels="imagenet"),
+    # no published TAE: the package builds one (models.variants.BUILT_FAMILIES)
+    "allegro": RefVAEClass("AutoencoderKLAllegro", {"tae_allegro": "Allegro"}, family="tae_allegro",
+                           one_clip_at_a_time=True, time_tiles=(24, 16),
+                           frame_rule=FrameRule(lambda t: t >= 24 and (t - 24) % 16 == 0,
+                                                "encodes clips of 24 + 16m frames (24, 40, 56, ...: its tiles of 24 "
+                                                "frames, 8 shared)")),
+    "cosmos": RefVAEClass("AutoencoderKLCosmos", {"tae_cosmos": "Cosmos 1.0"}, family="tae_cosmos", latents="mode"),
+    "kvae": RefVAEClass("AutoencoderKLKVAEVideo", {"tae_kvae": "KVAE"}, family="tae_kvae", latents="mode",
+                        frame_rule=FrameRule(lambda t: (t - 1) % 4 == 0 and not (t > 17 and t % 16 == 5),
+                                             "encodes 4k+1 frames, but not 21, 37, 53, ... (its 16-frame segments "
+                                             "would end in one latent, which decodes to one frame)")),
+    "easyanimate": RefVAEClass("AutoencoderKLMagvit", {"tae_easyanimate": "EasyAnimate"}, family="tae_easyanimate"),
+    "vidtok": RefVAEClass("AutoencoderVidTok", {"tae_vidtok": "VidTok"}, family="tae_vidtok", latents="mode",
+                          frames_in_front=True),
+    "mochi": RefVAEClass("AutoencoderKLMochi", {"tae_mochi": "Mochi 1"}, family="tae_mochi"),
+    "qwenimage21": RefVAEClass("AutoencoderKLQwenImage21", {"tae_qwenimage2_1": "Qwen-Image 2.1"},
+                               family="tae_qwenimage2_1", latents="mode",
+                               frame_rule=FrameRule(lambda t: t == 1, "encodes single RGBA images (T = 1)"),
+                               refused="Qwen-Image 2.1's VAE takes RGBA images, and the data pipeline reads RGB "
+                                       "videos only so far (issue #28)"),
+    "svd": RefVAEClass("AutoencoderKLTemporalDecoder", {"tae_svd": "Stable Video Diffusion"}, family="tae_svd",
+                       latents="mode", image_encoder=True),
 }
 
 
@@ -65,14 +104,14 @@ def resolve_ref_vae_class(ref_vae_class: str, folder: Path) -> str:
 def ref_vae_class_of(variant: str) -> str | None:
     """The ``ref_vae_class`` whose latent space ``variant`` (a super decoder too) lives in;
     None for a TAE whose reference VAE diffusers does not have (taeos1_3)."""
-    base = variant.removesuffix(SUPER_SUFFIX)
+    base = built_family(variant) or variant.removesuffix(SUPER_SUFFIX)
     return next((name for name, ref in REF_VAE_CLASSES.items() if base in ref.variants), None)
 
 
 def video_model(variant: str) -> str | None:
     """The video model whose latent space ``variant`` lives in, for model cards and messages."""
     name = ref_vae_class_of(variant)
-    return REF_VAE_CLASSES[name].variants[variant.removesuffix(SUPER_SUFFIX)] if name else None
+    return REF_VAE_CLASSES[name].variants[built_family(variant) or variant.removesuffix(SUPER_SUFFIX)] if name else None
 
 
 @dataclass(frozen=True)
@@ -83,15 +122,20 @@ class LatentSpace:
     spatial_compression: int
     temporal_compression: int
     h3_chunks: bool = False
+    image_channels: int = 3
+    causal: bool = True
 
     def fits(self, spec: VariantSpec) -> bool:
-        """``spec`` lives in this latent space: same channels, compression and time axis."""
-        return (spec.latent_channels, 8 * spec.patch_size, spec.t_downscale, spec.h3_chunks) == (
-            self.latent_channels, self.spatial_compression, self.temporal_compression, self.h3_chunks)
+        """``spec`` lives in this latent space: same channels, compression, time axis and pixels."""
+        return (spec.latent_channels, 8 * spec.patch_size, spec.t_downscale, spec.h3_chunks, spec.image_channels,
+                spec.causal or spec.t_upscale == 1) == (
+            self.latent_channels, self.spatial_compression, self.temporal_compression, self.h3_chunks,
+            self.image_channels, self.causal or self.temporal_compression == 1)
 
     def describe(self) -> str:
         return (f"{self.latent_channels} latent channels, {self.spatial_compression}x space, "
-                f"{self.temporal_compression}x time" + (", 17-frame chunks" if self.h3_chunks else ""))
+                f"{self.temporal_compression}x time" + (", 17-frame chunks" if self.h3_chunks else "")
+                + ("" if self.causal else ", not causal") + (", RGBA" if self.image_channels == 4 else ""))
 
 
 @functools.lru_cache(maxsize=None)
@@ -138,12 +182,37 @@ def latent_space(ref_vae_class: str, config: dict) -> LatentSpace:
     if ref_vae_class == "h3":
         return LatentSpace(config["latent_channels"], math.prod(config["spatial_downsample_factors"]),
                            math.prod(config["temporal_downsample_factors"]), h3_chunks=True)
+    if ref_vae_class in ("allegro", "easyanimate", "svd"):  # one 2x downsample between blocks
+        spatial = 2 ** (len(config["block_out_channels"]) - 1)
+        temporal = {"allegro": lambda: int(config["temporal_compression_ratio"]), "svd": lambda: 1,
+                    "easyanimate": lambda: 2 ** (len(config["block_out_channels"]) - 2)}[ref_vae_class]()
+        return LatentSpace(config["latent_channels"], spatial, temporal, causal=ref_vae_class != "allegro")
+    if ref_vae_class == "cosmos":
+        return LatentSpace(config["latent_channels"], int(config["spatial_compression_ratio"]),
+                           int(config["temporal_compression_ratio"]))
+    if ref_vae_class == "kvae":
+        return LatentSpace(config["z_channels"], 2 ** (len(config["ch_mult"]) - 1), int(config["temporal_compress_times"]))
+    if ref_vae_class == "vidtok":  # None: the class's defaults, range(levels - 1) and [levels - 2, levels - 3]
+        levels = len(config["ch_mult"])
+        spatial, temporal = config.get("spatial_ds") or range(levels - 1), config.get("tempo_ds") or [levels - 2, levels - 3]
+        return LatentSpace(config["z_channels"], 2 ** len(spatial), 2 ** len(temporal))
+    if ref_vae_class == "mochi":
+        return LatentSpace(config["latent_channels"], math.prod(config["spatial_expansions"]),
+                           math.prod(config["temporal_expansions"]))
+    if ref_vae_class == "qwenimage21":  # scale_factor_* are labels; it encodes single images
+        return LatentSpace(config["z_dim"], 2 ** (len(config["dim_mult"]) - 1), 1, image_channels=config["in_channels"])
     raise ValueError(f"ref_vae_class must be one of {', '.join(REF_VAE_CLASSES)}, got {ref_vae_class!r}")
 
 
 def variants_for(ref_vae_class: str, space: LatentSpace) -> list[str]:
-    """TAE variants that live in this latent space, the reference VAE's own first."""
-    own = [name for name in REF_VAE_CLASSES[ref_vae_class].variants if space.fits(get_variant(name))]
+    """TAE variants that live in this latent space, the reference VAE's own first: for a class
+    with no published TAE, the one built for this configuration of it (``built_name``).
+    ValueError when the TAE structure cannot express the latent space."""
+    ref = REF_VAE_CLASSES[ref_vae_class]
+    own = [name for name in ref.variants if space.fits(get_variant(name))]
+    if not own and ref.family:
+        built = built_name(ref.family, space.latent_channels, space.spatial_compression, space.temporal_compression)
+        own = [built] if space.fits(get_variant(built)) else []
     return own + [name for name in known_variants() if name not in own and space.fits(get_variant(name))]
 
 
@@ -164,12 +233,20 @@ def ref_vae_problems(ref_vae_class: str, folder: Path, variant: str) -> list[str
         matching = [name for name, r in REF_VAE_CLASSES.items() if r.diffusers_class == found]
         return [f"{folder / 'config.json'} holds a {found}, but ref_vae_class={ref_vae_class} loads "
                 f"{ref.diffusers_class}" + (f": set ref_vae_class={matching[0]}" if matching else "")]
+    if ref.refused:
+        return [f"{folder / 'config.json'} holds a {found}: {ref.refused}"]
     try:
         space = latent_space(ref_vae_class, config)
     except KeyError as err:
         return [f"{folder / 'config.json'} has no {err.args[0]!r}, which an {ref.diffusers_class} config needs to tell "
                 "its latent space: is the file complete?"]
-    fitting = variants_for(ref_vae_class, space)
+    if ref_vae_class == "vidtok" and (config.get("regularizer") != "kl" or not config.get("is_causal")):
+        return [f"{folder / 'config.json'}: only the causal VidTok with the KL regularizer has continuous latents in "
+                f"TAE frames (this one: regularizer {config.get('regularizer')!r}, is_causal {config.get('is_causal')})"]
+    try:
+        fitting = variants_for(ref_vae_class, space)
+    except ValueError as err:  # a latent space the TAE structure cannot express
+        return [f"{folder / 'config.json'}: no TAE can be built for this {ref.diffusers_class} ({space.describe()}): {err}"]
     if variant == "auto":
         return [] if fitting else [f"no TAE variant fits the reference VAE ({space.describe()})"]
     if space.fits(get_variant(variant)):
@@ -192,21 +269,36 @@ def auto_variant(ref_vae_class: str, folder: Path) -> str | None:
         return None
     try:
         fitting = variants_for(ref_vae_class, latent_space(ref_vae_class, config))
-    except KeyError:  # ref_vae_problems names the missing key
+    except (KeyError, ValueError):  # ref_vae_problems names the missing key or what the TAE cannot express
         return None
     return fitting[0] if fitting else None
 
 
+def _own_frame_rule(spec: VariantSpec) -> FrameRule | None:
+    name = ref_vae_class_of(spec.name)
+    return REF_VAE_CLASSES[name].frame_rule if name else None
+
+
 def reference_vae_frames(n_frames: int, spec: VariantSpec) -> bool:
     """Whether the reference VAE of ``spec`` takes ``n_frames`` frames: ``t_downscale * k + 1``
-    (k >= 1) encode to k+1 latents (4k+1 for most, 8k+1 for LTX); MiniMax H3 pads clips to
-    17-frame chunks and decodes only more than 17 frames (docs/h3_alignment.md)."""
+    (k >= 1) encode to k+1 latents (4k+1 for most, 6k+1 for Mochi, 8k+1 for LTX and Cosmos);
+    without temporal compression any count; MiniMax H3 pads clips to 17-frame chunks and
+    decodes only more than 17 frames (docs/h3_alignment.md); some classes have a rule of
+    their own (``RefVAEClass.frame_rule``)."""
+    if (rule := _own_frame_rule(spec)) is not None:
+        return rule.takes(n_frames)
     if spec.h3_chunks:
         return n_frames > H3_CHUNK_FRAMES
+    if spec.t_downscale == 1:
+        return n_frames >= 1
     return n_frames > 1 and (n_frames - 1) % spec.t_downscale == 0
 
 
 def reference_vae_rule(spec: VariantSpec) -> str:
+    if (rule := _own_frame_rule(spec)) is not None:
+        return rule.says
     if spec.h3_chunks:
         return f"pads clips to {H3_CHUNK_FRAMES}-frame chunks and decodes only clips of more than {H3_CHUNK_FRAMES} frames"
+    if spec.t_downscale == 1:
+        return "keeps every frame (no temporal compression)"
     return f"encodes {spec.t_downscale}k+1 frames to k+1 latents"

@@ -22,9 +22,11 @@ The published ``taehv.py``'s constructor, methods and ``StreamingTAEHV`` work un
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections import deque
 from collections.abc import Callable, Sequence
+from fractions import Fraction
 from typing import NamedTuple
 
 import torch
@@ -34,7 +36,7 @@ from tqdm.auto import tqdm
 
 from .weights import load_weights, read_metadata
 from .frames import H3_CHUNK_FRAMES, H3_DROPPED_LATENTS, H3_LEFT_PAD, FramePlan, h3_kept_frames, plan_frames
-from .variants import resolve_variant
+from .variants import resolve_variant, time_strides, time_switches
 
 logger = logging.getLogger(__name__)
 
@@ -237,34 +239,34 @@ class TGrow(nn.Module):
         return channels_to_frames(self.conv(x), self.stride)
 
 
-def build_encoder(in_channels: int, latent_channels: int, time_downscale: Sequence[bool]) -> nn.Sequential:
+def build_encoder(in_channels: int, latent_channels: int, time_strides: Sequence[int]) -> nn.Sequential:
     stages = []
-    for down in time_downscale:
-        stages += [TPool(64, 2 if down else 1), conv(64, 64, stride=2, bias=False)]
+    for stride in time_strides:
+        stages += [TPool(64, stride), conv(64, 64, stride=2, bias=False)]
         stages += [MemBlock(64, 64) for _ in range(3)]
     return nn.Sequential(conv(in_channels, 64), nn.ReLU(inplace=True), *stages, conv(64, latent_channels))
 
 
-def build_decoder(latent_channels: int, out_channels: int, time_upscale: Sequence[bool], space_upscale: Sequence[bool],
+def build_decoder(latent_channels: int, out_channels: int, time_strides: Sequence[int], space_upscale: Sequence[bool],
                   wide: bool = False) -> nn.Sequential:
     n_f, block = ([1024, 512, 256, 64], WideMemBlock) if wide else ([256, 128, 64, 64], MemBlock)
     stages = []
-    for i, (t_up, s_up) in enumerate(zip(time_upscale, space_upscale)):
+    for i, (t_up, s_up) in enumerate(zip(time_strides, space_upscale)):
         stages += [block(n_f[i], n_f[i]) for _ in range(3)]
-        stages += [nn.Upsample(scale_factor=2 if s_up else 1), TGrow(n_f[i], 2 if t_up else 1), conv(n_f[i], n_f[i + 1], bias=False)]
+        stages += [nn.Upsample(scale_factor=2 if s_up else 1), TGrow(n_f[i], t_up), conv(n_f[i], n_f[i + 1], bias=False)]
     return nn.Sequential(
         Clamp(), conv(latent_channels, n_f[0]), nn.ReLU(inplace=True), *stages, nn.ReLU(inplace=True), conv(n_f[3], out_channels)
     )
 
 
-def build_super_decoder(latent_channels: int, out_channels: int, time_upscale: Sequence[bool], space_upscale: Sequence[bool]) -> nn.Sequential:
+def build_super_decoder(latent_channels: int, out_channels: int, time_strides: Sequence[int], space_upscale: Sequence[bool]) -> nn.Sequential:
     n_f = [512, 256, 128, 64]
     stages = []
-    for i, (t_up, s_up) in enumerate(zip(time_upscale, space_upscale)):
+    for i, (t_up, s_up) in enumerate(zip(time_strides, space_upscale)):
         r = 2 if s_up else 1
         stages += [SuperMemBlock(n_f[i]) for _ in range(3)]
         stages += [nn.Conv2d(n_f[i], n_f[i + 1] * r * r, 3, padding=1), nn.PixelShuffle(r), nn.ReLU(inplace=True)]
-        stages += [TGrow(n_f[i + 1], 2 if t_up else 1)]
+        stages += [TGrow(n_f[i + 1], t_up)]
     return nn.Sequential(nn.Conv2d(latent_channels, n_f[0], 1, bias=False), *stages, conv(n_f[3], out_channels))
 
 
@@ -417,7 +419,7 @@ def run_steps(blocks: nn.Sequential, steps: list[tuple[int, str, object]], x: to
             x = stem(block, blocks[i + 2], blocks[i + 3], x, onednn)
         if frame_by_frame and isinstance(block, TGrow) and block.stride > 1 and x.shape[0] > n:
             rest = steps[k + 1:]
-            each = int(time_scale(blocks, i + 1))  # output frames per frame from here
+            each = math.prod(b.stride for b in list(blocks)[i + 1:] if isinstance(b, TGrow))  # output frames per frame
             outs = [run_steps(blocks, rest, frame, n, memory, onednn, frame_by_frame, min(max(drop - j * each, 0), each))
                     for j, frame in enumerate(x.unflatten(0, (n, -1)).unbind(1))]
             outs = [o.unflatten(0, (n, -1)) for o in outs if o is not None]
@@ -445,9 +447,9 @@ def per_frame_tail(blocks: nn.Sequential, steps: list[tuple[int, str, object]]) 
     return tail
 
 
-def time_scale(blocks: nn.Sequential, first: int = 0) -> float:
-    """Output frames per input frame of ``blocks[first:]`` (strides are powers of 2: exact)."""
-    scale = 1.0
+def time_scale(blocks: nn.Sequential, first: int = 0) -> Fraction:
+    """Output frames per input frame of ``blocks[first:]``, exact (strides of 3 too)."""
+    scale = Fraction(1)
     for block in list(blocks)[first:]:
         if isinstance(block, TGrow):
             scale *= block.stride
@@ -637,23 +639,24 @@ class TAEHV(nn.Module):
         self.arch_variant = spec.arch
         self.is_cogvideox = spec.is_cogvideox
         self.h3_chunks = self.is_h3 = spec.h3_chunks
-        self.image_channels = 3
-        self.encoder_time_downscale = tuple(bool(v) for v in encoder_time_downscale)
-        self.decoder_time_upscale = tuple(bool(v) for v in decoder_time_upscale)
+        self.image_channels = spec.image_channels
+        self.causal = spec.causal
+        encoder_strides, decoder_strides = time_strides(encoder_time_downscale), time_strides(decoder_time_upscale)
+        self.encoder_time_downscale = time_switches(encoder_strides)  # booleans as published; strides where a 3 is
+        self.decoder_time_upscale = time_switches(decoder_strides)
         self.decoder_space_upscale = tuple(bool(v) for v in decoder_space_upscale)
 
         pixels = self.image_channels * self.patch_size**2
-        self.encoder = build_encoder(pixels, self.latent_channels, self.encoder_time_downscale)
+        self.encoder = build_encoder(pixels, self.latent_channels, encoder_strides)
         if spec.arch == "super":
-            self.decoder = build_super_decoder(self.latent_channels, pixels, self.decoder_time_upscale,
-                                               self.decoder_space_upscale)
+            self.decoder = build_super_decoder(self.latent_channels, pixels, decoder_strides, self.decoder_space_upscale)
         else:
-            self.decoder = build_decoder(self.latent_channels, pixels, self.decoder_time_upscale,
-                                         self.decoder_space_upscale, wide=spec.arch == "wide")
+            self.decoder = build_decoder(self.latent_channels, pixels, decoder_strides, self.decoder_space_upscale,
+                                         wide=spec.arch == "wide")
 
-        self.t_downscale = 2 ** sum(b.stride == 2 for b in self.encoder if isinstance(b, TPool))
-        self.t_upscale = 2 ** sum(b.stride == 2 for b in self.decoder if isinstance(b, TGrow))
-        self.frames_to_trim = self.t_upscale - 1
+        self.t_downscale = math.prod(encoder_strides)
+        self.t_upscale = math.prod(decoder_strides)
+        self.frames_to_trim = self.t_upscale - 1 if self.causal else 0
         self.run_chunk: Callable = run_chunk  # torch.compile'd by ``compile()``
         if checkpoint_path is not None:
             load_weights(self, checkpoint_path)
@@ -687,7 +690,7 @@ class TAEHV(nn.Module):
     # -- frame arithmetic ---------------------------------------------------------------
     def plan(self, input_frames: int) -> FramePlan:
         """Frame counts for a clip of ``input_frames`` frames through this model."""
-        return plan_frames(input_frames, self.t_downscale, self.t_upscale, self.is_cogvideox, self.h3_chunks)
+        return plan_frames(input_frames, self.t_downscale, self.t_upscale, self.is_cogvideox, self.h3_chunks, self.causal)
 
     # -- encode / decode ----------------------------------------------------------------
     def preprocess_input_frames(self, x: torch.Tensor) -> torch.Tensor:
@@ -705,7 +708,7 @@ class TAEHV(nn.Module):
         """Encode NTCHW frames in [0, 1] to NTCHW latents (``plan(T).latent_frames`` of them);
         ``parallel=False`` runs ``t_downscale`` frames at a time (memory flat in T)."""
         if x.ndim != 5 or x.shape[2] != self.image_channels:
-            raise ValueError(f"expected NTCHW RGB frames, got shape {tuple(x.shape)}")
+            raise ValueError(f"expected NTCHW frames with {self.image_channels} channels, got shape {tuple(x.shape)}")
         _check_spatial(x.shape[-2:], 8 * self.patch_size)
         x = self.preprocess_input_frames(x)
         pad = self.plan(x.shape[1]).padded_frames - x.shape[1]
@@ -747,7 +750,7 @@ class TAEHV(nn.Module):
         return max(1, SEQUENTIAL_CHUNK_BYTES // (z.shape[0] * width * z.shape[-2] * z.shape[-1] * z.element_size()))
 
     def _frames_to_trim(self, latent_frames: int) -> int:
-        return plan_frames(latent_frames * self.t_downscale, self.t_downscale, self.t_upscale, self.is_cogvideox).trimmed_frames
+        return self.plan(latent_frames * self.t_downscale).trimmed_frames  # not for H3 (it drops per chunk)
 
     def forward(self, frames: torch.Tensor, reference_latents: torch.Tensor | None = None, decode_own: bool = True) -> AutoencoderOutput:
         """Training step entry point (one call, so DDP/DeepSpeed wrappers see it).
@@ -816,7 +819,7 @@ class StreamingTAEHV(nn.Module):
         than ``t_downscale`` frames are waiting."""
         if x is not None:
             if x.ndim != 5 or x.shape[2] != self.taehv.image_channels:
-                raise ValueError(f"expected NTCHW RGB frames, got shape {tuple(x.shape)}")
+                raise ValueError(f"expected NTCHW frames with {self.taehv.image_channels} channels, got shape {tuple(x.shape)}")
             self._last_frame = x[:, -1:]
             self._frames_in += self.taehv.preprocess_input_frames(x).split(1, dim=1)
             self.n_frames_encoded += x.shape[1]

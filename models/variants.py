@@ -9,15 +9,31 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .frames import FramePlan, plan_frames
+from .frames import FramePlan, exact_frame_counts, plan_frames
 
 logger = logging.getLogger(__name__)
 ARCHES = ("base", "super", "wide")
 FOUR_X, EIGHT_X = ((True, True, False), (False, True, True)), ((True, True, True), (True, True, True))
+
+
+def time_strides(switches: tuple[bool | int, ...]) -> tuple[int, ...]:
+    """Per-stage temporal strides from the published switches (True: 2, False: 1) or from
+    strides given as numbers (3 for the 3x stage of a 6x time axis)."""
+    strides = tuple((2 if s else 1) if isinstance(s, bool) else int(s) for s in switches)
+    if any(s < 1 for s in strides):
+        raise ValueError(f"temporal strides must be True/False or whole numbers >= 1, got {switches}")
+    return strides
+
+
+def time_switches(strides: tuple[int, ...]) -> tuple[bool | int, ...]:
+    """The published form (booleans) where strides of 1 and 2 say it all, else the strides."""
+    return tuple(s == 2 for s in strides) if set(strides) <= {1, 2} else tuple(strides)
 
 
 @dataclass(frozen=True)
@@ -27,21 +43,29 @@ class VariantSpec:
     latent_channels: int
     arch: str = "base"  # decoder: "base", "super" (512..64, ConvNeXt-style blocks) or "wide" (1024..64)
     is_cogvideox: bool = False
-    encoder_time_downscale: tuple[bool, ...] = FOUR_X[0]
-    decoder_time_upscale: tuple[bool, ...] = FOUR_X[1]
+    encoder_time_downscale: tuple[bool | int, ...] = FOUR_X[0]  # per stage: True/False (2x/1x) or a stride
+    decoder_time_upscale: tuple[bool | int, ...] = FOUR_X[1]
     h3_chunks: bool = False  # MiniMax H3's chunked encode and decode (models.frames.H3_CHUNK_FRAMES)
+    image_channels: int = 3  # 4: RGBA
+    causal: bool = True  # False: no leading decoded frames to trim (T = t_downscale * latents both ways)
 
     @property
     def t_downscale(self) -> int:
-        return 2 ** sum(self.encoder_time_downscale)
+        return math.prod(time_strides(self.encoder_time_downscale))
 
     @property
     def t_upscale(self) -> int:
-        return 2 ** sum(self.decoder_time_upscale)
+        return math.prod(time_strides(self.decoder_time_upscale))
 
     def plan(self, input_frames: int) -> FramePlan:
         """Frame counts and alignment for ``input_frames`` frames through this variant."""
-        return plan_frames(input_frames, self.t_downscale, self.t_upscale, self.is_cogvideox, self.h3_chunks)
+        return plan_frames(input_frames, self.t_downscale, self.t_upscale, self.is_cogvideox, self.h3_chunks,
+                           self.causal)
+
+    def exact_frame_counts(self, limit: int) -> list[int]:
+        """Input frame counts up to ``limit`` that decode to exactly themselves."""
+        return exact_frame_counts(limit, self.t_downscale, self.t_upscale, self.is_cogvideox, self.h3_chunks,
+                                  self.causal)
 
 
 BASE_VARIANTS = {
@@ -62,9 +86,88 @@ OTHER_VARIANTS = {
 }
 
 
+
+
+@dataclass(frozen=True)
+class BuiltFamily:
+    """A reference VAE with no published TAE: the latent space of its released model (a
+    TAE for another configuration of it is named by what differs, ``built_name``), and
+    what its frames and pixels are."""
+
+    latent_channels: int
+    spatial_compression: int
+    temporal_compression: int
+    image_channels: int = 3
+    causal: bool = True
+
+
+# The TAEs this package builds for diffusers video VAEs that have none published
+# (docs/reference_vaes.md); models.reference_vaes says which class each belongs to.
+BUILT_FAMILIES = {
+    "tae_allegro": BuiltFamily(4, 8, 4, causal=False),
+    "tae_cosmos": BuiltFamily(16, 8, 8),
+    "tae_kvae": BuiltFamily(16, 8, 4),
+    "tae_easyanimate": BuiltFamily(16, 8, 4),
+    "tae_vidtok": BuiltFamily(4, 8, 4),
+    "tae_mochi": BuiltFamily(12, 8, 6),
+    "tae_qwenimage2_1": BuiltFamily(64, 16, 1, image_channels=4),
+    "tae_svd": BuiltFamily(4, 8, 1),
+}
+_BUILT_NAME = re.compile(r"(tae_[a-z0-9_]+?)(?:_c(\d+)_s(\d+)_t(\d+))?")
+PATCH_SIZES = {8: 1, 16: 2, 32: 4}  # spatial compression -> pixel-unshuffle factor before the 8x encoder
+
+
+def split_time(factor: int) -> tuple[int, int, int]:
+    """Encoder strides of the three stages for a temporal compression: 2x and 3x stages, the
+    largest first (6 -> 2, 3, 1 as Mochi; 8 -> 2, 2, 2); ValueError when three such stages
+    cannot make it."""
+    strides, rest = [], factor
+    for prime in (2, 3):
+        while rest % prime == 0:
+            strides.append(prime)
+            rest //= prime
+    if rest != 1 or len(strides) > 3 or factor < 1:
+        raise ValueError(f"a {factor}x time axis is not a product of at most three 2x or 3x stages, which is what the "
+                         "TAE's three encoder and decoder stages can pool and grow")
+    strides.sort(key=lambda s: s != 2)  # 2x stages first (pooling the most frames earliest)
+    return tuple(strides + [1] * (3 - len(strides)))
+
+
+def built_family(name: str) -> str | None:
+    """The family of a built TAE name (``tae_vidtok_c16_s8_t4`` -> ``tae_vidtok``), else None."""
+    match = _BUILT_NAME.fullmatch(name)
+    return match.group(1) if match and match.group(1) in BUILT_FAMILIES else None
+
+
+def built_name(family: str, latent_channels: int, spatial: int, temporal: int) -> str:
+    """``family`` for its released latent space, else ``family_c<L>_s<S>_t<T>``."""
+    base = BUILT_FAMILIES[family]
+    if (latent_channels, spatial, temporal) == (base.latent_channels, base.spatial_compression, base.temporal_compression):
+        return family
+    return f"{family}_c{latent_channels}_s{spatial}_t{temporal}"
+
+
+def built_spec(name: str) -> VariantSpec | None:
+    """The architecture of a built TAE name (``tae_mochi``, ``tae_vidtok_c16_s8_t4``), None
+    for other names; ValueError when the TAE structure cannot express its latent space."""
+    if built_family(name) is None:
+        return None
+    match = _BUILT_NAME.fullmatch(name)
+    family = BUILT_FAMILIES[match.group(1)]
+    latent_channels, spatial, temporal = (int(v) for v in match.group(2, 3, 4)) if match.group(2) else (
+        family.latent_channels, family.spatial_compression, family.temporal_compression)
+    if spatial not in PATCH_SIZES:
+        raise ValueError(f"{name}: a {spatial}x spatial compression is not one the TAE expresses (8x, 16x or 32x: "
+                         "its 8x encoder after a pixel-unshuffle by 1, 2 or 4)")
+    strides = split_time(temporal)
+    return VariantSpec(name, PATCH_SIZES[spatial], latent_channels, encoder_time_downscale=time_switches(strides),
+                       decoder_time_upscale=time_switches(strides[::-1]), image_channels=family.image_channels,
+                       causal=family.causal)
+
+
 def known_variants() -> list[str]:
-    """All variant names accepted by ``variant=``."""
-    return sorted([*BASE_VARIANTS, *(name + SUPER_SUFFIX for name in BASE_VARIANTS), *OTHER_VARIANTS])
+    """All variant names accepted by ``variant=`` (built ones for their released latent space)."""
+    return sorted([*BASE_VARIANTS, *(name + SUPER_SUFFIX for name in BASE_VARIANTS), *OTHER_VARIANTS, *BUILT_FAMILIES])
 
 
 def get_variant(name: str) -> VariantSpec:
@@ -72,6 +175,8 @@ def get_variant(name: str) -> VariantSpec:
     key = name.lower()
     if key in OTHER_VARIANTS:
         return OTHER_VARIANTS[key]
+    if (built := built_spec(key)) is not None:
+        return built
     base = key.removesuffix(SUPER_SUFFIX)
     if base not in BASE_VARIANTS:
         raise ValueError(f"unknown TAE variant {name!r}; known variants: {', '.join(known_variants())}")
@@ -88,10 +193,11 @@ def detect_variant(path: str | os.PathLike) -> str | None:
     return max(matches, key=len) if matches else None
 
 
-def custom_spec(metadata: dict[str, str]) -> VariantSpec:
-    """The architecture our safetensors metadata describes for a ``custom`` model."""
+def custom_spec(metadata: dict[str, str], name: str = "custom") -> VariantSpec:
+    """The architecture our safetensors metadata describes (a ``custom`` model, or one whose
+    name this version does not know)."""
     return VariantSpec(
-        "custom",
+        name,
         int(metadata["patch_size"]),
         int(metadata["latent_channels"]),
         metadata.get("arch_variant", "base"),
@@ -99,6 +205,8 @@ def custom_spec(metadata: dict[str, str]) -> VariantSpec:
         encoder_time_downscale=tuple(json.loads(metadata.get("encoder_time_downscale", "[true, true, false]"))),
         decoder_time_upscale=tuple(json.loads(metadata.get("decoder_time_upscale", "[false, true, true]"))),
         h3_chunks=metadata.get("h3_chunks", "false") == "true",
+        image_channels=int(metadata.get("image_channels", "3")),
+        causal=metadata.get("causal", "true") == "true",
     )
 
 
@@ -118,7 +226,9 @@ def resolve_variant(
     if variant is not None:
         return get_variant(variant)
     if metadata and metadata.get("variant"):
-        return custom_spec(metadata) if metadata["variant"] == "custom" else get_variant(metadata["variant"])
+        name = metadata["variant"]  # a name this version does not know is built from the metadata alone
+        known = name != "custom" and (name in known_variants() or built_spec(name) is not None)
+        return get_variant(name) if known else custom_spec(metadata, name)
     if checkpoint_path is not None and (detected := detect_variant(checkpoint_path)):
         if arch == "super" and detected in BASE_VARIANTS:
             detected += SUPER_SUFFIX

@@ -192,6 +192,8 @@ def weights_metadata(model: nn.Module) -> dict[str, str]:
         "encoder_time_downscale": json.dumps(model.encoder_time_downscale),
         "decoder_time_upscale": json.dumps(model.decoder_time_upscale),
         "h3_chunks": str(model.h3_chunks).lower(),
+        "image_channels": str(model.image_channels),
+        "causal": str(model.causal).lower(),
         "frame_rule": (
             "T -> c = ceil(T/17) chunks of 17 frames -> 5c - 3 latents -> 17c - 12 frames"
             if model.h3_chunks else

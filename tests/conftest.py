@@ -101,6 +101,16 @@ TINY_VAES = {
            "decoder_num_layers": 1, "decoder_num_attention_heads": 1, "decoder_attention_head_dim": 8,
            "decoder_num_register_tokens": 1, "decoder_ffn_mult": 1, "latents_mean": (0.0,) * 24,
            "latents_std": (1.0,) * 24},
+    # no published TAE (issue #28): the package builds one; sizes from measuring each class
+    "allegro": {"block_out_channels": (8, 8, 8, 8), "layers_per_block": 1, "norm_num_groups": 4, "sample_size": 32},
+    "cosmos": {"encoder_block_out_channels": (8, 8, 8, 8), "decode_block_out_channels": (8, 8, 8, 8), "num_layers": 1},
+    "kvae": {"ch": 32, "ch_mult": (1, 1, 1, 1), "num_res_blocks": 0},  # GroupNorm(32) is fixed
+    "easyanimate": {"block_out_channels": (8, 8, 8, 8), "layers_per_block": 1, "norm_num_groups": 4},
+    "vidtok": {"ch": 8, "ch_mult": (1, 1, 1, 1), "num_res_blocks": 1},
+    "mochi": {"encoder_block_out_channels": (32,) * 4, "decoder_block_out_channels": (32,) * 4,
+              "layers_per_block": (1, 1, 1, 1, 1)},  # widths of 32: its GroupNorm and attention heads
+    "qwenimage21": {"base_dim": 8, "decoder_base_dim": 8, "dim_mult": [1, 1, 1, 1, 1], "num_res_blocks": 1},
+    "svd": {"block_out_channels": (32,) * 4, "down_block_types": ("DownEncoderBlock2D",) * 4, "layers_per_block": 1},
 }
 
 

@@ -19,7 +19,9 @@ CONFIGS = Path(__file__).resolve().parents[1] / "training" / "configs"
 PRESETS = ["taehv_config", "taehv_config_1gpu_h100", "taehv_config_h100", "taehv_config_a800",
            "taehv_config_16gpu_h100", "taehv_config_scratch", "taehv_config_demo", "taehv_config_test",
            "taehv_config_ltx2", "taehv_config_wan22", "taehv_config_hv15", "taehv_config_h3",
-           "taehv_config_progressive_stage1", "taehv_config_progressive_stage2"]
+           "taehv_config_progressive_stage1", "taehv_config_progressive_stage2", "taehv_config_allegro",
+           "taehv_config_cosmos", "taehv_config_kvae", "taehv_config_easyanimate", "taehv_config_vidtok",
+           "taehv_config_mochi", "taehv_config_svd"]
 
 
 def valid(tmp_path: Path, **changes) -> TrainConfig:

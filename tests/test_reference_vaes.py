@@ -31,6 +31,14 @@ CASES = [
     ("ltx", "ltx", LatentSpace(128, 32, 8), "taeltx_2", 32, 9),
     ("ltx2", "ltx2", LatentSpace(128, 32, 8), "taeltx2_3", 64, 9),
     ("h3", "h3", LatentSpace(24, 16, 4, h3_chunks=True), "taeh3", 32, 22),
+    # no published TAE: variant=auto builds one (issue #28)
+    ("allegro", "allegro", LatentSpace(4, 8, 4, causal=False), "tae_allegro", 32, 24),
+    ("cosmos", "cosmos", LatentSpace(16, 8, 8), "tae_cosmos", 32, 9),
+    ("kvae", "kvae", LatentSpace(16, 8, 4), "tae_kvae", 32, 9),
+    ("easyanimate", "easyanimate", LatentSpace(16, 8, 4), "tae_easyanimate", 32, 9),
+    ("vidtok", "vidtok", LatentSpace(4, 8, 4), "tae_vidtok", 32, 9),
+    ("mochi", "mochi", LatentSpace(12, 8, 6), "tae_mochi", 32, 7),
+    ("svd", "svd", LatentSpace(4, 8, 1), "tae_svd", 32, 3),
 ]
 IDS = [case[0] for case in CASES]
 
@@ -59,6 +67,7 @@ def test_facts_come_from_the_config_and_match_the_latents(tmp_path, tiny, ref_va
                                     size // facts.spatial_compression)
     decoded = vae.decode(latents)
     assert decoded.shape[1] >= plan.decoded_frames and 0 <= float(decoded.min()) <= float(decoded.max()) <= 1
+    assert float((vae.encode(clip.flip(1)) - latents).abs().max()) > 0  # latents of the pixels, not of padding
 
 
 @pytest.mark.slow
@@ -191,9 +200,9 @@ def test_ref_vae_class_auto_reads_the_class_from_the_folder(tmp_path, demo_clips
         check(config_for(cogvideox, "--ref_vae_class=wan", "--variant=taecvx"))
 
     config_file = wan / "vae" / "config.json"
-    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "_class_name": "AutoencoderKLMochi"}))
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "_class_name": "AutoencoderDC"}))
     config = config_for(wan, "--ref_vae_class=auto", "--variant=auto")
     assert (config.ref_vae_class, config.variant) == ("auto", "auto")  # left for the check to explain
-    with pytest.raises(ConfigError, match=rf"ref_vae_class=auto: {config_file} holds a AutoencoderKLMochi, which no "
+    with pytest.raises(ConfigError, match=rf"ref_vae_class=auto: {config_file} holds a AutoencoderDC, which no "
                                           r"ref_vae_class loads yet \(known: AutoencoderKLCogVideoX, "):
         check(config)

@@ -12,7 +12,7 @@ import torch
 from models.weights import CheckpointMismatchError, WeightsError, read_metadata, read_state_dict, save_weights
 import models.taehv as taehv_module
 from models.taehv import TAEHV, MemBlock, SuperMemBlock, fused_steps, with_past
-from models.variants import detect_variant, get_variant, known_variants
+from models.variants import built_name, detect_variant, get_variant, known_variants, split_time
 from conftest import REPO_ROOT
 
 
@@ -38,9 +38,17 @@ def test_variant_from_file_name(file_name, variant):
     assert detect_variant(f"/some/dir/{file_name}") == variant
 
 
-# the super and wide decoders share their base variant's time axis: the full tier checks them too
+def _time_axis(name: str) -> tuple:
+    spec = get_variant(name)
+    return spec.encoder_time_downscale, spec.decoder_time_upscale, spec.is_cogvideox, spec.h3_chunks, spec.causal
+
+
+# the super and wide decoders share their base variant's time axis: the full tier checks them too; a
+# built TAE with a published one's time axis (Cosmos's is LTX's, KVAE's HunyuanVideo's, ...) adds nothing
+PUBLISHED_TIME_AXES = {_time_axis(name) for name in known_variants() if not name.startswith("tae_")}
 PLAN_VARIANTS = [pytest.param(name, marks=pytest.mark.slow) if name.endswith(("_super", "_wide")) else name
-                 for name in known_variants()]
+                 for name in known_variants()
+                 if not name.startswith("tae_") or _time_axis(name) not in PUBLISHED_TIME_AXES or name == "tae_qwenimage2_1"]
 
 
 @torch.no_grad()
@@ -52,7 +60,7 @@ def test_the_frame_plan_is_what_the_model_does_for_1_to_64_frames(variant):
     torch.manual_seed(0)
     model = TAEHV(variant=variant).eval()
     size = 8 * model.patch_size
-    x = torch.rand(1, 64, 3, size, size)
+    x = torch.rand(1, 64, model.image_channels, size, size)
     for t in range(1, 65):
         plan = model.plan(t)
         latents = model.encode_video(x[:, :t])
@@ -403,3 +411,75 @@ def test_a_sequential_run_derives_each_weight_once(monkeypatch):
     assert model.latents_per_chunk(z) >= 2  # one chunk
     model.decode_video(z, parallel=False)
     assert made and len(made) == len(set(made)), made
+
+
+# -- TAEs built for reference VAEs with no published one (issue #28) -------------------------
+
+def test_built_variants_have_their_reference_vaes_frame_rules():
+    """Mochi's 6x time (a 3x stage beside a 2x one), Allegro's non-causal 4L <-> L (no
+    trim), image-only SVD and Qwen-Image 2.1 (RGBA), Cosmos's 8x."""
+    def counts(name, frames):
+        return [(get_variant(name).plan(t).latent_frames, get_variant(name).plan(t).decoded_frames) for t in frames]
+
+    assert counts("tae_mochi", (7, 13, 25)) == [(2, 7), (3, 13), (5, 25)] and get_variant("tae_mochi").exact_frame_counts(
+        20) == [1, 7, 13, 19]
+    assert counts("tae_allegro", (4, 8, 9)) == [(1, 4), (2, 8), (3, 12)] and get_variant("tae_allegro").exact_frame_counts(
+        12) == [4, 8, 12]
+    assert counts("tae_svd", (1, 5)) == [(1, 1), (5, 5)] and counts("tae_cosmos", (9, 17)) == [(2, 9), (3, 17)]
+    qwen = get_variant("tae_qwenimage2_1")
+    assert (qwen.image_channels, qwen.patch_size, qwen.latent_channels, counts("tae_qwenimage2_1", (1,))) == \
+        (4, 2, 64, [(1, 1)])
+    assert [split_time(f) for f in (1, 4, 6, 8)] == [(1, 1, 1), (2, 2, 1), (2, 3, 1), (2, 2, 2)]
+    with pytest.raises(ValueError, match="5x time axis is not a product of at most three 2x or 3x stages"):
+        split_time(5)
+    with pytest.raises(ValueError, match="64x spatial compression is not one the TAE expresses"):
+        get_variant("tae_vidtok_c4_s64_t4")
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("variant, frames", [("tae_mochi", 13), ("tae_allegro", 8), ("tae_qwenimage2_1", 2)])
+def test_built_variants_run_in_every_mode_alike(variant, frames):
+    """Parallel, sequential and streaming give the same latents and frames, also with a 3x
+    stage (Mochi), no trim (Allegro) and four image channels (RGBA)."""
+    torch.manual_seed(0)
+    model = TAEHV(variant=variant).eval()
+    size = 8 * model.patch_size
+    x = torch.rand(1, frames, model.image_channels, size, size)
+    latents = model.encode_video(x)
+    decoded = model.decode_video(latents)
+    assert decoded.shape == x.shape
+    torch.testing.assert_close(model.encode_video(x, parallel=False), latents, atol=1e-5, rtol=0)
+    torch.testing.assert_close(model.decode_video(latents, parallel=False), decoded, atol=1e-5, rtol=0)
+    stream = model.stream()
+    streamed = [frame for latent in [stream.encode(f) for f in x.split(1, 1)] if latent is not None
+                for frame in [stream.decode(latent), *iter(stream.decode, None)] if frame is not None]
+    torch.testing.assert_close(torch.cat(streamed + stream.flush(), 1), decoded, atol=1e-5, rtol=0)
+
+
+def test_a_built_architecture_loads_from_its_file_alone(tmp_path):
+    """A TAE built for another configuration of a reference VAE (VidTok with 16 channels) is
+    named by what differs; its file records the whole architecture, so it loads by itself,
+    also under a name this version does not know."""
+    name = built_name("tae_vidtok", 16, 8, 4)
+    assert name == "tae_vidtok_c16_s8_t4" and built_name("tae_mochi", 12, 8, 6) == "tae_mochi"
+    model = TAEHV(variant="tae_mochi")
+    path = save_weights(model, tmp_path / "model.safetensors")
+    meta = read_metadata(path)
+    assert (json.loads(meta["encoder_time_downscale"]), meta["causal"], meta["image_channels"]) == ([2, 3, 1], "true", "3")
+    assert TAEHV(path).decoder_time_upscale == (1, 3, 2)
+    from safetensors.torch import save_file
+    renamed = tmp_path / "future.safetensors"
+    save_file(read_state_dict(path), renamed, metadata={**meta, "variant": "tae_from_the_future"})
+    loaded = TAEHV(renamed)
+    assert (loaded.variant, loaded.t_downscale, loaded.t_upscale) == ("tae_from_the_future", 6, 6)
+    allegro = save_weights(TAEHV(variant="tae_allegro_c8_s16_t4"), tmp_path / "allegro.safetensors")
+    assert (TAEHV(allegro).patch_size, TAEHV(allegro).latent_channels, TAEHV(allegro).frames_to_trim) == (2, 8, 0)
+
+
+def test_a_3x_stage_trains():
+    """Gradients reach every weight through the 3x temporal stages (the autograd path)."""
+    torch.manual_seed(0)
+    model = TAEHV(variant="tae_mochi")
+    out = model(torch.rand(1, 7, 3, 8, 8))
+    (out.latents.square().mean() + out.decoded.square().mean()).backward()
+    assert out.decoded.shape[1] == 7 and all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())

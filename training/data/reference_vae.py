@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 
-from models.frames import exact_frame_counts
 from models.reference_vaes import (AUTO_CLASS, REF_VAE_CLASSES, latent_space, read_vae_config, ref_vae_problems,
                                    reference_vae_frames, reference_vae_rule, resolve_ref_vae_class)
 from models.variants import VariantSpec
@@ -68,7 +67,7 @@ def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
         return found
     plan = spec.plan(config.n_frames)
     if not (plan.exact and reference_vae_frames(config.n_frames, spec)):
-        exact = exact_frame_counts(64, spec.t_downscale, spec.t_upscale, spec.is_cogvideox, spec.h3_chunks)
+        exact = spec.exact_frame_counts(64)
         valid = [t for t in exact if reference_vae_frames(t, spec)][:8]  # for the message; the rule has no limit
         found.append(f"n_frames={config.n_frames} does not work with a reference VAE and {spec.name}: the reference "
                      f"VAE {reference_vae_rule(spec)} and the decoder must return exactly the input frames "
@@ -98,17 +97,22 @@ class ReferenceVAE:
             vae_class = resolve_ref_vae_class(vae_class, path / subfolder)
         except ValueError as err:
             raise ConfigError(f"ref_vae_class=auto: {err}") from None
-        cls = getattr(diffusers, REF_VAE_CLASSES[vae_class].diffusers_class)
+        self.ref = REF_VAE_CLASSES[vae_class]
+        if self.ref.refused:
+            raise ConfigError(f"reference VAE {path / subfolder}: {self.ref.refused}")
+        cls = getattr(diffusers, self.ref.diffusers_class)
         self.vae = cls.from_pretrained(path, subfolder=subfolder, torch_dtype=DTYPES[dtype]).to(device).eval()
         self.vae.requires_grad_(False)
+        if self.ref.time_tiles:  # it has no untiled path
+            self.vae.enable_tiling()
         self.dtype = DTYPES[dtype]
-        self.sample = sample
-        self.pixels, self.one_clip_at_a_time = REF_VAE_CLASSES[vae_class].pixels, REF_VAE_CLASSES[vae_class].one_clip_at_a_time
+        self.sample = sample and self.ref.latents == "sample"
+        self.pixels, self.one_clip_at_a_time = self.ref.pixels, self.ref.one_clip_at_a_time
         self.latent_space = latent_space(vae_class, dict(self.vae.config))
         self.latent_channels = self.latent_space.latent_channels
         # LTX VAEs with timestep conditioning decode at a timestep; 0 is the clean video
         self.decode_timestep = bool(getattr(self.vae.config, "timestep_conditioning", False))
-        logger.info("reference VAE %s from %s (%s, %.1fM parameters, %s)", REF_VAE_CLASSES[vae_class].diffusers_class,
+        logger.info("reference VAE %s from %s (%s, %.1fM parameters, %s)", self.ref.diffusers_class,
                     path, dtype, sum(p.numel() for p in self.vae.parameters()) / 1e6, self.latent_space.describe())
 
     @classmethod
@@ -127,8 +131,16 @@ class ReferenceVAE:
         if self.one_clip_at_a_time and frames.shape[0] > 1:
             generators = generator if isinstance(generator, list) else [generator] * frames.shape[0]
             return torch.cat([self.encode(clip[None], g) for clip, g in zip(frames, generators)])
-        dist = self.vae.encode(to_diffusers(frames, self.pixels).to(self.dtype)).latent_dist
+        x = to_diffusers(frames, self.pixels).to(self.dtype)
+        if self.ref.image_encoder:  # (N*T)CHW frames through a 2-D encoder
+            x = x.transpose(1, 2).flatten(0, 1)
+        elif self.ref.frames_in_front:  # as the class's own forward: the first frame repeated in front
+            x = torch.cat([x[:, :, :1].expand(-1, -1, self.latent_space.temporal_compression - 1, -1, -1), x], 2)
+        self._tile_whole_frames(x.shape[-2:])
+        dist = self.vae.encode(x).latent_dist
         latents = dist.sample(generator=generator) if self.sample else dist.mode()
+        if self.ref.image_encoder:
+            return latents.unflatten(0, (frames.shape[0], -1)).float()
         return from_diffusers(latents).float()
 
     @torch.no_grad()
@@ -136,9 +148,24 @@ class ReferenceVAE:
         """NTCHW frames in [0, 1] from raw NTCHW latents."""
         if self.one_clip_at_a_time and latents.shape[0] > 1:
             return torch.cat([self.decode(clip[None]) for clip in latents])
+        if self.ref.image_encoder:  # one decode call sees all frames of a clip (its temporal layers mix them)
+            frames = self.vae.decode(latents.flatten(0, 1).to(self.dtype), num_frames=latents.shape[1]).sample
+            return from_diffusers_pixels(frames.unflatten(0, latents.shape[:2]).transpose(1, 2).float(), self.pixels)
         z = latents.permute(0, 2, 1, 3, 4).to(self.dtype)
+        self._tile_whole_frames(tuple(side * self.latent_space.spatial_compression for side in z.shape[-2:]))
+        if self.ref.time_tiles:  # its tiled decode returns NTCHW
+            return from_diffusers_pixels(self.vae.decode(z).sample.transpose(1, 2).float(), self.pixels)
         if self.decode_timestep:
             frames = self.vae.decode(z, torch.zeros(z.shape[0], device=z.device, dtype=z.dtype)).sample
         else:
-            frames = self.vae.decode(z).sample
+            output = self.vae.decode(z)
+            frames = output if isinstance(output, torch.Tensor) else output.sample  # VidTok returns the tensor
         return from_diffusers_pixels(frames.float(), self.pixels)
+
+    def _tile_whole_frames(self, size: tuple[int, int]) -> None:
+        """Allegro tiles time as released (24 frames, 8 shared) and here takes each frame whole
+        as one spatial tile: its released spatial tiles (its sample_size, fixed overlaps of
+        120/80 pixels) cover only some frame sizes and silently leave the rest empty."""
+        if self.ref.time_tiles:
+            frames, stride = self.ref.time_tiles
+            self.vae.kernel, self.vae.stride = (frames, *size), (stride, *size)

@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 from evaluation.metrics import lpips_unavailable_reason
-from models.frames import exact_frame_counts
 from models.taehv import AutoencoderOutput
 from models.variants import VariantSpec
 from training.config import TrainConfig, below
@@ -39,7 +38,7 @@ def notes(config: TrainConfig, spec: VariantSpec) -> list[str]:
     found, plan = [], spec.plan(config.n_frames)
     if not config.ref_vae_path:
         if not plan.exact:
-            exact = exact_frame_counts(64, spec.t_downscale, spec.t_upscale, spec.is_cogvideox, spec.h3_chunks)
+            exact = spec.exact_frame_counts(64)
             found.append(f"n_frames={config.n_frames}: {spec.name} decodes {plan.decoded_frames} frames, so the "
                          f"reconstruction loss covers input frames 0..{plan.aligned_frames - 1}; exact values: "
                          f"{', '.join(map(str, exact[:8]))}, ...")
