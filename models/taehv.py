@@ -419,7 +419,7 @@ def run_steps(blocks: nn.Sequential, steps: list[tuple[int, str, object]], x: to
             x = stem(block, blocks[i + 2], blocks[i + 3], x, onednn)
         if frame_by_frame and isinstance(block, TGrow) and block.stride > 1 and x.shape[0] > n:
             rest = steps[k + 1:]
-            each = math.prod(b.stride for b in list(blocks)[i + 1:] if isinstance(b, TGrow))  # output frames per frame
+            each = grown_frames(blocks, i + 1)  # output frames per frame from here
             outs = [run_steps(blocks, rest, frame, n, memory, onednn, frame_by_frame, min(max(drop - j * each, 0), each))
                     for j, frame in enumerate(x.unflatten(0, (n, -1)).unbind(1))]
             outs = [o.unflatten(0, (n, -1)) for o in outs if o is not None]
@@ -445,6 +445,16 @@ def per_frame_tail(blocks: nn.Sequential, steps: list[tuple[int, str, object]]) 
         if temporal(blocks[i], kind):
             tail = k + 1
     return tail
+
+
+def grown_frames(blocks: nn.Sequential, first: int) -> int:
+    """Output frames per input frame of the TGrows in ``blocks[first:]`` (a plain loop:
+    ``torch.compile`` traces it)."""
+    frames = 1
+    for block in list(blocks)[first:]:
+        if isinstance(block, TGrow):
+            frames *= block.stride
+    return frames
 
 
 def time_scale(blocks: nn.Sequential, first: int = 0) -> Fraction:

@@ -190,6 +190,8 @@ def detect_variant(path: str | os.PathLike) -> str | None:
     ``taehv``), or None."""
     stem = Path(path).name.lower()
     matches = [name for name in known_variants() if name in stem]
+    matches += [m.group(0) for family in BUILT_FAMILIES  # a built TAE for another configuration
+                if (m := re.search(rf"{family}_c\d+_s\d+_t\d+", stem))]
     return max(matches, key=len) if matches else None
 
 

@@ -62,8 +62,10 @@ def compiled_copy(model: TAEHV, backend: object = "aot_eager") -> TAEHV:
 # One variant per distinct block sequence (dynamo takes seconds per sequence, and more on
 # a loaded 2-core CPU): the other variants build the same blocks with other channel counts
 # (taew2_1, taeos1_3 and taecvx: taehv's; taew2_2: taehv1_5's; every *_super: the same
-# super decoder; taeltx_2: taeltx2_3's).
-DISTINCT_ARCHITECTURES = ["taehv", "taehv1_5", "taehv1_5_super", "taeh3", "taeltx2_3", "taeltx2_3_wide"]
+# super decoder; taeltx_2: taeltx2_3's; the built TAEs: taehv's or taeltx2_3's, but Mochi's 3x
+# stages and the 1x time of Stable Video Diffusion and Qwen-Image 2.1).
+DISTINCT_ARCHITECTURES = ["taehv", "taehv1_5", "taehv1_5_super", "taeh3", "taeltx2_3", "taeltx2_3_wide", "tae_mochi",
+                          "tae_svd"]
 
 
 def test_the_subset_covers_every_architecture():

@@ -82,6 +82,8 @@ def test_train_cache_and_evaluate_with_each_reference_vae(tmp_path, long_clips, 
     run = run_dir(tmp_path / "out")
     assert json.loads((run / "config.json").read_text())["variant"] == variant
     assert TAEHV(run / "final_model.safetensors").variant == variant
+    assert TAEHV(run / "export" / f"{variant}.pth").variant == variant  # the export bundle, by its file name
+    assert f"latent space of {video_model(variant)}:" in (run / "export" / "README.md").read_text()
 
     one_clip = tmp_path / "one_clip.json"
     entries = json.loads(Path(long_clips["train"]).read_text())["list"][:1]

@@ -31,6 +31,8 @@ from conftest import REPO_ROOT
         ("taeltx_2.pth", "taeltx_2"),
         ("taeltx2_3.pth", "taeltx2_3"),
         ("taeltx2_3_wide.pth", "taeltx2_3_wide"),
+        ("tae_mochi.pth", "tae_mochi"),
+        ("tae_vidtok_c16_s8_t4.pth", "tae_vidtok_c16_s8_t4"),
         ("final_model.pth", None),
     ],
 )
