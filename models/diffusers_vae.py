@@ -7,7 +7,10 @@ latents it was trained on. What they read from ``vae.config`` (scaling factor, c
 ratios, ``latents_mean``/``latents_std``) comes from the real VAE's config when it is given
 (``like=pipe.vae``), else from the defaults of the reference VAE's diffusers class, with the
 compression set from the TAE itself. Tiling and slicing are accepted and do nothing: a TAE
-needs neither.
+needs neither. Where the real class's own layout differs, the wrapper's follows it (keyed by
+the TAE's reference VAE class): Allegro's ``decode`` gives NTCHW frames, and SVD's
+(AutoencoderKLTemporalDecoder) encodes (N, 3, H, W) images and decodes (B*T, 4, h, w) frame
+latents with ``num_frames=T``.
 """
 from __future__ import annotations
 
@@ -66,8 +69,8 @@ def pipeline_config(tae: TAEHV, like: torch.nn.Module | None = None) -> dict:
         cls = getattr(diffusers, REF_VAE_CLASSES[ref_vae_class].diffusers_class)
         config = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
                   if k != "self" and p.default is not inspect.Parameter.empty}
-        mean = config.get("latents_mean")
-        if mean is not None and len(mean) != tae.latent_channels:
+        mean = config.get("latents_mean")  # Cosmos's: one per channel and latent frame, channel-major
+        if mean is not None and len(mean) % tae.latent_channels:
             raise ValueError(f"the default latents_mean of {cls.__name__} has {len(mean)} channels, {tae.variant} "
                              f"{tae.latent_channels}: pass like=<the pipeline's VAE> so its normalisation is used")
     spatial = 8 * tae.patch_size
@@ -76,6 +79,9 @@ def pipeline_config(tae: TAEHV, like: torch.nn.Module | None = None) -> dict:
                   scale_factor_temporal=tae.t_downscale)
     if "z_dim" in config:
         config["z_dim"] = tae.latent_channels
+    blocks = config.get("block_out_channels")  # Allegro's and SVD's pipelines read 2 ** (len - 1) as the spatial factor
+    if blocks is not None and 2 ** (len(blocks) - 1) != spatial:  # SVD's class default is one block
+        config["block_out_channels"] = (*blocks, *[blocks[-1]] * spatial.bit_length())[:spatial.bit_length()]
     return config
 
 
@@ -90,6 +96,9 @@ class TAEVideoVAE(torch.nn.Module):
         the first encode and decode of each video shape pay the compilation."""
         super().__init__()
         self.tae, self.parallel = tae, parallel
+        ref = REF_VAE_CLASSES.get(ref_vae_class_of(tae.variant))
+        self.images = bool(ref and ref.image_encoder)  # SVD: frame batches (its 2-D encoder, decode(z, num_frames))
+        self.frames_first = bool(ref and ref.time_tiles)  # Allegro: decode gives NTCHW
         if compile:
             tae.compile()
             logger.info("torch.compile: the first encode and decode of each shape compile the %s blocks", tae.variant)
@@ -121,19 +130,31 @@ class TAEVideoVAE(torch.nn.Module):
 
     @torch.no_grad()
     def encode(self, x: torch.Tensor, return_dict: bool = True) -> TAEEncoderOutput | tuple:
-        """NCTHW video in [-1, 1] -> raw NCTHW latents."""
-        frames = x.to(self.dtype).permute(0, 2, 1, 3, 4).add(1).div(2)
-        latents = self.tae.encode_video(frames, parallel=self.parallel).permute(0, 2, 1, 3, 4)
+        """NCTHW video in [-1, 1] -> raw NCTHW latents; for SVD, (N, 3, H, W) images -> (N, 4, h, w)
+        latents, each image a one-frame clip (its encoder is 2-D: images never mix)."""
+        frames = x.unsqueeze(1) if self.images else x.permute(0, 2, 1, 3, 4)  # NTCHW
+        latents = self.tae.encode_video(frames.to(self.dtype).add(1).div(2), parallel=self.parallel)
+        latents = latents.squeeze(1) if self.images else latents.permute(0, 2, 1, 3, 4)
         output = TAEEncoderOutput(latent_dist=TAELatents(latents), latents=latents)
         return output if return_dict else (output.latent_dist,)
 
     @torch.no_grad()
-    def decode(self, z: torch.Tensor, temb: torch.Tensor | None = None, return_dict: bool = True) -> DecoderOutput | tuple:
-        """Raw NCTHW latents -> NCTHW video in [-1, 1] (``temb``, LTX's decode timestep, is
-        accepted and not used: a TAE decodes the clean video)."""
-        frames = self.tae.decode_video(z.to(self.dtype).permute(0, 2, 1, 3, 4), parallel=self.parallel)
-        video = frames.mul(2).sub(1).permute(0, 2, 1, 3, 4)
+    def decode(self, z: torch.Tensor, temb: torch.Tensor | None = None, return_dict: bool = True, *,
+               num_frames: int | None = None) -> DecoderOutput | tuple:
+        """Raw NCTHW latents -> NCTHW video in [-1, 1] (NTCHW for Allegro, as its class's);
+        ``temb``, LTX's decode timestep, is accepted and not used: a TAE decodes the clean video.
+        For SVD, (B*T, 4, h, w) frame latents -> (B*T, 3, H, W) frames, each ``num_frames``
+        latents decoded as one clip (None: all of them)."""
+        z = z.unflatten(0, (-1, num_frames or z.shape[0])) if self.images else z.permute(0, 2, 1, 3, 4)  # NTCHW
+        frames = self.tae.decode_video(z.to(self.dtype), parallel=self.parallel).mul(2).sub(1)
+        video = frames.flatten(0, 1) if self.images else frames if self.frames_first else frames.permute(0, 2, 1, 3, 4)
         return DecoderOutput(sample=video) if return_dict else (video,)
+
+    def forward(self, sample: torch.Tensor, sample_posterior: bool = False, return_dict: bool = True,
+                generator: torch.Generator | None = None, num_frames: int | None = None) -> DecoderOutput | tuple:
+        """``sample`` encoded and decoded, as the diffusers VAEs' forward (SVD's pipeline reads
+        ``num_frames`` from this signature to pass it to ``decode``)."""
+        return self.decode(self.encode(sample).latents, return_dict=return_dict, num_frames=num_frames)
 
     def enable_tiling(self, *args, **kwargs) -> None:
         """Accepted for pipelines that call it; a TAE needs no tiling."""

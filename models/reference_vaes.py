@@ -48,6 +48,7 @@ class RefVAEClass:
     time_tiles: tuple[int, int] | None = None  # Allegro: only tiled, (frames, stride); decode gives NTCHW
     frame_rule: FrameRule | None = None  # None: the TAE's exact counts
     refused: str | None = None  # why training with it is not possible yet
+    fp32_on_cpu: bool = False  # Cosmos: its bf16/fp16 average pooling is missing on CPU
 
 
 # ref_vae_class (the config key's values) -> the diffusers class that loads it and its TAEs
@@ -66,7 +67,8 @@ REF_VAE_CLASSES = {
                            frame_rule=FrameRule(lambda t: t >= 24 and (t - 24) % 16 == 0,
                                                 "encodes clips of 24 + 16m frames (24, 40, 56, ...: its tiles of 24 "
                                                 "frames, 8 shared)")),
-    "cosmos": RefVAEClass("AutoencoderKLCosmos", {"tae_cosmos": "Cosmos 1.0"}, family="tae_cosmos", latents="mode"),
+    "cosmos": RefVAEClass("AutoencoderKLCosmos", {"tae_cosmos": "Cosmos 1.0"}, family="tae_cosmos", latents="mode",
+                          fp32_on_cpu=True),
     "kvae": RefVAEClass("AutoencoderKLKVAEVideo", {"tae_kvae": "KVAE"}, family="tae_kvae", latents="mode",
                         frame_rule=FrameRule(lambda t: (t - 1) % 4 == 0 and not (t > 17 and t % 16 == 5),
                                              "encodes 4k+1 frames, but not 21, 37, 53, ... (its 16-frame segments "

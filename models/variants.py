@@ -1,9 +1,11 @@
-"""The published TAE family: which architecture each weight file needs.
+"""The TAE family: which architecture each weight file needs.
 
 Users name files as published (``taecvx.pth``, ``taehv1_5_super.pth``, ``taeltx2_3.pth``,
 ...), so the file name picks the variant unless ``variant=`` (or our safetensors
-metadata) says otherwise. Each spec also carries the variant's frame rule
-(``VariantSpec.plan``), the one the model, the config check and the tools ask.
+metadata) says otherwise. Reference VAEs with no published TAE get one built from their
+latent space (``BUILT_FAMILIES``: ``tae_mochi``, ``tae_vidtok_c16_s8_t4``, ...). Each spec
+also carries the variant's frame rule (``VariantSpec.plan``), the one the model, the config
+check and the tools ask.
 """
 from __future__ import annotations
 

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers import (AutoencoderKLLTXVideo, CogVideoXDDIMScheduler, CogVideoXPipeline, FlowMatchEulerDiscreteScheduler,
-                       HunyuanVideoPipeline, HunyuanVideoTransformer3DModel, LTXPipeline, LTXVideoTransformer3DModel,
+from diffusers import (AllegroPipeline, AllegroTransformer3DModel, AutoencoderKLLTXVideo, CogVideoXDDIMScheduler,
+                       CogVideoXPipeline, CosmosTextToWorldPipeline, CosmosTransformer3DModel,
+                       CosmosVideoToWorldPipeline, DDIMScheduler, EasyAnimatePipeline, EasyAnimateTransformer3DModel,
+                       EDMEulerScheduler, EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline,
+                       HunyuanVideoTransformer3DModel, LTXPipeline, LTXVideoTransformer3DModel, MochiPipeline,
+                       MochiTransformer3DModel, StableVideoDiffusionPipeline, UNetSpatioTemporalConditionModel,
                        WanPipeline, WanTransformer3DModel)
+from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
 
 from conftest import save_tiny_vae
 from models.diffusers_vae import TAEVideoVAE
@@ -21,9 +26,10 @@ def wrapped(variant: str, tmp_path, like: torch.nn.Module | None = None) -> TAEV
 
 
 def one_step(pipe, **inputs):
-    """``pipe`` called for one denoising step, returning what ``output_type`` asks for."""
+    """``pipe`` called for one denoising step (unless ``inputs`` ask for more), returning what
+    ``output_type`` asks for."""
     def run(output_type: str) -> torch.Tensor:
-        return pipe(**inputs, num_inference_steps=1, guidance_scale=1.0, output_type=output_type,
+        return pipe(**{"num_inference_steps": 1, "guidance_scale": 1.0, **inputs}, output_type=output_type,
                     generator=torch.Generator().manual_seed(0)).frames
     return run
 
@@ -107,6 +113,188 @@ def test_ltx_pipeline_runs_end_to_end_with_the_tae_and_the_vaes_statistics(tmp_p
     direct = vae.tae.decode_video(latents.permute(0, 2, 1, 3, 4))
     assert direct.shape == (1, 9, 3, 64, 64)
     torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_mochi_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
+    """A whole MochiPipeline call with tae_mochi: the pipeline un-normalises with Mochi's
+    per-channel latents_mean/std (the class defaults) and the TAE decodes 6k+1 frames. Two
+    steps: Mochi's linear-quadratic schedule divides by zero for one."""
+    vae = wrapped("tae_mochi", tmp_path)
+    transformer = MochiTransformer3DModel(patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+                                          pooled_projection_dim=16, in_channels=12, text_embed_dim=16, time_embed_dim=4,
+                                          max_sequence_length=16)
+    pipe = MochiPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None, tokenizer=None,
+                         transformer=transformer)
+    run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), prompt_attention_mask=torch.ones(1, 4), height=32,
+                   width=32, num_frames=7, num_inference_steps=2)
+    latents = run("latent")
+    assert latents.shape == (1, 12, 2, 4, 4)
+    mean = torch.tensor(vae.config.latents_mean).view(1, 12, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, 12, 1, 1, 1)
+    direct = vae.tae.decode_video((latents * std / vae.config.scaling_factor + mean).permute(0, 2, 1, 3, 4))
+    assert direct.shape == (1, 7, 3, 32, 32)
+    torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_easyanimate_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
+    """A whole EasyAnimatePipeline call with tae_easyanimate: the TAE decodes the latents the
+    pipeline divided by EasyAnimate's scaling factor (head dim 16: its rotary embedding splits
+    the head into 1/4 + 3/8 + 3/8, each even)."""
+    vae = wrapped("tae_easyanimate", tmp_path)
+    transformer = EasyAnimateTransformer3DModel(num_attention_heads=2, attention_head_dim=16, in_channels=16,
+                                                out_channels=16, time_embed_dim=8, text_embed_dim=16, num_layers=1,
+                                                mmdit_layers=1, sample_width=4, sample_height=4, patch_size=2)
+    pipe = EasyAnimatePipeline(vae=vae, text_encoder=None, tokenizer=None, transformer=transformer,
+                               scheduler=FlowMatchEulerDiscreteScheduler())
+    assert vae.config.scaling_factor == 0.7125  # EasyAnimate's (AutoencoderKLMagvit's default)
+    run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), prompt_attention_mask=torch.ones(1, 4), height=32,
+                   width=32, num_frames=5)
+    latents = run("latent")
+    assert latents.shape == (1, 16, 2, 4, 4)
+    direct = vae.tae.decode_video((latents / vae.config.scaling_factor).permute(0, 2, 1, 3, 4))
+    assert direct.shape == (1, 5, 3, 32, 32)
+    torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_allegro_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
+    """A whole AllegroPipeline call with tae_allegro (not causal: 4 frames per latent). The
+    real Allegro VAE's decode returns NTCHW, which the pipeline permutes to NCTHW, so the
+    wrapper's does too; its spatial factor comes from the class's block_out_channels."""
+    vae = wrapped("tae_allegro", tmp_path)
+    transformer = AllegroTransformer3DModel(num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+                                            num_layers=1, cross_attention_dim=24, sample_width=4, sample_height=4,
+                                            sample_frames=8, caption_channels=16)
+    pipe = AllegroPipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer,
+                           scheduler=DDIMScheduler())
+    assert (pipe.vae_scale_factor_spatial, pipe.vae_scale_factor_temporal) == (8, 4)
+    run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), prompt_attention_mask=torch.ones(1, 4), height=32,
+                   width=32, num_frames=8)
+    latents = run("latent")
+    assert latents.shape == (1, 4, 2, 4, 4)
+    assert vae.decode(latents).sample.shape == (1, 8, 3, 32, 32)  # frames first, as AutoencoderKLAllegro's
+    direct = vae.tae.decode_video((latents / vae.config.scaling_factor).permute(0, 2, 1, 3, 4))
+    assert direct.shape == (1, 8, 3, 32, 32)
+    torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
+
+
+class PassingGuardrail:
+    """Stands in for Cosmos's safety checker, without which its pipelines do not run (None is
+    refused; cosmos_guardrail, not installed here, loads NVIDIA's guard models from the Hub):
+    lets every prompt and video through unchanged."""
+
+    def to(self, device):
+        return self
+
+    def check_text_safety(self, prompt: str) -> bool:
+        return True
+
+    def check_video_safety(self, frames):
+        return frames
+
+
+def cosmos_parts(in_channels: int) -> dict:
+    """A tiny Cosmos transformer (it does not concatenate the padding mask, which needs
+    torchvision, not installed: the VAE path is the same; heads 16 wide, as its rotary
+    embedding needs more than 2 dimensions per axis), its EDM scheduler and the guardrail."""
+    transformer = CosmosTransformer3DModel(in_channels=in_channels, out_channels=16, num_attention_heads=2,
+                                           attention_head_dim=16, num_layers=1, mlp_ratio=2, text_embed_dim=16,
+                                           adaln_lora_dim=4, max_size=(4, 32, 32), concat_padding_mask=False)
+    scheduler = EDMEulerScheduler(sigma_min=0.002, sigma_max=80, sigma_data=0.5, sigma_schedule="karras",
+                                  prediction_type="epsilon", rho=7.0, final_sigmas_type="sigma_min")
+    return dict(text_encoder=None, tokenizer=None, transformer=transformer, scheduler=scheduler,
+                safety_checker=PassingGuardrail())
+
+
+def cosmos_statistics(vae: TAEVideoVAE, latent_frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosmos's latents_mean/std for the first latent frames, as its pipelines view them (one
+    per channel and latent frame)."""
+    mean, std = (torch.tensor(stats).view(1, 16, -1, 1, 1)[:, :, :latent_frames] for stats in
+                 (vae.config.latents_mean, vae.config.latents_std))
+    return mean, std
+
+
+@torch.no_grad()
+def test_cosmos_text_to_world_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
+    """A whole CosmosTextToWorldPipeline call with tae_cosmos: the pipeline un-normalises with
+    Cosmos's latents_mean/std, one per channel and latent frame, and the scheduler's
+    sigma_data, and the TAE decodes the result. The video then passes the safety checker as
+    uint8 frames, hence the 1/255 tolerance."""
+    vae = wrapped("tae_cosmos", tmp_path)
+    pipe = CosmosTextToWorldPipeline(vae=vae, **cosmos_parts(in_channels=16))
+    run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), height=32, width=32, num_frames=9)
+    latents = run("latent")
+    assert latents.shape == (1, 16, 2, 4, 4)
+    mean, std = cosmos_statistics(vae, 2)
+    assert not torch.equal(mean[:, :, 0], mean[:, :, 1])  # per latent frame
+    direct = vae.tae.decode_video((latents * std / pipe.scheduler.config.sigma_data + mean).permute(0, 2, 1, 3, 4))
+    assert direct.shape == (1, 9, 3, 32, 32)
+    torch.testing.assert_close(run("pt"), direct, atol=1 / 255 + 1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_cosmos_video_to_world_pipeline_encodes_and_decodes_with_the_built_tae(tmp_path):
+    """CosmosVideoToWorldPipeline encodes its conditioning image with ``vae.encode`` (padded
+    with grey frames to the clip) and normalises it per channel and latent frame: its
+    conditioning latents are the TAE's, normalised, and a whole call decodes through the TAE
+    as text-to-world does."""
+    vae = wrapped("tae_cosmos", tmp_path)
+    pipe = CosmosVideoToWorldPipeline(vae=vae, **cosmos_parts(in_channels=17))  # + the conditioning mask
+    image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    _, conditioning, *_ = pipe.prepare_latents(image[:, :, None] * 2 - 1, 1, 16, 32, 32, 9, False,
+                                               dtype=torch.float32, device=torch.device("cpu"))
+    mean, std = cosmos_statistics(vae, 2)
+    clip = torch.cat([image[:, None], torch.full((1, 8, 3, 32, 32), 0.5)], 1)  # grey: 0 in [-1, 1]
+    encoded = vae.tae.encode_video(clip).permute(0, 2, 1, 3, 4)
+    torch.testing.assert_close(conditioning, (encoded - mean) * pipe.scheduler.config.sigma_data / std,
+                               atol=1e-5, rtol=0)
+    run = one_step(pipe, image=image, prompt_embeds=torch.randn(1, 4, 16), height=32, width=32, num_frames=9)
+    latents = run("latent")
+    assert latents.shape == (1, 16, 2, 4, 4)
+    direct = vae.tae.decode_video((latents * std / pipe.scheduler.config.sigma_data + mean).permute(0, 2, 1, 3, 4))
+    torch.testing.assert_close(run("pt"), direct, atol=1 / 255 + 1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_stable_video_diffusion_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
+    """A whole StableVideoDiffusionPipeline call with tae_svd: the pipeline encodes its
+    conditioning image (B, 3, H, W) with ``vae.encode`` and decodes (B*T, 4, h, w) frame
+    latents in chunks of ``decode_chunk_size`` with ``num_frames=chunk``; the wrapper decodes
+    each chunk as one clip, as the real temporal decoder does."""
+    vae = wrapped("tae_svd", tmp_path)
+    unet = UNetSpatioTemporalConditionModel(block_out_channels=(32,), layers_per_block=1, in_channels=8, out_channels=4,
+                                            down_block_types=("CrossAttnDownBlockSpatioTemporal",),
+                                            up_block_types=("CrossAttnUpBlockSpatioTemporal",),
+                                            cross_attention_dim=16, num_attention_heads=2, addition_time_embed_dim=8,
+                                            projection_class_embeddings_input_dim=24, num_frames=4)
+    image_encoder = CLIPVisionModelWithProjection(CLIPVisionConfig(
+        hidden_size=16, projection_dim=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+        image_size=32, patch_size=8))
+    scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                                       prediction_type="v_prediction", sigma_max=700.0, sigma_min=0.002, steps_offset=1,
+                                       timestep_spacing="leading", timestep_type="continuous", use_karras_sigmas=True)
+    pipe = StableVideoDiffusionPipeline(vae=vae, image_encoder=image_encoder, unet=unet, scheduler=scheduler,
+                                        feature_extractor=CLIPImageProcessor(crop_size=32, size=32))
+    assert pipe.vae_scale_factor == 8  # 2 ** (len(block_out_channels) - 1): SVD's class default has one block
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    encoded = vae.encode(images * 2 - 1).latent_dist.mode()  # as the pipeline's _encode_vae_image
+    assert encoded.shape == (2, 4, 4, 4)
+    torch.testing.assert_close(encoded, vae.tae.encode_video(images[:, None])[:, 0], atol=1e-6, rtol=0)  # 1-frame clips
+
+    def run(output_type: str) -> torch.Tensor:  # max_guidance_scale=1: no classifier-free guidance
+        return pipe(images[:1], height=32, width=32, num_frames=4, decode_chunk_size=2, num_inference_steps=1,
+                    max_guidance_scale=1.0, output_type=output_type, generator=torch.Generator().manual_seed(0)).frames
+
+    latents = run("latent")
+    assert latents.shape == (1, 4, 4, 4, 4)  # NTCHW
+    z = latents / vae.config.scaling_factor
+    direct = torch.cat([vae.tae.decode_video(z[:, :2]), vae.tae.decode_video(z[:, 2:])], 1)
+    assert direct.shape == (1, 4, 3, 32, 32)
+    torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
+    frames = vae.decode(z.flatten(0, 1), num_frames=2).sample  # both chunks in one call: 2 latents per clip
+    torch.testing.assert_close(frames, direct.flatten(0, 1).mul(2).sub(1), atol=1e-6, rtol=0)
 
 
 def test_reference_vaes_whose_statistics_live_in_their_weights_need_the_pipelines_vae(tmp_path):

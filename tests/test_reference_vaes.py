@@ -66,7 +66,7 @@ def test_facts_come_from_the_config_and_match_the_latents(tmp_path, tiny, ref_va
     assert tuple(latents.shape) == (1, plan.latent_frames, facts.latent_channels, size // facts.spatial_compression,
                                     size // facts.spatial_compression)
     decoded = vae.decode(latents)
-    assert decoded.shape[1] >= plan.decoded_frames and 0 <= float(decoded.min()) <= float(decoded.max()) <= 1
+    assert decoded.shape[1] == plan.decoded_frames == frames and 0 <= float(decoded.min()) <= float(decoded.max()) <= 1
     assert float((vae.encode(clip.flip(1)) - latents).abs().max()) > 0  # latents of the pixels, not of padding
 
 
@@ -208,3 +208,15 @@ def test_ref_vae_class_auto_reads_the_class_from_the_folder(tmp_path, demo_clips
     with pytest.raises(ConfigError, match=rf"ref_vae_class=auto: {config_file} holds a AutoencoderDC, which no "
                                           r"ref_vae_class loads yet \(known: AutoencoderKLCogVideoX, "):
         check(config)
+
+
+def test_reference_vaes_that_cannot_be_used_here_say_why(tmp_path):
+    """Qwen-Image 2.1 (RGBA images) is refused until the data pipeline reads RGBA; Cosmos's VAE
+    has no bf16 average pooling on the CPU: one line each, before any weights load."""
+    qwen = save_tiny_vae(tmp_path / "qwen", "qwenimage21")
+    assert auto_variant("qwenimage21", qwen / "vae") == "tae_qwenimage2_1"
+    assert "takes RGBA images" in ref_vae_problems("auto", qwen / "vae", "auto")[0]
+    with pytest.raises(ConfigError, match="takes RGBA images"):
+        ReferenceVAE(qwen, "auto", dtype="fp32")
+    with pytest.raises(ConfigError, match=r"runs on the CPU in fp32 only .*: pass --ref_vae_dtype=fp32"):
+        ReferenceVAE(save_tiny_vae(tmp_path / "cosmos", "cosmos"), "auto", dtype="bf16", device="cpu")

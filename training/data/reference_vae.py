@@ -100,6 +100,9 @@ class ReferenceVAE:
         self.ref = REF_VAE_CLASSES[vae_class]
         if self.ref.refused:
             raise ConfigError(f"reference VAE {path / subfolder}: {self.ref.refused}")
+        if self.ref.fp32_on_cpu and dtype != "fp32" and torch.device(device).type == "cpu":
+            raise ConfigError(f"reference VAE {path / subfolder}: a {self.ref.diffusers_class} runs on the CPU in fp32 "
+                              f"only (its {dtype} average pooling is missing there): pass --ref_vae_dtype=fp32")
         cls = getattr(diffusers, self.ref.diffusers_class)
         self.vae = cls.from_pretrained(path, subfolder=subfolder, torch_dtype=DTYPES[dtype]).to(device).eval()
         self.vae.requires_grad_(False)
