@@ -130,9 +130,8 @@ class LatentSpace:
     def fits(self, spec: VariantSpec) -> bool:
         """``spec`` lives in this latent space: same channels, compression, time axis and pixels."""
         return (spec.latent_channels, 8 * spec.patch_size, spec.t_downscale, spec.h3_chunks, spec.image_channels,
-                spec.causal or spec.t_upscale == 1) == (
-            self.latent_channels, self.spatial_compression, self.temporal_compression, self.h3_chunks,
-            self.image_channels, self.causal or self.temporal_compression == 1)
+                spec.causal) == (self.latent_channels, self.spatial_compression, self.temporal_compression,
+                                 self.h3_chunks, self.image_channels, self.causal)
 
     def describe(self) -> str:
         return (f"{self.latent_channels} latent channels, {self.spatial_compression}x space, "
@@ -184,11 +183,14 @@ def latent_space(ref_vae_class: str, config: dict) -> LatentSpace:
     if ref_vae_class == "h3":
         return LatentSpace(config["latent_channels"], math.prod(config["spatial_downsample_factors"]),
                            math.prod(config["temporal_downsample_factors"]), h3_chunks=True)
-    if ref_vae_class in ("allegro", "easyanimate", "svd"):  # one 2x downsample between blocks
-        spatial = 2 ** (len(config["block_out_channels"]) - 1)
-        temporal = {"allegro": lambda: int(config["temporal_compression_ratio"]), "svd": lambda: 1,
-                    "easyanimate": lambda: 2 ** (len(config["block_out_channels"]) - 2)}[ref_vae_class]()
-        return LatentSpace(config["latent_channels"], spatial, temporal, causal=ref_vae_class != "allegro")
+    if ref_vae_class == "allegro":  # one 2x downsample between blocks; its tiles use the time ratio
+        return LatentSpace(config["latent_channels"], 2 ** (len(config["block_out_channels"]) - 1),
+                           int(config["temporal_compression_ratio"]), causal=False)
+    if ref_vae_class == "easyanimate":  # the ratios the class itself derives from its blocks
+        levels = len(config["block_out_channels"])
+        return LatentSpace(config["latent_channels"], 2 ** (levels - 1), 2 ** (levels - 2))
+    if ref_vae_class == "svd":  # a 2-D encoder
+        return LatentSpace(config["latent_channels"], 2 ** (len(config["block_out_channels"]) - 1), 1)
     if ref_vae_class == "cosmos":
         return LatentSpace(config["latent_channels"], int(config["spatial_compression_ratio"]),
                            int(config["temporal_compression_ratio"]))
