@@ -30,7 +30,7 @@ browser:
 test: $(STAMP) browser
 	$(PY) -m pytest -q
 
-# The inner loop: pure-Python and single-process tests, under 2 minutes on 2 cores (tests
+# The inner loop: pure-Python and single-process tests, about 2 minutes on 2 cores (tests
 # that start training processes, benchmarks or a browser are marked slow; CI runs them all).
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

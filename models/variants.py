@@ -168,8 +168,11 @@ def built_spec(name: str) -> VariantSpec | None:
 
 
 def known_variants() -> list[str]:
-    """All variant names accepted by ``variant=`` (built ones for their released latent space)."""
-    return sorted([*BASE_VARIANTS, *(name + SUPER_SUFFIX for name in BASE_VARIANTS), *OTHER_VARIANTS, *BUILT_FAMILIES])
+    """All variant names accepted by ``variant=``: the published ones, then the built ones (for
+    their released latent space), so that a weight file that fits both is named by its published
+    variant first."""
+    return sorted([*BASE_VARIANTS, *(name + SUPER_SUFFIX for name in BASE_VARIANTS), *OTHER_VARIANTS]) + sorted(
+        BUILT_FAMILIES)
 
 
 def get_variant(name: str) -> VariantSpec:

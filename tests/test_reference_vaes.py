@@ -4,14 +4,13 @@ with a tiny instance of each class saved by diffusers and loaded back."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import REPO_ROOT, save_tiny_vae
+import inference
+from conftest import save_tiny_vae
 from models.taehv import TAEHV
 from models.weights import save_weights
 from train_runs import ONE_PROCESS, TEST_CONFIG, run_dir, train
@@ -21,6 +20,7 @@ from training.data.reference_vae import ReferenceVAE
 from models.reference_vaes import (REF_VAE_CLASSES, LatentSpace, auto_variant, latent_space, read_vae_config,
                                    ref_vae_class_of, ref_vae_problems, video_model)
 from models.variants import known_variants
+from training import cache_latents
 from training.config import ConfigError, TrainConfig, load_config
 from training.preflight import check
 
@@ -88,24 +88,20 @@ def test_train_cache_and_evaluate_with_each_reference_vae(tmp_path, long_clips, 
     one_clip = tmp_path / "one_clip.json"
     entries = json.loads(Path(long_clips["train"]).read_text())["list"][:1]
     one_clip.write_text(json.dumps({"total": 1, "list": entries}))
-    cache = subprocess.run([sys.executable, "-m", "training.cache_latents", "--config", TEST_CONFIG, *ref_vae,
-                            f"--data_root={long_clips['root']}", f"--annotation_file={one_clip}",
-                            f"--val_annotation_file={long_clips['val']}",
-                            "--output", str(tmp_path / "cache"), "--dtype", "fp32"],
-                           capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
-    assert cache.returncode == 0, cache.stderr[-3000:]
+    # the cache builder's and inference's entry points in this process (their start-up, seconds
+    # of imports each, is what the training process above already shows)
+    cache_latents.main(["--config", TEST_CONFIG, *ref_vae, f"--data_root={long_clips['root']}",
+                        f"--annotation_file={one_clip}", f"--val_annotation_file={long_clips['val']}",
+                        "--output", str(tmp_path / "cache"), "--dtype", "fp32"])
     assert json.loads((tmp_path / "cache" / "manifest.json").read_text())["valid_for"]["latent_channels"] == \
         facts.latent_channels
 
-    weights = save_weights(TAEHV(variant=variant), tmp_path / f"{variant}.safetensors")
-    evaluation = subprocess.run([sys.executable, "inference.py", "--model_path", str(weights), "--videos",
-                                 str(Path(long_clips["root"]) / entries[0]["path"]), "--n_frames", str(frames),
-                                 "--height", str(size), "--width", str(size), "--num_samples", "1", "--use_ref_vae",
-                                 "--ref_vae_path", str(root), "--ref_vae_class", ref_vae_class,
-                                 "--output_dir", str(tmp_path / "eval")],
-                                capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
-    assert evaluation.returncode == 0, evaluation.stderr[-3000:]
-    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    metrics = inference.main(["--model_path", str(run / "final_model.safetensors"), "--videos",
+                              str(Path(long_clips["root"]) / entries[0]["path"]), "--n_frames", str(frames),
+                              "--height", str(size), "--width", str(size), "--num_samples", "1", "--use_ref_vae",
+                              "--ref_vae_path", str(root), "--ref_vae_class", ref_vae_class,
+                              "--output_dir", str(tmp_path / "eval")])
+    assert metrics == json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert "reference" in metrics["samples"][0] and metrics["model"]["variant"] == variant
     assert metrics["summary"]["comparison"]["latent_rms_ratio"] == metrics["samples"][0]["latent_rms_ratio"] > 0
     assert "latent_rms_ratio" in (tmp_path / "eval" / "summary_report.html").read_text()
