@@ -419,7 +419,7 @@ def run_steps(blocks: nn.Sequential, steps: list[tuple[int, str, object]], x: to
             x = stem(block, blocks[i + 2], blocks[i + 3], x, onednn)
         if frame_by_frame and isinstance(block, TGrow) and block.stride > 1 and x.shape[0] > n:
             rest = steps[k + 1:]
-            each = grown_frames(blocks, i + 1)  # output frames per frame from here
+            each = stride_product(blocks, TGrow, i + 1)  # output frames per frame from here
             outs = [run_steps(blocks, rest, frame, n, memory, onednn, frame_by_frame, min(max(drop - j * each, 0), each))
                     for j, frame in enumerate(x.unflatten(0, (n, -1)).unbind(1))]
             outs = [o.unflatten(0, (n, -1)) for o in outs if o is not None]
@@ -447,25 +447,19 @@ def per_frame_tail(blocks: nn.Sequential, steps: list[tuple[int, str, object]]) 
     return tail
 
 
-def grown_frames(blocks: nn.Sequential, first: int) -> int:
-    """Output frames per input frame of the TGrows in ``blocks[first:]`` (a plain loop:
-    ``torch.compile`` traces it)."""
-    frames = 1
+def stride_product(blocks: nn.Sequential, kind: type, first: int = 0) -> int:
+    """The product of the strides of the ``kind`` blocks (TPool or TGrow) in ``blocks[first:]``
+    (a plain loop: ``torch.compile`` traces it)."""
+    product = 1
     for block in list(blocks)[first:]:
-        if isinstance(block, TGrow):
-            frames *= block.stride
-    return frames
+        if isinstance(block, kind):
+            product *= block.stride
+    return product
 
 
 def time_scale(blocks: nn.Sequential, first: int = 0) -> Fraction:
     """Output frames per input frame of ``blocks[first:]``, exact (strides of 3 too)."""
-    scale = Fraction(1)
-    for block in list(blocks)[first:]:
-        if isinstance(block, TGrow):
-            scale *= block.stride
-        elif isinstance(block, TPool):
-            scale /= block.stride
-    return scale
+    return Fraction(stride_product(blocks, TGrow, first), stride_product(blocks, TPool, first))
 
 
 def fused_steps(blocks: nn.Sequential) -> tuple[int, list[tuple[int, str, object]]]:
