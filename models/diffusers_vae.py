@@ -2,7 +2,7 @@
 
 Pipelines hand the VAE NCTHW videos in [-1, 1] and read ``encode(x).latent_dist`` and
 ``decode(z).sample``; they scale or normalise latents around the diffusion model
-themselves and undo it before ``decode`` (docs/reference_vaes.md), so the TAE sees the raw
+themselves and undo it before ``decode`` (docs/teachers.md), so the TAE sees the raw
 latents it was trained on. What they read from ``vae.config`` (scaling factor, compression
 ratios, ``latents_mean``/``latents_std``) comes from the real VAE's config when it is given
 (``like=pipe.vae``), else from the defaults of the reference VAE's diffusers class, with the

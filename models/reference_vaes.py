@@ -11,7 +11,7 @@ temporal compression (hence the frame rule), and which TAE variants fit its late
 The latents are the raw ones ``vae.encode(...).latent_dist`` gives: every pipeline
 un-scales (``scaling_factor``) or un-normalises (``latents_mean``/``latents_std``) its
 latents before ``vae.decode``, so a TAE trained on raw latents decodes what the pipeline
-passes to ``vae.decode`` (checked per pipeline in docs/reference_vaes.md).
+passes to ``vae.decode`` (checked per pipeline in docs/teachers.md).
 """
 from __future__ import annotations
 
@@ -165,7 +165,7 @@ def _ratio(config: dict, key: str, derived: int) -> int:
 
 def latent_space(ref_vae_class: str, config: dict) -> LatentSpace:
     """Latent channels and compression of a VAE of class ``ref_vae_class`` from its config,
-    the way the diffusers class itself derives them (docs/reference_vaes.md)."""
+    the way the diffusers class itself derives them (docs/teachers.md)."""
     if ref_vae_class == "cogvideox":  # no spatial key: one 2x downsample between blocks
         return LatentSpace(config["latent_channels"], 2 ** (len(config["block_out_channels"]) - 1),
                            int(config.get("temporal_compression_ratio") or 4))

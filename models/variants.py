@@ -104,7 +104,7 @@ class BuiltFamily:
 
 
 # The TAEs this package builds for diffusers video VAEs that have none published
-# (docs/reference_vaes.md); models.reference_vaes says which class each belongs to.
+# (docs/teachers.md); models.reference_vaes says which class each belongs to.
 BUILT_FAMILIES = {
     "tae_allegro": BuiltFamily(4, 8, 4, causal=False),
     "tae_cosmos": BuiltFamily(16, 8, 8),

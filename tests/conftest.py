@@ -82,7 +82,7 @@ def tiny_cogvideox_vae(tmp_path_factory) -> Path:
 
 
 # The smallest configs of each reference VAE class that keep its real latent channels and
-# compression (docs/reference_vaes.md); built, saved and loaded through diffusers in tests.
+# compression (docs/teachers.md); built, saved and loaded through diffusers in tests.
 TINY_VAES = {
     "cogvideox": {"block_out_channels": (4, 4, 4, 4), "layers_per_block": 1, "norm_num_groups": 1, "latent_channels": 16},
     "hunyuan": {"block_out_channels": (4, 4, 4, 4), "layers_per_block": 1, "norm_num_groups": 1, "latent_channels": 16},

@@ -24,7 +24,7 @@ import models.taehv as taehv_module
 from models.taehv import TAEHV, run_chunk
 from models.variants import known_variants
 from test_train import scalars
-from train_runs import ONE_PROCESS, run_dir, train
+from train_runs import ONE_PROCESS, run_dir, train, train_here
 from training.config import TrainConfig
 from training.data.loading import ReferenceLatents
 from training.errors import ConfigError
@@ -219,10 +219,8 @@ def test_training_run_with_compile(tmp_path, demo_clips):
     """A real run of the test config (4 steps, validations with the EMA weights,
     checkpoints, export; fp32) with ``--compile=true`` logs the losses and metrics of the
     same run without it (both runs are deterministic)."""
-    runs = {}
-    for name, flags in (("eager", []), ("compiled", ["--compile=true", "--compile_backend=aot_eager"])):
-        train(ONE_PROCESS, tmp_path / name, demo_clips, *flags)
-        runs[name] = run_dir(tmp_path / name)
+    train(ONE_PROCESS, tmp_path / "compiled", demo_clips, "--compile=true", "--compile_backend=aot_eager")
+    runs = {"eager": train_here(tmp_path / "eager", demo_clips), "compiled": run_dir(tmp_path / "compiled")}
     assert "torch.compile (backend aot_eager)" in (runs["compiled"] / "train.log").read_text()
     assert "torch.compile" not in (runs["eager"] / "train.log").read_text()
     eager, compiled = scalars(runs["eager"]), scalars(runs["compiled"])

@@ -40,13 +40,12 @@ from train_runs import (
     wait_for,
 )
 from models.atomic import TMP_PREFIX
-from training.state.checkpoints import CHECKPOINT_MANIFEST, list_checkpoints
+from training.state.checkpoints import CHECKPOINT_MANIFEST, checkpoint_step, list_checkpoints
 
 pytestmark = pytest.mark.slow  # training processes
 
 STEPS = 6
 FAULTS = "oom@2:1,nan_loss@4:0"  # window 2: rank 1 runs out of memory; window 4: rank 0's loss is NaN
-FAULTS_ONE_PROCESS = "oom@2,nan_loss@4"
 
 
 def trainer_state(checkpoint) -> dict:
@@ -87,30 +86,25 @@ def interrupted_chain(launcher, out, clips, faults: str, *common: str, signal_ra
 SERAENA = ["--use_seraena=true", "--train_batch_size=2", "--n_seraena_frames=3"]  # 2 x 9 frames -> 6 groups
 
 
-@pytest.mark.parametrize("launcher, faults, signal_rank, options", [  # one process without Seraena: a subset
-    pytest.param(ONE_PROCESS, FAULTS_ONE_PROCESS, "", SERAENA, id="1-process-seraena"),
-    pytest.param(deepspeed_zero2(29541), FAULTS, ":1", ["--gradient_accumulation_steps=2", *SERAENA],
-                 id="2-process-deepspeed-zero2-seraena"),
-])
-def test_exact_resume_after_sigterm_and_crash_during_save(tmp_path, demo_clips, launcher, faults, signal_rank,
-                                                          options):
+def test_exact_resume_after_sigterm_and_crash_during_save_on_two_deepspeed_processes(tmp_path, demo_clips):
+    """ZeRO-2 with gradient accumulation and Seraena; a single process resumes exactly in
+    the SIGTERM and decoder-only tests below."""
+    launcher = deepspeed_zero2(29541)
     common = [f"--max_train_steps={STEPS}", "--run_name=run", "--checkpoints_total_limit=2",
-              "--checkpointing_steps=1", *options]
-    train(launcher, tmp_path / "full", demo_clips, *common, f"--fault_injection={faults}")
+              "--checkpointing_steps=1", "--gradient_accumulation_steps=2", *SERAENA]
+    train(launcher, tmp_path / "full", demo_clips, *common, f"--fault_injection={FAULTS}")
     full = tmp_path / "full" / "run"
     state = trainer_state(full / f"checkpoints/checkpoint-{STEPS}")["progress"]
     assert (state["step"], state["skipped_steps"]) == (STEPS, 2)  # both faults skipped a step, none hung
 
-    interrupted_chain(launcher, tmp_path / "resumed", demo_clips, faults, *common, signal_rank=signal_rank)
+    interrupted_chain(launcher, tmp_path / "resumed", demo_clips, FAULTS, *common, signal_rank=":1")
     assert_same_training(full, tmp_path / "resumed" / "run")
     final = tensors(full / "final_model.safetensors")
     assert all(t.dtype == torch.float32 and bool(t.isfinite().all()) for t in final.values())
-    seraena = sorted((full / f"checkpoints/checkpoint-{STEPS}").glob("seraena_rank*.safetensors"))
-    if launcher is not ONE_PROCESS and seraena:  # ranks see different data, yet one discriminator
-        ranks = [tensors(path) for path in seraena]
-        weights = [k for k in ranks[0] if k.startswith("discriminator.")]
-        assert len(ranks) == 2 and weights and all(torch.equal(ranks[0][k], ranks[1][k]) for k in weights)
-        assert not torch.equal(ranks[0]["buffer.images"], ranks[1]["buffer.images"])  # each rank its own fakes
+    ranks = [tensors(path) for path in sorted((full / f"checkpoints/checkpoint-{STEPS}").glob("seraena_rank*.safetensors"))]
+    weights = [k for k in ranks[0] if k.startswith("discriminator.")]  # ranks see different data, yet one discriminator
+    assert len(ranks) == 2 and weights and all(torch.equal(ranks[0][k], ranks[1][k]) for k in weights)
+    assert not torch.equal(ranks[0]["buffer.images"], ranks[1]["buffer.images"])  # each rank its own fakes
 
 
 def test_error05_nonfinite_and_oom_steps_are_skipped_together_under_ddp(tmp_path, demo_clips):
@@ -134,78 +128,86 @@ def test_too_many_consecutive_skips_stop_with_a_checkpoint(tmp_path, demo_clips)
     assert not (tmp_path / "run" / "final_model.safetensors").exists()
 
 
-def test_error08_sigterm_to_the_launch_script_checkpoints_and_resumes(tmp_path, demo_clips):
-    """A real SIGTERM (as a scheduler sends) to ./train_taehv_h100.sh with 2 DeepSpeed
-    processes: both stop at the same step boundary, save, and exit 0; the resumed run
-    finishes with the configured number of optimizer steps."""
-    script = ["bash", str(REPO_ROOT / "train_taehv_h100.sh"), "2", "test", f"--output_dir={tmp_path}",
-              f"--data_root={demo_clips['root']}", f"--annotation_file={demo_clips['train']}",
-              f"--val_annotation_file={demo_clips['val']}", "--run_name=run", "--max_train_steps=16",
-              "--checkpointing_steps=3", "--validation_every=100"]
-    env = {"MASTER_PORT": "29543"}
-    process = start(script, tmp_path / "first.log", env=env)
-    checkpoints = tmp_path / "run" / "checkpoints"
-    wait_for(lambda: (checkpoints / "checkpoint-3").is_dir(), what="checkpoint-3")
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=120) == 0, (tmp_path / "first.log").read_text()[-4000:]
-    log = (tmp_path / "run" / "train.log").read_text()
-    assert "stopped on SIGTERM" in log
-    stopped_at = max(trainer_state(c)["progress"]["step"] for c in list_checkpoints(checkpoints))
-    assert 3 <= stopped_at < 16
-
-    resumed = subprocess.run(script + ["--resume", "latest"], capture_output=True, text=True, timeout=300,
-                             cwd=REPO_ROOT, env={**os.environ, **env})
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
-    assert f"resumed from {checkpoints / f'checkpoint-{stopped_at}'} at step {stopped_at}" in \
-        (tmp_path / "run" / "train.log").read_text()
-    assert trainer_state(list_checkpoints(checkpoints)[-1])["progress"]["step"] == 16
-    assert (tmp_path / "run" / "final_model.safetensors").is_file()
-
-
 def launch_script(processes: int, out, clips, *overrides: str) -> list[str]:
     return ["bash", str(REPO_ROOT / "train_taehv_h100.sh"), str(processes), "test", f"--output_dir={out}",
             f"--data_root={clips['root']}", f"--annotation_file={clips['train']}",
             f"--val_annotation_file={clips['val']}", *overrides]
 
 
-@pytest.mark.parametrize("processes, launcher", [
-    pytest.param(1, ONE_PROCESS, id="1-process"),
-    pytest.param(2, deepspeed_zero2(29545), id="2-process-deepspeed-zero2"),
+def checkpoint_steps(checkpoints: Path) -> list[int]:
+    return [checkpoint_step(c) for c in list_checkpoints(checkpoints)]
+
+
+@pytest.mark.parametrize("processes, launcher, options", [
+    pytest.param(1, ONE_PROCESS, SERAENA, id="1-process-seraena"),
+    pytest.param(2, deepspeed_zero2(29545), ["--mixed_precision=bf16"], id="2-process-deepspeed-zero2-bf16"),
 ])
-def test_sigterm_to_the_whole_job_with_dataloader_workers_saves_and_resumes_exactly(tmp_path, demo_clips, processes,
-                                                                                  launcher):
-    """What scancel and preemption do: SIGTERM to every process of the job at once (launch
-    script, launcher, training processes and their DataLoader workers). The workers leave
-    the stop to their parents, so the run saves a checkpoint and exits 0, and --resume
-    latest ends bit-identical to an uninterrupted run."""
-    steps = 12
-    common = ["--run_name=run", f"--max_train_steps={steps}", "--checkpointing_steps=2", "--validation_every=6",
-              "--dataloader_num_workers=1", "--persistent_workers=true"]
+def test_sigterms_during_decoder_only_fine_tuning_save_and_resume_exactly(tmp_path, demo_clips, processes, launcher,
+                                                                          options):
+    """Decoder-only fine-tuning (train_encoder=false from stage-1 weights, with EMA), stopped
+    twice as schedulers stop jobs, with DataLoader workers running: a SIGTERM to
+    ./train_taehv_h100.sh alone (error08: it forwards the signal), then one to every process
+    of the job at once (scancel, preemption: launch script, launcher, training processes
+    and their workers; the workers leave the stop to their parents). Each time the ranks
+    stop at the same step boundary, save, exit 0 and log the exact resume command. Resumed
+    twice, the run ends bit-identical to an uninterrupted one; the encoder comes out
+    bit-identical to stage 1's (also when DeepSpeed keeps the module in bf16) and has no
+    optimizer state."""
+    from models.taehv import TAEHV
+    from models.weights import save_weights
+
+    torch.manual_seed(3)
+    stage1 = save_weights(TAEHV(variant="taecvx"), tmp_path / "stage1.safetensors")
+    steps = 10
+    common = ["--run_name=run", f"--max_train_steps={steps}", "--checkpointing_steps=2", "--validation_every=5",
+              "--dataloader_num_workers=1", "--persistent_workers=true", "--train_encoder=false",
+              f"--pretrained_model_path={stage1}", *options]
     env = {"MASTER_PORT": str(29546 + processes)}
     train(launcher, tmp_path / "full", demo_clips, *common)
 
     out = tmp_path / "resumed"
-    process = start(launch_script(processes, out, demo_clips, *common), tmp_path / "first.log", env=env)
     checkpoints = out / "run" / "checkpoints"
-    wait_for(lambda: (checkpoints / "checkpoint-2").is_dir(), what="checkpoint-2")
-    os.killpg(process.pid, signal.SIGTERM)  # the whole process group, as kill -TERM -- -PGID
-    first_log = (tmp_path / "first.log")
-    assert process.wait(timeout=300) == 0, first_log.read_text()[-4000:]
-    log = (out / "run" / "train.log").read_text()
-    assert "stopped on SIGTERM" in log and "is killed by signal" not in first_log.read_text()
-    stopped_at = max(trainer_state(c)["progress"]["step"] for c in list_checkpoints(checkpoints))
-    assert 2 <= stopped_at < steps
-    hint = next(line for line in log.splitlines() if "Resume with: " in line).split("Resume with: ")[1]
-    assert hint.startswith(f"{REPO_ROOT / 'train_taehv_h100.sh'} {processes} test ") and "--run_name=run" in hint
-    assert hint.endswith(f"--resume {checkpoints / f'checkpoint-{stopped_at}'}")  # the exact command
+    stopped_at = 0
+    for attempt, whole_job in enumerate((False, True)):
+        resume = ["--resume", "latest"] if attempt else []
+        output = tmp_path / f"stopped{attempt}.log"
+        process = start(launch_script(processes, out, demo_clips, *common, *resume), output, env=env)
+        wait_for(lambda: max(checkpoint_steps(checkpoints), default=0) > stopped_at, what="a new checkpoint")
+        if whole_job:
+            os.killpg(process.pid, signal.SIGTERM)  # the whole process group, as kill -TERM -- -PGID
+        else:
+            process.send_signal(signal.SIGTERM)  # the launch script only
+        assert process.wait(timeout=300) == 0, output.read_text()[-4000:]
+        assert "is killed by signal" not in output.read_text()
+        previous, stopped_at = stopped_at, max(checkpoint_steps(checkpoints))
+        assert previous < stopped_at < steps
+        log = (out / "run" / "train.log").read_text()
+        assert log.count("stopped on SIGTERM") == attempt + 1
+        if previous:
+            assert f"resumed from {checkpoints / f'checkpoint-{previous}'} at step {previous}" in log
+        hint = [line for line in log.splitlines() if "Resume with: " in line][-1].split("Resume with: ")[1]
+        assert hint.startswith(f"{REPO_ROOT / 'train_taehv_h100.sh'} {processes} test ") and "--run_name=run" in hint
+        assert hint.endswith(f"--resume {checkpoints / f'checkpoint-{stopped_at}'}")  # the exact command
 
     resumed = subprocess.run(launch_script(processes, out, demo_clips, *common, "--resume", "latest"),
                              capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, env={**os.environ, **env})
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
-    assert_identical(tmp_path / "full" / "run" / "final_model.safetensors", out / "run" / "final_model.safetensors")
+    assert checkpoint_steps(checkpoints)[-1] == steps
+    full = tmp_path / "full" / "run"
+    assert_identical(full / "final_model.safetensors", out / "run" / "final_model.safetensors")
     last = f"checkpoints/checkpoint-{steps}"
-    for name in sorted(p.name for p in (tmp_path / "full" / "run" / last).glob("*.safetensors")):
-        assert_identical(tmp_path / "full" / "run" / last / name, out / "run" / last / name)
+    for name in sorted(p.name for p in (full / last).glob("*.safetensors")):
+        assert_identical(full / last / name, out / "run" / last / name)
+
+    before, after = tensors(stage1), tensors(full / "final_model.safetensors")
+    encoder = [k for k in before if k.startswith("encoder.")]
+    assert encoder and all(torch.equal(before[k], after[k]) for k in encoder)  # bit-identical
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("decoder."))
+    if launcher is ONE_PROCESS:  # AdamW state: one entry per decoder parameter, none for the encoder
+        state = json.loads((full / last / "optimizer.json").read_text())["tree"]
+        assert len(state["__dict__"][0][1]["__dict__"]) == sum(1 for k in before if k.startswith("decoder."))
+    else:  # the ZeRO shards (decoder only, as the bit-identical encoder shows)
+        assert len(sorted((full / last).glob("optimizer*.json"))) == 2
 
 
 def data_gone_mid_run(tmp_path, which: str, ready, port: int, *overrides: str) -> tuple[str, Path, int]:
@@ -241,14 +243,14 @@ def test_training_data_gone_mid_run_saves_then_one_line(tmp_path):
 
     line, _, stopped_at = data_gone_mid_run(
         tmp_path, "train", lambda run: (run / "checkpoints" / "checkpoint-2").is_dir(), 29549,
-        "--max_train_steps=14", "--checkpointing_steps=2", "--validation_every=100", "--dataloader_num_workers=1")
-    assert 2 <= stopped_at < 14
+        "--max_train_steps=10", "--checkpointing_steps=2", "--validation_every=100", "--dataloader_num_workers=1")
+    assert 2 <= stopped_at < 10
 
     make_demo_dataset(tmp_path / "data", num_clips=6, n_frames=12, height=48, width=64, seed=1)  # the data is back
     resumed = subprocess.run(shlex.split(line.split("resume with: ")[1]), capture_output=True, text=True, timeout=300,
                              cwd=REPO_ROOT, env={**os.environ, "MASTER_PORT": "29549"})
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
-    assert trainer_state(list_checkpoints(tmp_path / "run" / "checkpoints")[-1])["progress"]["step"] == 14
+    assert trainer_state(list_checkpoints(tmp_path / "run" / "checkpoints")[-1])["progress"]["step"] == 10
 
 
 def test_validation_data_gone_on_one_rank_saves_then_one_line(tmp_path):
@@ -264,8 +266,9 @@ def test_validation_data_gone_on_one_rank_saves_then_one_line(tmp_path):
 def test_failed_starts_and_refused_resumes_leave_the_runs_as_they_were(tmp_path, demo_clips):
     """A configuration problem stops before any run folder exists; a start that fails later
     says why in its train.log and does not hide older runs from a bare checkpoint name; a
-    checkpoint of another variant or with damaged bytes is refused in one line, before the
-    run's config.json is touched; --resume latest passes over the damaged checkpoint."""
+    checkpoint with damaged bytes is refused in one line, before the run's config.json is
+    touched (one of another variant: test_checkpointing.py); --resume latest passes over
+    the damaged checkpoint."""
     common = ["--max_train_steps=4", "--checkpointing_steps=2", "--validation_every=100"]
     train(ONE_PROCESS, tmp_path, demo_clips, *common)
     (run,) = tmp_path.iterdir()
@@ -275,7 +278,6 @@ def test_failed_starts_and_refused_resumes_leave_the_runs_as_they_were(tmp_path,
         return subprocess.run(train_args(ONE_PROCESS, tmp_path, data, *common, *overrides), capture_output=True,
                               text=True, timeout=300, cwd=REPO_ROOT)
 
-    assert "height and width must be positive" in one_line_error(attempt("--height=0"))
     assert re.search(r"one training step keeps about [0-9.]+ GiB of activations .* at 16384x16384, .*, more than the "
                      r"[0-9.]+ GiB of", one_line_error(attempt("--height=16384", "--width=16384")))
     assert "cannot write the run directory under /proc/taehv_out: No such file or directory" in one_line_error(
@@ -287,8 +289,6 @@ def test_failed_starts_and_refused_resumes_leave_the_runs_as_they_were(tmp_path,
     (failed,) = set(tmp_path.iterdir()) - {run, missing}
     assert "error: " in (failed / "train.log").read_text() and not (failed / "checkpoints").exists()
 
-    line = one_line_error(attempt("--resume", "checkpoint-4", "--variant=taehv"))
-    assert "holds a taecvx model but this run is configured for taehv" in line and "--variant=taecvx" in line
     damaged = run / "checkpoints" / "checkpoint-4" / "model.safetensors"
     with open(damaged, "r+b") as f:  # 4 MiB overwritten in place: same size
         f.seek(damaged.stat().st_size // 2)
@@ -370,7 +370,7 @@ def test_ctrl_c_during_start_up_stops_cleanly(tmp_path, demo_clips):
 
 
 def test_kill_9_at_a_random_moment_loses_no_checkpoint(tmp_path, demo_clips):
-    args = train_args(ONE_PROCESS, tmp_path, demo_clips, "--run_name=run", "--max_train_steps=30",
+    args = train_args(ONE_PROCESS, tmp_path, demo_clips, "--run_name=run", "--max_train_steps=16",
                       "--checkpointing_steps=3", "--validation_every=100", "--auto_resume=true")
     checkpoints = tmp_path / "run" / "checkpoints"
     process = start(args, tmp_path / "first.log")
@@ -380,17 +380,18 @@ def test_kill_9_at_a_random_moment_loses_no_checkpoint(tmp_path, demo_clips):
     before = [p.name for p in list_checkpoints(checkpoints)]
     assert before, "the first checkpoint must survive kill -9"
 
-    train(ONE_PROCESS, tmp_path, demo_clips, "--run_name=run", "--max_train_steps=30", "--checkpointing_steps=3",
+    train(ONE_PROCESS, tmp_path, demo_clips, "--run_name=run", "--max_train_steps=16", "--checkpointing_steps=3",
           "--validation_every=100", "--auto_resume=true")  # the same command restarts the job
     after = list_checkpoints(checkpoints)
-    assert trainer_state(after[-1])["progress"]["step"] == 30
+    assert trainer_state(after[-1])["progress"]["step"] == 16
     assert all((p / CHECKPOINT_MANIFEST).is_file() for p in after)
     assert not list(checkpoints.glob(".tmp-*"))
 
 
-def test_early_stopping_and_best_model_on_two_processes(tmp_path, demo_clips):
-    """Patience 1 with an unreachable min_delta: the second validation stops the run on
-    both ranks at once (no hang), best_model/ keeps the first validation's weights."""
+def test_early_stopping_and_best_model_on_two_ddp_processes(tmp_path, demo_clips):
+    """Plain DDP on CPU. Patience 1 with an unreachable min_delta: the second validation
+    stops the run on both ranks at once (no hang), best_model/ keeps the first
+    validation's weights, and every exported file loads strictly."""
     train(ddp(29544), tmp_path, demo_clips, "--run_name=run", "--max_train_steps=20", "--validation_every=2",
           "--early_stopping_patience=1", "--early_stopping_min_delta=1000", env=DDP_ENV)
     run = tmp_path / "run"
@@ -398,48 +399,14 @@ def test_early_stopping_and_best_model_on_two_processes(tmp_path, demo_clips):
     assert [h["step"] for h in history] == [2, 4]
     info = json.loads((run / "best_model" / "model_info.json").read_text())
     assert (info["step"], info["metric"], info["value"]) == (2, "val/psnr", history[0]["val/psnr"])
-    assert "early stopping at step 4" in (run / "train.log").read_text()
+    log = (run / "train.log").read_text()
+    assert "2 process(es), DistributedType.MULTI_CPU" in log and "early stopping at step 4" in log
     assert trainer_state(list_checkpoints(run / "checkpoints")[-1])["progress"]["step"] == 4
     from models.taehv import TAEHV
 
     for weights in (run / "best_model" / "weights.safetensors", run / "best_model" / "weights.pth",
-                    run / "final_model.safetensors"):
+                    run / "final_model.safetensors", run / "final_model.pth"):
         TAEHV(weights, variant="taecvx")  # strict load of full fp32 published-format weights
-
-
-@pytest.mark.parametrize("launcher, options", [
-    pytest.param(ONE_PROCESS, SERAENA, id="1-process-seraena"),
-    pytest.param(deepspeed_zero2(29550), ["--mixed_precision=bf16"], id="2-process-deepspeed-zero2-bf16"),
-])
-def test_decoder_only_fine_tuning_keeps_the_encoder_and_resumes_exactly(tmp_path, demo_clips, launcher, options):
-    """train_encoder=false from stage-1 weights, with EMA (and Seraena on one process): the
-    encoder comes out bit-identical (also when DeepSpeed keeps the module in bf16), has no
-    optimizer state, and SIGTERM + resume ends bit-identical to an uninterrupted run."""
-    from models.weights import save_weights
-    from models.taehv import TAEHV
-
-    torch.manual_seed(3)
-    stage1 = save_weights(TAEHV(variant="taecvx"), tmp_path / "stage1.safetensors")
-    common = ["--run_name=run", "--max_train_steps=4", "--checkpointing_steps=1", "--train_encoder=false",
-              f"--pretrained_model_path={stage1}", "--validation_every=100", *options]
-    train(launcher, tmp_path / "full", demo_clips, *common)
-    train(launcher, tmp_path / "resumed", demo_clips, *common, "--fault_injection=sigterm@3")
-    train(launcher, tmp_path / "resumed", demo_clips, *common, "--resume=latest")
-    full, resumed = tmp_path / "full" / "run", tmp_path / "resumed" / "run"
-    assert "resumed from" in (resumed / "train.log").read_text()
-    assert_identical(full / "final_model.safetensors", resumed / "final_model.safetensors")
-    before, after = tensors(stage1), tensors(full / "final_model.safetensors")
-    encoder = [k for k in before if k.startswith("encoder.")]
-    assert encoder and all(torch.equal(before[k], after[k]) for k in encoder)  # bit-identical
-    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("decoder."))
-    last = full / "checkpoints" / "checkpoint-4"
-    optimizer_files = sorted(last.glob("optimizer*.json"))
-    decoder_tensors = sum(1 for k in before if k.startswith("decoder."))
-    if launcher is ONE_PROCESS:  # AdamW state: one entry per decoder parameter, none for the encoder
-        state = json.loads((last / "optimizer.json").read_text())["tree"]
-        assert len(state["__dict__"][0][1]["__dict__"]) == decoder_tensors
-    else:
-        assert len(optimizer_files) == 2  # the ZeRO shards (decoder only, checked by the bit-identical encoder)
 
 
 def test_one_writer_per_run_and_kill_9_in_the_middle_of_saves(tmp_path, demo_clips):

@@ -29,6 +29,28 @@ INFERENCE = str(REPO_ROOT / "inference.py")
 CLIPS = ["udacity_vehdet_test_video.mp4", "gopro_max_heromode.mp4"]
 
 
+@pytest.fixture
+def run_inference(capsys):
+    """inference.py's command line run in this process, user-error handling included (the
+    seconds of imports a fresh process spends are paid once): its exit status, stdout and
+    stderr. A crash raises here and fails the test; `evaluation` and
+    `test_debug_keeps_the_traceback` run real processes."""
+    import inference
+    from training.errors import exit_on_config_error
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        try:
+            exit_on_config_error(inference.main, list(args))
+            status = 0
+        except SystemExit as stop:
+            status = stop.code or 0
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), status, captured.out, captured.err)
+
+    return run
+
+
 @pytest.fixture(scope="module")
 def real_clip(videos_dir) -> torch.Tensor:
     """(1, 17, 3, 64, 96) frames of a real driving clip in [0, 1]."""
@@ -163,12 +185,11 @@ def test_outputs_and_schema(evaluation):
     ([], "give --videos, --annotation_file/--data_root or --config"),
     (["--output_dir", "/proc/taehv_results"], "cannot write into --output_dir /proc/taehv_results: No such file"),
 ])
-def test_argument_errors(args, message, weights, tmp_path, videos_dir):
+def test_argument_errors(args, message, weights, tmp_path, videos_dir, run_inference):
     defaults = ["--model_path", str(weights), "--output_dir", str(tmp_path)]
     if "--use_ref_vae" in args or "--output_dir" in args:
         defaults += ["--videos", str(videos_dir / CLIPS[0])]
-    result = subprocess.run([sys.executable, INFERENCE, *defaults, *args], capture_output=True, text=True,
-                            cwd=REPO_ROOT, timeout=120)
+    result = run_inference(*defaults, *args)
     assert_user_error(result, message, one_line="--num_samples" not in args and "--dtype" not in args)  # argparse: usage
 
 
@@ -212,26 +233,26 @@ def planted(tmp_path_factory, weights) -> dict[str, Path]:
     ("h3", ["--n_frames", "22", "--stride", "2"], "is too short: --n_frames=22 at --stride=2 needs 43 frames", True),
 ], ids=["unknown-variant", "ltx-size", "variant-vs-metadata", "variant-vs-run-config", "variant-does-not-fit",
         "damaged-safetensors", "refused-pickle", "clip-too-short", "clip-too-short-for-taeh3"])
-def test_user_errors_exit_2_in_one_line(model, args, message, one_line, weights, planted, tmp_path, videos_dir):
+def test_user_errors_exit_2_in_one_line(model, args, message, one_line, weights, planted, tmp_path, videos_dir,
+                                       run_inference):
     """Weight, variant and data problems end in ``error: ...`` and exit status 2, without a
     traceback, and never advise unpickling a refused file with ``weights_only=False``."""
     path = weights if model == "weights" else planted[model]
-    command = [sys.executable, INFERENCE, "--model_path", str(path), "--videos", str(videos_dir / CLIPS[0]),
-               "--height", "32", "--width", "48", "--n_frames", "5", "--output_dir", str(tmp_path), *args]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    result = run_inference("--model_path", str(path), "--videos", str(videos_dir / CLIPS[0]), "--height", "32",
+                           "--width", "48", "--n_frames", "5", "--output_dir", str(tmp_path), *args)
     assert_user_error(result, message, one_line)
     assert "weights_only=False" not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("variant, size, frames, compared", [("taeltx2_3", (32, 64), 9, 9), ("taeh3", (32, 48), 17, 5)])
-def test_newer_variants_evaluate_by_their_published_file_name(variant, size, frames, compared, tmp_path, videos_dir):
+def test_newer_variants_evaluate_by_their_published_file_name(variant, size, frames, compared, tmp_path, videos_dir,
+                                                             run_inference):
     """A published-name .pth of LTX (8k+1 frames, multiples of 32) or H3 (17-frame chunks:
     17 frames decode to 5) evaluates with its own frame plan."""
     path = save_weights(TAEHV(variant=variant), tmp_path / f"{variant}.pth")
-    command = [sys.executable, INFERENCE, "--model_path", str(path), "--videos", str(videos_dir / CLIPS[0]),
-               "--height", str(size[0]), "--width", str(size[1]), "--n_frames", str(frames), "--num_samples", "1",
-               "--output_dir", str(tmp_path / "out")]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    result = run_inference("--model_path", str(path), "--videos", str(videos_dir / CLIPS[0]), "--height", str(size[0]),
+                           "--width", str(size[1]), "--n_frames", str(frames), "--num_samples", "1",
+                           "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["model"]["variant"] == variant
@@ -246,34 +267,25 @@ def test_debug_keeps_the_traceback(weights, tmp_path, videos_dir):
     assert result.returncode == 1 and "Traceback" in result.stderr and "ConfigError" in result.stderr
 
 
-OUT_OF_MEMORY = """
-import sys, torch
-import inference
-from training.errors import exit_on_config_error
-
-def out_of_memory(*args, **kwargs):
-    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79 GiB")
-
-inference.TAEHV.decode_video = out_of_memory
-sys.argv = ["inference.py", *sys.argv[1:]]
-exit_on_config_error(inference.main)
-"""
-
-
-def test_out_of_memory_says_what_to_lower(weights, tmp_path, videos_dir):
+def test_out_of_memory_says_what_to_lower(weights, tmp_path, videos_dir, run_inference, monkeypatch):
     """Running out of memory (here: a decode that raises as CUDA does) ends in one line that
     names the step, the sizes and what to lower, with exit status 2."""
-    command = [sys.executable, "-c", OUT_OF_MEMORY, "--model_path", str(weights),
-               "--videos", str(videos_dir / CLIPS[0]), "--height", "32", "--width", "48", "--n_frames", "5",
-               "--output_dir", str(tmp_path)]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    import inference
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
+                                     "79 GiB")
+
+    monkeypatch.setattr(inference.TAEHV, "decode_video", out_of_memory)
+    result = run_inference("--model_path", str(weights), "--videos", str(videos_dir / CLIPS[0]), "--height", "32",
+                           "--width", "48", "--n_frames", "5", "--output_dir", str(tmp_path))
     assert_user_error(result, "out of memory while warming up on 1 frame(s) of the first clip (5 frames at 32x48, "
                               "parallel, fp32 on cpu); it asked for 20.00 GiB more: lower --height/--width or "
                               "--n_frames; use --sequential")
 
 
 @pytest.mark.parametrize("source", ["videos", "annotation"])
-def test_short_clips_are_skipped_and_reported(source, weights, tmp_path, videos_dir):
+def test_short_clips_are_skipped_and_reported(source, weights, tmp_path, videos_dir, run_inference):
     """A clip too short for --n_frames at --stride is skipped and listed (metrics.json and
     the report), not replaced by another clip of the list; the stride is recorded. With an
     annotation that gives frame counts the dataset leaves it out up front: listed too, as is
@@ -283,9 +295,8 @@ def test_short_clips_are_skipped_and_reported(source, weights, tmp_path, videos_
     annotation.write_text(json.dumps({"list": [{"full_path": c, "frames": n} for c, n in zip(clips, (38, 315))]
                                       + [{"full_path": clips[1], "frames": -5}]}))
     data = ["--videos", *clips] if source == "videos" else ["--annotation_file", str(annotation)]
-    command = [sys.executable, INFERENCE, "--model_path", str(weights), *data, "--n_frames", "21", "--stride", "2",
-               "--height", "32", "--width", "48", "--sequential", "--output_dir", str(tmp_path / "out")]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    result = run_inference("--model_path", str(weights), *data, "--n_frames", "21", "--stride", "2", "--height", "32",
+                           "--width", "48", "--sequential", "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["settings"]["stride"] == 2
@@ -374,16 +385,15 @@ def test_the_variant_of_our_own_pth_comes_from_its_run_config(where, tmp_path):
     assert path == run / where and model.variant == "taehv1_5"
 
 
-def test_file_names_with_html_are_escaped_in_the_report(weights, tmp_path, videos_dir):
+def test_file_names_with_html_are_escaped_in_the_report(weights, tmp_path, videos_dir, run_inference):
     """Clip names are data, not markup: a kept and a skipped clip whose names hold HTML and
     JavaScript appear escaped in the report (and as they are in metrics.json)."""
     kept, short = tmp_path / "<img src=x onerror=alert(1)>.mp4", tmp_path / "<b onmouseover=alert(2)>short.mp4"
     shutil.copy(videos_dir / CLIPS[1], kept)
     shutil.copy(videos_dir / CLIPS[0], short)  # 38 frames: too short for 21 at stride 2
-    command = [sys.executable, INFERENCE, "--model_path", str(weights), "--videos", str(kept), str(short),
-               "--n_frames", "21", "--stride", "2", "--height", "32", "--width", "48", "--sequential",
-               "--output_dir", str(tmp_path / "out")]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    result = run_inference("--model_path", str(weights), "--videos", str(kept), str(short), "--n_frames", "21",
+                           "--stride", "2", "--height", "32", "--width", "48", "--sequential",
+                           "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     report = (tmp_path / "out" / "summary_report.html").read_text()
     assert "<img src=x" not in report and "<b onmouseover" not in report

@@ -13,7 +13,7 @@ import inference
 from conftest import save_tiny_vae
 from models.taehv import TAEHV
 from models.weights import save_weights
-from train_runs import ONE_PROCESS, TEST_CONFIG, run_dir, train
+from train_runs import TEST_CONFIG, train_here
 from training.data.clips import frames_to_unit
 from training.data.latent_check import compare, diagnose
 from training.data.reference_vae import ReferenceVAE
@@ -77,9 +77,8 @@ def test_train_cache_and_evaluate_with_each_reference_vae(tmp_path, long_clips, 
     root = save_tiny_vae(tmp_path / "ref_vae", tiny)
     ref_vae = [f"--ref_vae_path={root}", f"--ref_vae_class={ref_vae_class}", "--ref_vae_dtype=fp32", "--variant=auto",
                f"--height={size}", f"--width={size}", f"--n_frames={frames}", "--stride_max=1"]
-    train(ONE_PROCESS, tmp_path / "out", long_clips, *ref_vae, "--max_train_steps=2", "--num_validation_samples=1",
-          "--mixed_precision=no")
-    run = run_dir(tmp_path / "out")
+    run = train_here(tmp_path / "out", long_clips, *ref_vae, "--max_train_steps=2", "--num_validation_samples=1",
+                     "--mixed_precision=no")
     assert json.loads((run / "config.json").read_text())["variant"] == variant
     assert TAEHV(run / "final_model.safetensors").variant == variant
     assert TAEHV(run / "export" / f"{variant}.pth").variant == variant  # the export bundle, by its file name
@@ -88,8 +87,8 @@ def test_train_cache_and_evaluate_with_each_reference_vae(tmp_path, long_clips, 
     one_clip = tmp_path / "one_clip.json"
     entries = json.loads(Path(long_clips["train"]).read_text())["list"][:1]
     one_clip.write_text(json.dumps({"total": 1, "list": entries}))
-    # the cache builder's and inference's entry points in this process (their start-up, seconds
-    # of imports each, is what the training process above already shows)
+    # training's, the cache builder's and inference's entry points in this process (a fresh
+    # process's start-up, seconds of imports, is tested in test_train.py and test_inference.py)
     cache_latents.main(["--config", TEST_CONFIG, *ref_vae, f"--data_root={long_clips['root']}",
                         f"--annotation_file={one_clip}", f"--val_annotation_file={long_clips['val']}",
                         "--output", str(tmp_path / "cache"), "--dtype", "fp32"])
@@ -126,9 +125,9 @@ def test_a_pretrained_model_off_the_reference_scale_is_a_loud_warning_at_start(t
     """Weights that do not belong to this latent space (here: untrained ones given as
     pretrained weights) are reported before the first step, with the likely cause."""
     pretrained = save_weights(TAEHV(variant="taecvx"), tmp_path / "not_for_this_vae.pth")
-    train(ONE_PROCESS, tmp_path / "out", demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}", "--ref_vae_dtype=fp32",
-          f"--pretrained_model_path={pretrained}", "--max_train_steps=1", "--num_validation_samples=1")
-    log = (run_dir(tmp_path / "out") / "train.log").read_text()
+    run = train_here(tmp_path / "out", demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}", "--ref_vae_dtype=fp32",
+                     f"--pretrained_model_path={pretrained}", "--max_train_steps=1", "--num_validation_samples=1")
+    log = (run / "train.log").read_text()
     assert "WARNING latent scale check: the model's latents have RMS" in log and "likely cause" in log
 
 

@@ -1,7 +1,9 @@
-"""End-to-end training runs on CPU: 1 process, 2-process DeepSpeed ZeRO-2 and 2-process DDP.
+"""End-to-end training runs on CPU: 1 process and 2-process DeepSpeed ZeRO-2 (2-process DDP
+runs in test_fault_tolerance.py).
 
-Each run is a real subprocess on a tiny dataset made by the demo generator, with a tiny
-CogVideoX VAE saved by diffusers and loaded through the real reference-VAE path.
+Each run is real (in this process where only its outputs matter, `train_here`), on a tiny
+dataset made by the demo generator, with a tiny CogVideoX VAE saved by diffusers and loaded
+through the real reference-VAE path.
 """
 from __future__ import annotations
 
@@ -18,15 +20,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from conftest import REPO_ROOT
 from models.taehv import TAEHV
 from models.weights import save_weights
-from train_runs import DDP_ENV, ONE_PROCESS, TEST_CONFIG, TRAIN, ddp, deepspeed_zero2, run_dir, train
+from train_runs import TEST_CONFIG, TRAIN, deepspeed_zero2, run_dir, train, train_here
 from training.demo_data import make_demo_dataset
 
 pytestmark = pytest.mark.slow  # training processes
-
-
-def run_training(launcher: list[str], out: Path, data: dict, *overrides: str, env: dict | None = None) -> Path:
-    train(launcher, out, data, *overrides, env=env)
-    return run_dir(out)
 
 
 def scalars(run_dir: Path) -> dict[str, list[float]]:
@@ -44,8 +41,8 @@ def assert_exported(run_dir: Path, variant: str = "taecvx") -> None:
 
 
 def test_single_process_with_reference_vae_bf16(tmp_path, demo_clips, tiny_cogvideox_vae):
-    run = run_training(ONE_PROCESS, tmp_path, demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}", "--ref_vae_dtype=fp32",
-                       "--mixed_precision=bf16", "--max_train_steps=4", "--gradient_accumulation_steps=2")
+    run = train_here(tmp_path, demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}", "--ref_vae_dtype=fp32",
+                     "--mixed_precision=bf16", "--max_train_steps=4", "--gradient_accumulation_steps=2")
     assert_exported(run)
     logged = scalars(run)
     for tag in ("train/loss", "train/encoder_loss", "train/decoder_loss", "train/reconstruction_loss",
@@ -62,10 +59,10 @@ def test_single_process_with_reference_vae_bf16(tmp_path, demo_clips, tiny_cogvi
 
 def test_deepspeed_zero2_two_processes_bf16_with_seraena(tmp_path, demo_clips, tiny_cogvideox_vae):
     """ZeRO-2 keeps the module in bf16; without EMA the export must be its fp32 master weights."""
-    run = run_training(deepspeed_zero2(29531), tmp_path, demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}",
-                       "--use_seraena=true", "--train_batch_size=2", "--n_seraena_frames=9", "--max_train_steps=2",
-                       "--ref_vae_dtype=fp32", "--gradient_accumulation_steps=2", "--max_grad_norm=0.5",
-                       "--mixed_precision=bf16", "--use_ema=false")
+    train(deepspeed_zero2(29531), tmp_path, demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}", "--use_seraena=true",
+          "--train_batch_size=2", "--n_seraena_frames=9", "--max_train_steps=2", "--ref_vae_dtype=fp32",
+          "--gradient_accumulation_steps=2", "--max_grad_norm=0.5", "--mixed_precision=bf16", "--use_ema=false")
+    run = run_dir(tmp_path)
     assert_exported(run)
     exported = load_file(str(run / "final_model.safetensors"))
     module = load_file(str(run / "checkpoints" / "checkpoint-2" / "model.safetensors"))
@@ -83,18 +80,12 @@ def test_deepspeed_zero2_two_processes_bf16_with_seraena(tmp_path, demo_clips, t
     assert not list(checkpoint.rglob("*.pkl")) and not list(checkpoint.rglob("*.pt"))
 
 
-def test_ddp_two_processes(tmp_path, demo_clips):
-    run = run_training(ddp(29532), tmp_path, demo_clips, env=DDP_ENV)
-    assert_exported(run)
-    assert "2 process(es), DistributedType.MULTI_CPU" in (run / "train.log").read_text()
-
-
 def test_loss_falls_when_overfitting_one_clip(tmp_path):
     clip = make_demo_dataset(tmp_path / "one", num_clips=2, n_frames=12, height=48, width=64, seed=3)
     one = {"root": tmp_path / "one", **clip}
-    run = run_training(ONE_PROCESS, tmp_path / "out", one, "--max_train_steps=40", "--learning_rate=1e-3",
-                       "--hflip=false", "--stride_max=1", "--crop_scale_min=1.0", "--validation_every=40",
-                       "--checkpointing_steps=40", "--use_ema=false")
+    run = train_here(tmp_path / "out", one, "--max_train_steps=40", "--learning_rate=1e-3",
+                     "--hflip=false", "--stride_max=1", "--crop_scale_min=1.0", "--validation_every=40",
+                     "--checkpointing_steps=40", "--use_ema=false")
     losses = scalars(run)["train/reconstruction_loss"]
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:3]) / 3, losses
 
@@ -139,8 +130,8 @@ def test_every_new_variant_trains_as_a_plain_autoencoder(tmp_path, demo_clips, v
     """Two steps of each newer variant at its smallest valid size (8 * patch) and an exact
     frame count; the export loads into our model by its metadata, and by its published
     file name for the .pth."""
-    run = run_training(ONE_PROCESS, tmp_path, demo_clips, f"--variant={variant}", f"--height={size}", f"--width={size}",
-                       f"--n_frames={frames}", "--max_train_steps=2", "--num_validation_samples=1", "--use_ema=false")
+    run = train_here(tmp_path, demo_clips, f"--variant={variant}", f"--height={size}", f"--width={size}",
+                     f"--n_frames={frames}", "--max_train_steps=2", "--num_validation_samples=1", "--use_ema=false")
     assert "val/psnr" in scalars(run)
     assert TAEHV(run / "final_model.safetensors").variant == variant
     published_name = tmp_path / f"{variant}.pth"
@@ -153,8 +144,8 @@ def test_the_export_bundle_of_a_run(tmp_path, demo_clips, tiny_cogvideox_vae):
     run folder (with an fp16 copy). Every weight file loads strictly into our model without
     naming the variant and into a freshly built published-format model; the model card says
     what the model is, what it was trained on and how it validated."""
-    run = run_training(ONE_PROCESS, tmp_path / "out", demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}",
-                       "--ref_vae_dtype=fp32", "--max_train_steps=2")
+    run = train_here(tmp_path / "out", demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}",
+                     "--ref_vae_dtype=fp32", "--max_train_steps=2")
     bundle = run / "export"
     assert sorted(p.name for p in bundle.iterdir()) == ["README.md", "taecvx.pth", "taecvx.safetensors"]
     result = subprocess.run([sys.executable, "-m", "training.export", str(run), "--out", str(tmp_path / "cli"), "--fp16"],

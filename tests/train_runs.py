@@ -1,6 +1,7 @@
 """Running real training processes in tests: launchers, runs, and what they leave behind."""
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -33,9 +34,13 @@ def ddp(port: int) -> list[str]:
 DDP_ENV = {"ACCELERATE_USE_CPU": "true"}
 
 
-def train_args(launcher: list[str], out: Path, data: dict, *overrides: str) -> list[str]:
-    return [*launcher, *TRAIN, "--config", TEST_CONFIG, f"--output_dir={out}", f"--data_root={data['root']}",
+def training_options(out: Path, data: dict, *overrides: str) -> list[str]:
+    return ["--config", TEST_CONFIG, f"--output_dir={out}", f"--data_root={data['root']}",
             f"--annotation_file={data['train']}", f"--val_annotation_file={data['val']}", *overrides]
+
+
+def train_args(launcher: list[str], out: Path, data: dict, *overrides: str) -> list[str]:
+    return [*launcher, *TRAIN, *training_options(out, data, *overrides)]
 
 
 def train(launcher: list[str], out: Path, data: dict, *overrides: str, env: dict | None = None, timeout: int = 300,
@@ -45,6 +50,30 @@ def train(launcher: list[str], out: Path, data: dict, *overrides: str, env: dict
                             timeout=timeout, cwd=REPO_ROOT, env={**os.environ, **(env or {})})
     assert result.returncode == expect, f"exit {result.returncode}\n" + result.stdout[-3000:] + result.stderr[-6000:]
     return result
+
+
+def train_here(out: Path, data: dict, *overrides: str) -> Path:
+    """A one-process run inside this test process, for tests of what training makes (the
+    seconds of imports a fresh process spends are paid once); tests of processes, signals
+    and exit statuses use ``train``. What a run sets for its process (the root logger's
+    handlers, Accelerate's state, the environment) is put back afterwards. Returns the run
+    directory."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    from training import taehv_train
+
+    root = logging.getLogger()
+    handlers, level, environ = root.handlers[:], root.level, dict(os.environ)
+    try:
+        return taehv_train.main(training_options(out, data, *overrides))
+    finally:
+        for handler in set(root.handlers) - set(handlers):
+            handler.close()  # the run's train.log
+        root.handlers[:], root.level = handlers, level
+        os.environ.clear()
+        os.environ.update(environ)
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:

@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> CacheSummary:
 
 
 def entry_point(argv: list[str] | None = None) -> None:
-    exit_on_config_error(lambda: main(argv))
+    exit_on_config_error(main, argv)
 
 
 if __name__ == "__main__":

@@ -31,13 +31,14 @@ def debug_requested(argv: list[str] | None = None) -> bool:
     return "--debug" in (sys.argv[1:] if argv is None else argv)
 
 
-def exit_on_config_error(main: Callable[[], object]) -> None:
-    """Run a CLI entry point; a user's problem exits with status 2 and its message, without a
-    traceback (it is the user's to fix, not a crash), unless ``--debug`` was given."""
+def exit_on_config_error(main: Callable[[list[str] | None], object], argv: list[str] | None = None) -> None:
+    """Run a CLI entry point on ``argv`` (None: the command line); a user's problem exits
+    with status 2 and its message, without a traceback (it is the user's to fix, not a
+    crash), unless ``--debug`` was given."""
     try:
-        main()
+        main(argv)
     except USER_ERRORS as err:
-        if debug_requested():
+        if debug_requested(argv):
             raise
         print(f"error: {err}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
