@@ -84,6 +84,9 @@ REF_VAE_CLASSES = {
                                        "videos only so far (issue #28)"),
     "svd": RefVAEClass("AutoencoderKLTemporalDecoder", {"tae_svd": "Stable Video Diffusion"}, family="tae_svd",
                        latents="mode", image_encoder=True),
+    "hunyuanimage_refiner": RefVAEClass("AutoencoderKLHunyuanImageRefiner",
+                                        {"tae_hunyuanimage_refiner": "HunyuanImage 2.1's refiner"},
+                                        family="tae_hunyuanimage_refiner"),
 }
 
 
@@ -203,6 +206,9 @@ def latent_space(ref_vae_class: str, config: dict) -> LatentSpace:
     if ref_vae_class == "mochi":
         return LatentSpace(config["latent_channels"], math.prod(config["spatial_expansions"]),
                            math.prod(config["temporal_expansions"]))
+    if ref_vae_class == "hunyuanimage_refiner":  # measured: its "temporal" stages keep every frame (1x time),
+        # and every frame reaches every latent (not causal)
+        return LatentSpace(config["latent_channels"], int(config["spatial_compression_ratio"]), 1, causal=False)
     if ref_vae_class == "qwenimage21":  # scale_factor_* are labels; it encodes single images
         return LatentSpace(config["z_dim"], 2 ** (len(config["dim_mult"]) - 1), 1, image_channels=config["in_channels"])
     raise ValueError(f"ref_vae_class must be one of {', '.join(REF_VAE_CLASSES)}, got {ref_vae_class!r}")

@@ -114,6 +114,7 @@ BUILT_FAMILIES = {
     "tae_mochi": BuiltFamily(12, 8, 6),
     "tae_qwenimage2_1": BuiltFamily(64, 16, 1, image_channels=4),
     "tae_svd": BuiltFamily(4, 8, 1),
+    "tae_hunyuanimage_refiner": BuiltFamily(32, 16, 1, causal=False),
 }
 _BUILT_NAME = re.compile(r"(tae_[a-z0-9_]+?)(?:_c(\d+)_s(\d+)_t(\d+))?")
 PATCH_SIZES = {8: 1, 16: 2, 32: 4}  # spatial compression -> pixel-unshuffle factor before the 8x encoder

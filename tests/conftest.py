@@ -111,6 +111,8 @@ TINY_VAES = {
               "layers_per_block": (1, 1, 1, 1, 1)},  # widths of 32: its GroupNorm and attention heads
     "qwenimage21": {"base_dim": 8, "decoder_base_dim": 8, "dim_mult": [1, 1, 1, 1, 1], "num_res_blocks": 1},
     "svd": {"block_out_channels": (32,) * 4, "down_block_types": ("DownEncoderBlock2D",) * 4, "layers_per_block": 1},
+    "hunyuanimage_refiner": {"block_out_channels": (4, 4, 8, 16, 64), "layers_per_block": 1,
+                             "latent_channels": 32},  # the last width holds 2 x 32 channels
 }
 
 

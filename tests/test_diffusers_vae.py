@@ -8,7 +8,8 @@ import torch
 from diffusers import (AllegroPipeline, AllegroTransformer3DModel, AutoencoderKLLTXVideo, CogVideoXDDIMScheduler,
                        CogVideoXPipeline, CosmosTextToWorldPipeline, CosmosTransformer3DModel,
                        CosmosVideoToWorldPipeline, DDIMScheduler, EasyAnimatePipeline, EasyAnimateTransformer3DModel,
-                       EDMEulerScheduler, EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline,
+                       EDMEulerScheduler, EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler,
+                       HunyuanImageRefinerPipeline, HunyuanImageTransformer2DModel, HunyuanVideoPipeline,
                        HunyuanVideoTransformer3DModel, LTXPipeline, LTXVideoTransformer3DModel, MochiPipeline,
                        MochiTransformer3DModel, StableVideoDiffusionPipeline, UNetSpatioTemporalConditionModel,
                        WanPipeline, WanTransformer3DModel)
@@ -295,6 +296,37 @@ def test_stable_video_diffusion_pipeline_runs_end_to_end_with_the_built_tae(tmp_
     torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
     frames = vae.decode(z.flatten(0, 1), num_frames=2).sample  # both chunks in one call: 2 latents per clip
     torch.testing.assert_close(frames, direct.flatten(0, 1).mul(2).sub(1), atol=1e-6, rtol=0)
+
+
+@torch.no_grad()
+def test_hunyuanimage_refiner_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
+    """A whole HunyuanImageRefinerPipeline call with tae_hunyuanimage_refiner: the pipeline
+    encodes the image to refine as a one-frame clip, packs the latents of two frames (the
+    first repeated) into 64 channels for its transformer, unpacks them and decodes one frame
+    of 32-channel latents: the TAE's decoding of them."""
+    vae = wrapped("tae_hunyuanimage_refiner", tmp_path)
+    transformer = HunyuanImageTransformer2DModel(in_channels=128, out_channels=64, num_attention_heads=2,
+                                                 attention_head_dim=8, num_layers=1, num_single_layers=1,
+                                                 num_refiner_layers=1, patch_size=(1, 1, 1), text_embed_dim=16,
+                                                 rope_axes_dim=(2, 2, 4), guidance_embeds=True)
+    pipe = HunyuanImageRefinerPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None,
+                                       tokenizer=None, transformer=transformer)
+    assert (pipe.vae_scale_factor, pipe.latent_channels) == (16, 64)
+    image, prompt_embeds = torch.rand(1, 3, 32, 32), torch.randn(1, 4, 16)
+    encoded = vae.encode(image.unsqueeze(2) * 2 - 1).latent_dist.sample()  # as its _encode_vae_image
+    torch.testing.assert_close(encoded[:, :, 0], vae.tae.encode_video(image[:, None])[:, 0], atol=1e-6, rtol=0)
+
+    def run(output_type: str) -> torch.Tensor:
+        return pipe(image=image, prompt_embeds=prompt_embeds, prompt_embeds_mask=torch.ones(1, 4), height=32,
+                    width=32, num_inference_steps=1, output_type=output_type,
+                    generator=torch.Generator().manual_seed(0)).images
+
+    latents = run("latent")
+    assert latents.shape == (1, 64, 1, 2, 2)
+    frames = pipe._restore_image_tokens_order(latents / vae.config.scaling_factor)
+    direct = vae.tae.decode_video(frames.permute(0, 2, 1, 3, 4))[:, 0]
+    assert direct.shape == (1, 3, 32, 32)
+    torch.testing.assert_close(run("pt"), direct.clamp(0, 1), atol=1e-6, rtol=0)
 
 
 def test_reference_vaes_whose_statistics_live_in_their_weights_need_the_pipelines_vae(tmp_path):

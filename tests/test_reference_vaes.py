@@ -39,6 +39,7 @@ CASES = [
     ("vidtok", "vidtok", LatentSpace(4, 8, 4), "tae_vidtok", 32, 9),
     ("mochi", "mochi", LatentSpace(12, 8, 6), "tae_mochi", 32, 7),
     ("svd", "svd", LatentSpace(4, 8, 1), "tae_svd", 32, 3),
+    ("hunyuanimage_refiner", "hunyuanimage_refiner", LatentSpace(32, 16, 1, causal=False), "tae_hunyuanimage_refiner", 32, 3),
 ]
 IDS = [case[0] for case in CASES]
 
