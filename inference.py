@@ -26,7 +26,8 @@ from models.taehv import TAEHV
 from models.variants import get_variant
 from models.weights import read_metadata
 from training.config import DTYPES, TrainConfig, load_config
-from training.data.clips import VIDEO_EXTENSIONS, BadClipError, VideoClipDataset, VideoDataError, find_videos, probe_video
+from training.data.clips import (BadClipError, VideoClipDataset, VideoDataError, clip_extensions, find_videos,
+                                 probe_video)
 from training.data.reference_vae import ReferenceVAE
 from training.errors import ConfigError, exit_on_config_error
 from training.export import run_folder_of
@@ -127,14 +128,15 @@ def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtyp
     return model, path
 
 
-def video_files(paths: list[str]) -> list[str]:
-    """The video files named by ``--videos`` (files, or folders scanned for videos), absolute."""
+def video_files(paths: list[str], images: bool = False) -> list[str]:
+    """The video files named by ``--videos`` (files, or folders scanned for videos, and for
+    an RGBA model, ``images``, still images too), absolute."""
     files = []
     for v in paths:
         if Path(v).is_dir():
-            found = [str(Path(v, f).resolve()) for f in find_videos(v)]
+            found = [str(Path(v, f).resolve()) for f in find_videos(v, images)]
             if not found:
-                raise ConfigError(f"no videos ({', '.join(VIDEO_EXTENSIONS)}) in folder {v}")
+                raise ConfigError(f"no videos ({', '.join(clip_extensions(images))}) in folder {v}")
             files += found
         else:
             files.append(str(Path(v).resolve()))
@@ -160,7 +162,7 @@ def build_dataset(args: argparse.Namespace, model: TAEHV, output_dir: Path) -> V
     data_root, annotation = args.data_root, args.annotation_file
     if args.videos:
         annotation = output_dir / "inputs.json"
-        files = video_files(args.videos)
+        files = video_files(args.videos, images=model.image_channels == 4)
         annotation.write_text(json.dumps({"total": len(files), "list": [{"full_path": f} for f in files]}, indent=1))
         data_root = None
     elif annotation is None and data_root is None:
@@ -181,7 +183,7 @@ def build_dataset(args: argparse.Namespace, model: TAEHV, output_dir: Path) -> V
         stride = default_stride(args, config)
         return VideoClipDataset(data_root, annotation, n_frames=n_frames, height=height, width=width, mode="val",
                                 seed=args.seed, crop_scale=(1.0, 1.0), stride_range=(stride, stride),
-                                short_clip_policy="skip")
+                                short_clip_policy="skip", channels=model.image_channels)
     except VideoDataError as err:  # e.g. no clips in the folder or annotation
         raise ConfigError(str(err)) from err
 
@@ -195,7 +197,8 @@ def frame_size(args: argparse.Namespace, config: TrainConfig | None, model: TAEH
         return height, width
     if config is not None:
         return height or config.validation_size[0], width or config.validation_size[1]
-    first = VideoClipDataset(data_root, annotation, n_frames=1, height=8, width=8, mode="val").clips.path(0)
+    first = VideoClipDataset(data_root, annotation, n_frames=1, height=8, width=8, mode="val",
+                             channels=model.image_channels).clips.path(0)
     try:
         info = probe_video(first)
     except BadClipError as err:

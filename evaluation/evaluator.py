@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from evaluation.metrics import frame_psnr, video_lpips, video_mse, video_psnr, video_ssim, video_temporal_error
 from evaluation.stills import comparison_stills
 from evaluation.timing import timed
-from evaluation.videos import latent_picture, side_by_side, to_uint8_frames, write_video
+from evaluation.videos import latent_picture, rgb_beside_alpha, side_by_side, to_uint8_frames, write_video
 from models.frames import FramePlan
 from models.reference_vaes import reference_vae_frames
 from models.taehv import TAEHV
@@ -81,8 +81,10 @@ def quality(decoded: torch.Tensor, target: torch.Tensor, use_lpips: bool) -> dic
         "temporal_error": float(video_temporal_error(decoded, target)[0]),
         "psnr_per_frame": [round(float(v), 3) for v in frame_psnr(decoded, target)[0]],
     }
-    if use_lpips:
-        metrics["lpips"] = float(video_lpips(decoded, target)[0])
+    if decoded.shape[2] == 4:  # RGBA: the metrics above cover all four channels; the alpha alone too
+        metrics["alpha_psnr"] = float(video_psnr(decoded[:, :, 3:], target[:, :, 3:])[0])
+    if use_lpips:  # a network of RGB images
+        metrics["lpips"] = float(video_lpips(decoded[:, :, :3], target[:, :, :3])[0])
     return metrics
 
 
@@ -225,10 +227,12 @@ class Evaluator:
         """Comparison videos, poster, latent picture and stills of sample ``i``; their paths."""
         out, stem = self.output_dir, f"test_{i}"
         fps = self.args.fps or probe_fps(source)
-        original, reconstructed = to_uint8_frames(target[0]), to_uint8_frames(decoded[0])
-        codec = write_video(out / "comparison_videos" / f"{stem}_original.mp4", original, fps)
-        write_video(out / "comparison_videos" / f"{stem}_reconstructed.mp4", reconstructed, fps)
-        comparison = side_by_side(original, reconstructed)
+        original, reconstructed = to_uint8_frames(target[0]), to_uint8_frames(decoded[0])  # RGB or RGBA
+        shown_original, shown_reconstructed = rgb_beside_alpha(original), rgb_beside_alpha(reconstructed)
+        codec = write_video(out / "comparison_videos" / f"{stem}_original.mp4", shown_original, fps)
+        write_video(out / "comparison_videos" / f"{stem}_reconstructed.mp4", shown_reconstructed, fps)
+        labels = ("original", "TAEHV") if original.shape[3] == 3 else ("original: RGB | alpha", "TAEHV: RGB | alpha")
+        comparison = side_by_side(shown_original, shown_reconstructed, labels)
         write_video(out / "comparison_videos" / f"{stem}_comparison.mp4", comparison, fps)
         write_png(out / "comparison_videos" / f"{stem}_poster.png", comparison[len(comparison) // 2])
         write_png(out / "latent_visualizations" / f"{stem}_latents.png", latent_picture(latents[0]))
@@ -255,8 +259,9 @@ def no_usable_clip(skipped: list[dict], dataset: VideoClipDataset) -> ConfigErro
 
 
 def write_png(path: Path, image: np.ndarray) -> None:
-    """An HWC uint8 RGB image as PNG."""
-    if not cv2.imwrite(str(path), cv2.cvtColor(image, cv2.COLOR_RGB2BGR)):
+    """An HWC uint8 RGB or RGBA image as PNG (RGBA: with its alpha channel)."""
+    order = cv2.COLOR_RGBA2BGRA if image.shape[2] == 4 else cv2.COLOR_RGB2BGR
+    if not cv2.imwrite(str(path), cv2.cvtColor(image, order)):
         raise OSError(f"cannot write {path}")
 
 

@@ -3,7 +3,8 @@
 One picture per sample: a row per chosen frame, columns original | TAEHV | (reference VAE)
 | |TAEHV - original| as a heat map, amplified. Small clips are upscaled with
 nearest-neighbour so every tile is at least ``min_tile_width`` pixels wide and pixels stay
-pixels; a header band names the columns.
+pixels; a header band names the columns. RGBA clips give an RGBA picture: each image tile
+keeps its alpha (saved as a PNG with alpha), the bands and the heat map are opaque.
 """
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ def _label(band: np.ndarray, text: str, x: int) -> None:
 
 def comparison_stills(original: np.ndarray, reconstructed: np.ndarray, reference: np.ndarray | None = None,
                       count: int = 3, amplify: float = 4.0, min_tile_width: int = 256) -> tuple[np.ndarray, list[int]]:
-    """(HWC uint8 RGB picture, frame indices shown) for THWC uint8 RGB videos of the same
-    size; ``reference`` (the reference VAE's reconstruction) may have fewer frames."""
+    """(HWC uint8 RGB or RGBA picture, frame indices shown) for THWC uint8 RGB or RGBA videos
+    of the same size; ``reference`` (the reference VAE's reconstruction) may have fewer frames."""
     frames = len(original) if reference is None else min(len(original), len(reference))
     indices = frame_indices(frames, count)
     h, w = original.shape[1:3]
@@ -49,6 +50,9 @@ def comparison_stills(original: np.ndarray, reconstructed: np.ndarray, reference
     tile_w, tile_h = w * scale, h * scale
     width = len(titles) * tile_w + (len(titles) - 1) * GAP
     canvas = np.full((HEADER_HEIGHT + len(indices) * (tile_h + GAP), width, 3), 32, np.uint8)
+    # RGBA: the colours are drawn on the canvas, the alpha on its own plane (OpenCV's
+    # anti-aliased text does not blend a fourth channel), opaque but for the image tiles
+    alpha = np.full(canvas.shape[:2], 255, np.uint8) if original.shape[3] == 4 else None
     for c, title in enumerate(titles):
         _label(canvas[:HEADER_HEIGHT], title, c * (tile_w + GAP))
     for r, t in enumerate(indices):
@@ -56,8 +60,13 @@ def comparison_stills(original: np.ndarray, reconstructed: np.ndarray, reference
         y = HEADER_HEIGHT + r * (tile_h + GAP)
         for c, tile in enumerate(tiles):
             x = c * (tile_w + GAP)
-            canvas[y:y + tile_h, x:x + tile_w] = cv2.resize(tile, (tile_w, tile_h), interpolation=cv2.INTER_NEAREST)
-        cv2.putText(canvas, f"frame {t}", (6, y + tile_h - 8), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 3, cv2.LINE_AA)
-        cv2.putText(canvas, f"frame {t}", (6, y + tile_h - 8), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (255, 255, 255), 1,
-                    cv2.LINE_AA)
-    return canvas, indices
+            shown = cv2.resize(tile, (tile_w, tile_h), interpolation=cv2.INTER_NEAREST)
+            canvas[y:y + tile_h, x:x + tile_w] = shown[..., :3]
+            if alpha is not None and shown.shape[2] == 4:
+                alpha[y:y + tile_h, x:x + tile_w] = shown[..., 3]
+        label = (f"frame {t}", (6, y + tile_h - 8), cv2.FONT_HERSHEY_SIMPLEX, 0.45)
+        cv2.putText(canvas, *label, (0, 0, 0), 3, cv2.LINE_AA)
+        cv2.putText(canvas, *label, (255, 255, 255), 1, cv2.LINE_AA)
+        if alpha is not None:
+            cv2.putText(alpha, *label, 255, 3, cv2.LINE_AA)  # the label opaque on a transparent tile
+    return (canvas if alpha is None else np.dstack([canvas, alpha])), indices

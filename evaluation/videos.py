@@ -13,8 +13,16 @@ logger = logging.getLogger(__name__)
 
 
 def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
-    """TCHW float in [0, 1] -> THWC uint8 RGB."""
+    """TCHW float in [0, 1] -> THWC uint8 RGB (or RGBA)."""
     return video.detach().float().clamp(0, 1).mul(255).round().byte().permute(0, 2, 3, 1).cpu().numpy()
+
+
+def rgb_beside_alpha(frames: np.ndarray) -> np.ndarray:
+    """THWC uint8 frames as a video can show them: RGB frames as they are, RGBA ones as their
+    colours with the alpha channel in grey beside them (video codecs drop alpha)."""
+    if frames.shape[3] == 3:
+        return frames
+    return np.concatenate([frames[..., :3], np.repeat(frames[..., 3:], 3, axis=3)], axis=2)
 
 
 def _even(frames: np.ndarray) -> np.ndarray:

@@ -79,9 +79,7 @@ REF_VAE_CLASSES = {
     "mochi": RefVAEClass("AutoencoderKLMochi", {"tae_mochi": "Mochi 1"}, family="tae_mochi"),
     "qwenimage21": RefVAEClass("AutoencoderKLQwenImage21", {"tae_qwenimage2_1": "Qwen-Image 2.1"},
                                family="tae_qwenimage2_1", latents="mode",
-                               frame_rule=FrameRule(lambda t: t == 1, "encodes single RGBA images (T = 1)"),
-                               refused="Qwen-Image 2.1's VAE takes RGBA images, and the data pipeline reads RGB "
-                                       "videos only so far (issue #28)"),
+                               frame_rule=FrameRule(lambda t: t == 1, "encodes single RGBA images (T = 1)")),
     "svd": RefVAEClass("AutoencoderKLTemporalDecoder", {"tae_svd": "Stable Video Diffusion"}, family="tae_svd",
                        latents="mode", image_encoder=True),
     "hunyuanimage_refiner": RefVAEClass("AutoencoderKLHunyuanImageRefiner",

@@ -22,7 +22,7 @@ PRESETS = ["taehv_config", "taehv_config_1gpu_h100", "taehv_config_h100", "taehv
            "taehv_config_progressive_stage1", "taehv_config_progressive_stage2", "taehv_config_allegro",
            "taehv_config_cosmos", "taehv_config_kvae", "taehv_config_easyanimate", "taehv_config_vidtok",
            "taehv_config_mochi", "taehv_config_svd",
-           "taehv_config_hunyuanimage_refiner"]
+           "taehv_config_hunyuanimage_refiner", "taehv_config_qwenimage21"]
 
 
 def valid(tmp_path: Path, **changes) -> TrainConfig:

@@ -15,6 +15,7 @@ import torch
 
 from training.data.clips import (
     AreaResizer,
+    BadClipError,
     ClipTable,
     EpochShuffleSampler,
     VideoClipDataset,
@@ -116,6 +117,46 @@ def test_output_is_rgb(tmp_path):
     frames = VideoClipDataset(tmp_path, n_frames=2, height=16, width=16, stride_range=(1, 1))[0]["frames"]
     red, green, blue = frames.float().mean(dim=(0, 2, 3)).tolist()
     assert red > 180 and blue < 60 and 60 < green < 120
+
+
+def write_rgba(path: Path, height: int = 48, width: int = 64) -> np.ndarray:
+    """An RGBA PNG: red on the left, blue on the right, alpha ramping 0 -> 255 down the rows."""
+    rgba = np.zeros((height, width, 4), np.uint8)
+    rgba[:, : width // 2, 0], rgba[:, width // 2:, 2] = 220, 200
+    rgba[..., 3] = np.linspace(0, 255, height).astype(np.uint8)[:, None]
+    cv2.imwrite(str(path), cv2.cvtColor(rgba, cv2.COLOR_RGBA2BGRA))
+    return rgba
+
+
+def test_rgba_images_are_one_frame_clips_with_their_alpha(tmp_path):
+    """channels=4: a PNG keeps its alpha through the crop and resize (and the flip), a video
+    is opaque; channels=3 drops the alpha; a still image gives no two-frame clip; a folder
+    is scanned for images only for RGBA."""
+    (tmp_path / "images").mkdir(), (tmp_path / "videos").mkdir()
+    rgba = write_rgba(tmp_path / "images" / "ramp.png")
+    write_index_video(tmp_path / "videos" / "clip.mp4", 4)
+    annotation = annotate(tmp_path / "all.json", [{"path": "images/ramp.png", "frames": 1},
+                                                  {"path": "videos/clip.mp4", "frames": 4}])
+    val = VideoClipDataset(tmp_path, annotation, n_frames=1, height=24, width=32, mode="val", channels=4)
+    image, video = val[0]["frames"], val[1]["frames"]
+    assert image.shape == video.shape == (1, 4, 24, 32) and image.dtype == torch.uint8
+    expected = area_resize(rgba, 32, 24)  # the full frame: same aspect, val crops nothing
+    assert np.abs(image[0].permute(1, 2, 0).numpy().astype(int) - expected.astype(int)).max() <= 1
+    assert (video[0, 3] == 255).all()  # a video has no alpha: opaque
+    train = VideoClipDataset(tmp_path, annotation, n_frames=1, height=24, width=32, crop_scale=(1, 1), channels=4)
+    drawn = []
+    for epoch in range(8):
+        train.set_epoch(epoch)
+        drawn.append(train[0]["frames"])
+    assert any(torch.equal(x, image) for x in drawn) and any(torch.equal(x, image.flip(-1)) for x in drawn)
+    rgb = VideoClipDataset(tmp_path, annotation, n_frames=1, height=24, width=32, mode="val")[0]["frames"]
+    assert torch.equal(rgb, image[:, :3])
+    unknown = annotate(tmp_path / "unknown.json", [{"path": "images/ramp.png"}])  # no count: the reader's 1
+    with pytest.raises(BadClipError, match="too short"):
+        VideoClipDataset(tmp_path, unknown, n_frames=2, height=24, width=32, mode="val", channels=4).load_clip(0)
+    assert len(VideoClipDataset(tmp_path, n_frames=1, height=8, width=8, channels=4)) == 2
+    assert len(VideoClipDataset(tmp_path, n_frames=1, height=8, width=8)) == 1  # RGB: videos only
+    assert probe_video(tmp_path / "images" / "ramp.png").frames == 1
 
 
 @pytest.mark.parametrize("height,width,tolerance", [(240, 360, 0.0), (64, 96, 3.0)])

@@ -11,8 +11,9 @@ from diffusers import (AllegroPipeline, AllegroTransformer3DModel, AutoencoderKL
                        EDMEulerScheduler, EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler,
                        HunyuanImageRefinerPipeline, HunyuanImageTransformer2DModel, HunyuanVideoPipeline,
                        HunyuanVideoTransformer3DModel, LTXPipeline, LTXVideoTransformer3DModel, MochiPipeline,
-                       MochiTransformer3DModel, StableVideoDiffusionPipeline, UNetSpatioTemporalConditionModel,
-                       WanPipeline, WanTransformer3DModel)
+                       MochiTransformer3DModel, QwenImage21Pipeline, QwenImage21Transformer2DModel,
+                       StableVideoDiffusionPipeline, UNetSpatioTemporalConditionModel, WanPipeline,
+                       WanTransformer3DModel)
 from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
 
 from conftest import save_tiny_vae
@@ -326,6 +327,45 @@ def test_hunyuanimage_refiner_pipeline_runs_end_to_end_with_the_built_tae(tmp_pa
     frames = pipe._restore_image_tokens_order(latents / vae.config.scaling_factor)
     direct = vae.tae.decode_video(frames.permute(0, 2, 1, 3, 4))[:, 0]
     assert direct.shape == (1, 3, 32, 32)
+    torch.testing.assert_close(run("pt"), direct.clamp(0, 1), atol=1e-6, rtol=0)
+
+
+class SystemPromptProcessor:
+    """Stands in for Qwen-Image 2.1's Qwen3-VL processor, whose tokenizer files come from the
+    Hub: the pipeline's constructor only counts the system prompt's tokens with it; with
+    prompt embeddings given, nothing else reads it."""
+
+    class tokenizer:
+        @staticmethod
+        def encode(text: str) -> list[int]:
+            return [0]
+
+    @staticmethod
+    def apply_chat_template(messages: list, tokenize: bool, return_dict: bool) -> list[list[int]]:
+        return [[0, 1, 2]]
+
+
+@torch.no_grad()
+def test_qwenimage21_pipeline_generates_rgba_through_the_built_tae(tmp_path):
+    """A whole QwenImage21Pipeline call with tae_qwenimage2_1: the pipeline unpacks its latent
+    tokens into one 64-channel frame, un-normalises it with latents_mean/std and takes the
+    one decoded frame; the image it returns is the TAE's RGBA decoding of those latents."""
+    vae = wrapped("tae_qwenimage2_1", tmp_path)
+    transformer = QwenImage21Transformer2DModel(in_channels=64, out_channels=64, num_layers=1, attention_head_dim=8,
+                                                num_attention_heads=2, context_in_dim=16, axes_dims_rope=(2, 2, 4))
+    pipe = QwenImage21Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None,
+                               processor=SystemPromptProcessor(), transformer=transformer)
+    prompt_embeds = torch.randn(1, 4, 16)
+
+    def run(output_type: str) -> torch.Tensor:
+        return pipe(prompt_embeds=prompt_embeds, prompt_embeds_mask=torch.ones(1, 4), height=32, width=32,
+                    num_inference_steps=1, output_type=output_type, generator=torch.Generator().manual_seed(0)).images
+
+    latents = pipe._unpack_latents(run("latent"), 32, 32, pipe.vae_scale_factor)
+    assert latents.shape == (1, 64, 1, 2, 2)
+    mean, std = (torch.tensor(stats).view(1, 64, 1, 1, 1) for stats in (vae.config.latents_mean, vae.config.latents_std))
+    direct = vae.tae.decode_video((latents * std + mean).permute(0, 2, 1, 3, 4))[:, 0]
+    assert direct.shape == (1, 4, 32, 32)  # RGBA
     torch.testing.assert_close(run("pt"), direct.clamp(0, 1), atol=1e-6, rtol=0)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -30,23 +31,21 @@ CLIPS = ["udacity_vehdet_test_video.mp4", "gopro_max_heromode.mp4"]
 
 
 @pytest.fixture
-def run_inference(capsys):
-    """inference.py's command line run in this process, user-error handling included (the
-    seconds of imports a fresh process spends are paid once): its exit status, stdout and
-    stderr. A crash raises here and fails the test; `evaluation` and
-    `test_debug_keeps_the_traceback` run real processes."""
-    import inference
-    from training.errors import exit_on_config_error
-
+def run_inference(capsys, monkeypatch):
+    """``python inference.py ARGS`` run in this process: the script itself as ``__main__``
+    (its entry point, the user-error handling included) without the seconds of imports a
+    fresh process spends; its exit status, stdout and stderr. A crash raises here and fails
+    the test; `evaluation` and `test_debug_keeps_the_traceback` start real processes."""
     def run(*args: str) -> subprocess.CompletedProcess:
+        monkeypatch.setattr(sys, "argv", [INFERENCE, *args])
         capsys.readouterr()
         try:
-            exit_on_config_error(inference.main, list(args))
+            runpy.run_path(INFERENCE, run_name="__main__")
             status = 0
         except SystemExit as stop:
             status = stop.code or 0
         captured = capsys.readouterr()
-        return subprocess.CompletedProcess(list(args), status, captured.out, captured.err)
+        return subprocess.CompletedProcess([INFERENCE, *args], status, captured.out, captured.err)
 
     return run
 

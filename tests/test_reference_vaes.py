@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import av
+import cv2
+import numpy as np
 import pytest
 import torch
 
@@ -40,6 +43,7 @@ CASES = [
     ("mochi", "mochi", LatentSpace(12, 8, 6), "tae_mochi", 32, 7),
     ("svd", "svd", LatentSpace(4, 8, 1), "tae_svd", 32, 3),
     ("hunyuanimage_refiner", "hunyuanimage_refiner", LatentSpace(32, 16, 1, causal=False), "tae_hunyuanimage_refiner", 32, 3),
+    ("qwenimage21", "qwenimage21", LatentSpace(64, 16, 1, image_channels=4), "tae_qwenimage2_1", 32, 1),  # RGBA images
 ]
 IDS = [case[0] for case in CASES]
 
@@ -53,6 +57,24 @@ def long_clips(tmp_path_factory) -> dict:
     return {"root": root, **make_demo_dataset(root, num_clips=3, n_frames=24, height=64, width=96, seed=2)}
 
 
+@pytest.fixture(scope="module")
+def rgba_images(tmp_path_factory) -> dict:
+    """Three 64x96 RGBA PNGs (a coloured gradient, a disc, an alpha ramp with a hole) with
+    train/val annotations of one frame each: what a Qwen-Image 2.1 user brings."""
+    root = tmp_path_factory.mktemp("rgba_images")
+    y, x = np.mgrid[0:64, 0:96]
+    for i in range(3):
+        rgba = np.stack([(x * 2 + 40 * i) % 256, (y * 4) % 256, np.full_like(x, 80 * i), (x * 255 // 95)], -1)
+        rgba[(y - 32) ** 2 + (x - 30 - 15 * i) ** 2 < 200, :3] = (250, 40, 40)
+        rgba[20:40, 60:80, 3] = 0  # a fully transparent hole
+        cv2.imwrite(str(root / f"image{i}.png"), cv2.cvtColor(rgba.astype(np.uint8), cv2.COLOR_RGBA2BGRA))
+    annotations = {}
+    for split, names in (("train", ["image0.png", "image1.png"]), ("val", ["image2.png"])):
+        annotations[split] = root / f"{split}.json"
+        annotations[split].write_text(json.dumps({"total": len(names), "list": [{"path": n, "frames": 1} for n in names]}))
+    return {"root": root, **annotations}
+
+
 @pytest.mark.parametrize("tiny, ref_vae_class, facts, variant, size, frames", CASES, ids=IDS)
 def test_facts_come_from_the_config_and_match_the_latents(tmp_path, tiny, ref_vae_class, facts, variant, size, frames):
     """The facts read from config.json (no weights) are what the loaded VAE does: its
@@ -61,24 +83,29 @@ def test_facts_come_from_the_config_and_match_the_latents(tmp_path, tiny, ref_va
     assert latent_space(ref_vae_class, read_vae_config(root / "vae")) == facts
     assert auto_variant(ref_vae_class, root / "vae") == variant
     vae = ReferenceVAE(root, ref_vae_class, dtype="fp32", sample=False)
-    clip = frames_to_unit(torch.randint(0, 255, (1, frames, 3, size, size), dtype=torch.uint8), "cpu")
+    clip = frames_to_unit(torch.randint(0, 255, (1, frames, facts.image_channels, size, size), dtype=torch.uint8), "cpu")
     latents = vae.encode(clip)
     plan = TAEHV(variant=variant).plan(frames)
     assert tuple(latents.shape) == (1, plan.latent_frames, facts.latent_channels, size // facts.spatial_compression,
                                     size // facts.spatial_compression)
     decoded = vae.decode(latents)
     assert decoded.shape[1] == plan.decoded_frames == frames and 0 <= float(decoded.min()) <= float(decoded.max()) <= 1
-    assert float((vae.encode(clip.flip(1)) - latents).abs().max()) > 0  # latents of the pixels, not of padding
+    assert decoded.shape[2] == facts.image_channels
+    assert float((vae.encode(clip.flip(-1)) - latents).abs().max()) > 0  # latents of the pixels, not of padding
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tiny, ref_vae_class, facts, variant, size, frames", CASES, ids=IDS)
-def test_train_cache_and_evaluate_with_each_reference_vae(tmp_path, long_clips, tiny, ref_vae_class, facts, variant, size,
+def test_train_cache_and_evaluate_with_each_reference_vae(request, tmp_path, tiny, ref_vae_class, facts, variant, size,
                                                     frames):
+    """An RGBA reference VAE (Qwen-Image 2.1) trains and evaluates on RGBA images: its alpha
+    is learned, scored on its own, written into the stills PNG and shown beside the RGB
+    video."""
+    clips = request.getfixturevalue("rgba_images" if facts.image_channels == 4 else "long_clips")
     root = save_tiny_vae(tmp_path / "ref_vae", tiny)
     ref_vae = [f"--ref_vae_path={root}", f"--ref_vae_class={ref_vae_class}", "--ref_vae_dtype=fp32", "--variant=auto",
                f"--height={size}", f"--width={size}", f"--n_frames={frames}", "--stride_max=1"]
-    run = train_here(tmp_path / "out", long_clips, *ref_vae, "--max_train_steps=2", "--num_validation_samples=1",
+    run = train_here(tmp_path / "out", clips, *ref_vae, "--max_train_steps=2", "--num_validation_samples=1",
                      "--mixed_precision=no")
     assert json.loads((run / "config.json").read_text())["variant"] == variant
     assert TAEHV(run / "final_model.safetensors").variant == variant
@@ -86,18 +113,18 @@ def test_train_cache_and_evaluate_with_each_reference_vae(tmp_path, long_clips, 
     assert f"latent space of {video_model(variant)}:" in (run / "export" / "README.md").read_text()
 
     one_clip = tmp_path / "one_clip.json"
-    entries = json.loads(Path(long_clips["train"]).read_text())["list"][:1]
+    entries = json.loads(Path(clips["train"]).read_text())["list"][:1]
     one_clip.write_text(json.dumps({"total": 1, "list": entries}))
     # training's, the cache builder's and inference's entry points in this process (a fresh
     # process's start-up, seconds of imports, is tested in test_train.py and test_inference.py)
-    cache_latents.main(["--config", TEST_CONFIG, *ref_vae, f"--data_root={long_clips['root']}",
-                        f"--annotation_file={one_clip}", f"--val_annotation_file={long_clips['val']}",
+    cache_latents.main(["--config", TEST_CONFIG, *ref_vae, f"--data_root={clips['root']}",
+                        f"--annotation_file={one_clip}", f"--val_annotation_file={clips['val']}",
                         "--output", str(tmp_path / "cache"), "--dtype", "fp32"])
     assert json.loads((tmp_path / "cache" / "manifest.json").read_text())["valid_for"]["latent_channels"] == \
         facts.latent_channels
 
     metrics = inference.main(["--model_path", str(run / "final_model.safetensors"), "--videos",
-                              str(Path(long_clips["root"]) / entries[0]["path"]), "--n_frames", str(frames),
+                              str(Path(clips["root"]) / entries[0]["path"]), "--n_frames", str(frames),
                               "--height", str(size), "--width", str(size), "--num_samples", "1", "--use_ref_vae",
                               "--ref_vae_path", str(root), "--ref_vae_class", ref_vae_class,
                               "--output_dir", str(tmp_path / "eval")])
@@ -105,6 +132,15 @@ def test_train_cache_and_evaluate_with_each_reference_vae(tmp_path, long_clips, 
     assert "reference" in metrics["samples"][0] and metrics["model"]["variant"] == variant
     assert metrics["summary"]["comparison"]["latent_rms_ratio"] == metrics["samples"][0]["latent_rms_ratio"] > 0
     assert "latent_rms_ratio" in (tmp_path / "eval" / "summary_report.html").read_text()
+    stills = cv2.imread(str(tmp_path / "eval" / metrics["samples"][0]["files"]["stills_png"]), cv2.IMREAD_UNCHANGED)
+    with av.open(str(tmp_path / "eval" / metrics["samples"][0]["files"]["original_video"])) as container:
+        video_width = container.streams.video[0].codec_context.width
+    if facts.image_channels == 4:
+        assert "alpha_psnr" in metrics["samples"][0]["taehv"] and "alpha_psnr" in metrics["samples"][0]["reference"]
+        assert stills.shape[2] == 4 and len(np.unique(stills[..., 3])) > 10  # the images' alpha, in the PNG
+        assert video_width == 2 * size  # RGB | alpha
+    else:
+        assert stills.shape[2] == 3 and video_width == size and "alpha_psnr" not in metrics["samples"][0]["taehv"]
 
 
 def test_the_latent_scale_check_names_normalised_latents_and_a_wrong_variant():
@@ -206,13 +242,7 @@ def test_ref_vae_class_auto_reads_the_class_from_the_folder(tmp_path, demo_clips
         check(config)
 
 
-def test_reference_vaes_that_cannot_be_used_here_say_why(tmp_path):
-    """Qwen-Image 2.1 (RGBA images) is refused until the data pipeline reads RGBA; Cosmos's VAE
-    has no bf16 average pooling on the CPU: one line each, before any weights load."""
-    qwen = save_tiny_vae(tmp_path / "qwen", "qwenimage21")
-    assert auto_variant("qwenimage21", qwen / "vae") == "tae_qwenimage2_1"
-    assert "takes RGBA images" in ref_vae_problems("auto", qwen / "vae", "auto")[0]
-    with pytest.raises(ConfigError, match="takes RGBA images"):
-        ReferenceVAE(qwen, "auto", dtype="fp32")
+def test_a_reference_vae_that_cannot_run_here_says_why(tmp_path):
+    """Cosmos's VAE has no bf16 average pooling on the CPU: one line, before any weights load."""
     with pytest.raises(ConfigError, match=r"runs on the CPU in fp32 only .*: pass --ref_vae_dtype=fp32"):
         ReferenceVAE(save_tiny_vae(tmp_path / "cosmos", "cosmos"), "auto", dtype="bf16", device="cpu")

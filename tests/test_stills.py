@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from evaluation.stills import HEADER_HEIGHT, comparison_stills, difference_heat_map, frame_indices
-from evaluation.videos import latent_picture, side_by_side
+from evaluation.videos import latent_picture, rgb_beside_alpha, side_by_side
 
 
 def test_frame_indices_are_first_middle_last():
@@ -56,3 +56,20 @@ def test_the_latent_picture_is_the_same_in_every_run():
     assert np.array_equal(first, latent_picture(latents, scale=1))
     assert first.shape == (6, 3 * (8 + 2), 3) and first.std() > 20
     assert latent_picture(latents[:, :2], scale=1).shape == first.shape  # fewer than 3 channels
+
+
+def test_rgba_stills_keep_the_alpha_and_rgba_videos_show_it_beside_the_colours():
+    """RGBA clips: the image tiles of the stills keep their alpha (bands, labels and the heat
+    map stay opaque); a video frame is the colours with the alpha in grey beside them."""
+    video = np.random.default_rng(2).integers(0, 256, (3, 32, 32, 4), dtype=np.uint8)
+    video[..., 3] = 0  # fully transparent
+    picture, _ = comparison_stills(video, video)
+    assert picture.shape[2] == 4
+    tile = 32 * 8  # ceil(256 / 32) = 8
+    first = picture[HEADER_HEIGHT:HEADER_HEIGHT + tile]
+    assert (first[:tile // 2, :tile, 3] == 0).all()  # the original, above its opaque "frame 0" label
+    assert (first[:, -tile:, 3] == 255).all()  # the heat map
+    assert (picture[:HEADER_HEIGHT, ..., 3] == 255).all() and (first[:, tile:tile + 4, 3] == 255).all()
+    assert (rgb_beside_alpha(video[..., :3]) == video[..., :3]).all()  # RGB frames as they are
+    shown = rgb_beside_alpha(video)
+    assert shown.shape == (3, 32, 64, 3) and (shown[:, :, :32] == video[..., :3]).all() and (shown[:, :, 32:] == 0).all()

@@ -62,8 +62,13 @@ def train_here(out: Path, data: dict, *overrides: str) -> Path:
 
     from training import taehv_train
 
+    def fresh_accelerate_state() -> None:  # as a new process has it (other tests make Accelerators too)
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
     root = logging.getLogger()
     handlers, level, environ = root.handlers[:], root.level, dict(os.environ)
+    fresh_accelerate_state()
     try:
         return taehv_train.main(training_options(out, data, *overrides))
     finally:
@@ -72,8 +77,7 @@ def train_here(out: Path, data: dict, *overrides: str) -> Path:
         root.handlers[:], root.level = handlers, level
         os.environ.clear()
         os.environ.update(environ)
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        fresh_accelerate_state()
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:

@@ -1,6 +1,8 @@
 """Video clip dataset for TAEHV training: annotation or folder in, uint8 clips out.
 
-Each sample is ``{"frames": uint8 [T, 3, H, W] RGB, "index": int, "failures": int}``.
+Each sample is ``{"frames": uint8 [T, C, H, W], "index": int, "failures": int}``: RGB (C = 3),
+or RGBA (C = 4) for a TAE with 4 image channels, where a still image (PNG, WebP) is a
+one-frame clip with its alpha and a video's frames are opaque.
 ``index`` is the clip actually used (a bad clip is replaced by another one) and
 ``failures`` counts the clips that had to be replaced while producing the sample, so the
 training loop can sum it over batches even when samples come from worker processes.
@@ -33,6 +35,7 @@ from training.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 VIDEO_EXTENSIONS = (".mp4", ".avi", ".mov", ".mkv", ".webm")
+IMAGE_EXTENSIONS = (".png", ".webp")  # still images, one frame each, read with their alpha channel
 ShortClipPolicy = Literal["lower_stride", "skip"]
 
 
@@ -58,13 +61,20 @@ def frames_to_unit(frames: torch.Tensor, device: torch.device | str, dtype: torc
     return frames.to(device, non_blocking=True).to(dtype).div_(255)
 
 
-def find_videos(directory: str | Path) -> list[str]:
-    """Video files under ``directory`` (recursive), as sorted POSIX paths relative to it."""
+def clip_extensions(images: bool = False) -> tuple[str, ...]:
+    """What a folder is scanned for: videos, and with ``images`` (RGBA data) still images."""
+    return VIDEO_EXTENSIONS + IMAGE_EXTENSIONS if images else VIDEO_EXTENSIONS
+
+
+def find_videos(directory: str | Path, images: bool = False) -> list[str]:
+    """Video files under ``directory`` (recursive), and still images with ``images``, as
+    sorted POSIX paths relative to it."""
     directory = Path(directory)
+    extensions = clip_extensions(images)
     return sorted(
         p.relative_to(directory).as_posix()
         for p in directory.rglob("*")
-        if p.suffix.lower() in VIDEO_EXTENSIONS and not p.is_dir()
+        if p.suffix.lower() in extensions and not p.is_dir()
     )
 
 
@@ -98,9 +108,10 @@ class ClipTable:
         return cls(str(root), path_bytes, offsets, np.asarray(frames, dtype=np.int32), tuple(refused))
 
     @classmethod
-    def from_directory(cls, directory: str | Path) -> "ClipTable":
-        """All videos under ``directory``, frame counts unknown (read from the container)."""
-        paths = find_videos(directory)
+    def from_directory(cls, directory: str | Path, images: bool = False) -> "ClipTable":
+        """All videos (and with ``images`` still images) under ``directory``, frame counts
+        unknown (read from the container)."""
+        paths = find_videos(directory, images)
         return cls.from_lists(directory, paths, [-1] * len(paths))
 
     @classmethod
@@ -259,6 +270,53 @@ class VideoReader:
         return self._pos
 
 
+class ImageReader:
+    """A still image read as a one-frame clip, with its alpha channel when it has one (BGRA;
+    grey images come as BGR), behind ``VideoReader``'s interface."""
+
+    fps = 0.0
+    container_frame_count = 1
+
+    def __init__(self, path: str, **_: object):
+        if not os.path.exists(path):
+            raise BadClipError("missing")
+        image = cv2.imread(path, cv2.IMREAD_UNCHANGED)
+        if image is None:
+            raise BadClipError("unreadable", "not an image OpenCV decodes, or truncated")
+        if image.dtype != np.uint8:  # 16-bit PNGs: the 8 bits the clips of videos have
+            image = (image // 257).astype(np.uint8)
+        self.image = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR) if image.ndim == 2 else image
+        self.path = path
+
+    def __enter__(self) -> "ImageReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.image.shape[1], self.image.shape[0]
+
+    def read(
+        self, start: int, stride: int, count: int, transform: Callable[[np.ndarray, int], np.ndarray] | None = None
+    ) -> tuple[list[np.ndarray], int | None]:
+        """As ``VideoReader.read``: the image is frame 0 and the clip ends after it."""
+        frames = [self.image if transform is None else transform(self.image, 0)] if start == 0 else []
+        return frames, None if (start, count) == (0, 1) else 1
+
+    def count_frames(self) -> int:
+        return 1
+
+
+def open_clip(path: str, **options: object) -> VideoReader | ImageReader:
+    """The reader for ``path``: still images by their extension, anything else as a video."""
+    return (ImageReader if Path(path).suffix.lower() in IMAGE_EXTENSIONS else VideoReader)(path, **options)
+
+
 @dataclass(frozen=True)
 class VideoInfo:
     frames: int  # frames that actually decode
@@ -269,7 +327,7 @@ class VideoInfo:
 
 def probe_video(path: str | Path, threads: int = 1) -> VideoInfo:
     """Decode a whole video to learn its true length; raises BadClipError if unusable."""
-    with VideoReader(str(path), threads=threads) as reader:
+    with open_clip(str(path), threads=threads) as reader:
         fps, (width, height) = reader.fps, reader.size
         frames = reader.count_frames()
     if frames == 0:
@@ -358,8 +416,9 @@ def area_resize(image: np.ndarray, width: int, height: int) -> np.ndarray:
 
 
 class _ClipWriter:
-    """Crops, area-resizes and optionally flips each decoded BGR frame of one clip, and
-    writes it as RGB planes into ``frames[k]`` (``[T, 3, H, W]`` uint8).
+    """Crops, area-resizes and optionally flips each decoded BGR or BGRA frame of one clip,
+    and writes it as RGB (``channels=3``) or RGBA planes into ``frames[k]`` (``[T, C, H, W]``
+    uint8): an RGBA clip of a frame without alpha is opaque, an RGB one drops the alpha.
 
     The box is computed on the first frame (decoded size, rotation applied) and reused,
     so all frames of a clip share it. The resize and flip buffers are allocated once per
@@ -367,8 +426,9 @@ class _ClipWriter:
     ``permute().contiguous()`` copy.
     """
 
-    def __init__(self, n_frames: int, height: int, width: int, area: float, u_y: float, u_x: float, flip: bool):
-        self.frames = np.empty((n_frames, 3, height, width), np.uint8)
+    def __init__(self, n_frames: int, height: int, width: int, area: float, u_y: float, u_x: float, flip: bool,
+                 channels: int = 3):
+        self.frames = np.empty((n_frames, channels, height, width), np.uint8)
         self.height, self.width = height, width
         self.area, self.u_y, self.u_x, self.flip = area, u_y, u_x, flip
         self.box: tuple[int, int, int, int] | None = None
@@ -380,11 +440,16 @@ class _ClipWriter:
         if self.box is None:
             self.box = crop_box(frame.shape[0], frame.shape[1], self.height, self.width, self.area, self.u_y, self.u_x)
         y, x, h, w = self.box
-        small = self._resize(frame[y : y + h, x : x + w], out=self._small)
+        small = self._resize(frame[y : y + h, x : x + w], out=self._small if frame.shape[2] == 3 else None)
         if self.flip:
-            small = cv2.flip(small, 1, dst=self._flipped)
+            small = cv2.flip(small, 1, dst=self._flipped if small.shape[2] == 3 else None)
         out = self.frames[k]
-        cv2.split(small, [out[2], out[1], out[0]])
+        planes = [out[2], out[1], out[0]]
+        if small.shape[2] == 4:  # B, G, R, A
+            planes.append(out[3] if len(out) == 4 else np.empty_like(out[0]))
+        elif len(out) == 4:
+            out[3] = 255  # opaque
+        cv2.split(small, planes)
         return out
 
 
@@ -432,7 +497,8 @@ class VideoClipDataset(EpochDataset):
         data_root: folder that annotation paths are relative to; scanned recursively for
             videos when there is no ``annotation_file``.
         annotation_file: users' JSON annotation, or a folder to scan.
-        n_frames, height, width: output clip shape (T, 3, H, W).
+        n_frames, height, width: output clip shape (T, C, H, W).
+        channels: 3 (RGB) or 4 (RGBA: still images are clips too, with their alpha).
         stride_range: inclusive (min, max) of the random temporal stride.
         crop_scale: (min, max) area fraction of the largest crop with the output aspect.
         hflip: random horizontal flips (train mode only).
@@ -464,6 +530,7 @@ class VideoClipDataset(EpochDataset):
         max_replacement_attempts: int = 10,
         seek_threshold: int = 32,
         decode_threads: int = 1,
+        channels: int = 3,
     ):
         if mode not in ("train", "val"):
             raise ValueError(f"mode must be 'train' or 'val', got {mode!r}")
@@ -475,14 +542,16 @@ class VideoClipDataset(EpochDataset):
             raise ValueError(f"crop_scale must be (min, max) with 0 < min <= max <= 1, got {crop_scale}")
         if min(n_frames, height, width) < 1:
             raise ValueError(f"n_frames, height and width must be positive, got {n_frames}, {height}, {width}")
+        if channels not in (3, 4):
+            raise ValueError(f"channels must be 3 (RGB) or 4 (RGBA), got {channels}")
 
         if annotation_file is not None and not Path(annotation_file).is_dir():
             self.clips = ClipTable.from_annotation(annotation_file, data_root)
             source = str(annotation_file)
         elif annotation_file is not None or data_root is not None:
             folder = annotation_file if annotation_file is not None else data_root
-            self.clips = ClipTable.from_directory(folder)
-            source = f"{folder} (scanned for {', '.join(VIDEO_EXTENSIONS)})"
+            self.clips = ClipTable.from_directory(folder, images=channels == 4)
+            source = f"{folder} (scanned for {', '.join(clip_extensions(images=channels == 4))})"
         else:
             raise ValueError("give annotation_file (a JSON annotation or a folder) or data_root (a folder of videos)")
         self.refused_entries = list(self.clips.refused)
@@ -498,7 +567,7 @@ class VideoClipDataset(EpochDataset):
                 "generate demo data with `python -m training.demo_data OUT_DIR`"
             )
 
-        self.n_frames, self.height, self.width = n_frames, height, width
+        self.n_frames, self.height, self.width, self.channels = n_frames, height, width, channels
         self.stride_range, self.crop_scale, self.hflip = stride_range, crop_scale, hflip
         self.mode, self.seed, self.short_clip_policy = mode, seed, short_clip_policy
         self.short_clips = self._leave_out_short_clips(source)
@@ -592,13 +661,14 @@ class VideoClipDataset(EpochDataset):
     def _load(self, clip: int, rng: np.random.Generator) -> torch.Tensor:
         path = self.clips.path(clip)
         if self.mode == "val":
-            writer = _ClipWriter(self.n_frames, self.height, self.width, self.crop_scale[1], 0.5, 0.5, False)
+            writer = _ClipWriter(self.n_frames, self.height, self.width, self.crop_scale[1], 0.5, 0.5, False,
+                                 self.channels)
         else:
             area = float(rng.uniform(*self.crop_scale))
             u_y, u_x = (float(u) for u in rng.random(2))
             flip = self.hflip and bool(rng.random() < 0.5)
-            writer = _ClipWriter(self.n_frames, self.height, self.width, area, u_y, u_x, flip)
-        with VideoReader(path, seek_threshold=self.seek_threshold, threads=self.decode_threads) as reader:
+            writer = _ClipWriter(self.n_frames, self.height, self.width, area, u_y, u_x, flip, self.channels)
+        with open_clip(path, seek_threshold=self.seek_threshold, threads=self.decode_threads) as reader:
             length = int(self.clips.frames[clip])
             if length < 0:
                 length = reader.container_frame_count

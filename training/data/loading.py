@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from models.variants import VariantSpec
-from training.config import TrainConfig, below
+from training.config import TrainConfig, below, spec_of
 from training.data.clips import VideoClipDataset, VideoDataError, build_dataloader
 from training.data.latent_cache import CachedLatentDataset
 from training.data.reference_vae import ReferenceVAE
@@ -58,7 +58,7 @@ def build_datasets(config: TrainConfig) -> tuple[VideoClipDataset, VideoClipData
     without ``val_annotation_file`` or with ``num_validation_samples=0``)."""
     common = dict(n_frames=config.n_frames, height=config.height, width=config.width, seed=config.seed,
                   short_clip_policy=config.short_clip_policy, max_failure_fraction=config.max_failure_fraction,
-                  stride_range=(config.stride_min, config.stride_max))
+                  stride_range=(config.stride_min, config.stride_max), channels=spec_of(config).image_channels)
     data_root = config.data_root or None
     train = VideoClipDataset(
         data_root, config.annotation_file or None, mode="train",

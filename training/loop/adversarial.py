@@ -49,10 +49,11 @@ def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
 
 def build_seraena(config: TrainConfig, net: TAEHV, device: torch.device) -> Seraena:
     """The discriminator for this config, with its replay-buffer memory logged up front."""
-    seraena = Seraena(3 * config.n_seraena_frames, net.latent_channels, buffer_size=config.seraena_buffer_size,
+    image_channels = net.image_channels * config.n_seraena_frames  # RGB(A) of each frame of a group
+    seraena = Seraena(image_channels, net.latent_channels, buffer_size=config.seraena_buffer_size,
                       lr=config.seraena_learning_rate, seed=config.seed).to(device)
     latent_size = (config.height // (8 * net.patch_size), config.width // (8 * net.patch_size))
-    buffer = Seraena.estimate_buffer_bytes(config.seraena_buffer_size, 3 * config.n_seraena_frames,
+    buffer = Seraena.estimate_buffer_bytes(config.seraena_buffer_size, image_channels,
                                            net.latent_channels, config.height, config.width, *latent_size)
     logger.info("Seraena: %.1fM parameters, %d frames per sample, replay buffer of %d samples = %.2f GB on %s",
                 sum(p.numel() for p in seraena.parameters()) / 1e6, config.n_seraena_frames,
@@ -64,7 +65,7 @@ def seraena_loss(seraena: Seraena, decoded: torch.Tensor, targets: torch.Tensor,
                  group: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One discriminator step, then MSE(decoded, corrected target) for the decoder.
 
-    decoded, targets: (N, T, 3, H, W) aligned by the FramePlan; latents: (N, t, C, h, w).
+    decoded, targets: (N, T, 3 or 4, H, W) aligned by the FramePlan; latents: (N, t, C, h, w).
     """
     frames = decoded.shape[1]
     if targets.shape != decoded.shape:

@@ -34,7 +34,7 @@ def activation_bytes(variant: str, batch: int, frames: int, height: int, width: 
     with torch.device("meta"):
         net = TAEHV(variant=variant).to(dtype)
     net.encoder.requires_grad_(train_encoder)
-    clips = torch.zeros(batch, frames, 3, height, width, device="meta", dtype=dtype)
+    clips = torch.zeros(batch, frames, net.image_channels, height, width, device="meta", dtype=dtype)
     reference = None
     if with_reference:
         with torch.no_grad():

@@ -222,7 +222,7 @@ class TrainStep:
         pass a rank runs when its own ran out of memory, so its backward pass joins the same
         gradient collectives as the other ranks."""
         device, size = self.accelerator.device, 8 * self.net.patch_size
-        frames = torch.zeros(1, self.config.n_frames, 3, size, size, device=device)
+        frames = torch.zeros(1, self.config.n_frames, self.net.image_channels, size, size, device=device)
         if not self.latents.available:
             return frames, None
         latents = self.net.plan(self.config.n_frames).latent_frames
