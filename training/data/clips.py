@@ -778,7 +778,7 @@ def build_dataloader(
     persistent_workers: bool = True,
     pin_memory: bool = False,
 ) -> DataLoader:
-    """DataLoader over a VideoClipDataset; batches are ``{"frames": [N, T, 3, H, W], ...}``.
+    """DataLoader over a VideoClipDataset; batches are ``{"frames": [N, T, C, H, W], ...}`` (C = 3, or 4 for RGBA).
 
     Pass it to ``accelerator.prepare`` for rank sharding, and call
     ``dataset.set_epoch(epoch)`` (or the prepared loader's ``set_epoch``) each epoch.
