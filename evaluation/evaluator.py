@@ -83,8 +83,8 @@ def quality(decoded: torch.Tensor, target: torch.Tensor, use_lpips: bool) -> dic
     }
     if decoded.shape[2] == 4:  # RGBA: the metrics above cover all four channels; the alpha alone too
         metrics["alpha_psnr"] = float(video_psnr(decoded[:, :, 3:], target[:, :, 3:])[0])
-    if use_lpips:  # a network of RGB images
-        metrics["lpips"] = float(video_lpips(decoded[:, :, :3], target[:, :, :3])[0])
+    if use_lpips:
+        metrics["lpips"] = float(video_lpips(decoded, target)[0])
     return metrics
 
 

@@ -125,10 +125,11 @@ def _lpips_model(device: str):
 
 
 def video_lpips(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | None = None) -> torch.Tensor:
-    """Per-video LPIPS (N,), averaged over frames; only call when ``lpips_unavailable_reason()`` is None."""
+    """Per-video LPIPS (N,), averaged over frames, of the colours (an RGBA video's alpha is left
+    out: the network sees RGB images); only call when ``lpips_unavailable_reason()`` is None."""
     model = _lpips_model(str(pred.device))
 
     def lpips(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:  # the mean over a batch of frames
-        return model(p.clamp(0, 1), t.clamp(0, 1))
+        return model(p[:, :3].clamp(0, 1), t[:, :3].clamp(0, 1))
 
     return torch.stack([_frame_weighted_mean(lpips, p, t, chunk_frames) for p, t in zip(pred, target)])

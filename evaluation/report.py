@@ -71,7 +71,7 @@ def _ticks(low: float, high: float, most: int = 6) -> list[float]:
 
 def _frame_chart(samples: list[dict]) -> str:
     """Inline SVG line chart: PSNR (dB) against frame index, one line per sample (dashed:
-    the reference VAE on the same sample)."""
+    the reference VAE on the same sample); a one-frame sample (an image) is a dot."""
     lines = [(i, "taehv", s["taehv"]["psnr_per_frame"]) for i, s in enumerate(samples)]
     lines += [(i, "reference", s["reference"]["psnr_per_frame"]) for i, s in enumerate(samples) if "reference" in s]
     values = [v for _, _, series in lines for v in series if math.isfinite(v)]
@@ -98,9 +98,13 @@ def _frame_chart(samples: list[dict]) -> str:
                  f'<text transform="translate(14,{top + height / 2}) rotate(-90)" text-anchor="middle">PSNR (dB)</text>')
     for n, (i, who, series) in enumerate(lines):
         color = COLORS[i % len(COLORS)]
-        points = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in enumerate(series) if math.isfinite(v))
+        finite = [(x(t), y(v)) for t, v in enumerate(series) if math.isfinite(v)]
+        points = " ".join(f"{px:.1f},{py:.1f}" for px, py in finite)
         dashed = " ref" if who == "reference" else ""
         label = f"sample {i}" + (" reference VAE" if who == "reference" else "")
+        if len(finite) == 1:  # a polyline of one point draws nothing; the reference VAE's dot is hollow
+            fill = "white" if who == "reference" else color
+            parts.append(f'<circle cx="{finite[0][0]:.1f}" cy="{finite[0][1]:.1f}" r="3" fill="{fill}" stroke="{color}"/>')
         parts.append(f'<polyline class="line{dashed}" stroke="{color}" points="{points}"><title>{label}</title></polyline>'
                      f'<line class="line{dashed}" stroke="{color}" x1="{left + width + 12}" x2="{left + width + 36}" '
                      f'y1="{top + 8 + 16 * n}" y2="{top + 8 + 16 * n}"/>'

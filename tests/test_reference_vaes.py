@@ -136,7 +136,9 @@ def test_train_cache_and_evaluate_with_each_reference_vae(request, tmp_path, tin
     with av.open(str(tmp_path / "eval" / metrics["samples"][0]["files"]["original_video"])) as container:
         video_width = container.streams.video[0].codec_context.width
     if facts.image_channels == 4:
+        assert "val/alpha_psnr" in json.loads((run / "validation_history.json").read_text())[-1]
         assert "alpha_psnr" in metrics["samples"][0]["taehv"] and "alpha_psnr" in metrics["samples"][0]["reference"]
+        assert "<circle" in (tmp_path / "eval" / "summary_report.html").read_text()  # one frame: a dot per series
         assert stills.shape[2] == 4 and len(np.unique(stills[..., 3])) > 10  # the images' alpha, in the PNG
         assert video_width == 2 * size  # RGB | alpha
     else:

@@ -46,7 +46,7 @@ def validate(accelerator: Accelerator, model: TAEHV, dataset: VideoClipDataset, 
     model.eval()
     n = min(config.num_validation_samples, len(dataset))
     mine = list(range(accelerator.process_index, n, accelerator.num_processes))
-    use_lpips = lpips_unavailable_reason() is None
+    use_lpips, rgba = lpips_unavailable_reason() is None, model.image_channels == 4
     rows, strip, unreadable = [], None, None
     for start in range(0, len(mine), config.validation_batch_size):
         try:
@@ -59,6 +59,8 @@ def validate(accelerator: Accelerator, model: TAEHV, dataset: VideoClipDataset, 
         with accelerator.autocast():
             decoded, target = plan.aligned(model.decode_video(model.encode_video(frames.to(dtype))).float(), frames)
             columns = [video_mse(decoded, target), video_psnr(decoded, target), video_ssim(decoded, target)]
+            if rgba:  # the metrics above cover all four channels; the alpha alone too
+                columns.append(video_psnr(decoded[:, :, 3:], target[:, :, 3:]))
             if use_lpips:
                 columns.append(video_lpips(decoded, target))
             if ref_vae is not None:
@@ -69,7 +71,8 @@ def validate(accelerator: Accelerator, model: TAEHV, dataset: VideoClipDataset, 
             strip = reconstruction_strip(target[0], decoded[0])
     if agree([unreadable is not None], accelerator.device)[0]:  # before the gather, which would wait forever
         raise ValidationDataError(str(unreadable) if unreadable else "validation clips unreadable on another rank")
-    names = ["val/mse", "val/psnr", "val/ssim"] + (["val/lpips"] if use_lpips else []) + (
+    names = ["val/mse", "val/psnr", "val/ssim"] + (["val/alpha_psnr"] if rgba else []) + (
+        ["val/lpips"] if use_lpips else []) + (
         ["val/psnr_from_reference_latents"] if ref_vae is not None else [])
     per_rank = -(-n // accelerator.num_processes)
     local = torch.full((per_rank, len(names)), float("nan"), device=accelerator.device)
