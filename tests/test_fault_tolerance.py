@@ -1,11 +1,15 @@
 """Fault tolerance of real training processes: exact resume, SIGTERM, crash during save,
 kill -9, non-finite and out-of-memory steps agreed across ranks, early stopping.
 
-The exactness chains interrupt a run twice (SIGTERM at one step, then a crash while a
-later checkpoint is being written) and resume it twice; the result must be bit-identical
-to an uninterrupted run. Faults are injected at fixed windows in both runs (an
-out-of-memory forward on one rank, a NaN loss on the other), so the chains also show that
-skipped steps are skipped identically on every rank and after a resume.
+The exactness chains interrupt a run twice and resume it twice; the result must be
+bit-identical to an uninterrupted run. One (2-process ZeRO-2) is stopped by an injected
+SIGTERM, then crashes while a later checkpoint is being written, with faults injected at
+fixed windows in both runs (an out-of-memory forward on one rank, a NaN loss on the other),
+so it also shows that skipped steps are skipped identically on every rank and after a
+resume. The other (1 process, and 2-process ZeRO-2 through the launch script) is stopped
+by real SIGTERMs as schedulers send them, during decoder-only fine-tuning. Each scenario
+checks several behaviours in one chain, so that the suite starts as few training processes
+as it can.
 """
 from __future__ import annotations
 
