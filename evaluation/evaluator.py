@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from evaluation.metrics import frame_psnr, video_lpips, video_mse, video_psnr, video_ssim, video_temporal_error
+from evaluation.metrics import (frame_psnr, video_alpha_psnr, video_lpips, video_mse, video_psnr, video_ssim,
+                                video_temporal_error)
 from evaluation.stills import comparison_stills
 from evaluation.timing import timed
 from evaluation.videos import latent_picture, rgb_beside_alpha, side_by_side, to_uint8_frames, write_video
@@ -82,7 +83,7 @@ def quality(decoded: torch.Tensor, target: torch.Tensor, use_lpips: bool) -> dic
         "psnr_per_frame": [round(float(v), 3) for v in frame_psnr(decoded, target)[0]],
     }
     if decoded.shape[2] == 4:  # RGBA: the metrics above cover all four channels; the alpha alone too
-        metrics["alpha_psnr"] = float(video_psnr(decoded[:, :, 3:], target[:, :, 3:])[0])
+        metrics["alpha_psnr"] = float(video_alpha_psnr(decoded, target)[0])
     if use_lpips:
         metrics["lpips"] = float(video_lpips(decoded, target)[0])
     return metrics

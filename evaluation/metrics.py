@@ -64,6 +64,11 @@ def video_psnr(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | Non
     return torch.stack(values)
 
 
+def video_alpha_psnr(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-video PSNR (N,) of the alpha channel alone of NTCHW RGBA videos."""
+    return video_psnr(pred[:, :, 3:], target[:, :, 3:])
+
+
 def frame_psnr(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | None = None) -> torch.Tensor:
     """Per-frame PSNR in dB (N, T), data range 1: where in a clip reconstruction fails."""
     return torch.stack([torch.cat([peak_signal_noise_ratio(p[s].float(), t[s].float(), data_range=1.0, reduction="none",

@@ -11,7 +11,7 @@ import logging
 import torch
 from accelerate import Accelerator
 
-from evaluation.metrics import lpips_unavailable_reason, video_lpips, video_mse, video_psnr, video_ssim
+from evaluation.metrics import lpips_unavailable_reason, video_alpha_psnr, video_lpips, video_mse, video_psnr, video_ssim
 from models.taehv import TAEHV
 from training.config import TrainConfig, below
 from training.data.clips import VideoClipDataset, VideoDataError, frames_to_unit
@@ -60,7 +60,7 @@ def validate(accelerator: Accelerator, model: TAEHV, dataset: VideoClipDataset, 
             decoded, target = plan.aligned(model.decode_video(model.encode_video(frames.to(dtype))).float(), frames)
             columns = [video_mse(decoded, target), video_psnr(decoded, target), video_ssim(decoded, target)]
             if rgba:  # the metrics above cover all four channels; the alpha alone too
-                columns.append(video_psnr(decoded[:, :, 3:], target[:, :, 3:]))
+                columns.append(video_alpha_psnr(decoded, target))
             if use_lpips:
                 columns.append(video_lpips(decoded, target))
             if ref_vae is not None:
