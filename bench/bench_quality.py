@@ -163,11 +163,15 @@ def run_naive(config: TrainConfig, every: int) -> list[dict]:
     return curve
 
 
-def plot(curves: dict[str, list[dict]], path: Path, title: str) -> None:
-    """Two panels (PSNR and SSIM against steps), one line per arm, drawn with OpenCV."""
-    palette = [(216, 125, 59), (44, 72, 224), (60, 160, 60), (160, 60, 160), (40, 170, 200), (120, 120, 120),
-               (30, 30, 30), (200, 80, 140), (0, 140, 255)]  # BGR, one per arm in ARMS order
-    colours = dict(zip(ARMS, palette))
+PALETTE = [(216, 125, 59), (44, 72, 224), (60, 160, 60), (160, 60, 160), (40, 170, 200), (120, 120, 120),
+           (30, 30, 30), (200, 80, 140), (0, 140, 255)]  # BGR
+
+
+def plot(curves: dict[str, list[dict]], path: Path, title: str, x: str = "step",
+         colours: dict[str, tuple[int, int, int]] | None = None) -> None:
+    """Two panels (PSNR and SSIM against ``x``: "step" or "seconds"), one line per curve,
+    drawn with OpenCV; ``colours`` per curve name (default: one per arm in ARMS order)."""
+    colours = colours or dict(zip(ARMS, PALETTE))
     width, height, margin = 560, 360, 60
     panels = []
     for key, label in (("psnr", "held-out PSNR (dB)"), ("ssim", "held-out SSIM")):
@@ -175,7 +179,7 @@ def plot(curves: dict[str, list[dict]], path: Path, title: str) -> None:
         values = [p[key] for curve in curves.values() for p in curve]
         low, high = min(values), max(values)
         low, high = low - 0.05 * (high - low + 1e-6), high + 0.05 * (high - low + 1e-6)
-        last = max(p["step"] for curve in curves.values() for p in curve)
+        last = max(p[x] for curve in curves.values() for p in curve)
 
         def xy(step: float, value: float) -> tuple[int, int]:
             return (int(margin + (width - 1.5 * margin) * step / last),
@@ -189,10 +193,10 @@ def plot(curves: dict[str, list[dict]], path: Path, title: str) -> None:
             step = last * i / 4
             cv2.putText(image, f"{step:.0f}", (xy(step, low)[0] - 8, height - margin + 16), cv2.FONT_HERSHEY_SIMPLEX,
                         0.38, (0, 0, 0), 1)
-        cv2.putText(image, "step", (width // 2 - 12, height - 14), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1)
+        cv2.putText(image, x, (width // 2 - 12, height - 14), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1)
         cv2.putText(image, label, (margin, 24), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1)
         for n, (arm, curve) in enumerate(curves.items()):
-            points = np.array([xy(p["step"], p[key]) for p in curve], np.int32)
+            points = np.array([xy(p[x], p[key]) for p in curve], np.int32)
             cv2.polylines(image, [points], False, colours[arm], 2, cv2.LINE_AA)
             legend_y = height - margin - 12 - 18 * (len(curves) - 1 - n)  # bottom right: the curves rise to the top
             cv2.putText(image, arm, (width - 120, legend_y), cv2.FONT_HERSHEY_SIMPLEX, 0.45, colours[arm], 1)

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from evaluation.metrics import (frame_psnr, video_alpha_psnr, video_lpips, video_mse, video_psnr, video_ssim,
-                                video_temporal_error)
+from evaluation.metrics import (frame_psnr, video_alpha_psnr, video_lpips, video_mse, video_psnr, video_sharpness,
+                                video_ssim, video_temporal_error)
 from evaluation.stills import comparison_stills
 from evaluation.timing import timed
 from evaluation.videos import latent_picture, rgb_beside_alpha, side_by_side, to_uint8_frames, write_video
@@ -79,6 +79,7 @@ def quality(decoded: torch.Tensor, target: torch.Tensor, use_lpips: bool) -> dic
         "mse": float(video_mse(decoded, target)[0]),
         "psnr": float(video_psnr(decoded, target)[0]),
         "ssim": float(video_ssim(decoded, target)[0]),
+        "sharpness": float(video_sharpness(decoded, target)[0]),
         "temporal_error": float(video_temporal_error(decoded, target)[0]),
         "psnr_per_frame": [round(float(v), 3) for v in frame_psnr(decoded, target)[0]],
     }

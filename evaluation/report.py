@@ -154,9 +154,11 @@ def write_report(output_dir: Path, results: dict) -> Path:
         parts += ["<h2>TAEHV vs reference VAE</h2>",
                   _table(["measure", "value"], [[k, v] for k, v in summary["comparison"].items()])]
     parts += ["<h2>PSNR per frame</h2>", _frame_chart(samples), "<h2>Samples</h2>"]
-    sample_headers = ["sample", "source", "PSNR dB", "SSIM", "MSE", "temporal error", "encode s", "decode s"]
+    sample_headers = ["sample", "source", "PSNR dB", "SSIM", "sharpness", "MSE", "temporal error", "encode s",
+                      "decode s"]
     parts.append(_table(sample_headers, [[i, Path(s["source"]).name, s["taehv"]["psnr"], s["taehv"]["ssim"],
-                                          s["taehv"]["mse"], s["taehv"]["temporal_error"], s["taehv"]["encode_s"],
+                                          s["taehv"]["sharpness"], s["taehv"]["mse"], s["taehv"]["temporal_error"],
+                                          s["taehv"]["encode_s"],
                                           s["taehv"]["decode_s"]] for i, s in enumerate(samples)]))
     if results["skipped"]:
         parts += ["<h2>Skipped clips</h2><p><small>not in the means: they cannot give a sample at these settings"

@@ -326,9 +326,10 @@ def test_fit_stride_policies():
     assert fit_stride(1, 1, 5, "lower_stride") == 5
 
 
-def test_sampled_frames_increase_without_wraparound(index_dir, tmp_path):
+@pytest.mark.parametrize("frame_cache_mb", [0, 64])
+def test_sampled_frames_increase_without_wraparound(index_dir, tmp_path, frame_cache_mb):
     entries = [{"path": "long.mp4", "frames": 30}] * 6  # six indices, six different draws
-    ds = index_dataset(index_dir, tmp_path, entries, n_frames=8, stride_range=(1, 4))
+    ds = index_dataset(index_dir, tmp_path, entries, n_frames=8, stride_range=(1, 4), frame_cache_mb=frame_cache_mb)
     strides = set()
     for epoch in range(3):
         ds.set_epoch(epoch)
@@ -341,15 +342,36 @@ def test_sampled_frames_increase_without_wraparound(index_dir, tmp_path):
     assert len(strides) > 1  # the stride is drawn, not fixed
 
 
-def test_overstated_frame_count_samples_only_decodable_frames(index_dir, tmp_path):
+@pytest.mark.parametrize("frame_cache_mb", [0, 64])
+def test_overstated_frame_count_samples_only_decodable_frames(index_dir, tmp_path, frame_cache_mb):
     # The annotation says 200 frames; 30 decode. Samples must come from those 30.
     entries = [{"path": "long.mp4", "frames": 200}] * 4
-    ds = index_dataset(index_dir, tmp_path, entries, n_frames=6, stride_range=(5, 5))
+    ds = index_dataset(index_dir, tmp_path, entries, n_frames=6, stride_range=(5, 5), frame_cache_mb=frame_cache_mb)
     for i in range(4):
         sample = ds[i]
         idx = frame_indices(sample["frames"])
         assert sample["failures"] == 0 and idx[-1] < 30
         assert np.diff(idx).tolist() == [5] * 5
+
+
+def test_the_frame_cache_decodes_each_video_once_within_its_budget(tmp_path):
+    """Train mode keeps a video's downscaled frames after its first sample (the file is not
+    read again), up to the budget; later videos are read from disk; val mode never caches."""
+    for name in ("a", "b"):
+        write_index_video(tmp_path / f"{name}.mp4", 24, height=240, width=320)
+    entries = [{"path": "a.mp4", "frames": 24}, {"path": "b.mp4", "frames": 24}]
+    ds = index_dataset(tmp_path, tmp_path, entries, n_frames=4, height=16, width=24, frame_cache_mb=1)
+    first = ds[0]["frames"]
+    # the smallest crop (half the area) is 151x226 of 240x320: 2 x 16/151 of the size is kept
+    assert list(ds._frame_cache) == [0] and ds._frame_cache[0].frames.shape == (24, 51, 68, 3)
+    (tmp_path / "a.mp4").rename(tmp_path / "gone.mp4")
+    assert torch.equal(ds[0]["frames"], first)  # the same draw, from memory
+    ds.frame_cache_bytes = ds._frame_cache_used + 1000  # less room than b's frames take
+    assert ds[1]["failures"] == 0 and list(ds._frame_cache) == [0]
+    (tmp_path / "annotations").mkdir()
+    val = index_dataset(tmp_path, tmp_path / "annotations", [entries[1]], mode="val", frame_cache_mb=64)
+    val[0]
+    assert not val._frame_cache
 
 
 def test_shadow_clip_container_count(videos_dir, tmp_path):

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import REPO_ROOT
-from evaluation.metrics import frame_psnr, video_mse, video_psnr, video_ssim, video_temporal_error
+from evaluation.metrics import frame_psnr, video_mse, video_psnr, video_sharpness, video_ssim, video_temporal_error
 from models.frames import plan_frames
 from models.taehv import TAEHV
 from models.weights import save_weights
@@ -84,6 +84,21 @@ def test_metrics_match_independent_computation(real_clip):
     assert float(video_temporal_error(noisy, target)[0]) == pytest.approx(float(diffs.abs().mean()), rel=1e-5)
 
 
+def test_sharpness_is_one_for_the_original_lower_when_blurred_higher_with_noise(real_clip):
+    """The share of high-frequency energy kept: PSNR rewards a blurred reconstruction,
+    sharpness says it lost detail; noise adds high frequencies the original lacks."""
+    blur = torch.full((3, 1, 3, 3), 1 / 9)
+    blurred = F.conv2d(F.pad(real_clip[0], (1, 1, 1, 1), mode="replicate"), blur, groups=3)[None]
+    noisy = (real_clip + 0.08 * torch.randn(real_clip.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
+    laplacian = lambda v: v[0, :, :, :-2, 1:-1] + v[0, :, :, 2:, 1:-1] + v[0, :, :, 1:-1, :-2] + v[0, :, :, 1:-1, 2:] \
+        - 4 * v[0, :, :, 1:-1, 1:-1]  # noqa: E731
+    assert float(video_sharpness(real_clip, real_clip)[0]) == pytest.approx(1.0)
+    expected = float(laplacian(blurred).square().sum() / laplacian(real_clip).square().sum())
+    assert float(video_sharpness(blurred, real_clip)[0]) == pytest.approx(expected, rel=1e-5)
+    assert expected < 0.5 and float(video_psnr(blurred, real_clip)[0]) > float(video_psnr(noisy, real_clip)[0])
+    assert float(video_sharpness(noisy, real_clip)[0]) > 1.1
+
+
 @pytest.mark.parametrize("chunk_frames", [1, 4, 16])
 def test_chunked_metrics_equal_unchunked(real_clip, chunk_frames):
     """Metrics computed over chunks of frames (inference's memory bound) equal the metrics of
@@ -92,7 +107,7 @@ def test_chunked_metrics_equal_unchunked(real_clip, chunk_frames):
     target = real_clip.repeat(2, 1, 1, 1, 1)
     noisy = (target + 0.05 * torch.randn(target.shape, generator=torch.Generator().manual_seed(2))).clamp(0, 1)
     whole = target.shape[1]
-    for metric in (video_mse, video_psnr, frame_psnr, video_ssim, video_temporal_error):
+    for metric in (video_mse, video_psnr, frame_psnr, video_ssim, video_temporal_error, video_sharpness):
         chunked, unchunked = metric(noisy, target, chunk_frames=chunk_frames), metric(noisy, target, chunk_frames=whole)
         assert chunked.shape == unchunked.shape
         torch.testing.assert_close(chunked, unchunked, rtol=1e-5, atol=1e-5, msg=metric.__name__)
@@ -145,7 +160,7 @@ def test_outputs_and_schema(evaluation):
     assert metrics["settings"]["compared_frames"] == 9 and metrics["settings"]["stride"] == 1
     for sample in metrics["samples"]:
         for who in ("taehv", "reference"):
-            for key in ("mse", "psnr", "ssim", "temporal_error", "encode_s", "decode_s"):
+            for key in ("mse", "psnr", "ssim", "sharpness", "temporal_error", "encode_s", "decode_s"):
                 assert math.isfinite(sample[who][key]), (who, key)
         assert sample["latent_shape"] == [1, 3, 16, 8, 12]
     comparison = metrics["summary"]["comparison"]

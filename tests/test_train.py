@@ -7,6 +7,7 @@ through the real reference-VAE path.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -51,6 +52,7 @@ def test_single_process_with_reference_vae_bf16(tmp_path, demo_clips, tiny_cogvi
                 "val/psnr_from_reference_latents"):
         assert tag in logged, tag
         assert all(v == v for v in logged[tag]), tag  # no NaN
+    assert all(0 <= v <= 1 for v in logged["train/data_wait"])  # a share of each log interval's wall time
     assert len(logged["train/loss"]) == 4 and "val/reconstruction" in logged["__images__"]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-4"]
     assert (run / "train.log").read_text().count("validation") >= 2
@@ -104,6 +106,17 @@ def test_missing_reference_vae_is_an_error_not_a_fallback(tmp_path, demo_clips):
             f"--annotation_file={demo_clips['train']}", f"--val_annotation_file={demo_clips['val']}", f"--ref_vae_path={tmp_path / 'empty'}"]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 2 and "is not a diffusers model folder" in result.stderr
+
+
+def test_a_spent_time_budget_ends_the_run_as_its_last_step_would(tmp_path, demo_clips):
+    """max_train_time counts the start-up: a budget shorter than it ends the run after its
+    first step with what the last step brings (validation, best model, checkpoint, export)."""
+    run = train_here(tmp_path, demo_clips, "--max_train_time=0.01s", "--max_train_steps=50", "--run_name=run")
+    assert_exported(run, "taehv")
+    progress = json.loads((run / "checkpoints" / "checkpoint-1" / "trainer_state.json").read_text())["progress"]
+    assert progress["step"] == 1 and progress["train_seconds"] > 0.01
+    assert (run / "best_model").is_dir()
+    assert "training ends at step 1: the time budget max_train_time=0.01s is spent" in (run / "train.log").read_text()
 
 
 def test_resume_of_missing_checkpoint_is_an_error(tmp_path, demo_clips):

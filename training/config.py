@@ -30,6 +30,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def native_bf16() -> bool:
+    """Whether this machine computes bf16 natively (a CUDA GPU, or a CPU with AVX512-BF16
+    or AMX), where bf16 autocast trains faster than fp32 (presets choose their precision by it)."""
+    cpu = torch.cpu
+    return torch.cuda.is_available() or any(getattr(cpu, name, lambda: False)()
+                                            for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     # -- run -------------------------------------------------------------------------
@@ -57,6 +65,7 @@ class TrainConfig:
     dataloader_num_workers: int = 4
     prefetch_factor: int = 2
     persistent_workers: bool = True
+    frame_cache_mb: int = 0  # per loader process: videos kept decoded and downscaled in memory (0: off; docs/data.md)
 
     # -- model -----------------------------------------------------------------------
     variant: str = "taecvx"  # a TAE variant (models/variants.py), or "auto": the reference VAE's own
@@ -92,6 +101,7 @@ class TrainConfig:
     train_batch_size: int = 2  # per process
     gradient_accumulation_steps: int = 1  # the only source: accelerate YAMLs must not set it
     max_train_steps: int = 100_000  # optimizer steps
+    max_train_time: str = ""  # wall-clock budget ("8h", "45m", "1h30m", "600s"): fixed as a step count early on (training/loop/time_budget.py)
     learning_rate: float = 1e-4
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95

@@ -35,10 +35,17 @@ def run_folder_of(weights: Path) -> Path | None:
     return run if (run / "config.json").is_file() else None
 
 
-def trained_steps(run: Path) -> int:
-    """Optimizer steps of the run's newest complete checkpoint (0 without one)."""
+def training_length(run: Path, config: dict) -> str:
+    """How long the run trained, from its newest complete checkpoint: steps of the step
+    count, and under a time budget the seconds spent and the steps it planned."""
     checkpoints = list_checkpoints(run / "checkpoints")
-    return read_trainer_state(checkpoints[-1])["progress"]["step"] if checkpoints else 0
+    progress = read_trainer_state(checkpoints[-1])["progress"] if checkpoints else {}
+    steps = progress.get("step", 0)
+    if not config.get("max_train_time"):
+        return f"{steps} of {config['max_train_steps']} steps"
+    planned = progress.get("planned_steps") or config["max_train_steps"]
+    return (f"{steps} steps in {progress.get('train_seconds', 0):.0f} s (max_train_time={config['max_train_time']}, "
+            f"{planned} steps planned)")
 
 
 def _model_card(model, weights: Path, run: Path | None, files: list[str], command: str) -> str:
@@ -57,7 +64,7 @@ def _model_card(model, weights: Path, run: Path | None, files: list[str], comman
                   f"- Training data: {config.get('annotation_file') or config.get('data_root')}, "
                   f"{config['n_frames']} frames at {config['height']}x{config['width']}, stride "
                   f"{config['stride_min']}-{config['stride_max']}.",
-                  f"- Training: {trained_steps(run)} of {config['max_train_steps']} steps, batch "
+                  f"- Training: {training_length(run, config)}, batch "
                   f"{config['train_batch_size']} x {config['gradient_accumulation_steps']} per process, learning rate "
                   f"{config['learning_rate']}.",
                   "- Training command(s), every start of the run: " + "; ".join(

@@ -32,6 +32,7 @@ import logging
 import os
 import shlex
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
@@ -52,9 +53,11 @@ from training.flags import ArgumentParser
 from training.loop.best_model import BestTracker
 from training.loop.distributed import process_group_backend, process_state
 from training.loop.memory import check_fits
-from training.loop.monitoring import Monitor
+from training.loop.monitoring import Monitor, timed
+from training.loop.optimisation import parse_duration
 from training.loop.resilience import FaultPlan, StopRequest, agree, broadcast_flag
 from training.loop.step import StepResult, TrainStep, build_model
+from training.loop.time_budget import TimeBudget
 from training.loop.validation import ValidationDataError, validate
 from training.preflight import check
 from training.state.checkpoints import (DiskFullError, is_disk_full, list_checkpoints, load_training_state, new_run_dir,
@@ -85,6 +88,8 @@ class Progress:
     batch_in_epoch: int = 0  # micro-batches of this epoch already consumed (per process)
     skipped_steps: int = 0  # steps skipped on all ranks (non-finite loss/gradient, out of memory)
     consecutive_skips: int = 0
+    train_seconds: float = 0.0  # wall-clock seconds spent on the run, all its processes
+    planned_steps: int = 0  # the step count max_train_time fixed (training.loop.time_budget); 0: max_train_steps
 
     @property
     def window(self) -> int:
@@ -190,13 +195,13 @@ class Cadence:
 
     def __init__(self, config: TrainConfig, step: TrainStep, progress: Progress, tracker: BestTracker,
                  monitor: Monitor, run_dir: Path, val_set: VideoClipDataset | None, ref_vae: ReferenceVAE | None,
-                 faults: FaultPlan):
+                 faults: FaultPlan, budget: TimeBudget):
         self.config, self.train_step, self.progress, self.tracker, self.monitor = config, step, progress, tracker, monitor
-        self.run_dir, self.val_set, self.ref_vae, self.faults = run_dir, val_set, ref_vae, faults
+        self.run_dir, self.val_set, self.ref_vae, self.faults, self.budget = run_dir, val_set, ref_vae, faults, budget
         self.accelerator = step.accelerator
         self.samples_per_step = config.train_batch_size * config.gradient_accumulation_steps * self.accelerator.num_processes
         self.data_error: ValidationDataError | None = None  # why validation stopped the run
-        self.progress_bar = tqdm(total=config.max_train_steps, initial=progress.step, desc="train", dynamic_ncols=True,
+        self.progress_bar = tqdm(total=budget.last_step, initial=progress.step, desc="train", dynamic_ncols=True,
                                  disable=not self.accelerator.is_local_main_process)
         self.profiler = monitor.profiler()
 
@@ -250,8 +255,10 @@ class Cadence:
     def after_step(self, grad_norm) -> str | None:
         """Logging, validation and checkpointing after an applied step; returns why
         training stops now ("finished", "early_stop", "data" when validation clips went away), or None."""
-        config, step = self.config, self.progress.step
-        last = step >= config.max_train_steps
+        config, step, budget = self.config, self.progress.step, self.budget
+        budget.account()
+        out_of_time = budget.exhausted()
+        last = step >= budget.last_step or out_of_time
         if step % config.log_every == 0 or last:
             logs = self.monitor.log_train(step, self.train_step.scheduler.get_last_lr()[0], grad_norm, self.samples_per_step)
             psnr = self.monitor.last_psnr  # shown from the first validation on
@@ -259,23 +266,29 @@ class Cadence:
         early_stop = False
         if self.val_set is not None and (step % config.validation_every == 0 or last):
             try:
-                early_stop = self.validate(step)
+                early_stop = self.validate(step, last)
             except ValidationDataError as err:  # raised on every rank together
                 self.data_error = err
                 return "data"
         if step % config.checkpointing_steps == 0 or last:
             self.checkpoint()
         if last:
+            logger.info("training ends at step %d: %s", step,
+                        f"the time budget max_train_time={config.max_train_time} is spent" if out_of_time else
+                        f"the {'planned' if self.progress.planned_steps else 'max_train_steps'} step count is reached")
             return "finished"
+        if (planned := budget.plan()) is not None:
+            self.progress_bar.total = planned
+            self.progress_bar.refresh()
         return "early_stop" if early_stop else None
 
-    def validate(self, step: int) -> bool:
+    def validate(self, step: int, last: bool) -> bool:
         """Validate the EMA weights, keep the best model; True when early stopping says stop
         (decided on rank 0, obeyed by all)."""
         config, trainer, acc = self.config, self.train_step, self.accelerator
         with trainer.averaged_weights():
             metrics = validate(acc, trainer.net, self.val_set, config, self.ref_vae, trainer.input_dtype)
-        self.monitor.log_validation(step, metrics)
+        self.monitor.log_validation(step, metrics, last)
         trainer.model.train()
         scalars = {k: v for k, v in metrics.items() if isinstance(v, float)}
         if self.tracker.update(step, scalars):
@@ -293,6 +306,7 @@ class Cadence:
 def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path:
     """Train as the config says; returns the run directory. ``stop`` is installed by the
     caller before anything slow, so that a signal during start-up is not lost."""
+    started = time.perf_counter()  # the time budget counts the start-up too
     stop = stop or StopRequest()
     config = parse_args(argv)
     notes = [*check(config), *check_fits(config)]
@@ -309,7 +323,7 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path
     set_seed(config.seed)  # identical initial weights on every rank
     torch.autograd.set_detect_anomaly(config.detect_anomaly)
     try:
-        return train(config, accelerator, run_dir, resume_from, faults, stop)
+        return train(config, accelerator, run_dir, resume_from, faults, stop, started)
     except Exception as err:  # a full disk anywhere in the run: say what to run once there is room
         if not is_disk_full(err):
             raise
@@ -329,7 +343,7 @@ def next_command(run_dir: Path) -> str:
 
 
 def train(config: TrainConfig, accelerator: Accelerator, run_dir: Path, resume_from: Path | None,
-          faults: FaultPlan, stop: StopRequest) -> Path:
+          faults: FaultPlan, stop: StopRequest, started: float) -> Path:
     """Build the model, data and step, restore ``resume_from``, and run the loop to its end."""
     model = build_model(config, resumed=resume_from is not None)
     ref_vae = ReferenceVAE.from_config(config, accelerator.device) if config.ref_vae_path else None
@@ -345,6 +359,11 @@ def train(config: TrainConfig, accelerator: Accelerator, run_dir: Path, resume_f
                                      config.early_stopping_patience, config.early_stopping_min_delta)
         logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume_from, progress.step, progress.epoch,
                     progress.batch_in_epoch)
+    # the schedule's horizon: the step count a time budget fixed, else this start's max_train_steps
+    step.schedule.total = (progress.planned_steps or config.max_train_steps) * accelerator.num_processes
+    budget = TimeBudget(parse_duration(config.max_train_time) if config.max_train_time else None,
+                        config.max_train_steps, config.validation_every, progress, step.schedule,
+                        accelerator.num_processes, started)
     if data.latents.available:  # a run from published or earlier weights must already be on the reference scale
         check_latent_scale(step, data, pretrained=bool(config.pretrained_model_path))
     if accelerator.is_main_process:  # only once the start-up worked: a failed resume leaves the run as it was
@@ -357,16 +376,17 @@ def train(config: TrainConfig, accelerator: Accelerator, run_dir: Path, resume_f
         accelerator.end_training()
         return run_dir
     monitor = Monitor(accelerator, config, run_dir, progress.step)
-    cadence = Cadence(config, step, progress, tracker, monitor, run_dir, data.val, ref_vae, faults)
+    cadence = Cadence(config, step, progress, tracker, monitor, run_dir, data.val, ref_vae, faults, budget)
 
-    stop_reason = "finished" if progress.step >= config.max_train_steps else None
+    stop_reason = "finished" if progress.step >= budget.last_step else None
     data_error: VideoDataError | None = None
     step.model.train()
     while stop_reason is None:
         loader.set_epoch(progress.epoch)  # the sampler's permutation and the dataset's draws follow the epoch
         epoch_loader = accelerator.skip_first_batches(loader, progress.batch_in_epoch) if progress.batch_in_epoch else loader
         window_start = progress.batch_in_epoch  # micro-batches of the epoch consumed before this window
-        for batch in batches_until_data_error(epoch_loader):
+        for batch, waited in timed(batches_until_data_error(epoch_loader)):
+            monitor.add_data_wait(waited)
             if isinstance(batch, VideoDataError):
                 data_error = batch
             progress.batch_in_epoch += 1

@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -317,6 +318,52 @@ def open_clip(path: str, **options: object) -> VideoReader | ImageReader:
     return (ImageReader if Path(path).suffix.lower() in IMAGE_EXTENSIONS else VideoReader)(path, **options)
 
 
+class DecodedVideo:
+    """A whole video decoded once, downscaled, and held in memory (``VideoClipDataset``'s
+    frame cache); read like a ``VideoReader``."""
+
+    def __init__(self, frames: np.ndarray):
+        self.frames = frames  # (T, H, W, 3) BGR uint8: every frame that decodes
+
+    @classmethod
+    def decode(cls, path: str, scale_for: Callable[[int, int], float], threads: int = 1) -> "DecodedVideo":
+        """Every decodable frame of ``path``, area-resized by ``scale_for(height, width)`` of
+        the first frame (at most 1); raises BadClipError as ``VideoReader`` does."""
+        resize: AreaResizer | None = None
+
+        def shrink(frame: np.ndarray, _: int) -> np.ndarray:
+            nonlocal resize
+            if resize is None:  # the first frame's size fixes the scale
+                scale = min(1.0, scale_for(*frame.shape[:2]))
+                resize = AreaResizer(max(1, round(frame.shape[1] * scale)), max(1, round(frame.shape[0] * scale)))
+            return resize(frame)
+
+        with VideoReader(path, threads=threads) as reader:
+            frames, _ = reader.read(0, 1, sys.maxsize, shrink)  # to the end of the stream
+        return cls(np.stack(frames) if frames else np.empty((0, 0, 0, 3), np.uint8))
+
+    def __enter__(self) -> "DecodedVideo":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    @property
+    def container_frame_count(self) -> int:
+        return len(self.frames)
+
+    def read(self, start: int, stride: int, count: int,
+             transform: Callable[[np.ndarray, int], np.ndarray] | None = None) -> tuple[list[np.ndarray], int | None]:
+        """As ``VideoReader.read``: ``(frames, None)``, or the frames read and the true length."""
+        out = []
+        for k in range(count):
+            index = start + k * stride
+            if index >= len(self.frames):
+                return out, len(self.frames)
+            out.append(self.frames[index] if transform is None else transform(self.frames[index], k))
+        return out, None
+
+
 @dataclass(frozen=True)
 class VideoInfo:
     frames: int  # frames that actually decode
@@ -510,6 +557,12 @@ class VideoClipDataset(EpochDataset):
         max_replacement_attempts: bad clips tried in a row before a sample raises.
         seek_threshold: jump in frames from which a seek is cheaper than reading on.
         decode_threads: FFmpeg threads per open video (1 suits many DataLoader workers).
+        frame_cache_mb: train mode: keep each video's frames decoded in memory, downscaled
+            to twice what the smallest crop needs, up to this many MB per loader process
+            (0: off; videos beyond the budget are read from disk each time). Small crops
+            from large videos then cost no seeking or decoding after a clip's first use;
+            the crops come from the downscaled frames (a second area resize), so pixels
+            differ slightly from uncached reads, identically in every run.
     """
 
     def __init__(
@@ -531,6 +584,7 @@ class VideoClipDataset(EpochDataset):
         seek_threshold: int = 32,
         decode_threads: int = 1,
         channels: int = 3,
+        frame_cache_mb: int = 0,
     ):
         if mode not in ("train", "val"):
             raise ValueError(f"mode must be 'train' or 'val', got {mode!r}")
@@ -574,6 +628,9 @@ class VideoClipDataset(EpochDataset):
         self.max_failure_fraction = max_failure_fraction
         self.max_replacement_attempts = max_replacement_attempts
         self.seek_threshold, self.decode_threads = seek_threshold, decode_threads
+        self.frame_cache_bytes = frame_cache_mb << 20 if mode == "train" else 0
+        self._frame_cache: dict[int, DecodedVideo] = {}
+        self._frame_cache_used = 0
         self._epoch = shared_epoch()
         self._reported: set[tuple[int, int]] = set()  # (clip, log level) already logged here
 
@@ -668,7 +725,7 @@ class VideoClipDataset(EpochDataset):
             u_y, u_x = (float(u) for u in rng.random(2))
             flip = self.hflip and bool(rng.random() < 0.5)
             writer = _ClipWriter(self.n_frames, self.height, self.width, area, u_y, u_x, flip, self.channels)
-        with open_clip(path, seek_threshold=self.seek_threshold, threads=self.decode_threads) as reader:
+        with self._open(clip, path) as reader:
             length = int(self.clips.frames[clip])
             if length < 0:
                 length = reader.container_frame_count
@@ -687,6 +744,26 @@ class VideoClipDataset(EpochDataset):
                 if again is not None:
                     raise BadClipError("truncated", f"decoding stopped at frame {again}, then at {decoded} before")
         return torch.from_numpy(writer.frames)
+
+    def _open(self, clip: int, path: str) -> VideoReader | ImageReader | DecodedVideo:
+        """The reader for clip ``clip``: its cached frames, decoded now if the cache has room,
+        else the file."""
+        if not self.frame_cache_bytes or Path(path).suffix.lower() in IMAGE_EXTENSIONS:
+            return open_clip(path, seek_threshold=self.seek_threshold, threads=self.decode_threads)
+        if clip in self._frame_cache:
+            return self._frame_cache[clip]
+        if self._frame_cache_used >= self.frame_cache_bytes:
+            return open_clip(path, seek_threshold=self.seek_threshold, threads=self.decode_threads)
+        video = DecodedVideo.decode(path, self._cache_scale, self.decode_threads)
+        if self._frame_cache_used + video.frames.nbytes <= self.frame_cache_bytes:
+            self._frame_cache[clip] = video
+            self._frame_cache_used += video.frames.nbytes
+        return video
+
+    def _cache_scale(self, height: int, width: int) -> float:
+        """The downscale factor of a cached video: its smallest crop keeps twice the output size."""
+        _, _, h, w = crop_box(height, width, self.height, self.width, self.crop_scale[0])
+        return max(2 * self.height / h, 2 * self.width / w)
 
     def probe(self, sample_size: int = 64) -> ProbeReport:
         """Load up to ``sample_size`` clips (seeded choice) without replacement and raise

@@ -50,7 +50,7 @@ def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
         found.append("short_clip_policy must be 'lower_stride' or 'skip'")
     if not (config.data_root or config.annotation_file):
         found.append("set data_root (a folder of videos) or annotation_file")
-    return found + below(config, ("dataloader_num_workers",), 0)
+    return found + below(config, ("dataloader_num_workers", "frame_cache_mb"), 0)
 
 
 def build_datasets(config: TrainConfig) -> tuple[VideoClipDataset, VideoClipDataset | None]:
@@ -62,7 +62,8 @@ def build_datasets(config: TrainConfig) -> tuple[VideoClipDataset, VideoClipData
     data_root = config.data_root or None
     train = VideoClipDataset(
         data_root, config.annotation_file or None, mode="train",
-        crop_scale=(config.crop_scale_min, config.crop_scale_max), hflip=config.hflip, **common)
+        crop_scale=(config.crop_scale_min, config.crop_scale_max), hflip=config.hflip,
+        frame_cache_mb=config.frame_cache_mb, **common)
     val = None
     if config.val_annotation_file and config.num_validation_samples > 0:
         height, width = config.validation_size

@@ -8,7 +8,9 @@ from __future__ import annotations
 import logging
 import resource
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from accelerate import Accelerator
@@ -17,6 +19,7 @@ from training.config import TrainConfig, below
 
 logger = logging.getLogger(__name__)
 HPARAM_TYPES = (int, float, str, bool)
+T = TypeVar("T")
 
 
 def problems(config: TrainConfig) -> list[str]:
@@ -50,6 +53,19 @@ def memory_gb(device: torch.device) -> float:
     return peak_rss_bytes() / 2**30
 
 
+def timed(items: Iterable[T]) -> Iterator[tuple[T, float]]:
+    """Each item with the seconds its consumer waited for it (for a DataLoader: the time a
+    step waits for data, which the workers' prefetching should make ~0)."""
+    iterator = iter(items)
+    while True:
+        start = time.perf_counter()
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return
+        yield item, time.perf_counter() - start
+
+
 class Monitor:
     def __init__(self, accelerator: Accelerator, config: TrainConfig, run_dir: Path, start_step: int = 0):
         self.accelerator, self.config, self.run_dir = accelerator, config, run_dir
@@ -58,6 +74,7 @@ class Monitor:
         self._count = 0
         self._failures = torch.zeros((), dtype=torch.long)
         self._last_step, self._since = start_step, time.perf_counter()
+        self._data_wait = 0.0  # seconds spent waiting for batches since the last log
         self.total_failures = 0
         self.last_psnr: float | None = None  # none before the first validation
 
@@ -66,6 +83,10 @@ class Monitor:
         for name, value in losses.items():
             self._sums[name] = self._sums.get(name, 0) + value.detach().float()
         self._count += 1
+
+    def add_data_wait(self, seconds: float) -> None:
+        """Add the seconds this rank waited for a batch."""
+        self._data_wait += seconds
 
     def count_failures(self, failures: torch.Tensor) -> None:
         """Add the clips a batch had to replace (bad files)."""
@@ -78,13 +99,16 @@ class Monitor:
     def log_train(self, step: int, lr: float, grad_norm, samples_per_step: int) -> dict[str, float]:
         acc = self.accelerator
         names = sorted(self._sums)
-        means = torch.stack([self._sums[n] / max(self._count, 1) for n in names]).to(acc.device)
-        means = acc.reduce(means, reduction="mean")
+        elapsed = time.perf_counter() - self._since
+        # the loss terms and this rank's share of wall time spent waiting for data, averaged over ranks
+        data_wait = torch.tensor(min(self._data_wait / max(elapsed, 1e-9), 1.0), device=acc.device)
+        means = torch.stack([*(self._sums[n].to(acc.device) / max(self._count, 1) for n in names), data_wait])
+        *means, data_wait = acc.reduce(means, reduction="mean").tolist()
         failures = int(acc.reduce(self._failures.to(acc.device), reduction="sum").item())
         self.total_failures += failures
-        elapsed = time.perf_counter() - self._since
-        logs = {f"train/{n}": float(v) for n, v in zip(names, means.tolist())}
+        logs = {f"train/{n}": float(v) for n, v in zip(names, means)}
         logs.update({
+            "train/data_wait": data_wait,
             "train/learning_rate": lr,
             "train/samples_per_second": (step - self._last_step) * samples_per_step / max(elapsed, 1e-9),
             "train/gpu_memory_gb": memory_gb(acc.device),
@@ -93,18 +117,19 @@ class Monitor:
         if grad_norm is not None:
             logs["train/gradient_norm"] = float(grad_norm)
         acc.log(logs, step=step)
-        self._sums, self._count, self._failures = {}, 0, torch.zeros((), dtype=torch.long)
+        self._sums, self._count, self._failures, self._data_wait = {}, 0, torch.zeros((), dtype=torch.long), 0.0
         self._last_step, self._since = step, time.perf_counter()
         return logs
 
-    def log_validation(self, step: int, metrics: dict) -> None:
+    def log_validation(self, step: int, metrics: dict, last: bool) -> None:
+        """The validation's scalars; its reconstruction strip every ``image_log_every`` steps and at the ``last`` step."""
         strip = metrics.pop("strip", None)
         self.last_psnr = metrics.get("val/psnr")
         self.accelerator.log(metrics, step=step)
         if self.accelerator.is_main_process:
             logger.info("step %d validation: %s", step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
             every = self.config.image_log_every
-            if strip is not None and ((every and step % every == 0) or step == self.config.max_train_steps):
+            if strip is not None and ((every and step % every == 0) or last):
                 writer = self.accelerator.get_tracker("tensorboard", unwrap=True)
                 writer.add_image("val/reconstruction", strip, step, dataformats="CHW")
 

@@ -1,9 +1,13 @@
-"""The optimisation keys and their rules: precision, schedule, optimizer settings, compile.
+"""The optimisation keys and their rules: precision, schedule, optimizer settings, compile,
+the time budget's durations; the learning-rate schedules themselves.
 
-Kept apart from ``step.py`` (which builds the optimizer, scheduler and EMA with diffusers)
-so that the config check stays light: importing diffusers takes over a second.
+Kept apart from ``step.py`` (which builds the optimizer, scheduler and the EMA weights
+with diffusers) so that the config check stays light: importing diffusers takes over a second.
 """
 from __future__ import annotations
+
+import math
+import re
 
 from training.config import TrainConfig, below
 
@@ -17,6 +21,8 @@ def problems(config: TrainConfig) -> list[str]:
     found += below(config, ("max_grad_norm", "weight_decay", "lr_warmup_steps"), 0)
     if config.mixed_precision not in MIXED_PRECISION:
         found.append(f"mixed_precision must be one of {MIXED_PRECISION}")
+    if config.max_train_time and parse_duration(config.max_train_time) is None:
+        found.append(f"max_train_time={config.max_train_time!r} is not a duration: write e.g. 8h, 45m, 1h30m or 600s")
     if config.lr_scheduler not in LR_SCHEDULERS:
         found.append(f"lr_scheduler must be one of {LR_SCHEDULERS}")
     if config.learning_rate <= 0:
@@ -37,3 +43,39 @@ def compile_backends() -> list[str]:
     import torch._dynamo  # seconds to import: only when compile=true is checked
 
     return torch._dynamo.list_backends(exclude_tags=())
+
+
+DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds in "8h", "45m", "1h30m", "90s" or "600"; None when ``text`` is not a positive duration."""
+    found = DURATION.fullmatch(text.strip().lower())
+    if not text.strip() or found is None:
+        return None
+    hours, minutes, seconds = (float(v) if v else 0.0 for v in found.groups())
+    total = 3600 * hours + 60 * minutes + seconds
+    return total if total > 0 else None
+
+
+class LearningRateSchedule:
+    """The learning-rate factor at a scheduler step: diffusers' ``constant``,
+    ``constant_with_warmup``, ``cosine`` (half a cycle) and ``linear`` schedules, with a
+    horizon (``total``) that a time budget can set once the run's speed is known. Its
+    attributes are plain data, so ``LambdaLR.state_dict`` saves them and a resumed run
+    gets the horizon it had."""
+
+    def __init__(self, kind: str, warmup: int, total: int):
+        self.kind, self.warmup, self.total = kind, warmup, total
+
+    def __call__(self, step: int) -> float:
+        if self.kind == "constant":
+            return 1.0
+        if step < self.warmup:
+            return float(step) / float(max(1, self.warmup))
+        if self.kind == "constant_with_warmup":
+            return 1.0
+        if self.kind == "linear":
+            return max(0.0, float(self.total - step) / float(max(1, self.total - self.warmup)))
+        progress = float(step - self.warmup) / float(max(1, self.total - self.warmup))
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))

@@ -27,7 +27,6 @@ from typing import NamedTuple
 
 import torch
 from accelerate import Accelerator
-from diffusers.optimization import get_scheduler
 from diffusers.training_utils import EMAModel
 from torch.utils.data import DataLoader
 
@@ -38,10 +37,13 @@ from training.data.clips import VideoDataError, frames_to_unit
 from training.data.loading import ReferenceLatents
 from training.loop.adversarial import build_seraena, seraena_loss
 from training.loop.losses import compute_losses
+from training.loop.optimisation import LearningRateSchedule
 from training.loop.resilience import FaultPlan, StopRequest, agree, is_finite_number, poisoned
 from training.state.checkpoints import TrainingObjects
 
 logger = logging.getLogger(__name__)
+
+
 def build_model(config: TrainConfig, resumed: bool = False) -> TAEHV:
     """The model to train: published or our weights, or a fresh one whose decoder starts
     from mid-grey frames (``decoder_bias_init``); a resumed run's weights then come from
@@ -134,8 +136,8 @@ class TrainStep:
                                       betas=(config.adam_beta1, config.adam_beta2),
                                       weight_decay=config.weight_decay, fused=True)
         processes = accelerator.num_processes  # a prepared scheduler steps once per process
-        scheduler = get_scheduler(config.lr_scheduler, optimizer, num_warmup_steps=config.lr_warmup_steps * processes,
-                                  num_training_steps=config.max_train_steps * processes)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, LearningRateSchedule(
+            config.lr_scheduler, config.lr_warmup_steps * processes, config.max_train_steps * processes))
         if config.compile:  # before prepare: wrappers (DDP, DeepSpeed) call forward, which runs the compiled chunks
             model.compile(backend=config.compile_backend)
             logger.info("torch.compile (backend %s): the first steps and the first validation pay compilation",
@@ -203,6 +205,11 @@ class TrainStep:
                 skip_reason = self._window_problem or "non-finite gradient"
             self._window_problem = None
         return StepResult(acc.sync_gradients, applied, skip_reason, losses, grad_norm, any_signal)
+
+    @property
+    def schedule(self) -> LearningRateSchedule:
+        """The learning-rate schedule (a time budget sets its horizon once the run's speed is known)."""
+        return getattr(self.scheduler, "scheduler", self.scheduler).lr_lambdas[0]
 
     def forward(self, frames: torch.Tensor, z_ref: torch.Tensor | None) -> Forward:
         return training_forward(self.accelerator, self.model, frames, z_ref, self.config, self.input_dtype)

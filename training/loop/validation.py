@@ -11,7 +11,8 @@ import logging
 import torch
 from accelerate import Accelerator
 
-from evaluation.metrics import lpips_unavailable_reason, video_alpha_psnr, video_lpips, video_mse, video_psnr, video_ssim
+from evaluation.metrics import (lpips_unavailable_reason, video_alpha_psnr, video_lpips, video_mse, video_psnr,
+                                video_sharpness, video_ssim)
 from models.taehv import TAEHV
 from training.config import TrainConfig, below
 from training.data.clips import VideoClipDataset, VideoDataError, frames_to_unit
@@ -56,22 +57,24 @@ def validate(accelerator: Accelerator, model: TAEHV, dataset: VideoClipDataset, 
             break
         frames = frames_to_unit(torch.stack([item["frames"] for item in items]), accelerator.device)
         plan = model.plan(frames.shape[1])
-        with accelerator.autocast():
+        with accelerator.autocast():  # the model runs in the training precision, the metrics below in fp32
             decoded, target = plan.aligned(model.decode_video(model.encode_video(frames.to(dtype))).float(), frames)
-            columns = [video_mse(decoded, target), video_psnr(decoded, target), video_ssim(decoded, target)]
-            if rgba:  # the metrics above cover all four channels; the alpha alone too
-                columns.append(video_alpha_psnr(decoded, target))
-            if use_lpips:
-                columns.append(video_lpips(decoded, target))
             if ref_vae is not None:
                 from_ref, _ = plan.aligned(model.decode_video(ref_vae.encode(frames).to(dtype)).float(), frames)
-                columns.append(video_psnr(from_ref, target))
+        columns = [video_mse(decoded, target), video_psnr(decoded, target), video_ssim(decoded, target),
+                   video_sharpness(decoded, target)]
+        if rgba:  # the metrics above cover all four channels; the alpha alone too
+            columns.append(video_alpha_psnr(decoded, target))
+        if use_lpips:
+            columns.append(video_lpips(decoded, target))
+        if ref_vae is not None:
+            columns.append(video_psnr(from_ref, target))
         rows.append(torch.stack([c.float() for c in columns], 1))
         if strip is None and accelerator.is_main_process:
             strip = reconstruction_strip(target[0], decoded[0])
     if agree([unreadable is not None], accelerator.device)[0]:  # before the gather, which would wait forever
         raise ValidationDataError(str(unreadable) if unreadable else "validation clips unreadable on another rank")
-    names = ["val/mse", "val/psnr", "val/ssim"] + (["val/alpha_psnr"] if rgba else []) + (
+    names = ["val/mse", "val/psnr", "val/ssim", "val/sharpness"] + (["val/alpha_psnr"] if rgba else []) + (
         ["val/lpips"] if use_lpips else []) + (
         ["val/psnr_from_reference_latents"] if ref_vae is not None else [])
     per_rank = -(-n // accelerator.num_processes)
