@@ -403,8 +403,7 @@ def run_chunk(blocks: nn.Sequential, x: torch.Tensor, memory: list[torch.Tensor 
     if onednn:
         parity_stride, steps = fused_steps(blocks)
     else:
-        cpu_training = x.device.type == "cpu" and wants_grad(x, blocks)  # on GPUs the published blocks are faster
-        parity_stride, steps = 0, autograd_steps(blocks) if cpu_training else plain_steps(blocks)
+        parity_stride, steps = 0, autograd_steps(blocks) if cpu_training(x, blocks) else plain_steps(blocks)
     if parity_stride:
         x = parity_major(x, parity_stride)
     else:
@@ -532,6 +531,16 @@ def fused_steps(blocks: nn.Sequential) -> tuple[int, list[tuple[int, str, object
             i += 1
     blocks.__dict__["_fused_steps"] = parity_stride, steps
     return parity_stride, steps
+
+
+def cpu_training(x: torch.Tensor, blocks: nn.Module) -> bool:
+    """Whether a run takes ``autograd_steps``: with gradients on a CPU (on GPUs the
+    published blocks are faster). A shape-only run on the ``meta`` device (the pre-flight's
+    memory estimate) takes the schedule this machine would train with."""
+    device = x.device.type
+    if device == "meta":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return device == "cpu" and wants_grad(x, blocks)
 
 
 def autograd_steps(blocks: nn.Sequential) -> list[tuple[int, str, object]]:

@@ -31,11 +31,14 @@ def saved_on_cpu(variant: str, frames: int, with_reference: bool, train_encoder:
 @pytest.mark.parametrize("variant, with_reference, train_encoder", [
     ("taehv", False, True), ("taehv", True, False), ("taeh3", True, True)])
 def test_the_estimate_is_what_a_real_forward_keeps(variant, with_reference, train_encoder):
-    """The meta-device forward keeps exactly the storages a real one does: both decodes
-    with reference latents, no encoder activations when it is frozen."""
+    """The meta-device forward keeps the storages a real one does: both decodes with
+    reference latents, no encoder activations when it is frozen. Within 1%: on a CPU,
+    oneDNN turns the folded TPool convolutions' outputs channels-last (their derived
+    weights are), so stacking the next frames on channels makes a copy there and a view
+    on the meta device."""
     frames = 22 if variant == "taeh3" else 9
     estimate = memory.activation_bytes(variant, 1, frames, 32, 32, torch.float32, with_reference, True, train_encoder)
-    assert estimate == saved_on_cpu(variant, frames, with_reference, train_encoder)
+    assert estimate == pytest.approx(saved_on_cpu(variant, frames, with_reference, train_encoder), rel=0.01)
 
 
 def test_a_step_that_cannot_fit_is_refused_with_its_size_and_a_close_one_is_warned(monkeypatch):
@@ -52,8 +55,14 @@ def test_a_step_that_cannot_fit_is_refused_with_its_size_and_a_close_one_is_warn
     assert "may run out of memory" not in memory.check_fits(config)[0]
 
 
-def test_the_h100_preset_needs_about_24_gib_of_activations():
-    """The seeds' recipe (2 clips of 17 frames at 480x720, bf16): fits an 80 GB GPU, which
-    is what the check compares it with there; its config check does not depend on the machine."""
-    config = load_config("training/configs/taehv_config_h100.py", [])
-    assert 20 * 2**30 < memory.step_bytes(config) < 28 * 2**30
+def test_the_h100_preset_needs_about_24_gib_of_activations(monkeypatch):
+    """The seeds' recipe (2 clips of 17 frames at 480x720, bf16), estimated as on the GPU it
+    is for (the published blocks; a CPU's training schedule keeps less): fits an 80 GB GPU,
+    which is what the check compares it with there."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    memory.activation_bytes.cache_clear()
+    try:
+        needed = memory.step_bytes(load_config("training/configs/taehv_config_h100.py", []))
+    finally:
+        memory.activation_bytes.cache_clear()
+    assert 20 * 2**30 < needed < 28 * 2**30

@@ -1,8 +1,9 @@
 """How much memory one training step needs, known before any data or weights load.
 
 The TAE's forward pass is run on the ``meta`` device (shapes only: nothing is computed or
-allocated) at the training size, and the storages it keeps for the backward pass are
-added up: the activations of one micro-batch, exactly as the training forward makes them
+allocated) at the training size, with the block schedule this machine trains with (the
+CPU training schedule, or the published blocks on a GPU), and the storages it keeps for
+the backward pass are added up: the activations of one micro-batch, exactly as the training forward makes them
 (both decodes when reference latents are used, no encoder activations when it is frozen).
 Weights and optimizer state of a tiny TAE are small beside them; the reference VAE,
 Seraena and LPIPS are not counted. A run whose activations alone exceed the device's
