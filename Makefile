@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser test test-fast demo bench bench-speed bench-gpu clean
+.PHONY: setup browser lint test test-fast demo bench bench-speed bench-gpu clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,12 @@ browser:
 		exit 1; \
 	fi
 
-test: $(STAMP) browser
+# Lint and format check (ruff.toml); `make test` runs it first.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: $(STAMP) browser lint
 	$(PY) -m pytest -q
 
 # The inner loop: pure-Python and single-process tests, about 2 minutes on 2 cores (tests
@@ -41,12 +46,12 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.bench_model --frames 9 17 --height 128 --width 128
 
-# The GPU path (issue #25): ours against the published TAEHV, eager and compiled, bf16 and
+# The GPU path: ours against the published TAEHV, eager and compiled, bf16 and
 # fp16, 81 frames of 480x832, plus the 1gpu_h100 training step; JSON on stdout (--out FILE: also a file).
 bench-gpu: $(STAMP)
 	$(PY) -m bench.bench_gpu
 
-# Ours against the published TAEHV on CPU (issue #25): taecvx, T = 9/17/49 at 128x128 and
+# Ours against the published TAEHV on CPU: taecvx, T = 9/17/49 at 128x128 and
 # T = 9 at 256x256, encode/decode, parallel/sequential, 2 threads; JSON, then a Markdown table.
 bench-speed: $(STAMP)
 	$(PY) -m bench.bench_speed --markdown

@@ -7,6 +7,7 @@ latent pictures and summary_report.html.
     python inference.py --model_path checkpoints/taecvx.pth --videos clip1.mp4 clip2.mp4 --use_ref_vae \
         --ref_vae_path checkpoints/CogVideoX-2b --num_samples 50 --output_dir results
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,30 +19,31 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.clips import BadClipError, VideoClipDataset, VideoDataError, clip_extensions, find_videos, probe_video
+from common.config import DTYPES, TrainConfig, load_config
+from common.errors import UserError, exit_on_user_error
+from common.flags import ArgumentParser
+from common.metrics import lpips_unavailable_reason
+from common.reference_vae import ReferenceVAE
+from common.run_files import run_folder_of, verified_weights
 from evaluation.evaluator import Evaluator, out_of_memory_hint, summarise
-from evaluation.metrics import lpips_unavailable_reason
 from evaluation.report import write_report
-from models.reference_vaes import AUTO_CLASS, REF_VAE_CLASSES
 from models.taehv import TAEHV
+from models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES
 from models.variants import get_variant
 from models.weights import read_metadata
-from training.config import DTYPES, TrainConfig, load_config
-from training.data.clips import (BadClipError, VideoClipDataset, VideoDataError, clip_extensions, find_videos,
-                                 probe_video)
-from training.data.reference_vae import ReferenceVAE
-from training.errors import ConfigError, exit_on_config_error
-from training.export import run_folder_of
-from training.state.checkpoints import verified_weights
-from training.flags import ArgumentParser
 
 logger = logging.getLogger("inference")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model_path", required=True,
-                   help="weights (.pth/.safetensors, ours or published), a training checkpoint or best_model folder, "
-                        "or a run folder")
+    p.add_argument(
+        "--model_path",
+        required=True,
+        help="weights (.pth/.safetensors, ours or published), a training checkpoint or best_model folder, "
+        "or a run folder",
+    )
     p.add_argument("--variant", default=None, help="architecture when the file does not say (e.g. taecvx)")
     p.add_argument("--config", default=None, help="training config: default data (val set), size and frames")
     src = p.add_argument_group("data (one of --videos, --annotation_file/--data_root, --config)")
@@ -50,31 +52,55 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src.add_argument("--annotation_file", default=None)
     p.add_argument("--num_samples", type=int, default=10)
     p.add_argument("--n_frames", type=int, default=None, help="frames per sample (default: config or 17)")
-    p.add_argument("--stride", type=int, default=None,
-                   help="temporal stride between the frames read (default: the config's validation stride "
-                        "(stride_min + stride_max) // 2, else 1); clips too short for it are skipped and reported")
-    p.add_argument("--height", type=int, default=None,
-                   help="default: the config's validation size (val_height, else height), else the native size cropped to 8*patch")
+    p.add_argument(
+        "--stride",
+        type=int,
+        default=None,
+        help="temporal stride between the frames read (default: the config's validation stride "
+        "(stride_min + stride_max) // 2, else 1); clips too short for it are skipped and reported",
+    )
+    p.add_argument(
+        "--height",
+        type=int,
+        default=None,
+        help="default: the config's validation size (val_height, else height), else the native size cropped to 8*patch",
+    )
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--use_ref_vae", action="store_true", help="also evaluate the reference VAE and report ratios")
     p.add_argument("--ref_vae_path", default=None, help="diffusers folder (default: the config's ref_vae_path)")
-    p.add_argument("--ref_vae_class", default=None, choices=[AUTO_CLASS, *REF_VAE_CLASSES],
-                   help="the reference VAE's class (default: the config's, else auto: from the folder's config.json)")
+    p.add_argument(
+        "--ref_vae_class",
+        default=None,
+        choices=[AUTO_CLASS, *REF_VAE_CLASSES],
+        help="the reference VAE's class (default: the config's, else auto: from the folder's config.json)",
+    )
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--parallel", dest="parallel", action="store_true", default=True, help="all frames at once (default)")
+    mode.add_argument(
+        "--parallel", dest="parallel", action="store_true", default=True, help="all frames at once (default)"
+    )
     mode.add_argument("--sequential", dest="parallel", action="store_false", help="frame by frame, memory flat in T")
     p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
-    p.add_argument("--channels_last", action=argparse.BooleanOptionalAction, default=True,
-                   help="channels-last convolutions (default; faster on CPU, see docs/benchmarks.md; same results to fp rounding)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model's blocks (TAEHV.compile, inductor); compilation happens in the "
-                        "warm-up on the first clip and is not timed")
+    p.add_argument(
+        "--channels_last",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="channels-last convolutions (default; faster on CPU, see docs/benchmarks.md; same results to fp rounding)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model's blocks (TAEHV.compile, inductor); compilation happens in the "
+        "warm-up on the first clip and is not timed",
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0, help="which samples are drawn (deterministic)")
     p.add_argument("--fps", type=float, default=None, help="fps of written videos (default: the source's)")
     p.add_argument("--output_dir", default="inference_results")
-    p.add_argument("--debug", action="store_true",
-                   help="show the traceback of user errors (files, options, out of memory) instead of one line")
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback of user errors (files, options, out of memory) instead of one line",
+    )
     args = p.parse_args(argv)
     if args.num_samples < 1:
         p.error("--num_samples must be >= 1")
@@ -94,7 +120,7 @@ def checked_variant(name: str) -> str:
     try:
         return get_variant(name).name
     except ValueError as err:  # its message lists the known variants
-        raise ConfigError(f"--variant: {err}") from err
+        raise UserError(f"--variant: {err}") from err
 
 
 def model_variant(requested: str | None, path: Path) -> str | None:
@@ -112,8 +138,9 @@ def model_variant(requested: str | None, path: Path) -> str | None:
     variant = checked_variant(requested)
     for declared, where in ((metadata, "its metadata"), (from_run, f"its run's {run_config}")):
         if declared and declared != variant:
-            raise ConfigError(f"{path} is a {declared} file ({where}), but --variant {requested} was given: "
-                              "drop --variant")
+            raise UserError(
+                f"{path} is a {declared} file ({where}), but --variant {requested} was given: drop --variant"
+            )
     return variant
 
 
@@ -136,13 +163,13 @@ def video_files(paths: list[str], images: bool = False) -> list[str]:
         if Path(v).is_dir():
             found = [str(Path(v, f).resolve()) for f in find_videos(v, images)]
             if not found:
-                raise ConfigError(f"no videos ({', '.join(clip_extensions(images))}) in folder {v}")
+                raise UserError(f"no videos ({', '.join(clip_extensions(images))}) in folder {v}")
             files += found
         else:
             files.append(str(Path(v).resolve()))
     missing = [f for f in files if not Path(f).is_file()]
     if missing:
-        raise ConfigError(f"video file(s) not found: {', '.join(missing)}")
+        raise UserError(f"video file(s) not found: {', '.join(missing)}")
     return files
 
 
@@ -167,29 +194,46 @@ def build_dataset(args: argparse.Namespace, model: TAEHV, output_dir: Path) -> V
         data_root = None
     elif annotation is None and data_root is None:
         if config is None:
-            raise ConfigError("give --videos, --annotation_file/--data_root or --config")
+            raise UserError("give --videos, --annotation_file/--data_root or --config")
         data_root = config.data_root or None
         annotation = config.val_annotation_file or config.annotation_file
     for name, path in (("annotation file", annotation), ("data root", data_root)):
         if path is not None and not Path(path).exists():
-            raise ConfigError(f"{name} {path} not found")
+            raise UserError(f"{name} {path} not found")
     try:
         height, width = frame_size(args, config, model, data_root, annotation)
         multiple = 8 * model.patch_size
         if height % multiple or width % multiple:
-            raise ConfigError(f"--height/--width {height}x{width}: {model.variant} needs multiples of {multiple} "
-                              f"(8 * its patch size {model.patch_size}), e.g. {height // multiple * multiple or multiple}x"
-                              f"{width // multiple * multiple or multiple}")
+            raise UserError(
+                f"--height/--width {height}x{width}: {model.variant} needs multiples of {multiple} "
+                f"(8 * its patch size {model.patch_size}), e.g. {height // multiple * multiple or multiple}x"
+                f"{width // multiple * multiple or multiple}"
+            )
         stride = default_stride(args, config)
-        return VideoClipDataset(data_root, annotation, n_frames=n_frames, height=height, width=width, mode="val",
-                                seed=args.seed, crop_scale=(1.0, 1.0), stride_range=(stride, stride),
-                                short_clip_policy="skip", channels=model.image_channels)
+        return VideoClipDataset(
+            data_root,
+            annotation,
+            n_frames=n_frames,
+            height=height,
+            width=width,
+            mode="val",
+            seed=args.seed,
+            crop_scale=(1.0, 1.0),
+            stride_range=(stride, stride),
+            short_clip_policy="skip",
+            channels=model.image_channels,
+        )
     except VideoDataError as err:  # e.g. no clips in the folder or annotation
-        raise ConfigError(str(err)) from err
+        raise UserError(str(err)) from err
 
 
-def frame_size(args: argparse.Namespace, config: TrainConfig | None, model: TAEHV, data_root: str | Path | None,
-               annotation: str | Path | None) -> tuple[int, int]:
+def frame_size(
+    args: argparse.Namespace,
+    config: TrainConfig | None,
+    model: TAEHV,
+    data_root: str | Path | None,
+    annotation: str | Path | None,
+) -> tuple[int, int]:
     """(height, width): the options, else the config's validation size, else the first
     clip's native size cropped to a multiple of 8 * patch."""
     height, width = args.height, args.width
@@ -197,26 +241,28 @@ def frame_size(args: argparse.Namespace, config: TrainConfig | None, model: TAEH
         return height, width
     if config is not None:
         return height or config.validation_size[0], width or config.validation_size[1]
-    first = VideoClipDataset(data_root, annotation, n_frames=1, height=8, width=8, mode="val",
-                             channels=model.image_channels).clips.path(0)
+    first = VideoClipDataset(
+        data_root, annotation, n_frames=1, height=8, width=8, mode="val", channels=model.image_channels
+    ).clips.path(0)
     try:
         info = probe_video(first)
     except BadClipError as err:
-        raise ConfigError(f"cannot read {first} to learn the frame size ({err}): give --height and --width") from err
+        raise UserError(f"cannot read {first} to learn the frame size ({err}): give --height and --width") from err
     step = 8 * model.patch_size
     return height or info.height // step * step, width or info.width // step * step
 
 
 def reference_vae(args: argparse.Namespace, model: TAEHV, device: torch.device) -> ReferenceVAE:
-    """The reference VAE of ``--config`` (or the defaults), with ``--ref_vae_path`` /
-    ``--ref_vae_class`` and ``--dtype`` applied; latents are its mode, not samples."""
-    config = load_config(args.config) if args.config else TrainConfig()
-    config = config.replace(ref_vae_path=args.ref_vae_path or config.ref_vae_path,
-                            ref_vae_class=args.ref_vae_class or config.ref_vae_class,
-                            ref_vae_dtype=args.dtype, ref_latent_sample=False, variant=model.variant)
-    if not config.ref_vae_path:
-        raise ConfigError("--use_ref_vae needs --ref_vae_path (or a --config with ref_vae_path)")
-    return ReferenceVAE.from_config(config, device)
+    """The reference VAE of ``--ref_vae_path`` / ``--ref_vae_class``, else of the ``ref_vae_*``
+    keys of ``--config`` (or their defaults), in ``--dtype``, checked against the model's
+    variant; latents are its mode, not samples."""
+    config = load_config(args.config) if args.config else None
+    path = args.ref_vae_path or (config.ref_vae_path if config else "")
+    if not path:
+        raise UserError("--use_ref_vae needs --ref_vae_path (or a --config with ref_vae_path)")
+    vae_class = args.ref_vae_class or (config.ref_vae_class if config else AUTO_CLASS)
+    subfolder = config.ref_vae_subfolder if config else "vae"
+    return ReferenceVAE.for_variant(model.variant, path, vae_class, subfolder, args.dtype, device, sample=False)
 
 
 def prepare_output_dir(output_dir: Path) -> Path:
@@ -227,8 +273,9 @@ def prepare_output_dir(output_dir: Path) -> Path:
         with tempfile.TemporaryFile(dir=output_dir):
             pass
     except OSError as err:
-        raise ConfigError(f"cannot write into --output_dir {output_dir}: {err.strerror or err}; choose a folder "
-                          "you can write") from None
+        raise UserError(
+            f"cannot write into --output_dir {output_dir}: {err.strerror or err}; choose a folder you can write"
+        ) from None
     return output_dir
 
 
@@ -254,17 +301,31 @@ def main(argv: list[str] | None = None) -> dict:
 
     count = min(args.num_samples, len(dataset))
     order = np.random.default_rng(args.seed).permutation(len(dataset)) if not args.videos else np.arange(len(dataset))
-    print(f"✅ Processing {count} samples: {dataset.n_frames} frames at stride {stride}, {dataset.height}x{dataset.width} "
-          f"({plan.latent_frames} latents, {plan.aligned_frames} aligned decoded frames compared)")
+    print(
+        f"✅ Processing {count} samples: {dataset.n_frames} frames at stride {stride}, "
+        f"{dataset.height}x{dataset.width} "
+        f"({plan.latent_frames} latents, {plan.aligned_frames} aligned decoded frames compared)"
+    )
     samples, skipped = evaluator.evaluate(order, count)
 
     results = {
         "model": {"path": str(weights), "variant": model.variant, "parameters_m": n_params / 1e6},
-        "settings": {"n_frames": dataset.n_frames, "stride": stride, "height": dataset.height, "width": dataset.width,
-                     "parallel": args.parallel, "dtype": args.dtype, "device": str(device), "seed": args.seed,
-                     "channels_last": args.channels_last, "compile": args.compile,
-                     "latent_frames": plan.latent_frames, "compared_frames": plan.aligned_frames,
-                     "lpips": use_lpips, "reference_vae": bool(ref_vae)},
+        "settings": {
+            "n_frames": dataset.n_frames,
+            "stride": stride,
+            "height": dataset.height,
+            "width": dataset.width,
+            "parallel": args.parallel,
+            "dtype": args.dtype,
+            "device": str(device),
+            "seed": args.seed,
+            "channels_last": args.channels_last,
+            "compile": args.compile,
+            "latent_frames": plan.latent_frames,
+            "compared_frames": plan.aligned_frames,
+            "lpips": use_lpips,
+            "reference_vae": bool(ref_vae),
+        },
         "samples": samples,
         "skipped": skipped,
         "summary": summarise(samples),
@@ -282,8 +343,13 @@ def print_summary(results: dict) -> None:
     ours = summary["taehv"]
     print("\nFinal Evaluation Results:")
     print("├─ Reconstruction Quality (TAEHV)")
-    for key, label in (("mse", "MSE"), ("psnr", "PSNR (dB)"), ("ssim", "SSIM"), ("lpips", "LPIPS"),
-                       ("temporal_error", "Temporal error")):
+    for key, label in (
+        ("mse", "MSE"),
+        ("psnr", "PSNR (dB)"),
+        ("ssim", "SSIM"),
+        ("lpips", "LPIPS"),
+        ("temporal_error", "Temporal error"),
+    ):
         if key in ours:
             print(f"│   ├─ {label}: {ours[key]['mean']:.4f} ± {ours[key]['std']:.4f}")
     print("├─ Performance")
@@ -293,9 +359,11 @@ def print_summary(results: dict) -> None:
         ref = summary["reference"]
         print(f"└─ vs Reference VAE (PSNR {ref['psnr']['mean']:.2f} dB, decode {ref['decode_s']['mean']:.3f}s)")
         print(f"    ├─ Quality gap: {c['psnr_gap_db']:+.2f} dB PSNR, {c['ssim_gap']:+.3f} SSIM")
-        print(f"    └─ Speed-up: encode {c['encode_speedup']:.1f}x, decode {c['decode_speedup']:.1f}x, "
-              f"total {c['total_speedup']:.1f}x")
+        print(
+            f"    └─ Speed-up: encode {c['encode_speedup']:.1f}x, decode {c['decode_speedup']:.1f}x, "
+            f"total {c['total_speedup']:.1f}x"
+        )
 
 
 if __name__ == "__main__":
-    exit_on_config_error(main)
+    exit_on_user_error(main)

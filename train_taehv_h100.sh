@@ -92,7 +92,8 @@ if any(importlib.util.find_spec(name) is None for name in ("torch", "accelerate"
     sys.exit(3)
 import torch
 print(f"gpus={torch.cuda.device_count()}", flush=True)
-from training.config import ConfigError, load_config
+from common.config import load_config
+from common.errors import UserError
 from training.loop.memory import check_fits
 from training.preflight import check
 try:
@@ -103,7 +104,7 @@ try:
     _, checkpoint = resolve_resume(config)  # a damaged checkpoint or one of another variant stops here
     if checkpoint is not None:
         print(f"  resuming from {checkpoint}")
-except ConfigError as err:
+except UserError as err:
     print(f"  {err}")
     sys.exit(1)
 print(f"  data: {config.annotation_file or config.data_root}; reference VAE: {config.ref_vae_path or 'none (plain autoencoder)'}")

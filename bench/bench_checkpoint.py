@@ -10,6 +10,7 @@ put it on the file system your runs use). Each figure is the median of ``--repea
 saves of a fresh step; files come from the page cache when they are verified, as they do
 right after a save.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,14 +22,14 @@ import time
 from pathlib import Path
 
 import torch
-
 from accelerate import Accelerator
 from diffusers.training_utils import EMAModel
 
+from common.flags import ArgumentParser
+from common.run_files import read_checkpoint_manifest
 from models.taehv import TAEHV
-from training.flags import ArgumentParser
-from training.state.checkpoints import TrainingObjects, read_checkpoint_manifest, save_checkpoint
-from training.state.weight_export import export_weights
+from training.state.checkpoints import TrainingObjects, save_checkpoint
+from training.state.trained_weights import export_weights
 
 
 def measure(variant: str, directory: Path, repeats: int) -> dict:
@@ -45,8 +46,14 @@ def measure(variant: str, directory: Path, repeats: int) -> dict:
     saves, checksums, verifies, sizes = [], [], [], []
     for step in range(1, repeats + 1):
         start = time.perf_counter()
-        path = save_checkpoint(objects, directory, step, keep=1, trainer_state={"step": step},
-                               export=lambda d: export_weights(accelerator, model, ema, d, "weights", (".safetensors",)))
+        path = save_checkpoint(
+            objects,
+            directory,
+            step,
+            keep=1,
+            trainer_state={"step": step},
+            export=lambda d: export_weights(accelerator, model, ema, d, "weights", (".safetensors",)),
+        )
         saves.append(time.perf_counter() - start)
         manifest = read_checkpoint_manifest(path)
         checksums.append(manifest["checksum_seconds"])
@@ -55,10 +62,16 @@ def measure(variant: str, directory: Path, repeats: int) -> dict:
         read_checkpoint_manifest(path, verify_checksums=True)
         verifies.append(time.perf_counter() - start)
     save_s, checksum_s = statistics.median(saves), statistics.median(checksums)
-    return {"variant": variant, "parameters_m": sum(p.numel() for p in model.parameters()) / 1e6,
-            "checkpoint_mb": sizes[-1] / 2**20, "save_s": save_s, "checksum_s": checksum_s,
-            "checksum_share_of_save": checksum_s / save_s, "verify_s": statistics.median(verifies),
-            "checksum_gb_per_s": sizes[-1] / 2**30 / checksum_s}
+    return {
+        "variant": variant,
+        "parameters_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "checkpoint_mb": sizes[-1] / 2**20,
+        "save_s": save_s,
+        "checksum_s": checksum_s,
+        "checksum_share_of_save": checksum_s / save_s,
+        "verify_s": statistics.median(verifies),
+        "checksum_gb_per_s": sizes[-1] / 2**30 / checksum_s,
+    }
 
 
 def main() -> None:
@@ -69,8 +82,11 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         runs = [measure(variant, Path(folder) / variant, args.repeats) for variant in args.variants]
-    machine = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-               "torch": torch.__version__}
+    machine = {
+        "cpu": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
     print(json.dumps({"benchmark": "checkpoint", "machine": machine, "runs": runs}, indent=2))
 
 

@@ -25,6 +25,7 @@ against the eager row's: latents, frames, or the first step's loss). Inductor's 
 caches start empty in every process unless ``--warm_cache`` (then a second run measures
 what a later launch pays). Timings are synchronised on CUDA.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,15 +41,16 @@ from pathlib import Path
 
 import torch
 
+from common.flags import ArgumentParser
 from evaluation.timing import median_seconds, timed
 from models.taehv import TAEHV
-from training.flags import ArgumentParser
 
 CASES = ("parallel", "sequential", "train")
 
 
-def first_and_steady(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int,
-                     compiled: bool) -> tuple[dict, object]:
+def first_and_steady(
+    fn: Callable[[], object], device: torch.device, warmup: int, repeats: int, compiled: bool
+) -> tuple[dict, object]:
     """Timings (the first call, the median of ``repeats`` after ``warmup`` more, and for a
     compiled model their difference) and the first call's output."""
     out, first, _ = timed(fn, device)
@@ -79,25 +81,40 @@ def inference_case(config: dict, device: torch.device) -> dict:
 def train_case(config: dict, device: torch.device) -> dict:
     """First and steady steps of ``TrainStep`` with cached reference latents."""
     from bench.bench_train_step import train_step
-    from training.config import TrainConfig
+    from common.config import TrainConfig
     from training.data.loading import ReferenceLatents
 
     size = (config["train_height"], config["train_width"])
-    train_config = TrainConfig(variant=config["variant"], n_frames=config["frames"], height=size[0], width=size[1],
-                               train_batch_size=config["batch"], mixed_precision=config["mixed_precision"],
-                               learning_rate=1e-4, compile=config["compiled"], compile_backend=config["backend"])
+    train_config = TrainConfig(
+        variant=config["variant"],
+        n_frames=config["frames"],
+        height=size[0],
+        width=size[1],
+        train_batch_size=config["batch"],
+        mixed_precision=config["mixed_precision"],
+        learning_rate=1e-4,
+        compile=config["compiled"],
+        compile_backend=config["backend"],
+    )
     torch.manual_seed(0)
     step = train_step(train_config, device, ReferenceLatents(None, cached=True), seraena=False)
     torch.manual_seed(1)
     frames = torch.randint(0, 256, (config["batch"], config["frames"], 3, *size), dtype=torch.uint8)
     scale = 8 * step.net.patch_size
-    latents = torch.randn(config["batch"], step.net.plan(config["frames"]).latent_frames, step.net.latent_channels,
-                          size[0] // scale, size[1] // scale, device=device)
+    latents = torch.randn(
+        config["batch"],
+        step.net.plan(config["frames"]).latent_frames,
+        step.net.latent_channels,
+        size[0] // scale,
+        size[1] // scale,
+        device=device,
+    )
     batch = {"frames": frames, "latents": latents}
     windows = iter(range(1, 1 << 30))
-    timing, first = first_and_steady(lambda: step(batch, next(windows)), device, config["warmup"], config["repeats"],
-                                     config["compiled"])
-    return {"step": timing, "outputs": {"step": first.losses["loss"].detach().cpu()}}  # the first step's loss
+    timing, first = first_and_steady(
+        lambda: step(iter([batch]), next(windows)), device, config["warmup"], config["repeats"], config["compiled"]
+    )
+    return {"step": timing, "outputs": {"step": first.losses[0]["loss"].cpu()}}  # the first step's loss
 
 
 def measure(config: dict) -> dict:
@@ -132,18 +149,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--variant", default="taehv")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: tracing only)")
-    parser.add_argument("--frames", type=int, default=9, help="frames of the clip (inference) and of each training clip")
+    parser.add_argument(
+        "--frames", type=int, default=9, help="frames of the clip (inference) and of each training clip"
+    )
     parser.add_argument("--height", type=int, default=128, help="inference clip size")
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--train_height", type=int, default=64, help="training clip size")
     parser.add_argument("--train_width", type=int, default=64)
     parser.add_argument("--batch", type=int, default=2, help="training batch")
-    parser.add_argument("--mixed_precision", default=None, help="training: no | bf16 (default: bf16 on CUDA, no on CPU)")
+    parser.add_argument(
+        "--mixed_precision", default=None, help="training: no | bf16 (default: bf16 on CUDA, no on CPU)"
+    )
     parser.add_argument("--warmup", type=int, default=1, help="calls after the first, before the timed ones")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    parser.add_argument("--no_channels_last", dest="channels_last", action="store_false",
-                        help="inference without channels-last weights (inference.py's default has them)")
+    parser.add_argument(
+        "--no_channels_last",
+        dest="channels_last",
+        action="store_false",
+        help="inference without channels-last weights (inference.py's default has them)",
+    )
     parser.add_argument("--warm_cache", action="store_true", help="use inductor's default on-disk caches")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.warmup < 0:
@@ -155,11 +180,23 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     device = torch.device(args.device)
     precision = args.mixed_precision or ("bf16" if device.type == "cuda" else "no")
-    common = {"device": args.device, "variant": args.variant, "backend": args.backend, "frames": args.frames,
-              "height": args.height, "width": args.width, "train_height": args.train_height,
-              "train_width": args.train_width, "batch": args.batch, "mixed_precision": precision,
-              "warmup": args.warmup, "repeats": args.repeats, "threads": args.threads,
-              "channels_last": args.channels_last, "warm_cache": args.warm_cache}
+    common = {
+        "device": args.device,
+        "variant": args.variant,
+        "backend": args.backend,
+        "frames": args.frames,
+        "height": args.height,
+        "width": args.width,
+        "train_height": args.train_height,
+        "train_width": args.train_width,
+        "batch": args.batch,
+        "mixed_precision": precision,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "threads": args.threads,
+        "channels_last": args.channels_last,
+        "warm_cache": args.warm_cache,
+    }
     rows = []
     for case in args.cases:
         eager = run_isolated({**common, "case": case, "compiled": False})
@@ -167,9 +204,15 @@ def main(argv: list[str] | None = None) -> dict:
         compare(eager, compiled)
         eager.pop("outputs")
         rows.append({"case": case, "eager": eager, "compiled": compiled})
-        print(f"{case}: " + ", ".join(f"{name} {eager[name]['steady_s']:.3f}s eager, {t['steady_s']:.3f}s compiled "
-                                      f"(+{t['compile_s']:.1f}s compiling)" for name, t in compiled.items()),
-              file=sys.stderr)
+        print(
+            f"{case}: "
+            + ", ".join(
+                f"{name} {eager[name]['steady_s']:.3f}s eager, {t['steady_s']:.3f}s compiled "
+                f"(+{t['compile_s']:.1f}s compiling)"
+                for name, t in compiled.items()
+            ),
+            file=sys.stderr,
+        )
     return {
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, {os.cpu_count()} cores",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -5,7 +5,7 @@
         --clips 48 --workers 0 1 2
 
 Clip length, stride range and crop scale default to the training defaults
-(``training/config.py``: 17 frames, stride 1-3, crop area 0.6-1.0); ``--n_frames 12
+(``common/config.py``: 17 frames, stride 1-3, crop area 0.6-1.0); ``--n_frames 12
 --stride_range 1 1`` is the hardest case for the ratios (no skipped frames, so the
 least decoding per output frame).
 
@@ -41,6 +41,7 @@ one OpenCV thread) spent seeking, in the per-frame writer (crop, resize, flip, R
 planes) and in the rest (open, decode, sampling). Worker transfer: ms per sample to hand
 a ready sample of the loader's shape from one worker to the main process.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,17 +53,17 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import cv2
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from training.data.clips import (
+from common.clips import (
     VideoClipDataset,
     VideoReader,
     _ClipWriter,
@@ -72,8 +73,8 @@ from training.data.clips import (
     find_videos,
     probe_video,
 )
-from training.config import TrainConfig
-from training.flags import ArgumentParser
+from common.config import TrainConfig
+from common.flags import ArgumentParser
 from training.make_annotations import write_annotation
 
 Window = tuple[str, int, int, int]  # path, start, stride, count
@@ -251,6 +252,7 @@ def time_split(dataset: VideoClipDataset) -> dict:
                 return originals[name](*args, **kwargs)
             finally:
                 totals[name] += time.perf_counter() - start
+
         return call
 
     for name, (owner, attr) in targets.items():
@@ -297,8 +299,10 @@ def worker_transfer(shape: tuple[int, ...], samples: int = 24) -> dict:
     start = time.perf_counter()
     for _ in batches:
         pass
-    return {"mb_per_sample": round(math.prod(shape) / 1e6, 1),
-            "ms_per_sample": round((time.perf_counter() - start) / samples * 1e3, 2)}
+    return {
+        "mb_per_sample": round(math.prod(shape) / 1e6, 1),
+        "ms_per_sample": round((time.perf_counter() - start) / samples * 1e3, 2),
+    }
 
 
 def loader_row(dataset: VideoClipDataset, windows: list[Window], workers: int, repeats: int, sequential: float) -> dict:

@@ -56,6 +56,7 @@ compiles the model), or, with a config without those keys, ``model.compile()`` o
 step's model (the row says which). ``--tiny`` uses the smallest clip the preset allows
 with a reference VAE (9 frames of 8x8 for taecvx) and no mixed precision.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,14 +78,14 @@ from torch._dynamo.utils import counters
 REPO_ROOT = Path(__file__).resolve().parents[1]
 from bench.bench_speed import load_published, published_file
 from bench.bench_train_step import train_step
+from common.config import DTYPES, TrainConfig, load_config
+from common.flags import ArgumentParser
 from evaluation.timing import median_seconds, synchronize
 from models import taehv as taehv_module
-from models.reference_vaes import reference_vae_frames
 from models.taehv import TAEHV
+from models.vae_registry import reference_vae_frames
 from models.variants import get_variant, known_variants
-from training.config import DTYPES, TrainConfig, load_config
 from training.data.loading import ReferenceLatents
-from training.flags import ArgumentParser
 from training.loop.monitoring import peak_rss_bytes
 
 PUBLISHED_PATH = published_file("taew2_1")
@@ -99,6 +100,7 @@ def log(message: str) -> None:
 
 
 # -- memory -------------------------------------------------------------------------------
+
 
 def _current_rss_bytes() -> int:
     with open("/proc/self/status") as f:
@@ -149,21 +151,28 @@ def free(device: torch.device) -> None:
 
 # -- the two implementations ----------------------------------------------------------------
 
+
 def check_variant(name: str) -> None:
     spec = get_variant(name)
     if spec.arch == "wide" or spec.h3_chunks:
-        raise ValueError(f"{name}: the published taehv.py has no {'wide decoder' if spec.arch == 'wide' else 'H3 stream'}; "
-                         "compare base or super variants")
+        raise ValueError(
+            f"{name}: the published taehv.py has no {'wide decoder' if spec.arch == 'wide' else 'H3 stream'}; "
+            "compare base or super variants"
+        )
 
 
 def build_pair(P, variant: str, device: torch.device, dtype: torch.dtype) -> tuple[TAEHV, torch.nn.Module]:
     """Ours and the published model with the same (random, seeded) weights, cast to ``dtype``."""
     torch.manual_seed(0)
     ours = TAEHV(variant=variant).eval()
-    published = P.TAEHV(checkpoint_path=None, encoder_time_downscale=ours.encoder_time_downscale,
-                        decoder_time_upscale=ours.decoder_time_upscale, patch_size=ours.patch_size,
-                        latent_channels=ours.latent_channels,
-                        arch_variant="super" if ours.arch_variant == "super" else None).eval()
+    published = P.TAEHV(
+        checkpoint_path=None,
+        encoder_time_downscale=ours.encoder_time_downscale,
+        decoder_time_upscale=ours.decoder_time_upscale,
+        patch_size=ours.patch_size,
+        latent_channels=ours.latent_channels,
+        arch_variant="super" if ours.arch_variant == "super" else None,
+    ).eval()
     published.is_cogvideox = ours.is_cogvideox  # the published file tells it from the checkpoint's name
     published.load_state_dict(ours.state_dict())
     ours = ours.to(device, dtype).to(memory_format=torch.channels_last)
@@ -175,29 +184,35 @@ def stream_decode(stream, latents: torch.Tensor) -> torch.Tensor:
     """Latents through a streaming decoder one at a time, every frame it gives."""
     frames = []
     for t in range(latents.shape[1]):
-        frame = stream.decode(latents[:, t:t + 1])
+        frame = stream.decode(latents[:, t : t + 1])
         while frame is not None:
             frames.append(frame)
             frame = stream.decode()
     return torch.cat(frames, 1)
 
 
-def operations(P, impl: str, model, frames_in: torch.Tensor, latents: torch.Tensor, compiled: bool,
-               compile_kwargs: dict) -> dict[str, Callable[[], torch.Tensor]]:
+def operations(
+    P, impl: str, model, frames_in: torch.Tensor, latents: torch.Tensor, compiled: bool, compile_kwargs: dict
+) -> dict[str, Callable[[], torch.Tensor]]:
     """The three operations of one implementation, compiled or not (compiled ops compile on first call)."""
     if impl == "ours":
         encode, decode = model.encode_video, model.decode_video
         if compiled:
             model.compile(**compile_kwargs)
-        return {"encode": lambda: encode(frames_in, parallel=True),
-                "decode": lambda: decode(latents, parallel=True),
-                "stream_decode": lambda: stream_decode(model.stream(), latents)}
+        return {
+            "encode": lambda: encode(frames_in, parallel=True),
+            "decode": lambda: decode(latents, parallel=True),
+            "stream_decode": lambda: stream_decode(model.stream(), latents),
+        }
     encode = lambda x: model.encode_video(x, parallel=True, show_progress_bar=False)  # noqa: E731
     decode = lambda z: model.decode_video(z, parallel=True, show_progress_bar=False)  # noqa: E731
     if compiled:
         encode, decode = torch.compile(encode, **compile_kwargs), torch.compile(decode, **compile_kwargs)
-    return {"encode": lambda: encode(frames_in), "decode": lambda: decode(latents),
-            "stream_decode": lambda: stream_decode(P.StreamingTAEHV(model), latents)}
+    return {
+        "encode": lambda: encode(frames_in),
+        "decode": lambda: decode(latents),
+        "stream_decode": lambda: stream_decode(P.StreamingTAEHV(model), latents),
+    }
 
 
 def stream_compile(impl: str, model, compile_kwargs: dict, device: torch.device, mode: str) -> str:
@@ -238,8 +253,10 @@ def record_failure(row: dict, err: Exception) -> None:
     """A measurement that raised: its error goes into its row and, with the traceback, to stderr;
     the other measurements go on and the command exits with status 1 (``main``)."""
     row["error"] = f"{type(err).__name__}: {err}"[:4000]
-    log(f"FAILED {json.dumps({k: v for k, v in row.items() if k != 'error'})}:\n"
-        + "".join(traceback.format_exception(err)))
+    log(
+        f"FAILED {json.dumps({k: v for k, v in row.items() if k != 'error'})}:\n"
+        + "".join(traceback.format_exception(err))
+    )
 
 
 def check_compiled(row: dict, compiled: bool) -> None:
@@ -250,8 +267,9 @@ def check_compiled(row: dict, compiled: bool) -> None:
         raise RuntimeError(f"eager row compiled graphs: {row}")
 
 
-def measure(run: Callable[[], torch.Tensor], device: torch.device, warmup: int, repeats: int
-            ) -> tuple[dict, torch.Tensor]:
+def measure(
+    run: Callable[[], torch.Tensor], device: torch.device, warmup: int, repeats: int
+) -> tuple[dict, torch.Tensor]:
     """Median seconds, peak memory and Dynamo graphs compiled of ``run``; its output (from the
     first, warm-up, call)."""
     peak = PeakMemory(device)
@@ -262,12 +280,17 @@ def measure(run: Callable[[], torch.Tensor], device: torch.device, warmup: int, 
         synchronize(device)
         first = graphs.step()
         seconds, _ = median_seconds(run, device, warmup - 1, repeats)
-    return {"seconds": seconds, "peak_mb": round(peak.mb(), 1), "graphs_compiled_first_call": first,
-            "graphs_compiled_timed": graphs.step()}, out
+    return {
+        "seconds": seconds,
+        "peak_mb": round(peak.mb(), 1),
+        "graphs_compiled_first_call": first,
+        "graphs_compiled_timed": graphs.step(),
+    }, out
 
 
-def model_rows(P, args, device: torch.device, variant: str, dtype_name: str, compiled: bool,
-               compile_kwargs: dict) -> list[dict]:
+def model_rows(
+    P, args, device: torch.device, variant: str, dtype_name: str, compiled: bool, compile_kwargs: dict
+) -> list[dict]:
     """Every (implementation, operation) row of one variant, dtype and setting."""
     dtype = DTYPES[dtype_name]
     torch._dynamo.reset()
@@ -276,10 +299,18 @@ def model_rows(P, args, device: torch.device, variant: str, dtype_name: str, com
     generator = torch.Generator().manual_seed(1)
     frames_in = torch.rand(1, args.frames, 3, args.height, args.width, generator=generator).to(device, dtype)
     scale = 8 * ours.patch_size
-    latents = torch.randn(1, ours.plan(args.frames).latent_frames, ours.latent_channels, args.height // scale,
-                          args.width // scale, generator=generator).to(device, dtype)
-    ops = {impl: operations(P, impl, models[impl], frames_in, latents, compiled, compile_kwargs)
-           for impl in IMPLEMENTATIONS}
+    latents = torch.randn(
+        1,
+        ours.plan(args.frames).latent_frames,
+        ours.latent_channels,
+        args.height // scale,
+        args.width // scale,
+        generator=generator,
+    ).to(device, dtype)
+    ops = {
+        impl: operations(P, impl, models[impl], frames_in, latents, compiled, compile_kwargs)
+        for impl in IMPLEMENTATIONS
+    }
     setting = "compiled" if compiled else "eager"
     rows = []
     for op in OPS:
@@ -291,22 +322,33 @@ def model_rows(P, args, device: torch.device, variant: str, dtype_name: str, com
                 if not compiled:
                     row["compile"] = "eager"
                 elif op == "stream_decode":
-                    row["compile"] = stream_compile(impl, models[impl], compile_kwargs, device, args.stream_compile_mode)
+                    row["compile"] = stream_compile(
+                        impl, models[impl], compile_kwargs, device, args.stream_compile_mode
+                    )
                 else:
-                    row["compile"] = (f"model.compile({_kwargs_text(compile_kwargs)})" if impl == "ours" else
-                                      f"torch.compile(encode_video/decode_video, {_kwargs_text(compile_kwargs)})")
+                    row["compile"] = (
+                        f"model.compile({_kwargs_text(compile_kwargs)})"
+                        if impl == "ours"
+                        else f"torch.compile(encode_video/decode_video, {_kwargs_text(compile_kwargs)})"
+                    )
                 result, out = measure(ops[impl][op], device, args.warmup, args.repeats)
                 if not bool(torch.isfinite(out).all()):
                     raise RuntimeError(f"{impl} {op} ({variant}, {dtype_name}, {setting}) gave non-finite values")
                 count = args.frames if op == "encode" else out.shape[1]
-                row.update(seconds=round(result["seconds"], 6), frames_per_s=round(count / result["seconds"], 2),
-                           peak_mb=result["peak_mb"], output_shape=list(out.shape),
-                           graphs_compiled_first_call=result["graphs_compiled_first_call"],
-                           graphs_compiled_timed=result["graphs_compiled_timed"])
+                row.update(
+                    seconds=round(result["seconds"], 6),
+                    frames_per_s=round(count / result["seconds"], 2),
+                    peak_mb=result["peak_mb"],
+                    output_shape=list(out.shape),
+                    graphs_compiled_first_call=result["graphs_compiled_first_call"],
+                    graphs_compiled_timed=result["graphs_compiled_timed"],
+                )
                 check_compiled(row, compiled)
                 outputs[impl] = out.float().cpu()
-                log(f"{variant:9s} {dtype_name:5s} {setting:8s} {impl:9s} {op:13s} {row['seconds']:.4f} s "
-                    f"{row['frames_per_s']:9.1f} frames/s  {row['peak_mb']:8.1f} MB")
+                log(
+                    f"{variant:9s} {dtype_name:5s} {setting:8s} {impl:9s} {op:13s} {row['seconds']:.4f} s "
+                    f"{row['frames_per_s']:9.1f} frames/s  {row['peak_mb']:8.1f} MB"
+                )
             except Exception as err:  # recorded in the row; main() exits 1 after the JSON
                 record_failure(row, err)
             out = None  # the device copy goes before the next measurement
@@ -315,8 +357,13 @@ def model_rows(P, args, device: torch.device, variant: str, dtype_name: str, com
         ours_row, published_row = rows[-2], rows[-1]
         if len(outputs) == 2:
             if outputs["ours"].shape != outputs["published"].shape:
-                record_failure(ours_row, RuntimeError(f"output shape {tuple(outputs['ours'].shape)} differs from the "
-                                                      f"published model's {tuple(outputs['published'].shape)}"))
+                record_failure(
+                    ours_row,
+                    RuntimeError(
+                        f"output shape {tuple(outputs['ours'].shape)} differs from the "
+                        f"published model's {tuple(outputs['published'].shape)}"
+                    ),
+                )
             else:
                 ours_row["speedup_vs_published"] = round(published_row["seconds"] / ours_row["seconds"], 3)
                 ours_row["max_abs_diff_vs_published"] = float((outputs["ours"] - outputs["published"]).abs().max())
@@ -327,6 +374,7 @@ def model_rows(P, args, device: torch.device, variant: str, dtype_name: str, com
 
 
 # -- training step ------------------------------------------------------------------------
+
 
 def training_config(args, device: torch.device) -> TrainConfig:
     """The 1gpu_h100 preset, or on ``--tiny`` the smallest clip it allows (and no mixed precision)."""
@@ -341,8 +389,9 @@ def training_config(args, device: torch.device) -> TrainConfig:
     return config
 
 
-def train_row(args, device: torch.device, config: TrainConfig, batch: dict, compiled: bool, has_key: bool,
-              compile_kwargs: dict) -> dict:
+def train_row(
+    args, device: torch.device, config: TrainConfig, batch: dict, compiled: bool, has_key: bool, compile_kwargs: dict
+) -> dict:
     """One setting of the training step: time, throughput, peak memory (model, optimizer state
     and activations: measured from before the step is built), losses."""
     peak = PeakMemory(device)
@@ -356,12 +405,13 @@ def train_row(args, device: torch.device, config: TrainConfig, batch: dict, comp
         else:
             step.net.compile(**compile_kwargs)
             how = f"model.compile({_kwargs_text(compile_kwargs)}) on the step's model" + (
-                " (config.compile=True did not compile it)" if has_key else " (the config has no compile keys)")
+                " (config.compile=True did not compile it)" if has_key else " (the config has no compile keys)"
+            )
     windows = iter(range(1, 1 << 30))
     results = []
 
     def run() -> None:
-        result = step(batch, next(windows))
+        result = step(iter([batch]), next(windows))  # a window of one micro-batch
         if not result.applied:
             raise RuntimeError(f"training step skipped its optimizer step: {result.skip_reason}")
         results.append(result)
@@ -370,25 +420,35 @@ def train_row(args, device: torch.device, config: TrainConfig, batch: dict, comp
     run()  # first warm-up step: compiles when compiled
     compiled_graphs = graphs.step()
     seconds, _ = median_seconds(run, device, args.warmup - 1, args.repeats)
-    row = {"compile": how, "step_s": round(seconds, 6), "steps_per_s": round(1 / seconds, 3),
-           "images_per_s": round(config.train_batch_size * config.n_frames / seconds, 2),
-           "peak_mb": round(peak.mb(), 1),
-           "first_loss": float(results[0].losses["loss"].detach()),
-           "last_loss": float(results[-1].losses["loss"].detach()),
-           "graphs_compiled_first_call": compiled_graphs, "graphs_compiled_timed": graphs.step()}
+    row = {
+        "compile": how,
+        "step_s": round(seconds, 6),
+        "steps_per_s": round(1 / seconds, 3),
+        "images_per_s": round(config.train_batch_size * config.n_frames / seconds, 2),
+        "peak_mb": round(peak.mb(), 1),
+        "first_loss": float(results[0].losses[0]["loss"]),
+        "last_loss": float(results[-1].losses[0]["loss"]),
+        "graphs_compiled_first_call": compiled_graphs,
+        "graphs_compiled_timed": graphs.step(),
+    }
     check_compiled(row, compiled)
     return row
 
 
-def training_rows(args, device: torch.device, compile_settings: list[bool], compile_kwargs: dict) -> tuple[dict, list[dict]]:
+def training_rows(
+    args, device: torch.device, compile_settings: list[bool], compile_kwargs: dict
+) -> tuple[dict, list[dict]]:
     base = training_config(args, device)
     has_key = {"compile", "compile_backend"} <= {f.name for f in dataclasses.fields(TrainConfig)}
     model = TAEHV(variant=base.variant)
     size = (base.height // (8 * model.patch_size), base.width // (8 * model.patch_size))
     torch.manual_seed(0)
-    frames = torch.randint(0, 256, (base.train_batch_size, base.n_frames, 3, base.height, base.width), dtype=torch.uint8)
-    z_ref = torch.randn(base.train_batch_size, model.plan(base.n_frames).latent_frames, model.latent_channels, *size,
-                        device=device)
+    frames = torch.randint(
+        0, 256, (base.train_batch_size, base.n_frames, 3, base.height, base.width), dtype=torch.uint8
+    )
+    z_ref = torch.randn(
+        base.train_batch_size, model.plan(base.n_frames).latent_frames, model.latent_channels, *size, device=device
+    )
     del model
     batch = {"frames": frames, "latents": z_ref}
     rows = []
@@ -399,23 +459,34 @@ def training_rows(args, device: torch.device, compile_settings: list[bool], comp
             row.update(train_row(args, device, config, batch, compiled, has_key, compile_kwargs))
             if rows and "first_loss" in rows[0]:
                 row["first_loss_diff_vs_eager"] = abs(row["first_loss"] - rows[0]["first_loss"])
-            log(f"train step {row['setting']:8s} {row['step_s']:.4f} s {row['images_per_s']:9.1f} images/s "
-                f"{row['peak_mb']:8.1f} MB  loss {row['last_loss']:.4f}")
+            log(
+                f"train step {row['setting']:8s} {row['step_s']:.4f} s {row['images_per_s']:9.1f} images/s "
+                f"{row['peak_mb']:8.1f} MB  loss {row['last_loss']:.4f}"
+            )
         except Exception as err:  # recorded in the row; main() exits 1 after the JSON
             record_failure(row, err)
         rows.append(row)
         torch._dynamo.reset()
         free(device)
-    setup = {"preset": str(PRESET.relative_to(REPO_ROOT)), "variant": base.variant, "n_frames": base.n_frames,
-             "height": base.height, "width": base.width, "batch": base.train_batch_size,
-             "mixed_precision": base.mixed_precision, "use_seraena": base.use_seraena, "use_ema": base.use_ema,
-             "reference_latents": "in the batch (as the latent cache delivers them), random",
-             "optimizer_step_every_call": True,
-             "preset_gradient_accumulation_steps": base.gradient_accumulation_steps}
+    setup = {
+        "preset": str(PRESET.relative_to(REPO_ROOT)),
+        "variant": base.variant,
+        "n_frames": base.n_frames,
+        "height": base.height,
+        "width": base.width,
+        "batch": base.train_batch_size,
+        "mixed_precision": base.mixed_precision,
+        "use_seraena": base.use_seraena,
+        "use_ema": base.use_ema,
+        "reference_latents": "in the batch (as the latent cache delivers them), random",
+        "optimizer_step_every_call": True,
+        "preset_gradient_accumulation_steps": base.gradient_accumulation_steps,
+    }
     return setup, rows
 
 
 # -- main -----------------------------------------------------------------------------------
+
 
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
@@ -432,33 +503,54 @@ def device_name(device: torch.device) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variants", nargs="+", default=["taew2_1", "taehv1_5"], choices=known_variants(),
-                        metavar="VARIANT")
+    parser.add_argument(
+        "--variants", nargs="+", default=["taew2_1", "taehv1_5"], choices=known_variants(), metavar="VARIANT"
+    )
     parser.add_argument("--frames", type=int, help="input frames (default 81; --tiny: 9)")
     parser.add_argument("--height", type=int, help="default 480; --tiny: 32")
     parser.add_argument("--width", type=int, help="default 832; --tiny: 32")
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), help="default bf16 fp16; --tiny: fp32")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--tiny", action="store_true",
-                        help="small CPU-testable run: 9 frames of 32x32, fp32, eager, 1 warm-up and 1 repeat, "
-                             "the smallest training clip the preset allows")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                        help="also measure compiled rows (default: on CUDA without --tiny)")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="small CPU-testable run: 9 frames of 32x32, fp32, eager, 1 warm-up and 1 repeat, "
+        "the smallest training clip the preset allows",
+    )
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also measure compiled rows (default: on CUDA without --tiny)",
+    )
     parser.add_argument("--compile_backend", default="inductor", help="torch.compile backend (default inductor)")
-    parser.add_argument("--stream_compile_mode", default="reduce-overhead",
-                        choices=["reduce-overhead", "default", "max-autotune", "max-autotune-no-cudagraphs"],
-                        help="torch.compile mode of our compiled stream_decode on CUDA (default reduce-overhead: "
-                             "CUDA graphs); the published stream's blocks always use the default mode")
+    parser.add_argument(
+        "--stream_compile_mode",
+        default="reduce-overhead",
+        choices=["reduce-overhead", "default", "max-autotune", "max-autotune-no-cudagraphs"],
+        help="torch.compile mode of our compiled stream_decode on CUDA (default reduce-overhead: "
+        "CUDA graphs); the published stream's blocks always use the default mode",
+    )
     parser.add_argument("--warmup", type=int, help="runs before timing, the first compiles (default 3; --tiny: 1)")
     parser.add_argument("--repeats", type=int, help="timed runs, median reported (default 10; --tiny: 1)")
-    parser.add_argument("--train", action=argparse.BooleanOptionalAction, default=True,
-                        help="measure the 1gpu_h100 training step (default on)")
+    parser.add_argument(
+        "--train",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure the 1gpu_h100 training step (default on)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--published", type=Path, default=PUBLISHED_PATH, help="the published taehv.py")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
-    defaults = dict(frames=(9, 81), height=(32, 480), width=(32, 832), dtypes=(["fp32"], ["bf16", "fp16"]),
-                    warmup=(1, 3), repeats=(1, 10))
+    defaults = dict(
+        frames=(9, 81),
+        height=(32, 480),
+        width=(32, 832),
+        dtypes=(["fp32"], ["bf16", "fp16"]),
+        warmup=(1, 3),
+        repeats=(1, 10),
+    )
     for name, (tiny, full) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, tiny if args.tiny else full)
@@ -504,7 +596,10 @@ def run(args: argparse.Namespace) -> dict:
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     P = load_published(args.published)
-    compile_kwargs = {"dynamic": False, **({} if args.compile_backend == "inductor" else {"backend": args.compile_backend})}
+    compile_kwargs = {
+        "dynamic": False,
+        **({} if args.compile_backend == "inductor" else {"backend": args.compile_backend}),
+    }
     settings = [False, True] if args.compile else [False]
     started = time.perf_counter()
     rows = []
@@ -522,15 +617,29 @@ def run(args: argparse.Namespace) -> dict:
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "settings": {"variants": args.variants, "frames": args.frames, "height": args.height, "width": args.width,
-                     "dtypes": args.dtypes, "tiny": args.tiny, "compile": args.compile,
-                     "compile_backend": args.compile_backend, "stream_compile_mode": args.stream_compile_mode,
-                     "warmup": args.warmup, "repeats": args.repeats,
-                     "threads": torch.get_num_threads(), "cudnn_benchmark": device.type == "cuda",
-                     "ours_memory_format": "channels_last", "published_memory_format": "contiguous",
-                     "published": str(args.published),
-                     "peak_memory": ("torch.cuda.max_memory_allocated above memory_allocated before the first run"
-                                     if device.type == "cuda" else cpu_peak_method())},
+        "settings": {
+            "variants": args.variants,
+            "frames": args.frames,
+            "height": args.height,
+            "width": args.width,
+            "dtypes": args.dtypes,
+            "tiny": args.tiny,
+            "compile": args.compile,
+            "compile_backend": args.compile_backend,
+            "stream_compile_mode": args.stream_compile_mode,
+            "warmup": args.warmup,
+            "repeats": args.repeats,
+            "threads": torch.get_num_threads(),
+            "cudnn_benchmark": device.type == "cuda",
+            "ours_memory_format": "channels_last",
+            "published_memory_format": "contiguous",
+            "published": str(args.published),
+            "peak_memory": (
+                "torch.cuda.max_memory_allocated above memory_allocated before the first run"
+                if device.type == "cuda"
+                else cpu_peak_method()
+            ),
+        },
         "model": rows,
         "train_step_setup": train_setup,
         "train_step": train,

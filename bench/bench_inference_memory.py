@@ -15,6 +15,7 @@ Arms:
 
 This process imports no torch, so the peak RSS a child inherits at fork stays small.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from training.flags import ArgumentParser  # argparse only: this process stays free of torch
+from common.flags import ArgumentParser  # argparse only: this process stays free of torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CLIP = REPO_ROOT.parent / "shared" / "videos" / "udacity_alf_project_video_start_200f.mp4"
@@ -52,41 +53,87 @@ def run_measured(command: list[str], log: Path) -> tuple[int, float, float]:
 
 def inference_run(weights: Path, clip: Path, frames: int, height: int, width: int, work: Path) -> dict:
     out = work / f"inference_T{frames}"
-    command = [sys.executable, str(REPO_ROOT / "inference.py"), "--model_path", str(weights), "--videos", str(clip),
-               "--n_frames", str(frames), "--height", str(height), "--width", str(width), "--sequential",
-               "--num_samples", "1", "--output_dir", str(out)]
+    command = [
+        sys.executable,
+        str(REPO_ROOT / "inference.py"),
+        "--model_path",
+        str(weights),
+        "--videos",
+        str(clip),
+        "--n_frames",
+        str(frames),
+        "--height",
+        str(height),
+        "--width",
+        str(width),
+        "--sequential",
+        "--num_samples",
+        "1",
+        "--output_dir",
+        str(out),
+    ]
     status, peak_mb, seconds = run_measured(command, work / f"inference_T{frames}.log")
     if status != 0:
         raise SystemExit(f"inference.py failed ({status}): see {work / f'inference_T{frames}.log'}")
     sample = json.loads((out / "metrics.json").read_text())["samples"][0]["taehv"]
-    return {"arm": "inference", "frames": frames, "peak_rss_mb": round(peak_mb), "seconds": round(seconds, 1),
-            "encode_s": round(sample["encode_s"], 2), "decode_s": round(sample["decode_s"], 2)}
+    return {
+        "arm": "inference",
+        "frames": frames,
+        "peak_rss_mb": round(peak_mb),
+        "seconds": round(seconds, 1),
+        "encode_s": round(sample["encode_s"], 2),
+        "decode_s": round(sample["decode_s"], 2),
+    }
 
 
 def metrics_run(clip: Path, frames: int, height: int, width: int, chunked: bool, work: Path) -> dict:
-    command = [sys.executable, "-m", "bench.bench_inference_memory", "--metrics_child", "--clip", str(clip), "--frames", str(frames),
-               "--height", str(height), "--width", str(width)] + ([] if chunked else ["--unchunked"])
+    command = [
+        sys.executable,
+        "-m",
+        "bench.bench_inference_memory",
+        "--metrics_child",
+        "--clip",
+        str(clip),
+        "--frames",
+        str(frames),
+        "--height",
+        str(height),
+        "--width",
+        str(width),
+    ] + ([] if chunked else ["--unchunked"])
     log = work / f"metrics_T{frames}_{'chunked' if chunked else 'unchunked'}.log"
     status, _, seconds = run_measured(command, log)
     if status != 0:
         raise SystemExit(f"the metrics child failed ({status}): see {log}")
-    return {"arm": "metrics", "metrics": "chunked" if chunked else "unchunked", "frames": frames,
-            **json.loads(log.read_text().strip().splitlines()[-1]), "seconds": round(seconds, 1)}
+    return {
+        "arm": "metrics",
+        "metrics": "chunked" if chunked else "unchunked",
+        "frames": frames,
+        **json.loads(log.read_text().strip().splitlines()[-1]),
+        "seconds": round(seconds, 1),
+    }
 
 
 def metrics_child(clip: Path, frames: int, height: int, width: int, unchunked: bool) -> None:
     """Print the peak memory of inference's per-sample metrics on ``clip`` (run in a fresh process)."""
     import torch  # here, not at the top: the parent stays small (see the module docstring)
 
-    from training.data.clips import VideoClipDataset, frames_to_unit
-    from evaluation.metrics import frame_psnr, video_mse, video_psnr, video_ssim, video_temporal_error
+    from common.clips import VideoClipDataset, frames_to_unit
+    from common.metrics import frame_psnr, video_mse, video_psnr, video_ssim, video_temporal_error
     from training.loop.monitoring import peak_rss_bytes
 
     with tempfile.TemporaryDirectory() as folder:
         annotation = Path(folder) / "clip.json"
         annotation.write_text(json.dumps({"list": [{"full_path": str(clip)}]}))
-        dataset = VideoClipDataset(annotation_file=annotation, n_frames=frames, height=height, width=width,
-                                   mode="val", stride_range=(1, 1), crop_scale=(1.0, 1.0))
+        dataset = VideoClipDataset(
+            annotation_file=annotation,
+            n_frames=frames,
+            height=height,
+            width=width,
+            mode="val",
+            stride_range=(1, 1),
+            crop_scale=(1.0, 1.0),
+        )
         target = frames_to_unit(dataset.load_clip(0).unsqueeze(0), "cpu")
     decoded = (target + 0.03 * torch.randn(target.shape, generator=torch.Generator().manual_seed(0))).clamp_(0, 1)
     chunk = frames if unchunked else None
@@ -95,8 +142,15 @@ def metrics_child(clip: Path, frames: int, height: int, width: int, unchunked: b
         for metric in (video_mse, video_psnr, frame_psnr, video_ssim, video_temporal_error):
             metric(decoded, target, chunk_frames=chunk)
         peak = peak_rss_bytes()
-    print(json.dumps({"peak_rss_mb": round(peak / 2**20), "growth_mb": round((peak - before) / 2**20),
-                      "videos_mb": round(2 * target.numel() * 4 / 2**20)}))
+    print(
+        json.dumps(
+            {
+                "peak_rss_mb": round(peak / 2**20),
+                "growth_mb": round((peak - before) / 2**20),
+                "videos_mb": round(2 * target.numel() * 4 / 2**20),
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -116,8 +170,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_inference_memory_"))
     print(f"outputs and logs in {work}", file=sys.stderr)
     weights = work / "taehv.safetensors"
-    torch_version = subprocess.run([sys.executable, "-c", SAVE_WEIGHTS.format(path=str(weights))],
-                                   check=True, capture_output=True, text=True).stdout.strip()
+    torch_version = subprocess.run(
+        [sys.executable, "-c", SAVE_WEIGHTS.format(path=str(weights))], check=True, capture_output=True, text=True
+    ).stdout.strip()
     runs = []
     for frames in args.frames:
         if "inference" in args.arms:
@@ -127,10 +182,25 @@ def main() -> None:
             for chunked in (False, True):
                 runs.append(metrics_run(args.clip, frames, args.height, args.width, chunked, work))
                 print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
-    machine = {"python": platform.python_version(), "torch": torch_version, "cpu": platform.processor() or platform.machine(),
-               "cores": os.cpu_count(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
-    print(json.dumps({"benchmark": "inference_memory", "machine": machine, "clip": args.clip.name,
-                      "size": f"{args.height}x{args.width}", "runs": runs}, indent=2))
+    machine = {
+        "python": platform.python_version(),
+        "torch": torch_version,
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
+    print(
+        json.dumps(
+            {
+                "benchmark": "inference_memory",
+                "machine": machine,
+                "clip": args.clip.name,
+                "size": f"{args.height}x{args.width}",
+                "runs": runs,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

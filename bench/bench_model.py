@@ -20,6 +20,7 @@ peak is ``torch.cuda.max_memory_allocated`` above the inputs. Timings are median
 Inputs: TAEHV gets NTCHW frames in [0, 1] (encode) or random latents of its latent shape;
 the reference gets NCTHW frames in [-1, 1] or random latents of its own latent shape.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,12 +34,11 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 
 from bench.make_reference_vae import COGVIDEOX_2B
+from common.config import DTYPES
+from common.flags import ArgumentParser
 from evaluation.timing import median_seconds
 from models.taehv import TAEHV
-from training.config import DTYPES
-from training.flags import ArgumentParser
 from training.loop.monitoring import peak_rss_bytes
-
 
 
 def _peak_mb(device: torch.device) -> float:
@@ -60,8 +60,15 @@ def _taehv_operation(config: dict, device: torch.device, dtype: torch.dtype) -> 
         frames = torch.rand(1, config["frames"], 3, config["height"], config["width"], device=device, dtype=dtype)
         return lambda: encode_fn(frames, parallel=parallel)
     scale = 8 * model.patch_size
-    latents = torch.randn(1, model.plan(config["frames"]).latent_frames, model.latent_channels,
-                          config["height"] // scale, config["width"] // scale, device=device, dtype=dtype)
+    latents = torch.randn(
+        1,
+        model.plan(config["frames"]).latent_frames,
+        model.latent_channels,
+        config["height"] // scale,
+        config["width"] // scale,
+        device=device,
+        dtype=dtype,
+    )
     return lambda: decode_fn(latents, parallel=parallel)
 
 
@@ -71,12 +78,21 @@ def _reference_operation(config: dict, device: torch.device, dtype: torch.dtype)
     torch.manual_seed(0)
     vae = AutoencoderKLCogVideoX(**COGVIDEOX_2B).to(device, dtype).eval()
     if config["op"] == "encode":
-        frames = torch.rand(1, 3, config["frames"], config["height"], config["width"], device=device, dtype=dtype) * 2 - 1
+        frames = (
+            torch.rand(1, 3, config["frames"], config["height"], config["width"], device=device, dtype=dtype) * 2 - 1
+        )
         return lambda: vae.encode(frames).latent_dist.mode()
     t = (config["frames"] - 1) // vae.config.temporal_compression_ratio + 1  # CogVideoX: 1 + 4k frames
     scale = 2 ** (len(vae.config.block_out_channels) - 1)
-    latents = torch.randn(1, vae.config.latent_channels, t, config["height"] // scale, config["width"] // scale,
-                          device=device, dtype=dtype)
+    latents = torch.randn(
+        1,
+        vae.config.latent_channels,
+        t,
+        config["height"] // scale,
+        config["width"] // scale,
+        device=device,
+        dtype=dtype,
+    )
     return lambda: vae.decode(latents).sample
 
 
@@ -102,7 +118,11 @@ def run_isolated(config: dict) -> dict:
     for op in ("encode", "decode"):
         with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
             r = pool.submit(measure, {**config, "op": op}).result()
-        result[f"{op}_s"], result[f"{op}_peak_mb"], result[f"{op}_output_shape"] = r["seconds"], r["peak_mb"], r["output_shape"]
+        result[f"{op}_s"], result[f"{op}_peak_mb"], result[f"{op}_output_shape"] = (
+            r["seconds"],
+            r["peak_mb"],
+            r["output_shape"],
+        )
     return result
 
 
@@ -116,9 +136,13 @@ def add_ratios(row: dict, reference: dict) -> None:
 def _log(row: dict) -> None:
     label = row["model"] if row["model"] != "taehv" else f"taehv {row['mode']}"
     ratio = f" x{row['decode_speedup']} decode" if "decode_speedup" in row else ""
-    print(f"{label:18s} {row['dtype']:8s} T={row['frames']:3d} {row['height']}x{row['width']}: "
-          f"encode {row['encode_s']:.3f}s ({row['encode_peak_mb']:.0f} MB) "
-          f"decode {row['decode_s']:.3f}s ({row['decode_peak_mb']:.0f} MB){ratio}", file=sys.stderr, flush=True)
+    print(
+        f"{label:18s} {row['dtype']:8s} T={row['frames']:3d} {row['height']}x{row['width']}: "
+        f"encode {row['encode_s']:.3f}s ({row['encode_peak_mb']:.0f} MB) "
+        f"decode {row['decode_s']:.3f}s ({row['decode_peak_mb']:.0f} MB){ratio}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -132,7 +156,9 @@ def main() -> None:
     parser.add_argument("--variant", default="taecvx", help="TAEHV variant (taecvx: CogVideoX latents)")
     parser.add_argument("--reference", choices=["cogvideox-2b", "none"], default="cogvideox-2b")
     parser.add_argument("--channels_last", action="store_true")
-    parser.add_argument("--compile", action="store_true", help="TAEHV.compile(): torch.compile the block runner behind encode/decode")
+    parser.add_argument(
+        "--compile", action="store_true", help="TAEHV.compile(): torch.compile the block runner behind encode/decode"
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
@@ -140,26 +166,56 @@ def main() -> None:
     parser.add_argument("--ref_repeats", type=int, default=1)
     args = parser.parse_args()
 
-    common = dict(height=args.height, width=args.width, device=args.device, threads=args.threads,
-                  variant=args.variant, channels_last=args.channels_last, compile=args.compile)
+    common = dict(
+        height=args.height,
+        width=args.width,
+        device=args.device,
+        threads=args.threads,
+        variant=args.variant,
+        channels_last=args.channels_last,
+        compile=args.compile,
+    )
     runs = []
     for dtype in args.dtypes:
         for frames in args.frames:
             reference = None
             if args.reference != "none":
-                reference = run_isolated({**common, "model": args.reference, "mode": "reference", "frames": frames,
-                                          "dtype": dtype, "warmup": args.ref_warmup, "repeats": args.ref_repeats})
+                reference = run_isolated(
+                    {
+                        **common,
+                        "model": args.reference,
+                        "mode": "reference",
+                        "frames": frames,
+                        "dtype": dtype,
+                        "warmup": args.ref_warmup,
+                        "repeats": args.ref_repeats,
+                    }
+                )
                 runs.append(reference)
                 _log(reference)
             for mode in args.modes:
-                row = run_isolated({**common, "model": "taehv", "mode": mode, "frames": frames, "dtype": dtype,
-                                    "warmup": args.warmup, "repeats": args.repeats})
+                row = run_isolated(
+                    {
+                        **common,
+                        "model": "taehv",
+                        "mode": mode,
+                        "frames": frames,
+                        "dtype": dtype,
+                        "warmup": args.warmup,
+                        "repeats": args.repeats,
+                    }
+                )
                 if reference is not None:
                     add_ratios(row, reference)
                 runs.append(row)
                 _log(row)
-    machine = {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
-               "threads": torch.get_num_threads(), "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    machine = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
     print(json.dumps({"benchmark": "model", "machine": machine, "runs": runs}, indent=2))
 
 

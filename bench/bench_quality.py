@@ -26,6 +26,7 @@ code (``training.loop.validation.validate``: PSNR/SSIM of aligned frames):
 ``seconds`` is wall time from the start of each arm (the recipe's includes starting its
 process); both include their validations. Run on a quiet machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,11 +48,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 from accelerate import Accelerator
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from common.clips import find_videos, frames_to_unit
+from common.config import TrainConfig, load_config
+from common.flags import ArgumentParser
 from models.taehv import TAEHV
-from training.config import TrainConfig, load_config
-from training.data.clips import find_videos, frames_to_unit
 from training.data.loading import build_datasets, build_train_loader
-from training.flags import ArgumentParser
 from training.loop.validation import validate
 from training.make_annotations import write_annotation
 
@@ -63,7 +64,7 @@ def split_clips(folder: Path, out: Path, every: int) -> tuple[Path, Path, list[s
     """Train/held-out annotations: every ``every``-th file (sorted, from the third) is held
     out, so held-out clips are other files than the training clips."""
     files = find_videos(folder)
-    held_out = files[every - 1::every]
+    held_out = files[every - 1 :: every]
     train = [f for f in files if f not in held_out]
     if not train or not held_out:
         raise SystemExit(f"error: {folder} needs at least {every} videos for a train/held-out split, has {len(files)}")
@@ -76,12 +77,28 @@ def split_clips(folder: Path, out: Path, every: int) -> tuple[Path, Path, list[s
 def shared_settings(args: argparse.Namespace, folder: Path, train: Path, val: Path, n_val: int) -> list[str]:
     """The ``--key=value`` settings both arms share."""
     every = max(1, args.steps // args.points)
-    return [f"--data_root={folder}", f"--annotation_file={train}", f"--val_annotation_file={val}",
-            f"--variant={args.variant}", f"--n_frames={args.frames}", f"--height={args.size}", f"--width={args.size}",
-            f"--train_batch_size={args.batch}", f"--learning_rate={args.lr}", f"--max_train_steps={args.steps}",
-            f"--seed={args.seed}", f"--validation_every={every}", f"--num_validation_samples={n_val}",
-            f"--log_every={every}", "--image_log_every=0", f"--checkpointing_steps={args.steps}",
-            "--dataloader_num_workers=0", "--mixed_precision=no", "--pretrained_model_path=", "--ref_vae_path="]
+    return [
+        f"--data_root={folder}",
+        f"--annotation_file={train}",
+        f"--val_annotation_file={val}",
+        f"--variant={args.variant}",
+        f"--n_frames={args.frames}",
+        f"--height={args.size}",
+        f"--width={args.size}",
+        f"--train_batch_size={args.batch}",
+        f"--learning_rate={args.lr}",
+        f"--max_train_steps={args.steps}",
+        f"--seed={args.seed}",
+        f"--validation_every={every}",
+        f"--num_validation_samples={n_val}",
+        f"--log_every={every}",
+        "--image_log_every=0",
+        f"--checkpointing_steps={args.steps}",
+        "--dataloader_num_workers=0",
+        "--mixed_precision=no",
+        "--pretrained_model_path=",
+        "--ref_vae_path=",
+    ]
 
 
 # arm -> the recipe's settings it changes: each turns off one default of the recipe
@@ -96,12 +113,24 @@ ABLATIONS = {
 ARMS = ("recipe", "naive", *ABLATIONS, "progressive")
 
 
-def run_recipe(args: argparse.Namespace, settings: list[str], out: Path, arm: str = "recipe",
-               extra: tuple[str, ...] = ()) -> list[dict]:
+def run_recipe(
+    args: argparse.Namespace, settings: list[str], out: Path, arm: str = "recipe", extra: tuple[str, ...] = ()
+) -> list[dict]:
     """The training script, as a user runs it (with ``arm``'s ablation and ``extra``
     settings); the curve from its validation history."""
-    command = [sys.executable, "-m", "training.taehv_train", "--config", str(args.config), *settings,
-               f"--output_dir={out}", f"--run_name={arm}", *args.recipe_overrides, *ABLATIONS.get(arm, []), *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "training.taehv_train",
+        "--config",
+        str(args.config),
+        *settings,
+        f"--output_dir={out}",
+        f"--run_name={arm}",
+        *args.recipe_overrides,
+        *ABLATIONS.get(arm, []),
+        *extra,
+    ]
     start = time.time()
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
     if result.returncode != 0:
@@ -111,8 +140,10 @@ def run_recipe(args: argparse.Namespace, settings: list[str], out: Path, arm: st
     events.Reload()
     wall = {e.step: e.wall_time - start for e in events.Scalars("val/psnr")}
     history = json.loads((run / "validation_history.json").read_text())
-    return [{"step": h["step"], "psnr": h["val/psnr"], "ssim": h["val/ssim"], "seconds": round(wall[h["step"]], 1)}
-            for h in history]
+    return [
+        {"step": h["step"], "psnr": h["val/psnr"], "ssim": h["val/ssim"], "seconds": round(wall[h["step"]], 1)}
+        for h in history
+    ]
 
 
 def run_progressive(args: argparse.Namespace, settings: list[str], out: Path) -> list[dict]:
@@ -120,14 +151,32 @@ def run_progressive(args: argparse.Namespace, settings: list[str], out: Path) ->
     model at half the size (validated at full size), the second half only the decoder at
     full size from the first half's export (``train_encoder=false``); one curve."""
     first = args.steps // 2
-    half = [f"--height={args.size // 2}", f"--width={args.size // 2}", f"--val_height={args.size}",
-            f"--val_width={args.size}"]
-    stage1 = run_recipe(args, settings, out, "progressive_stage1",
-                        (f"--max_train_steps={first}", f"--checkpointing_steps={first}", *half))
+    half = [
+        f"--height={args.size // 2}",
+        f"--width={args.size // 2}",
+        f"--val_height={args.size}",
+        f"--val_width={args.size}",
+    ]
+    stage1 = run_recipe(
+        args,
+        settings,
+        out,
+        "progressive_stage1",
+        (f"--max_train_steps={first}", f"--checkpointing_steps={first}", *half),
+    )
     export = out / "progressive_stage1" / "export" / f"{args.variant}.pth"
-    stage2 = run_recipe(args, settings, out, "progressive_stage2",
-                        (f"--max_train_steps={args.steps - first}", f"--checkpointing_steps={args.steps - first}",
-                         "--train_encoder=false", f"--pretrained_model_path={export}"))
+    stage2 = run_recipe(
+        args,
+        settings,
+        out,
+        "progressive_stage2",
+        (
+            f"--max_train_steps={args.steps - first}",
+            f"--checkpointing_steps={args.steps - first}",
+            "--train_encoder=false",
+            f"--pretrained_model_path={export}",
+        ),
+    )
     elapsed = stage1[-1]["seconds"]
     return stage1 + [{**p, "step": p["step"] + first, "seconds": round(p["seconds"] + elapsed, 1)} for p in stage2]
 
@@ -155,20 +204,40 @@ def run_naive(config: TrainConfig, every: int) -> list[dict]:
             step += 1
             if step % every == 0 or step == config.max_train_steps:
                 metrics = validate(accelerator, model, val_set, config, None, torch.float32)
-                curve.append({"step": step, "psnr": metrics["val/psnr"], "ssim": metrics["val/ssim"],
-                              "seconds": round(time.time() - start, 1)})
+                curve.append(
+                    {
+                        "step": step,
+                        "psnr": metrics["val/psnr"],
+                        "ssim": metrics["val/ssim"],
+                        "seconds": round(time.time() - start, 1),
+                    }
+                )
             if step == config.max_train_steps:
                 break
         epoch += 1
     return curve
 
 
-PALETTE = [(216, 125, 59), (44, 72, 224), (60, 160, 60), (160, 60, 160), (40, 170, 200), (120, 120, 120),
-           (30, 30, 30), (200, 80, 140), (0, 140, 255)]  # BGR
+PALETTE = [
+    (216, 125, 59),
+    (44, 72, 224),
+    (60, 160, 60),
+    (160, 60, 160),
+    (40, 170, 200),
+    (120, 120, 120),
+    (30, 30, 30),
+    (200, 80, 140),
+    (0, 140, 255),
+]  # BGR
 
 
-def plot(curves: dict[str, list[dict]], path: Path, title: str, x: str = "step",
-         colours: dict[str, tuple[int, int, int]] | None = None) -> None:
+def plot(
+    curves: dict[str, list[dict]],
+    path: Path,
+    title: str,
+    x: str = "step",
+    colours: dict[str, tuple[int, int, int]] | None = None,
+) -> None:
     """Two panels (PSNR and SSIM against ``x``: "step" or "seconds"), one line per curve,
     drawn with OpenCV; ``colours`` per curve name (default: one per arm in ARMS order)."""
     colours = colours or dict(zip(ARMS, PALETTE))
@@ -182,8 +251,10 @@ def plot(curves: dict[str, list[dict]], path: Path, title: str, x: str = "step",
         last = max(p[x] for curve in curves.values() for p in curve)
 
         def xy(step: float, value: float) -> tuple[int, int]:
-            return (int(margin + (width - 1.5 * margin) * step / last),
-                    int(height - margin - (height - 1.6 * margin) * (value - low) / (high - low)))
+            return (
+                int(margin + (width - 1.5 * margin) * step / last),  # noqa: B023
+                int(height - margin - (height - 1.6 * margin) * (value - low) / (high - low)),  # noqa: B023
+            )
 
         cv2.line(image, xy(0, low), xy(last, low), (0, 0, 0), 1)
         cv2.line(image, xy(0, low), xy(0, high), (0, 0, 0), 1)
@@ -191,8 +262,15 @@ def plot(curves: dict[str, list[dict]], path: Path, title: str, x: str = "step",
             value = low + (high - low) * i / 4
             cv2.putText(image, f"{value:.3g}", (4, xy(0, value)[1] + 4), cv2.FONT_HERSHEY_SIMPLEX, 0.38, (0, 0, 0), 1)
             step = last * i / 4
-            cv2.putText(image, f"{step:.0f}", (xy(step, low)[0] - 8, height - margin + 16), cv2.FONT_HERSHEY_SIMPLEX,
-                        0.38, (0, 0, 0), 1)
+            cv2.putText(
+                image,
+                f"{step:.0f}",
+                (xy(step, low)[0] - 8, height - margin + 16),
+                cv2.FONT_HERSHEY_SIMPLEX,
+                0.38,
+                (0, 0, 0),
+                1,
+            )
         cv2.putText(image, x, (width // 2 - 12, height - 14), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1)
         cv2.putText(image, label, (margin, 24), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1)
         for n, (arm, curve) in enumerate(curves.items()):
@@ -220,11 +298,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--points", type=int, default=12, help="validations along each curve")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--out", type=Path, default=None, help="folder for quality.json and quality.png (default: a temporary one)")
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=["recipe", "naive"],
-                        help="what to train: the recipe, the naive loop, and/or ablations of the recipe")
-    parser.add_argument("--recipe_overrides", nargs=argparse.REMAINDER, default=[],
-                        help="--key=value settings for the recipe and its ablations, not the naive loop (everything after this flag)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="folder for quality.json and quality.png (default: a temporary one)"
+    )
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        choices=ARMS,
+        default=["recipe", "naive"],
+        help="what to train: the recipe, the naive loop, and/or ablations of the recipe",
+    )
+    parser.add_argument(
+        "--recipe_overrides",
+        nargs=argparse.REMAINDER,
+        default=[],
+        help="--key=value settings for the recipe and its ablations, not the naive loop (everything after this flag)",
+    )
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_quality_"))
     out.mkdir(parents=True, exist_ok=True)
@@ -232,24 +321,39 @@ def main() -> None:
     train, val, held_out = split_clips(folder, out, args.hold_out_every)
     settings = shared_settings(args, folder, train, val, len(held_out))
     with contextlib.redirect_stdout(sys.stderr):  # libraries' log lines stay out of the JSON
-        run = {"naive": lambda: run_naive(load_config(args.config, settings), max(1, args.steps // args.points)),
-               "progressive": lambda: run_progressive(args, settings, out)}
-        curves = {arm: run[arm]() if arm in run else run_recipe(args, settings, out, arm)
-                  for arm in dict.fromkeys(args.arms)}
+        run = {
+            "naive": lambda: run_naive(load_config(args.config, settings), max(1, args.steps // args.points)),
+            "progressive": lambda: run_progressive(args, settings, out),
+        }
+        curves = {
+            arm: run[arm]() if arm in run else run_recipe(args, settings, out, arm) for arm in dict.fromkeys(args.arms)
+        }
     result = {
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads", "torch": torch.__version__,
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
+        "torch": torch.__version__,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "videos": str(folder), "held_out": held_out, "variant": args.variant, "frames": args.frames,
-        "size": args.size, "batch": args.batch, "lr": args.lr, "steps": args.steps, "seed": args.seed,
-        "recipe_config": str(args.config), "recipe_overrides": args.recipe_overrides,
+        "videos": str(folder),
+        "held_out": held_out,
+        "variant": args.variant,
+        "frames": args.frames,
+        "size": args.size,
+        "batch": args.batch,
+        "lr": args.lr,
+        "steps": args.steps,
+        "seed": args.seed,
+        "recipe_config": str(args.config),
+        "recipe_overrides": args.recipe_overrides,
         "ablations": {arm: ABLATIONS[arm] for arm in curves if arm in ABLATIONS},
         "curves": curves,
         "final": {arm: {"psnr": curve[-1]["psnr"], "ssim": curve[-1]["ssim"]} for arm, curve in curves.items()},
     }
     (out / "quality.json").write_text(json.dumps(result, indent=1))
-    plot(result["curves"], out / "quality.png",
-         f"{args.variant}, {args.frames} frames at {args.size}x{args.size}, batch {args.batch}, lr {args.lr:g}, "
-         f"{args.steps} steps; held out: {', '.join(held_out)}")
+    plot(
+        result["curves"],
+        out / "quality.png",
+        f"{args.variant}, {args.frames} frames at {args.size}x{args.size}, batch {args.batch}, lr {args.lr:g}, "
+        f"{args.steps} steps; held out: {', '.join(held_out)}",
+    )
     print(json.dumps(result, indent=1))
 
 

@@ -14,6 +14,7 @@ loop's own ``train/samples_per_second`` over the steps after ``--skip`` warm-up 
 split them (``--num_cpu_threads_per_process``), so the CPU rows show the cost of the
 gradient all-reduce and the process split, not added hardware.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
+from common.flags import ArgumentParser
 from training.demo_data import make_demo_dataset
-from training.flags import ArgumentParser
 
 TRAIN = ["-m", "training.taehv_train"]
 SCRATCH_CONFIG = REPO / "training" / "configs" / "taehv_config_scratch.py"
@@ -41,8 +42,18 @@ ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 def launcher(processes: int, deepspeed: bool, threads: int, port: int) -> list[str]:
     if processes == 1 and not deepspeed:
         return [sys.executable]
-    args = [ACCELERATE, "launch", "--num_machines", "1", "--num_processes", str(processes),
-            "--main_process_port", str(port), "--num_cpu_threads_per_process", str(threads)]
+    args = [
+        ACCELERATE,
+        "launch",
+        "--num_machines",
+        "1",
+        "--num_processes",
+        str(processes),
+        "--main_process_port",
+        str(port),
+        "--num_cpu_threads_per_process",
+        str(threads),
+    ]
     return args + (["--use_deepspeed", "--zero_stage", "2"] if deepspeed else ["--multi_gpu"])
 
 
@@ -57,22 +68,42 @@ def run(processes: int, args: argparse.Namespace, data: dict, work: Path) -> dic
     cpu = not torch.cuda.is_available()
     threads = max(1, (os.cpu_count() or 1) // processes)
     command = [
-        *launcher(processes, args.deepspeed, threads, 29500 + processes), *TRAIN, "--config", str(SCRATCH_CONFIG),
-        f"--output_dir={out}", "--run_name=run", f"--data_root={data['root']}",
-        f"--annotation_file={data['train']}", f"--val_annotation_file={data['val']}",
-        f"--max_train_steps={args.steps}", "--log_every=1", f"--validation_every={10 * args.steps}",
-        f"--image_log_every={10 * args.steps}", f"--checkpointing_steps={10 * args.steps}",
-        f"--train_batch_size={args.batch_size}", f"--dataloader_num_workers={args.workers}",
-        f"--height={args.height}", f"--width={args.width}", f"--n_frames={args.frames}",
+        *launcher(processes, args.deepspeed, threads, 29500 + processes),
+        *TRAIN,
+        "--config",
+        str(SCRATCH_CONFIG),
+        f"--output_dir={out}",
+        "--run_name=run",
+        f"--data_root={data['root']}",
+        f"--annotation_file={data['train']}",
+        f"--val_annotation_file={data['val']}",
+        f"--max_train_steps={args.steps}",
+        "--log_every=1",
+        f"--validation_every={10 * args.steps}",
+        f"--image_log_every={10 * args.steps}",
+        f"--checkpointing_steps={10 * args.steps}",
+        f"--train_batch_size={args.batch_size}",
+        f"--dataloader_num_workers={args.workers}",
+        f"--height={args.height}",
+        f"--width={args.width}",
+        f"--n_frames={args.frames}",
     ]
-    ddp_on_cpu = cpu and processes > 1 and not args.deepspeed  # DeepSpeed runs need no flag (gloo: training/loop/distributed.py)
+    ddp_on_cpu = (
+        cpu and processes > 1 and not args.deepspeed
+    )  # DeepSpeed runs need no flag (gloo: training/loop/distributed.py)
     env = {**os.environ, **({"ACCELERATE_USE_CPU": "true"} if ddp_on_cpu else {})}
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env)
     if result.returncode != 0:
-        raise SystemExit(f"training with {processes} process(es) failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
+        raise SystemExit(
+            f"training with {processes} process(es) failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
+        )
     rates = samples_per_second(out / "run", args.skip)
-    return {"processes": processes, "threads_per_process": threads, "steps_timed": len(rates),
-            "samples_per_s": round(statistics.median(rates), 3)}
+    return {
+        "processes": processes,
+        "threads_per_process": threads,
+        "steps_timed": len(rates),
+        "samples_per_s": round(statistics.median(rates), 3),
+    }
 
 
 def main() -> None:
@@ -89,15 +120,20 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        data = make_demo_dataset(work / "data", num_clips=16, n_frames=max(args.frames, 12), height=args.height,
-                                 width=args.width, seed=0)
+        data = make_demo_dataset(
+            work / "data", num_clips=16, n_frames=max(args.frames, 12), height=args.height, width=args.width, seed=0
+        )
         data = {"root": work / "data", **data}
         rows = [run(p, args, data, work) for p in args.processes]
     base = rows[0]["samples_per_s"] / rows[0]["processes"]
     for row in rows:
         row["efficiency"] = round(row["samples_per_s"] / row["processes"] / base, 3)
-    machine = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
-               "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    machine = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
     print(json.dumps({"benchmark": "scaling", "machine": machine, "config": vars(args), "runs": rows}, indent=2))
 
 

@@ -2,7 +2,7 @@
 """Our TAEHV against the published implementation on CPU: speed, peak memory, outputs and
 the roofline, with the same weights, in one command; prints JSON.
 
-    python -m bench.bench_speed --markdown                   # the issue's cases (make bench-speed)
+    python -m bench.bench_speed --markdown                   # the target cases (make bench-speed)
     python -m bench.bench_speed --variants taehv1_5 --cases 9x128x128 --no_memory
     python -m bench.bench_speed --frames 17 --sizes 128x128 --profile --no_roofline
 
@@ -15,7 +15,7 @@ architecture from that name. Both run ``.eval()`` under ``torch.inference_mode()
 batch 1, ``--threads`` torch threads (default 2).
 
 Cases: ``--cases TxHxW ...``, or the product of ``--frames`` and ``--sizes``; by default
-the issue's targets: T = 9, 17, 49 at 128x128 and T = 9 at 256x256. For each case, op
+the target cases: T = 9, 17, 49 at 128x128 and T = 9 at 256x256. For each case, op
 (encode, decode) and mode (parallel, sequential):
 
 * time: after ``--warmup`` calls of each, ``--repeats`` calls alternating ours and the
@@ -46,6 +46,7 @@ default the first decode case, parallel) and reports the top 15 ops by self CPU 
 ``--markdown`` prints a Markdown table after the JSON (for docs/benchmarks.md; with
 ``--out FILE`` also written to FILE with the suffix ``.md``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,8 +74,8 @@ import torch.nn.functional as F
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 import models.taehv as taehv_module
+from common.flags import ArgumentParser
 from models.taehv import TAEHV
-from training.flags import ArgumentParser
 
 DEFAULT_CASES = [(9, 128, 128), (17, 128, 128), (49, 128, 128), (9, 256, 256)]
 PEAK_CONVS = ["8,256,256,32", "12,128,64,64", "12,64,64,64", "3,512,256,16"]  # N, C_in, C_out, H (= W)
@@ -82,6 +83,7 @@ TOLERANCE = 1e-4
 
 
 # -- the published implementation -----------------------------------------------------------
+
 
 def shared_dir() -> Path:
     """``../shared`` next to the repository, or ``TAEHV_SHARED_DIR`` (tests/conftest.py's rule)."""
@@ -120,8 +122,9 @@ def build_pair(variant: str, workdir: Path, seed: int = 0) -> tuple[TAEHV, torch
     return ours, published, checkpoint
 
 
-def operation(model: torch.nn.Module, published: bool, op: str, parallel: bool,
-              x: torch.Tensor) -> Callable[[], torch.Tensor]:
+def operation(
+    model: torch.nn.Module, published: bool, op: str, parallel: bool, x: torch.Tensor
+) -> Callable[[], torch.Tensor]:
     kwargs = {"show_progress_bar": False} if published else {}
     fn = model.encode_video if op == "encode" else model.decode_video
     return lambda: fn(x, parallel=parallel, **kwargs)
@@ -129,8 +132,10 @@ def operation(model: torch.nn.Module, published: bool, op: str, parallel: bool,
 
 # -- timing and outputs ---------------------------------------------------------------------
 
-def time_alternating(ours: Callable[[], torch.Tensor], published: Callable[[], torch.Tensor], warmup: int,
-                     repeats: int) -> tuple[list[float], list[float], torch.Tensor, torch.Tensor]:
+
+def time_alternating(
+    ours: Callable[[], torch.Tensor], published: Callable[[], torch.Tensor], warmup: int, repeats: int
+) -> tuple[list[float], list[float], torch.Tensor, torch.Tensor]:
     """Run times of ``ours`` and ``published``, alternating call by call, and their last outputs."""
     for _ in range(warmup):
         ours()
@@ -147,6 +152,7 @@ def time_alternating(ours: Callable[[], torch.Tensor], published: Callable[[], t
 
 
 # -- FLOPs and the roofline -----------------------------------------------------------------
+
 
 def _fused_conv_flop(*args, out_shape=None, **kwargs) -> int:
     """``mkldnn._convolution_pointwise`` (X, W, B, ...) and its ``.binary`` overload
@@ -191,17 +197,27 @@ def measure_peak(conv_shapes: list[str], matmul_n: int, repeats: int = 3) -> dic
             x = torch.randn(n, c_in, hw, hw).contiguous(memory_format=torch.channels_last)
             w = torch.randn(c_out, c_in, 3, 3).contiguous(memory_format=torch.channels_last)
             flops = 2 * n * c_out * c_in * 9 * hw * hw
-            seconds = _best_seconds(lambda: F.conv2d(x, w, padding=1), repeats)
-            convs.append({"shape": {"n": n, "c_in": c_in, "c_out": c_out, "h": hw, "w": hw}, "gflop": flops / 1e9,
-                          "seconds": seconds, "gflops": flops / seconds / 1e9})
+            seconds = _best_seconds(lambda: F.conv2d(x, w, padding=1), repeats)  # noqa: B023
+            convs.append(
+                {
+                    "shape": {"n": n, "c_in": c_in, "c_out": c_out, "h": hw, "w": hw},
+                    "gflop": flops / 1e9,
+                    "seconds": seconds,
+                    "gflops": flops / seconds / 1e9,
+                }
+            )
         matmul = None
         if matmul_n:
             a, b = torch.randn(matmul_n, matmul_n), torch.randn(matmul_n, matmul_n)
             seconds = _best_seconds(lambda: a @ b, repeats)
             matmul = {"n": matmul_n, "seconds": seconds, "gflops": 2 * matmul_n**3 / seconds / 1e9}
     conv_peak = max((c["gflops"] for c in convs), default=0.0)
-    return {"convs": convs, "conv_peak_gflops": conv_peak, "matmul": matmul,
-            "peak_gflops": max(conv_peak, matmul["gflops"] if matmul else 0.0)}
+    return {
+        "convs": convs,
+        "conv_peak_gflops": conv_peak,
+        "matmul": matmul,
+        "peak_gflops": max(conv_peak, matmul["gflops"] if matmul else 0.0),
+    }
 
 
 def add_roofline(row: dict, peak_gflops: float) -> None:
@@ -218,6 +234,7 @@ def add_roofline(row: dict, peak_gflops: float) -> None:
 
 
 # -- peak memory, one fresh process per measurement -------------------------------------
+
 
 def _status_bytes(key: str) -> int | None:
     """A memory figure of /proc/self/status (VmRSS: now, VmHWM: the peak), None without /proc."""
@@ -241,8 +258,21 @@ def _peak_bytes() -> int:
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def heap_in_use() -> Callable[[], int] | None:
@@ -256,8 +286,9 @@ def heap_in_use() -> Callable[[], int] | None:
     return lambda: (lambda info: info.uordblks + info.hblkhd)(mallinfo2())
 
 
-def with_heap_peak(fn: Callable[[], torch.Tensor], in_use: Callable[[], int],
-                   interval: float = 2e-4) -> tuple[torch.Tensor, int]:
+def with_heap_peak(
+    fn: Callable[[], torch.Tensor], in_use: Callable[[], int], interval: float = 2e-4
+) -> tuple[torch.Tensor, int]:
     """``fn()`` and the peak of ``in_use()`` during it over the value before, sampled every
     ``interval`` s by a thread (torch ops release the GIL): the memory a call really
     allocates, whatever the allocator keeps from earlier calls."""
@@ -312,9 +343,13 @@ def memory_worker(config: dict) -> dict:
         in_use = heap_in_use()
         out, heap = with_heap_peak(fn, in_use) if in_use else (fn(), None)
         peak = _peak_bytes()
-    return {"peak_mb": (peak - base) / 2**20, "heap_mb": None if heap is None else heap / 2**20,
-            "baseline_mb": base / 2**20, "hwm_reset": reset,
-            "output_shape": list(out.shape)}
+    return {
+        "peak_mb": (peak - base) / 2**20,
+        "heap_mb": None if heap is None else heap / 2**20,
+        "baseline_mb": base / 2**20,
+        "hwm_reset": reset,
+        "output_shape": list(out.shape),
+    }
 
 
 def measure_memory(config: dict) -> dict:
@@ -323,6 +358,7 @@ def measure_memory(config: dict) -> dict:
 
 
 # -- profile ----------------------------------------------------------------------------------
+
 
 def profile_ours(fn: Callable[[], torch.Tensor], top: int = 15) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
@@ -334,12 +370,20 @@ def profile_ours(fn: Callable[[], torch.Tensor], top: int = 15) -> list[dict]:
     print(averages.table(sort_by="self_cpu_time_total", row_limit=top), file=sys.stderr, flush=True)
     total = sum(e.self_cpu_time_total for e in averages) or 1.0
     rows = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
-    return [{"name": e.key, "input_shapes": [list(s) if isinstance(s, (list, tuple)) else s for s in e.input_shapes],
-             "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3,
-             "percent": 100 * e.self_cpu_time_total / total} for e in rows]
+    return [
+        {
+            "name": e.key,
+            "input_shapes": [list(s) if isinstance(s, (list, tuple)) else s for s in e.input_shapes],
+            "calls": e.count,
+            "self_cpu_ms": e.self_cpu_time_total / 1e3,
+            "percent": 100 * e.self_cpu_time_total / total,
+        }
+        for e in rows
+    ]
 
 
 # -- cases, the run, the report ---------------------------------------------------------------
+
 
 def parse_size(text: str) -> tuple[int, int]:
     h, w = text.lower().split("x")
@@ -365,24 +409,41 @@ def _case_text(frames: int, height: int, width: int) -> str:
 
 
 def _log(row: dict) -> None:
-    memory = (f"  {row['ours_mb']:.0f} MB vs {row['published_mb']:.0f} MB" if "ours_mb" in row else "")
-    print(f"{row['variant']} {row['op']:6s} {row['mode']:10s} T={row['frames']:3d} {row['height']}x{row['width']}: "
-          f"ours {row['ours_s']:.4f}s published {row['published_s']:.4f}s x{row['ratio']:.2f}{memory} "
-          f"|diff| {row['max_abs_diff']:.2e}", file=sys.stderr, flush=True)
+    memory = f"  {row['ours_mb']:.0f} MB vs {row['published_mb']:.0f} MB" if "ours_mb" in row else ""
+    print(
+        f"{row['variant']} {row['op']:6s} {row['mode']:10s} T={row['frames']:3d} {row['height']}x{row['width']}: "
+        f"ours {row['ours_s']:.4f}s published {row['published_s']:.4f}s x{row['ratio']:.2f}{memory} "
+        f"|diff| {row['max_abs_diff']:.2e}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
-def compare(ours_fn: Callable[[], torch.Tensor], pub_fn: Callable[[], torch.Tensor], warmup: int, repeats: int,
-            label: str, decoded: bool) -> dict:
+def compare(
+    ours_fn: Callable[[], torch.Tensor],
+    pub_fn: Callable[[], torch.Tensor],
+    warmup: int,
+    repeats: int,
+    label: str,
+    decoded: bool,
+) -> dict:
     """Alternating timings of ours and the published call, and how far their outputs differ."""
     with torch.inference_mode():
         ours_times, pub_times, ours_out, pub_out = time_alternating(ours_fn, pub_fn, warmup, repeats)
     if ours_out.shape != pub_out.shape:
-        sys.exit(f"bench_speed: {label}: output shapes differ (ours {tuple(ours_out.shape)}, "
-                 f"published {tuple(pub_out.shape)})")
-    row = {"output_shape": list(ours_out.shape),
-           "ours_s": statistics.median(ours_times), "published_s": statistics.median(pub_times),
-           "ours_min_s": min(ours_times), "published_min_s": min(pub_times),
-           "ours_times": ours_times, "published_times": pub_times}
+        sys.exit(
+            f"bench_speed: {label}: output shapes differ (ours {tuple(ours_out.shape)}, "
+            f"published {tuple(pub_out.shape)})"
+        )
+    row = {
+        "output_shape": list(ours_out.shape),
+        "ours_s": statistics.median(ours_times),
+        "published_s": statistics.median(pub_times),
+        "ours_min_s": min(ours_times),
+        "published_min_s": min(pub_times),
+        "ours_times": ours_times,
+        "published_times": pub_times,
+    }
     row["ratio"] = row["published_s"] / row["ours_s"]
     row["ratio_min"] = row["published_min_s"] / row["ours_min_s"]
     row["max_abs_diff"] = (ours_out - pub_out).abs().max().item()
@@ -395,21 +456,38 @@ def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     taehv_module.SEQUENTIAL_CHUNK_BYTES = args.sequential_chunk_bytes
     cases = cases_from(args)
-    settings = {"variants": args.variants, "cases": [_case_text(*c) for c in cases], "ops": args.ops,
-                "modes": args.modes, "repeats": args.repeats, "warmup": args.warmup, "dtype": "fp32", "batch": 1,
-                "memory": args.memory, "roofline": args.roofline, "tolerance": args.tolerance, "seed": args.seed,
-                "sequential_chunk_bytes": args.sequential_chunk_bytes,
-                "published_files": sorted({str(published_file(v)) for v in args.variants})}
-    report: dict = {"benchmark": "speed",
-                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    "machine": machine_info(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                    "settings": settings, "rows": []}
+    settings = {
+        "variants": args.variants,
+        "cases": [_case_text(*c) for c in cases],
+        "ops": args.ops,
+        "modes": args.modes,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "dtype": "fp32",
+        "batch": 1,
+        "memory": args.memory,
+        "roofline": args.roofline,
+        "tolerance": args.tolerance,
+        "seed": args.seed,
+        "sequential_chunk_bytes": args.sequential_chunk_bytes,
+        "published_files": sorted({str(published_file(v)) for v in args.variants}),
+    }
+    report: dict = {
+        "benchmark": "speed",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "settings": settings,
+        "rows": [],
+    }
     if args.roofline:
         roof = report["roofline"] = measure_peak(args.peak_convs, args.peak_matmul)
         convs = ", ".join(format(c["gflops"], ".1f") for c in roof["convs"])
         matmul = roof["matmul"]["gflops"] if roof["matmul"] else 0.0
-        print(f"peak: {roof['peak_gflops']:.1f} GFLOP/s (convs {convs}; matmul {matmul:.1f})", file=sys.stderr,
-              flush=True)
+        print(
+            f"peak: {roof['peak_gflops']:.1f} GFLOP/s (convs {convs}; matmul {matmul:.1f})", file=sys.stderr, flush=True
+        )
     profile_case = args.profile_case
     with tempfile.TemporaryDirectory(prefix="bench_speed_") as tmp:
         workdir = Path(tmp)
@@ -429,10 +507,23 @@ def run(args: argparse.Namespace) -> dict:
                         parallel = mode == "parallel"
                         ours_fn = operation(ours, False, op, parallel, inputs[op])
                         pub_fn = operation(published, True, op, parallel, inputs[op])
-                        row = {"variant": variant, "op": op, "mode": mode, "frames": frames, "height": height,
-                               "width": width, "input_shape": list(inputs[op].shape),
-                               **compare(ours_fn, pub_fn, args.warmup, args.repeats, f"{variant} {op} {mode} {case}",
-                                         decoded=op == "decode")}
+                        row = {
+                            "variant": variant,
+                            "op": op,
+                            "mode": mode,
+                            "frames": frames,
+                            "height": height,
+                            "width": width,
+                            "input_shape": list(inputs[op].shape),
+                            **compare(
+                                ours_fn,
+                                pub_fn,
+                                args.warmup,
+                                args.repeats,
+                                f"{variant} {op} {mode} {case}",
+                                decoded=op == "decode",
+                            ),
+                        }
                         if args.roofline:
                             with torch.inference_mode():
                                 row["published_flops"], row["ours_flops"] = count_flops(pub_fn), count_flops(ours_fn)
@@ -444,19 +535,30 @@ def run(args: argparse.Namespace) -> dict:
                                 top = profile_ours(ours_fn)
                             report["profile"] = {"case": profile_case, "variant": variant, "top_ops": top}
                         if args.memory:
-                            common = {"variant": variant, "checkpoint": str(checkpoint), "threads": args.threads,
-                                      "sequential_chunk_bytes": args.sequential_chunk_bytes,
-                                      "published_file": str(published_file(variant)), "input": str(input_path),
-                                      "op": op, "mode": mode}
+                            common = {
+                                "variant": variant,
+                                "checkpoint": str(checkpoint),
+                                "threads": args.threads,
+                                "sequential_chunk_bytes": args.sequential_chunk_bytes,
+                                "published_file": str(published_file(variant)),
+                                "input": str(input_path),
+                                "op": op,
+                                "mode": mode,
+                            }
                             mem = {impl: measure_memory({**common, "impl": impl}) for impl in ("ours", "published")}
                             row["ours_mb"], row["published_mb"] = mem["ours"]["peak_mb"], mem["published"]["peak_mb"]
-                            row["memory_ratio"] = (row["ours_mb"] / row["published_mb"] if row["published_mb"] > 0
-                                                   else None)
-                            row["ours_heap_mb"], row["published_heap_mb"] = (mem["ours"]["heap_mb"],
-                                                                             mem["published"]["heap_mb"])
-                            row["heap_ratio"] = (row["ours_heap_mb"] / row["published_heap_mb"]
-                                                 if (row["published_heap_mb"] or 0) > 0 and
-                                                 row["ours_heap_mb"] is not None else None)
+                            row["memory_ratio"] = (
+                                row["ours_mb"] / row["published_mb"] if row["published_mb"] > 0 else None
+                            )
+                            row["ours_heap_mb"], row["published_heap_mb"] = (
+                                mem["ours"]["heap_mb"],
+                                mem["published"]["heap_mb"],
+                            )
+                            row["heap_ratio"] = (
+                                row["ours_heap_mb"] / row["published_heap_mb"]
+                                if (row["published_heap_mb"] or 0) > 0 and row["ours_heap_mb"] is not None
+                                else None
+                            )
                             row["memory"] = mem
                         report["rows"].append(row)
                         _log(row)
@@ -474,9 +576,15 @@ def machine_info() -> dict:
             model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     except OSError:
         pass
-    return {"processor": platform.processor() or platform.machine(), "cpu_model": model, "cpu_count": os.cpu_count(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "python": platform.python_version(),
-            "platform": platform.platform(), "mkldnn": torch.backends.mkldnn.is_available()}
+    return {
+        "processor": platform.processor() or platform.machine(),
+        "cpu_model": model,
+        "cpu_count": os.cpu_count(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "mkldnn": torch.backends.mkldnn.is_available(),
+    }
 
 
 def _fmt(value, spec: str = ".3f") -> str:
@@ -491,43 +599,119 @@ def _table(header: list[str], rows: list[list[str]], right_from: int) -> list[st
 def markdown(report: dict) -> str:
     """The rows as Markdown tables (timings and memory; roofline; profile) for docs/benchmarks.md."""
     machine, rows = report["machine"], report["rows"]
-    key = [lambda r: r["variant"], lambda r: r["op"], lambda r: r["mode"], lambda r: str(r["frames"]),
-           lambda r: f"{r['height']}x{r['width']}"]
-    lines = [f"TAEHV vs the published implementation, CPU fp32, batch 1, {report['threads']} threads, median of "
-             f"{report['settings']['repeats']} alternating runs ({report['date'][:10]}, "
-             f"{machine['cpu_model'] or machine['processor']}, {machine['cpu_capability']}, torch {report['torch']}); "
-             "ratio = published s / ours s; MB: peak RSS growth of the first call (with what libraries set up once), "
-             "heap MB: peak bytes allocated and not freed during a later call; memory ratios: ours / published.", ""]
+    key = [
+        lambda r: r["variant"],
+        lambda r: r["op"],
+        lambda r: r["mode"],
+        lambda r: str(r["frames"]),
+        lambda r: f"{r['height']}x{r['width']}",
+    ]
+    lines = [
+        f"TAEHV vs the published implementation, CPU fp32, batch 1, {report['threads']} threads, median of "
+        f"{report['settings']['repeats']} alternating runs ({report['date'][:10]}, "
+        f"{machine['cpu_model'] or machine['processor']}, {machine['cpu_capability']}, torch {report['torch']}); "
+        "ratio = published s / ours s; MB: peak RSS growth of the first call (with what libraries set up once), "
+        "heap MB: peak bytes allocated and not freed during a later call; memory ratios: ours / published.",
+        "",
+    ]
     lines += _table(
-        ["variant", "op", "mode", "T", "size", "ours s", "published s", "ratio", "ours MB", "published MB",
-         "memory ratio", "ours heap MB", "published heap MB", "heap ratio", "max abs diff"],
-        [[k(r) for k in key] + [f"{r['ours_s']:.3f}", f"{r['published_s']:.3f}", f"{r['ratio']:.2f}",
-                                _fmt(r.get("ours_mb"), ".0f"), _fmt(r.get("published_mb"), ".0f"),
-                                _fmt(r.get("memory_ratio"), ".2f"), _fmt(r.get("ours_heap_mb"), ".0f"),
-                                _fmt(r.get("published_heap_mb"), ".0f"), _fmt(r.get("heap_ratio"), ".2f"),
-                                f"{r['max_abs_diff']:.1e}"] for r in rows], 3)
+        [
+            "variant",
+            "op",
+            "mode",
+            "T",
+            "size",
+            "ours s",
+            "published s",
+            "ratio",
+            "ours MB",
+            "published MB",
+            "memory ratio",
+            "ours heap MB",
+            "published heap MB",
+            "heap ratio",
+            "max abs diff",
+        ],
+        [
+            [k(r) for k in key]
+            + [
+                f"{r['ours_s']:.3f}",
+                f"{r['published_s']:.3f}",
+                f"{r['ratio']:.2f}",
+                _fmt(r.get("ours_mb"), ".0f"),
+                _fmt(r.get("published_mb"), ".0f"),
+                _fmt(r.get("memory_ratio"), ".2f"),
+                _fmt(r.get("ours_heap_mb"), ".0f"),
+                _fmt(r.get("published_heap_mb"), ".0f"),
+                _fmt(r.get("heap_ratio"), ".2f"),
+                f"{r['max_abs_diff']:.1e}",
+            ]
+            for r in rows
+        ],
+        3,
+    )
     if "roofline" in report:
         roof = report["roofline"]
-        convs = ", ".join(f"{c['shape']['n']}x{c['shape']['c_in']}->{c['shape']['c_out']} at "
-                          f"{c['shape']['h']}x{c['shape']['w']}: {c['gflops']:.1f}" for c in roof["convs"])
+        convs = ", ".join(
+            f"{c['shape']['n']}x{c['shape']['c_in']}->{c['shape']['c_out']} at "
+            f"{c['shape']['h']}x{c['shape']['w']}: {c['gflops']:.1f}"
+            for c in roof["convs"]
+        )
         matmul = f"; matmul {roof['matmul']['n']}^3: {roof['matmul']['gflops']:.1f}" if roof["matmul"] else ""
-        lines += ["", f"Measured peak: {roof['peak_gflops']:.1f} GFLOP/s (fp32 3x3 convs in channels_last, "
-                  f"N x C_in->C_out at HxW: {convs}{matmul}). GFLOP/s: the published call's convolution FLOPs "
-                  "(2 x MACs) per second, for both; max ratio at peak = published s / (our FLOPs / peak).", ""]
+        lines += [
+            "",
+            f"Measured peak: {roof['peak_gflops']:.1f} GFLOP/s (fp32 3x3 convs in channels_last, "
+            f"N x C_in->C_out at HxW: {convs}{matmul}). GFLOP/s: the published call's convolution FLOPs "
+            "(2 x MACs) per second, for both; max ratio at peak = published s / (our FLOPs / peak).",
+            "",
+        ]
         lines += _table(
-            ["variant", "op", "mode", "T", "size", "published GFLOP", "our GFLOP", "published GFLOP/s",
-             "ours GFLOP/s", "published % peak", "ours % peak", "max ratio at peak"],
-            [[k(r) for k in key] + [f"{r['published_flops']['conv'] / 1e9:.2f}",
-                                    f"{r['ours_flops']['conv'] / 1e9:.2f}", f"{r['published_gflops_s']:.1f}",
-                                    f"{r['ours_gflops_s']:.1f}", f"{100 * r['published_peak_fraction']:.0f}%",
-                                    f"{100 * r['ours_peak_fraction']:.0f}%", f"{r['max_ratio_at_peak']:.2f}"]
-             for r in rows], 3)
+            [
+                "variant",
+                "op",
+                "mode",
+                "T",
+                "size",
+                "published GFLOP",
+                "our GFLOP",
+                "published GFLOP/s",
+                "ours GFLOP/s",
+                "published % peak",
+                "ours % peak",
+                "max ratio at peak",
+            ],
+            [
+                [k(r) for k in key]
+                + [
+                    f"{r['published_flops']['conv'] / 1e9:.2f}",
+                    f"{r['ours_flops']['conv'] / 1e9:.2f}",
+                    f"{r['published_gflops_s']:.1f}",
+                    f"{r['ours_gflops_s']:.1f}",
+                    f"{100 * r['published_peak_fraction']:.0f}%",
+                    f"{100 * r['ours_peak_fraction']:.0f}%",
+                    f"{r['max_ratio_at_peak']:.2f}",
+                ]
+                for r in rows
+            ],
+            3,
+        )
     if "profile" in report:
         profile = report["profile"]
         lines += ["", f"Top ops of ours by self CPU time, {profile['variant']} {profile['case']}:", ""]
-        lines += _table(["op", "input shapes", "calls", "ms", "%"],
-                        [[e["name"], str([s for s in e["input_shapes"] if s]), str(e["calls"]),
-                          f"{e['self_cpu_ms']:.2f}", f"{e['percent']:.1f}"] for e in profile["top_ops"]], 2)
+        lines += _table(
+            ["op", "input shapes", "calls", "ms", "%"],
+            [
+                [
+                    e["name"],
+                    str([s for s in e["input_shapes"] if s]),
+                    str(e["calls"]),
+                    f"{e['self_cpu_ms']:.2f}",
+                    f"{e['percent']:.1f}",
+                ]
+                for e in profile["top_ops"]
+            ],
+            2,
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -540,8 +724,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", nargs="+", choices=["encode", "decode"], default=["encode", "decode"])
     parser.add_argument("--modes", nargs="+", choices=["parallel", "sequential"], default=["parallel", "sequential"])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--sequential_chunk_bytes", type=int, default=taehv_module.SEQUENTIAL_CHUNK_BYTES,
-                        help="ours: models.taehv.SEQUENTIAL_CHUNK_BYTES (0: sequential decoding one latent at a time)")
+    parser.add_argument(
+        "--sequential_chunk_bytes",
+        type=int,
+        default=taehv_module.SEQUENTIAL_CHUNK_BYTES,
+        help="ours: models.taehv.SEQUENTIAL_CHUNK_BYTES (0: sequential decoding one latent at a time)",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -549,8 +737,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no_memory", dest="memory", action="store_false", help="skip the peak-memory processes")
     parser.add_argument("--roofline", dest="roofline", action="store_true", default=True)
     parser.add_argument("--no_roofline", dest="roofline", action="store_false")
-    parser.add_argument("--peak_convs", nargs="+", default=PEAK_CONVS, metavar="N,CIN,COUT,H",
-                        help="3x3 convolutions measuring the peak (H = W)")
+    parser.add_argument(
+        "--peak_convs",
+        nargs="+",
+        default=PEAK_CONVS,
+        metavar="N,CIN,COUT,H",
+        help="3x3 convolutions measuring the peak (H = W)",
+    )
     parser.add_argument("--peak_matmul", type=int, default=4096, help="n of the n x n matmul (0: none)")
     parser.add_argument("--profile", action="store_true", help="torch.profiler on ours for --profile_case")
     parser.add_argument("--profile_case", metavar="OP:MODE:TxHxW", help="default: the first decode case, parallel")
@@ -570,10 +763,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             args.out.with_suffix(".md").write_text(table)
     if not report["all_within_tolerance"]:
-        bad = [f"{r['variant']} {r['op']} {r['mode']} {_case_text(r['frames'], r['height'], r['width'])}: "
-               f"{r['max_abs_diff']:.2e}" for r in report["rows"] if not r["max_abs_diff"] < args.tolerance]
-        print(f"bench_speed: ours and the published outputs differ by more than {args.tolerance:g} in "
-              f"{len(bad)} case(s): " + "; ".join(bad), file=sys.stderr)
+        bad = [
+            f"{r['variant']} {r['op']} {r['mode']} {_case_text(r['frames'], r['height'], r['width'])}: "
+            f"{r['max_abs_diff']:.2e}"
+            for r in report["rows"]
+            if not r["max_abs_diff"] < args.tolerance
+        ]
+        print(
+            f"bench_speed: ours and the published outputs differ by more than {args.tolerance:g} in "
+            f"{len(bad)} case(s): " + "; ".join(bad),
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -10,6 +10,7 @@ already there; on the CPU it is the growth of the maximum RSS. ``ratio`` is peak
 estimate: the estimate counts what the forward keeps for the backward pass, the peak adds
 the backward's gradient buffers.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ import platform
 import subprocess
 import sys
 
-from training.flags import ArgumentParser
+from common.flags import ArgumentParser
 
 MEASURE = """
 import json, resource, sys, torch
@@ -45,14 +46,18 @@ print(json.dumps({"device": torch.cuda.get_device_name() if device == "cuda" els
 
 def main() -> None:
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", default=["taehv:1:9:128:128", "taehv:1:17:256:256",
-                                                       "taew2_2:1:17:256:256", "taeh3:1:22:256:256"])
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        default=["taehv:1:9:128:128", "taehv:1:17:256:256", "taew2_2:1:17:256:256", "taeh3:1:22:256:256"],
+    )
     args = parser.parse_args()
     results = []
     for case in args.cases:
         variant, *sizes = case.split(":")
-        out = subprocess.run([sys.executable, "-c", MEASURE, variant, *sizes], capture_output=True, text=True,
-                             check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", MEASURE, variant, *sizes], capture_output=True, text=True, check=True
+        )
         results.append({"case": case, **json.loads(out.stdout)})
     print(json.dumps({"benchmark": "step_memory", "python": platform.python_version(), "results": results}, indent=1))
 

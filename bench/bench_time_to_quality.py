@@ -22,11 +22,12 @@ time from its start, one after the other (run on a quiet machine):
 
 Score (the final numbers): the held-out clips' first ``--frames`` frames, centre square
 resized to ``--size``, through each arm's final weights in our ``TAEHV``: PSNR, SSIM and
-sharpness (the share of high-frequency energy kept, ``evaluation.metrics``), and a still of
+sharpness (the share of high-frequency energy kept, ``common.metrics``), and a still of
 each clip's middle frame, original and each arm's first seed (``time_to_quality_stills.png``). Curves: both
 arms' held-out PSNR/SSIM during training from the same ``training.loop.validation.validate``
 on the same held-out set (the preset's frame count, centred, ``--size``), against seconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,13 +50,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from bench.bench_quality import PALETTE, SHARED_VIDEOS, plot, split_clips
 from bench.bench_speed import load_published, published_file
 from bench.bench_train_speed import published_loss
-from evaluation.metrics import video_psnr, video_sharpness, video_ssim
+from common.clips import ClipTable, VideoClipDataset, area_resize
+from common.config import load_config
+from common.flags import ArgumentParser
+from common.metrics import video_psnr, video_sharpness, video_ssim
 from models.taehv import TAEHV
 from models.weights import load_weights
-from training.config import load_config
-from training.data.clips import ClipTable, VideoClipDataset, area_resize
 from training.data.loading import build_datasets
-from training.flags import ArgumentParser
 from training.loop.optimisation import parse_duration
 from training.loop.validation import validate
 
@@ -68,7 +69,7 @@ def centre_square(frame: np.ndarray, size: int) -> np.ndarray:
     h, w = frame.shape[:2]
     side = min(h, w)
     top, left = (h - side) // 2, (w - side) // 2
-    return area_resize(frame[top:top + side, left:left + side], size, size)
+    return area_resize(frame[top : top + side, left : left + side], size, size)
 
 
 def read_frames(path: str, count: int | None, short_side: int) -> np.ndarray:
@@ -110,32 +111,51 @@ def score(model: TAEHV, clips: torch.Tensor) -> tuple[dict[str, float], torch.Te
     model.eval()
     plan = model.plan(clips.shape[1])
     decoded, target = plan.aligned(model.decode_video(model.encode_video(clips)), clips)
-    metrics = {"psnr": float(video_psnr(decoded, target).mean()), "ssim": float(video_ssim(decoded, target).mean()),
-               "sharpness": float(video_sharpness(decoded, target).mean())}
+    metrics = {
+        "psnr": float(video_psnr(decoded, target).mean()),
+        "ssim": float(video_ssim(decoded, target).mean()),
+        "sharpness": float(video_sharpness(decoded, target).mean()),
+    }
     return metrics, decoded
 
 
 def stills(clips: torch.Tensor, decoded: dict[str, torch.Tensor], path: Path, zoom: int = 4) -> None:
     """One row per scored clip, its middle frame: the original, then each arm's reconstruction."""
+
     def picture(frame: torch.Tensor) -> np.ndarray:
         rgb = frame.clamp(0, 1).mul(255).round().byte().permute(1, 2, 0).numpy()
         return cv2.resize(rgb, None, fx=zoom, fy=zoom, interpolation=cv2.INTER_NEAREST)
 
     middle = clips.shape[1] // 2
-    rows = [np.concatenate([picture(clips[i, middle]), *(picture(d[i, middle]) for d in decoded.values())], 1)
-            for i in range(len(clips))]
+    rows = [
+        np.concatenate([picture(clips[i, middle]), *(picture(d[i, middle]) for d in decoded.values())], 1)
+        for i in range(len(clips))
+    ]
     grid = np.ascontiguousarray(np.concatenate(rows, 0)[:, :, ::-1])
     for k, label in enumerate(["original", *decoded]):
-        cv2.putText(grid, label, (k * clips.shape[-1] * zoom + 4, 14), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (255, 255, 255), 1)
+        cv2.putText(
+            grid, label, (k * clips.shape[-1] * zoom + 4, 14), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (255, 255, 255), 1
+        )
     if not cv2.imwrite(str(path), grid):
         raise OSError(f"cannot write {path}")
 
 
 def run_ours(args: argparse.Namespace, seed: int, data: list[str], out: Path) -> tuple[TAEHV, list[dict]]:
     """The preset through the launch script; its final EMA weights and its validation curve."""
-    command = ["./train_taehv_h100.sh", "1", "scratch", *data, f"--output_dir={out}", f"--run_name=ours_{seed}",
-               f"--seed={seed}", f"--max_train_time={args.budget}", "--max_train_steps=10000000",
-               f"--val_height={args.size}", f"--val_width={args.size}", *args.ours_overrides]
+    command = [
+        "./train_taehv_h100.sh",
+        "1",
+        "scratch",
+        *data,
+        f"--output_dir={out}",
+        f"--run_name=ours_{seed}",
+        f"--seed={seed}",
+        f"--max_train_time={args.budget}",
+        "--max_train_steps=10000000",
+        f"--val_height={args.size}",
+        f"--val_width={args.size}",
+        *args.ours_overrides,
+    ]
     start = time.time()
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
     if result.returncode != 0:
@@ -145,15 +165,18 @@ def run_ours(args: argparse.Namespace, seed: int, data: list[str], out: Path) ->
     events.Reload()
     wall = {e.step: e.wall_time - start for e in events.Scalars("val/psnr")}
     history = json.loads((run / "validation_history.json").read_text())
-    curve = [{"step": h["step"], "psnr": h["val/psnr"], "ssim": h["val/ssim"], "seconds": round(wall[h["step"]], 1)}
-             for h in history]
+    curve = [
+        {"step": h["step"], "psnr": h["val/psnr"], "ssim": h["val/ssim"], "seconds": round(wall[h["step"]], 1)}
+        for h in history
+    ]
     model = TAEHV(variant="taehv")
     load_weights(model, run / "final_model.safetensors")
     return model, curve
 
 
-def run_bare(args: argparse.Namespace, seed: int, train_paths: list[str], val_set: VideoClipDataset,
-             val_config) -> tuple[TAEHV, list[dict]]:
+def run_bare(
+    args: argparse.Namespace, seed: int, train_paths: list[str], val_set: VideoClipDataset, val_config
+) -> tuple[TAEHV, list[dict]]:
     """The published model in a bare loop; its clock stops while it is scored."""
     budget, every = parse_duration(args.budget), parse_duration(args.budget) / args.points
     spent, since = 0.0, time.perf_counter()
@@ -174,8 +197,9 @@ def run_bare(args: argparse.Namespace, seed: int, train_paths: list[str], val_se
         if spent >= next_point or spent >= budget:  # score off the clock
             scored.load_state_dict(model.state_dict())
             metrics = validate(accelerator, scored, val_set, val_config, None, torch.float32)
-            curve.append({"step": step, "psnr": metrics["val/psnr"], "ssim": metrics["val/ssim"],
-                          "seconds": round(spent, 1)})
+            curve.append(
+                {"step": step, "psnr": metrics["val/psnr"], "ssim": metrics["val/ssim"], "seconds": round(spent, 1)}
+            )
             next_point += every
             since = time.perf_counter()
             if spent >= budget:
@@ -185,7 +209,7 @@ def run_bare(args: argparse.Namespace, seed: int, train_paths: list[str], val_se
             video = clips[rng.integers(len(clips))]
             start = rng.integers(len(video) - args.frames + 1)
             left = rng.integers(video.shape[2] - args.size + 1)
-            batch.append(video[start:start + args.frames, :, left:left + args.size])
+            batch.append(video[start : start + args.frames, :, left : left + args.size])
         model.train()
         loss = published_loss(published_module, model, to_unit(np.stack(batch)))
         optimizer.zero_grad(set_to_none=True)
@@ -197,9 +221,13 @@ def run_bare(args: argparse.Namespace, seed: int, train_paths: list[str], val_se
 
 
 def summary(finals: list[dict]) -> dict[str, dict[str, float]]:
-    return {key: {"mean": statistics.fmean(f[key] for f in finals),
-                  "std": statistics.stdev(f[key] for f in finals) if len(finals) > 1 else 0.0}
-            for key in ("psnr", "ssim", "sharpness")}
+    return {
+        key: {
+            "mean": statistics.fmean(f[key] for f in finals),
+            "std": statistics.stdev(f[key] for f in finals) if len(finals) > 1 else 0.0,
+        }
+        for key in ("psnr", "ssim", "sharpness")
+    }
 
 
 def markdown(result: dict) -> str:
@@ -207,11 +235,15 @@ def markdown(result: dict) -> str:
     for arm in ARMS:
         s, runs = result["summary"][arm], result["runs"][arm]
         steps = ", ".join(str(r["curve"][-1]["step"]) for r in runs)
-        lines.append(f"| {arm} | {len(runs)} | {s['psnr']['mean']:.2f} ± {s['psnr']['std']:.2f} | "
-                     f"{s['ssim']['mean']:.3f} ± {s['ssim']['std']:.3f} | "
-                     f"{s['sharpness']['mean']:.3f} ± {s['sharpness']['std']:.3f} | {steps} |")
-    lines.append(f"\nours - bare: {result['difference']['psnr_db']:+.2f} dB PSNR, "
-                 f"{result['difference']['ssim']:+.3f} SSIM, {result['difference']['sharpness']:+.3f} sharpness")
+        lines.append(
+            f"| {arm} | {len(runs)} | {s['psnr']['mean']:.2f} ± {s['psnr']['std']:.2f} | "
+            f"{s['ssim']['mean']:.3f} ± {s['ssim']['std']:.3f} | "
+            f"{s['sharpness']['mean']:.3f} ± {s['sharpness']['std']:.3f} | {steps} |"
+        )
+    lines.append(
+        f"\nours - bare: {result['difference']['psnr_db']:+.2f} dB PSNR, "
+        f"{result['difference']['ssim']:+.3f} SSIM, {result['difference']['sharpness']:+.3f} sharpness"
+    )
     return "\n".join(lines)
 
 
@@ -226,9 +258,15 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=64, help="square size: the bare loop's, the score's, validation's")
     parser.add_argument("--batch", type=int, default=4, help="the bare loop's batch")
     parser.add_argument("--points", type=int, default=8, help="scores along the bare loop's curve")
-    parser.add_argument("--out", type=Path, default=None, help="folder for the runs, JSON and plot (default: temporary)")
-    parser.add_argument("--ours_overrides", nargs=argparse.REMAINDER, default=[],
-                        help="--key=value settings for the preset (everything after this flag)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="folder for the runs, JSON and plot (default: temporary)"
+    )
+    parser.add_argument(
+        "--ours_overrides",
+        nargs=argparse.REMAINDER,
+        default=[],
+        help="--key=value settings for the preset (everything after this flag)",
+    )
     args = parser.parse_args()
     if parse_duration(args.budget) is None:
         raise SystemExit(f"error: --budget {args.budget!r} is not a duration (e.g. 8m, 90s)")
@@ -236,8 +274,12 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     folder = args.videos.resolve()
     train, val, held_out = split_clips(folder, out, args.hold_out_every)
-    data = [f"--data_root={folder}", f"--annotation_file={train}", f"--val_annotation_file={val}",
-            f"--num_validation_samples={len(held_out)}"]
+    data = [
+        f"--data_root={folder}",
+        f"--annotation_file={train}",
+        f"--val_annotation_file={val}",
+        f"--num_validation_samples={len(held_out)}",
+    ]
     val_config = load_config(PRESET, [*data, f"--val_height={args.size}", f"--val_width={args.size}"])
     _, val_set = build_datasets(val_config)  # the held-out set the preset's run validates on
     train_table = ClipTable.from_annotation(train, folder)
@@ -258,21 +300,35 @@ def main() -> None:
                 print(json.dumps({"arm": arm, "seed": seed, **runs[arm][-1]["final"]}), file=sys.stderr, flush=True)
     result = {
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads",
-        "torch": torch.__version__, "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "videos": str(folder), "held_out": held_out, "budget": args.budget, "frames": args.frames, "size": args.size,
-        "bare_batch": args.batch, "ours_overrides": args.ours_overrides, "runs": runs,
+        "torch": torch.__version__,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "videos": str(folder),
+        "held_out": held_out,
+        "budget": args.budget,
+        "frames": args.frames,
+        "size": args.size,
+        "bare_batch": args.batch,
+        "ours_overrides": args.ours_overrides,
+        "runs": runs,
         "summary": {arm: summary([r["final"] for r in runs[arm]]) for arm in runs},
     }
     if len(runs) == 2:
         ours, bare = result["summary"]["ours"], result["summary"]["bare"]
-        result["difference"] = {"psnr_db": ours["psnr"]["mean"] - bare["psnr"]["mean"],
-                                "ssim": ours["ssim"]["mean"] - bare["ssim"]["mean"],
-                                "sharpness": ours["sharpness"]["mean"] - bare["sharpness"]["mean"]}
+        result["difference"] = {
+            "psnr_db": ours["psnr"]["mean"] - bare["psnr"]["mean"],
+            "ssim": ours["ssim"]["mean"] - bare["ssim"]["mean"],
+            "sharpness": ours["sharpness"]["mean"] - bare["sharpness"]["mean"],
+        }
     (out / "time_to_quality.json").write_text(json.dumps(result, indent=1))
     curves = {f"{arm} s{r['seed']}": r["curve"] for arm in runs for r in runs[arm]}
     colours = {name: PALETTE[ARMS.index(name.split()[0])] for name in curves}
-    plot(curves, out / "time_to_quality.png", f"held-out quality against wall-clock seconds, budget {args.budget}, "
-         f"held out: {', '.join(held_out)}", x="seconds", colours=colours)
+    plot(
+        curves,
+        out / "time_to_quality.png",
+        f"held-out quality against wall-clock seconds, budget {args.budget}, held out: {', '.join(held_out)}",
+        x="seconds",
+        colours=colours,
+    )
     stills(clips, first_seed, out / "time_to_quality_stills.png")
     print(json.dumps(result, indent=1))
     if len(runs) == 2:

@@ -22,6 +22,7 @@ in bfloat16 (on CPU fast with AVX512-BF16 or AMX). Gradients: after the last tim
 difference (norm of the difference over the published norm) over all parameters, and
 the loss difference.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,18 +43,19 @@ DEFAULT_CASES = ("4x13x64x64", "2x9x32x48", "1x17x128x128")
 
 def ours_loss(model, x: torch.Tensor) -> torch.Tensor:
     decoded = model(x).decoded
-    return F.mse_loss(decoded, x[:, :decoded.shape[1]])
+    return F.mse_loss(decoded, x[:, : decoded.shape[1]])
 
 
 def published_loss(module, model, x: torch.Tensor) -> torch.Tensor:
     z = model.encode_video(x, show_progress_bar=False)
-    decoded = module.apply_model_with_memblocks(model.decoder, z, True, False)[:, model.frames_to_trim:]
+    decoded = module.apply_model_with_memblocks(model.decoder, z, True, False)[:, model.frames_to_trim :]
     decoded = F.pixel_shuffle(decoded, model.patch_size)
-    return F.mse_loss(decoded.float(), x[:, :decoded.shape[1]])
+    return F.mse_loss(decoded.float(), x[:, : decoded.shape[1]])
 
 
 def step(model, loss_fn, x: torch.Tensor, bf16: bool):
     """One forward + backward; returns the loss (gradients stay on the parameters)."""
+
     def run() -> torch.Tensor:
         model.zero_grad(set_to_none=True)
         with torch.autocast(x.device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
@@ -62,13 +64,15 @@ def step(model, loss_fn, x: torch.Tensor, bf16: bool):
         if x.device.type == "cuda":
             torch.cuda.synchronize()
         return loss.detach()
+
     return run
 
 
 def gradient_difference(ours, published) -> float:
     theirs = dict(published.named_parameters())
-    return max(((p.grad - theirs[name].grad).norm() / theirs[name].grad.norm()).item()
-               for name, p in ours.named_parameters())
+    return max(
+        ((p.grad - theirs[name].grad).norm() / theirs[name].grad.norm()).item() for name, p in ours.named_parameters()
+    )
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -86,26 +90,44 @@ def run(args: argparse.Namespace) -> dict:
             for dtype in args.dtypes:
                 bf16 = dtype == "bf16"
                 ours_times, pub_times, ours_out, pub_out = time_alternating(
-                    step(ours, ours_loss, x, bf16), step(published, lambda m, v: published_loss(module, m, v), x, bf16),
-                    args.warmup, args.repeats)
-                row = {"case": case, "dtype": dtype, "ours_s": round(statistics.median(ours_times), 4),
-                       "published_s": round(statistics.median(pub_times), 4),
-                       "loss_diff": abs(ours_out.item() - pub_out.item()),
-                       "max_grad_rel_diff": gradient_difference(ours, published)}
+                    step(ours, ours_loss, x, bf16),
+                    step(published, lambda m, v: published_loss(module, m, v), x, bf16),
+                    args.warmup,
+                    args.repeats,
+                )
+                row = {
+                    "case": case,
+                    "dtype": dtype,
+                    "ours_s": round(statistics.median(ours_times), 4),
+                    "published_s": round(statistics.median(pub_times), 4),
+                    "loss_diff": abs(ours_out.item() - pub_out.item()),
+                    "max_grad_rel_diff": gradient_difference(ours, published),
+                }
                 row["ratio"] = round(row["published_s"] / row["ours_s"], 3)
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 rows.append(row)
-    return {"machine": machine_info(), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "variant": args.variant, "threads": args.threads,
-            "warmup": args.warmup, "repeats": args.repeats, "rows": rows}
+    return {
+        "machine": machine_info(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "variant": args.variant,
+        "threads": args.threads,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "rows": rows,
+    }
 
 
 def markdown(report: dict) -> str:
-    lines = ["| case (NxTxHxW) | dtype | ours s | published s | ratio | loss diff | max grad rel diff |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| case (NxTxHxW) | dtype | ours s | published s | ratio | loss diff | max grad rel diff |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in report["rows"]:
-        lines.append(f"| {r['case']} | {r['dtype']} | {r['ours_s']:.3f} | {r['published_s']:.3f} | {r['ratio']:.2f} "
-                     f"| {r['loss_diff']:.1e} | {r['max_grad_rel_diff']:.1e} |")
+        lines.append(
+            f"| {r['case']} | {r['dtype']} | {r['ours_s']:.3f} | {r['published_s']:.3f} | {r['ratio']:.2f} "
+            f"| {r['loss_diff']:.1e} | {r['max_grad_rel_diff']:.1e} |"
+        )
     return "\n".join(lines)
 
 

@@ -20,6 +20,7 @@ in-memory batch (data loading is measured by bench/bench_data.py), synchronised 
 
 One process; ``ratio_to_bare`` is the step time over ``bare``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,15 +31,14 @@ import sys
 from pathlib import Path
 
 import torch
-
 from accelerate import Accelerator
 
+from common.config import TrainConfig
+from common.flags import ArgumentParser
+from common.reference_vae import ReferenceVAE
 from evaluation.timing import median_seconds
 from models.taehv import TAEHV
-from training.config import TrainConfig
 from training.data.loading import ReferenceLatents
-from training.data.reference_vae import ReferenceVAE
-from training.flags import ArgumentParser
 from training.loop.step import TrainStep
 
 
@@ -82,9 +82,17 @@ def run() -> dict:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     precision = args.mixed_precision or ("bf16" if device.type == "cuda" else "no")
-    config = TrainConfig(variant=args.variant, n_frames=args.frames, height=args.height, width=args.width,
-                         train_batch_size=args.batch, mixed_precision=precision, n_seraena_frames=args.n_seraena_frames,
-                         seraena_buffer_size=args.seraena_buffer, learning_rate=1e-4)
+    config = TrainConfig(
+        variant=args.variant,
+        n_frames=args.frames,
+        height=args.height,
+        width=args.width,
+        train_batch_size=args.batch,
+        mixed_precision=precision,
+        n_seraena_frames=args.n_seraena_frames,
+        seraena_buffer_size=args.seraena_buffer,
+        learning_rate=1e-4,
+    )
     torch.manual_seed(0)
     frames = torch.randint(0, 256, (args.batch, args.frames, 3, args.height, args.width), dtype=torch.uint8)
     unit = frames.to(device).float().div(255)
@@ -95,7 +103,9 @@ def run() -> dict:
     else:  # latents of the right shape stand in for the cache
         model = TAEHV(variant=args.variant)
         size = (args.height // (8 * model.patch_size), args.width // (8 * model.patch_size))
-        z_ref = torch.randn(args.batch, model.plan(args.frames).latent_frames, model.latent_channels, *size, device=device)
+        z_ref = torch.randn(
+            args.batch, model.plan(args.frames).latent_frames, model.latent_channels, *size, device=device
+        )
     cached_batch = {"frames": frames, "latents": z_ref}
     plain_batch = {"frames": frames}
     cache, no_reference = ReferenceLatents(None, cached=True), ReferenceLatents(None, cached=False)
@@ -104,12 +114,18 @@ def run() -> dict:
 
     def record(name: str, seraena: bool, run, warmup: int = args.warmup) -> None:
         seconds, _ = median_seconds(run, device, warmup, args.repeats)
-        rows.append({"scenario": name, "seraena": seraena, "step_s": round(seconds, 4),
-                     "samples_per_s": round(args.batch / seconds, 2)})
+        rows.append(
+            {
+                "scenario": name,
+                "seraena": seraena,
+                "step_s": round(seconds, 4),
+                "samples_per_s": round(args.batch / seconds, 2),
+            }
+        )
 
     def steps(step: TrainStep, batch: dict):
         windows = iter(range(1, 1 << 30))
-        return lambda: step(batch, next(windows))
+        return lambda: step(iter([batch]), next(windows))  # a window of one micro-batch
 
     cached = train_step(config, device, cache, seraena=False)
     record("bare", False, lambda: forward_backward(cached, unit, z_ref))
@@ -128,8 +144,13 @@ def run() -> dict:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "variant": args.variant, "frames": args.frames, "height": args.height, "width": args.width,
-        "batch": args.batch, "mixed_precision": precision, "reference_vae": args.ref_vae or None,
+        "variant": args.variant,
+        "frames": args.frames,
+        "height": args.height,
+        "width": args.width,
+        "batch": args.batch,
+        "mixed_precision": precision,
+        "reference_vae": args.ref_vae or None,
         "steps": rows,
     }
 

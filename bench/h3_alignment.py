@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Which input frame does each decoded frame of MiniMax H3's video VAE show? (issue #18)
+"""Which input frame does each decoded frame of MiniMax H3's video VAE show?
 
 ``taeh3`` has to say which input frame each of its decoded frames matches, and it should
 agree with the VAE it imitates, diffusers' ``AutoencoderKLMiniMaxH3``. The real weights
@@ -25,6 +25,7 @@ a temporary folder (nothing is downloaded). Prints a JSON summary; the TAE colum
 
     OMP_NUM_THREADS=1 python -m bench.h3_alignment
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,18 +39,27 @@ import diffusers
 import torch
 from diffusers import AutoencoderKLMiniMaxH3
 
+from common.flags import ArgumentParser
 from models.frames import h3_decoded_frames, plan_frames
-from training.flags import ArgumentParser
 
 log = logging.getLogger("h3_alignment")
 
 # Tiny, but the same time axis as the released VAE: temporal factors (1, 2, 2) = 4x after a
 # spatial-only first level, clip_length 17 and token_drop 3 (the diffusers defaults).
 TINY_CONFIG: dict[str, Any] = dict(
-    latent_channels=4, block_out_channels=(4, 4, 4), layers_per_block=1,
-    spatial_downsample_factors=(2, 2, 2), temporal_downsample_factors=(1, 2, 2), norm_num_groups=2,
-    decoder_num_layers=1, decoder_num_attention_heads=1, decoder_attention_head_dim=8,
-    decoder_num_register_tokens=1, decoder_ffn_mult=1, latents_mean=(0.0,) * 4, latents_std=(1.0,) * 4,
+    latent_channels=4,
+    block_out_channels=(4, 4, 4),
+    layers_per_block=1,
+    spatial_downsample_factors=(2, 2, 2),
+    temporal_downsample_factors=(1, 2, 2),
+    norm_num_groups=2,
+    decoder_num_layers=1,
+    decoder_num_attention_heads=1,
+    decoder_attention_head_dim=8,
+    decoder_num_register_tokens=1,
+    decoder_ffn_mult=1,
+    latents_mean=(0.0,) * 4,
+    latents_std=(1.0,) * 4,
 )
 SIZE = 16  # pixels; 8x spatial compression -> 2x2 latents, below the 256-pixel tile size
 KICK = 10.0  # the perturbation added to one frame or one latent
@@ -128,8 +138,7 @@ def measure(vae: AutoencoderKLMiniMaxH3, frames: int, seed: int) -> dict[str, An
     except Exception as err:  # noqa: BLE001 - reported, not hidden
         result["vae_decoded"] = None
         result["decode_error"] = f"{type(err).__name__}: {err}"
-        result["latents"] = [{"k": k, "takes_in": takes_in[k], "depends_on": span(reach[k])}
-                             for k in range(z.shape[2])]
+        result["latents"] = [{"k": k, "takes_in": takes_in[k], "depends_on": span(reach[k])} for k in range(z.shape[2])]
         return result
     result["vae_decoded"] = y.shape[2]
 
@@ -154,8 +163,13 @@ def measure(vae: AutoencoderKLMiniMaxH3, frames: int, seed: int) -> dict[str, An
         earliest.append(hit[0] if hit else None)
 
     result["latents"] = [
-        {"k": k, "takes_in": takes_in[k], "depends_on": span(reach[k]), "decodes_to": local[k],
-         "mixing_decodes_to": span(mixing[k])}
+        {
+            "k": k,
+            "takes_in": takes_in[k],
+            "depends_on": span(reach[k]),
+            "decodes_to": local[k],
+            "mixing_decodes_to": span(mixing[k]),
+        }
         for k in range(z.shape[2])
     ]
     result["mapping"] = mapping
@@ -178,14 +192,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         AutoencoderKLMiniMaxH3(**TINY_CONFIG).save_pretrained(f"{tmp}/vae")
         vae = AutoencoderKLMiniMaxH3.from_pretrained(f"{tmp}/vae").eval()
-    log.info("tiny AutoencoderKLMiniMaxH3: %d parameters, diffusers %s",
-             sum(p.numel() for p in vae.parameters()), diffusers.__version__)
+    log.info(
+        "tiny AutoencoderKLMiniMaxH3: %d parameters, diffusers %s",
+        sum(p.numel() for p in vae.parameters()),
+        diffusers.__version__,
+    )
     summary = {
         "diffusers": diffusers.__version__,
-        "geometry": {"clip_length": vae.config.clip_length, "token_drop": vae.config.token_drop,
-                     "temporal_compression_ratio": vae.temporal_compression_ratio,
-                     "frame_pre_padding": vae.frame_pre_padding, "tokens_chunk_size": vae.tokens_chunk_size,
-                     "token_overlap": vae.token_overlap, "frame_overlap": vae.frame_overlap},
+        "geometry": {
+            "clip_length": vae.config.clip_length,
+            "token_drop": vae.config.token_drop,
+            "temporal_compression_ratio": vae.temporal_compression_ratio,
+            "frame_pre_padding": vae.frame_pre_padding,
+            "tokens_chunk_size": vae.tokens_chunk_size,
+            "token_overlap": vae.token_overlap,
+            "frame_overlap": vae.frame_overlap,
+        },
         "results": [measure(vae, t, args.seed) for t in args.frames],
         "decode_counts": decode_counts(vae),
     }

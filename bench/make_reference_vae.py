@@ -7,6 +7,7 @@ nothing can be downloaded on benchmark machines:
     python -m bench.make_reference_vae /tmp/cogvideox2b_random     # CogVideoX-2b architecture
 then pass ``--ref_vae_path=/tmp/cogvideox2b_random`` to training or inference.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,13 +15,20 @@ import argparse
 import torch
 from diffusers import AutoencoderKLCogVideoX
 
-from training.flags import ArgumentParser
+from common.flags import ArgumentParser
 
 # CogVideoX-2b's vae/config.json (the diffusers defaults are this configuration)
 COGVIDEOX_2B = dict(
-    in_channels=3, out_channels=3, latent_channels=16, layers_per_block=3, norm_num_groups=32,
-    block_out_channels=(128, 256, 256, 512), temporal_compression_ratio=4, scaling_factor=1.15258426,
-    down_block_types=("CogVideoXDownBlock3D",) * 4, up_block_types=("CogVideoXUpBlock3D",) * 4,
+    in_channels=3,
+    out_channels=3,
+    latent_channels=16,
+    layers_per_block=3,
+    norm_num_groups=32,
+    block_out_channels=(128, 256, 256, 512),
+    temporal_compression_ratio=4,
+    scaling_factor=1.15258426,
+    down_block_types=("CogVideoXDownBlock3D",) * 4,
+    up_block_types=("CogVideoXUpBlock3D",) * 4,
 )
 
 
@@ -32,8 +40,10 @@ def main() -> None:
     torch.manual_seed(args.seed)
     vae = AutoencoderKLCogVideoX(**COGVIDEOX_2B)
     vae.save_pretrained(f"{args.out_dir}/vae")
-    print(f"saved a random CogVideoX-2b-architecture VAE ({sum(p.numel() for p in vae.parameters()) / 1e6:.1f}M "
-          f"parameters) to {args.out_dir}/vae")
+    print(
+        f"saved a random CogVideoX-2b-architecture VAE ({sum(p.numel() for p in vae.parameters()) / 1e6:.1f}M "
+        f"parameters) to {args.out_dir}/vae"
+    )
 
 
 if __name__ == "__main__":

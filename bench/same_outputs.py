@@ -18,6 +18,7 @@ the model card), the HTML report (it shows timings) and the ``*_original.mp4`` v
 the same frames). safetensors writes its metadata in no fixed order, so a checkpoint
 manifest's checksums are not compared (its file list is, and every file is compared itself).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,12 +32,23 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from training.flags import ArgumentParser
+from common.flags import ArgumentParser
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TEST_CONFIG = "training/configs/taehv_config_test.py"
-ZERO2 = [str(Path(sys.executable).with_name("accelerate")), "launch", "--use_deepspeed", "--zero_stage", "2",
-         "--num_machines", "1", "--num_processes", "2", "--main_process_port", "29611"]
+ZERO2 = [
+    str(Path(sys.executable).with_name("accelerate")),
+    "launch",
+    "--use_deepspeed",
+    "--zero_stage",
+    "2",
+    "--num_machines",
+    "1",
+    "--num_processes",
+    "2",
+    "--main_process_port",
+    "29611",
+]
 TIMING = re.compile(r"(_s|seconds|speedup|time|timestamp|clips_per_s)$")
 
 
@@ -51,27 +63,67 @@ def make_inputs(inputs: Path) -> tuple[Path, Path]:
         make_demo_dataset(data, num_clips=6, n_frames=12, height=48, width=64, seed=1)
     if not (vae / "vae" / "config.json").is_file():
         torch.manual_seed(0)
-        AutoencoderKLCogVideoX(block_out_channels=(16, 16, 32, 32), latent_channels=16, layers_per_block=1,
-                               norm_num_groups=8, down_block_types=("CogVideoXDownBlock3D",) * 4,
-                               up_block_types=("CogVideoXUpBlock3D",) * 4).save_pretrained(vae / "vae")
+        AutoencoderKLCogVideoX(
+            block_out_channels=(16, 16, 32, 32),
+            latent_channels=16,
+            layers_per_block=1,
+            norm_num_groups=8,
+            down_block_types=("CogVideoXDownBlock3D",) * 4,
+            up_block_types=("CogVideoXUpBlock3D",) * 4,
+        ).save_pretrained(vae / "vae")
     return data, vae
 
 
 def run(out: Path, inputs: Path) -> None:
     data, vae = make_inputs(inputs)
-    clips = [f"--data_root={data}", f"--annotation_file={data / 'annotations_train.json'}",
-             f"--val_annotation_file={data / 'annotations_val.json'}"]
+    clips = [
+        f"--data_root={data}",
+        f"--annotation_file={data / 'annotations_train.json'}",
+        f"--val_annotation_file={data / 'annotations_val.json'}",
+    ]
     common = ["--config", TEST_CONFIG, *clips, "--run_name=run", "--max_train_steps=4", "--seed=7"]
     ref = [f"--ref_vae_path={vae}", "--ref_vae_dtype=fp32", "--n_frames=9", "--variant=taecvx"]
     train = ["-m", "training.taehv_train", *common]
     commands = {
-        "p1": [sys.executable, *train], "p1ref": [sys.executable, *train, *ref],
-        "z2": [*ZERO2, *train], "z2ref": [*ZERO2, *train, *ref, "--mixed_precision=bf16"],
-        "cache": [sys.executable, "-m", "training.cache_latents", "--config", TEST_CONFIG, *clips, *ref,
-                  "--output", str(out / "cache"), "--shard_size=4"],
-        "infer": [sys.executable, "inference.py", "--model_path", str(out / "p1ref" / "run" / "final_model.safetensors"),
-                  "--variant", "taecvx", "--videos", str(data), "--num_samples", "3", "--n_frames", "9", "--height", "48",
-                  "--width", "64", "--use_ref_vae", "--ref_vae_path", str(vae), "--output_dir", str(out / "infer")],
+        "p1": [sys.executable, *train],
+        "p1ref": [sys.executable, *train, *ref],
+        "z2": [*ZERO2, *train],
+        "z2ref": [*ZERO2, *train, *ref, "--mixed_precision=bf16"],
+        "cache": [
+            sys.executable,
+            "-m",
+            "training.build_latent_cache",
+            "--config",
+            TEST_CONFIG,
+            *clips,
+            *ref,
+            "--output",
+            str(out / "cache"),
+            "--shard_size=4",
+        ],
+        "infer": [
+            sys.executable,
+            "inference.py",
+            "--model_path",
+            str(out / "p1ref" / "run" / "final_model.safetensors"),
+            "--variant",
+            "taecvx",
+            "--videos",
+            str(data),
+            "--num_samples",
+            "3",
+            "--n_frames",
+            "9",
+            "--height",
+            "48",
+            "--width",
+            "64",
+            "--use_ref_vae",
+            "--ref_vae_path",
+            str(vae),
+            "--output_dir",
+            str(out / "infer"),
+        ],
     }
     out.mkdir(parents=True, exist_ok=True)
     for name, command in commands.items():
@@ -88,8 +140,10 @@ def _masked(value, root: Path):
     file list by name only (its sizes and CRC32s follow the run folder's name and the
     metadata order of safetensors files; the files themselves are compared one by one)."""
     if isinstance(value, dict):
-        return {k: "<time>" if TIMING.search(k) else sorted(v) if k == "files" and isinstance(v, dict)
-                else _masked(v, root) for k, v in value.items()}
+        return {
+            k: "<time>" if TIMING.search(k) else sorted(v) if k == "files" and isinstance(v, dict) else _masked(v, root)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
         return [_masked(v, root) for v in value]
     return value.replace(str(root), "<run>") if isinstance(value, str) else value
@@ -106,12 +160,17 @@ def same(a: Path, root_a: Path, b: Path, root_b: Path) -> tuple[bool, str]:
     """Whether two files hold the same, and by what it was judged."""
     if a.suffix == ".safetensors":
         fa, fb = safe_open(str(a), "pt"), safe_open(str(b), "pt")
-        return (fa.metadata() == fb.metadata() and sorted(fa.keys()) == sorted(fb.keys())
-                and all(torch.equal(fa.get_tensor(k), fb.get_tensor(k)) for k in fa.keys())), "tensors and metadata"
+        return (
+            fa.metadata() == fb.metadata()
+            and sorted(fa.keys()) == sorted(fb.keys())
+            and all(torch.equal(fa.get_tensor(k), fb.get_tensor(k)) for k in fa.keys())
+        ), "tensors and metadata"
     if a.suffix == ".json":
         return _masked(json.loads(a.read_text()), root_a) == _masked(json.loads(b.read_text()), root_b), "json"
     if a.suffix == ".png":
-        return np.array_equal(cv2.imread(str(a), cv2.IMREAD_UNCHANGED), cv2.imread(str(b), cv2.IMREAD_UNCHANGED)), "pixels"
+        return np.array_equal(
+            cv2.imread(str(a), cv2.IMREAD_UNCHANGED), cv2.imread(str(b), cv2.IMREAD_UNCHANGED)
+        ), "pixels"
     if a.suffix == ".mp4":
         fa, fb = _frames(a), _frames(b)
         return len(fa) == len(fb) and all(np.array_equal(x, y) for x, y in zip(fa, fb)), "decoded frames"

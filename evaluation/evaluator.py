@@ -7,6 +7,7 @@ aligns them to, and writes comparison videos, a poster, a latent picture and sti
 sample; ``summarise`` turns the samples into means, standard deviations and ratios. Running
 out of memory names what was being done and what to lower.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,18 +24,27 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from evaluation.metrics import (frame_psnr, video_alpha_psnr, video_lpips, video_mse, video_psnr, video_sharpness,
-                                video_ssim, video_temporal_error)
+from common.clips import BadClipError, VideoClipDataset, frames_to_unit
+from common.errors import UserError
+from common.metrics import (
+    frame_psnr,
+    rms_ratio,
+    video_alpha_psnr,
+    video_lpips,
+    video_mse,
+    video_psnr,
+    video_sharpness,
+    video_ssim,
+    video_temporal_error,
+)
+from common.reference_vae import ReferenceVAE
+from common.video_writer import write_video
 from evaluation.stills import comparison_stills
 from evaluation.timing import timed
-from evaluation.videos import latent_picture, rgb_beside_alpha, side_by_side, to_uint8_frames, write_video
+from evaluation.videos import latent_picture, rgb_beside_alpha, side_by_side, to_uint8_frames
 from models.frames import FramePlan
-from models.reference_vaes import reference_vae_frames
 from models.taehv import TAEHV
-from training.data.clips import BadClipError, VideoClipDataset, frames_to_unit
-from training.data.latent_check import rms_ratio
-from training.data.reference_vae import ReferenceVAE
-from training.errors import ConfigError
+from models.vae_registry import reference_vae_frames
 
 
 def is_out_of_memory(err: RuntimeError) -> bool:
@@ -63,11 +73,11 @@ def out_of_memory_hint(args: argparse.Namespace, doing: str) -> Iterator[None]:
     except RuntimeError as err:
         if not is_out_of_memory(err):
             raise
-        raise ConfigError(f"out of memory while {doing}{requested_memory(err)}: {memory_advice(args)}") from err
+        raise UserError(f"out of memory while {doing}{requested_memory(err)}: {memory_advice(args)}") from err
 
 
 def requested_memory(err: RuntimeError) -> str:
-    """"; it asked for 20.00 GiB more" from CUDA's or the CPU allocator's message, else ""."""
+    """ "; it asked for 20.00 GiB more" from CUDA's or the CPU allocator's message, else ""."""
     found = re.search(r"(?i)tried to allocate (?:([\d.]+ ?[KMGT]i?B)|(\d+) bytes)", str(err))
     if found is None:
         return ""
@@ -113,7 +123,7 @@ def summarise(samples: list[dict]) -> dict:
         if "decode_peak_mb" in ours and "decode_peak_mb" in ref:
             comparison["decode_memory_saving"] = 1 - ours["decode_peak_mb"]["mean"] / ref["decode_peak_mb"]["mean"]
         ratios = [s["latent_rms_ratio"] for s in samples if "latent_rms_ratio" in s]
-        if ratios:  # the model's latent RMS over the reference VAE's (training.data.latent_check)
+        if ratios:  # the model's latent RMS over the reference VAE's (common.metrics.rms_ratio)
             comparison["latent_rms_ratio"] = statistics.fmean(ratios)
         summary["comparison"] = comparison
     return summary
@@ -123,6 +133,7 @@ def summarise(samples: list[dict]) -> dict:
 class Evaluator:
     """Evaluates clips one by one with everything a sample needs, and names what it is doing
     when memory runs out."""
+
     args: argparse.Namespace
     model: TAEHV
     ref_vae: ReferenceVAE | None
@@ -139,19 +150,32 @@ class Evaluator:
     def doing(self, what: str) -> AbstractContextManager[None]:
         """``out_of_memory_hint`` for ``what``, with the sizes and mode of this run."""
         mode = "parallel" if self.args.parallel else "sequential"
-        return out_of_memory_hint(self.args, f"{what} ({self.dataset.n_frames} frames at {self.dataset.height}x"
-                                             f"{self.dataset.width}, {mode}, {self.args.dtype} on {self.device})")
+        return out_of_memory_hint(
+            self.args,
+            f"{what} ({self.dataset.n_frames} frames at {self.dataset.height}x"
+            f"{self.dataset.width}, {mode}, {self.args.dtype} on {self.device})",
+        )
 
     def evaluate(self, order: np.ndarray, count: int) -> tuple[list[dict], list[dict]]:
         """(samples, skipped clips): the first ``count`` clips of ``order`` that can give a
         sample; a clip that cannot (too short, unreadable) is skipped and reported, never
         replaced by a clip already in the list, so no clip weighs twice in the means. Clips
         the dataset left out up front (annotated as too short) are reported too."""
-        samples, skipped = [], [{"source": source, "kind": "too short", "reason": "too short: annotated with fewer "
-                                 f"than the {self.dataset.min_frames} frames a sample needs"}
-                                for source in self.dataset.short_clips]
-        skipped += [{"source": source, "kind": "refused entry", "reason": why}
-                    for source, why in self.dataset.refused_entries]
+        samples, skipped = (
+            [],
+            [
+                {
+                    "source": source,
+                    "kind": "too short",
+                    "reason": "too short: annotated with fewer "
+                    f"than the {self.dataset.min_frames} frames a sample needs",
+                }
+                for source in self.dataset.short_clips
+            ],
+        )
+        skipped += [
+            {"source": source, "kind": "refused entry", "reason": why} for source, why in self.dataset.refused_entries
+        ]
         with tqdm(total=count, desc="samples", disable=None) as progress:
             for index in map(int, order):
                 if len(samples) == count:
@@ -179,11 +203,13 @@ class Evaluator:
         --compile the whole clip, so that compilation sees the real shapes)."""
         short = frames if self.args.compile else frames[:, :1]
         with self.doing(f"warming up on {short.shape[1]} frame(s) of the first clip"):
-            self.model.decode_video(self.model.encode_video(short, parallel=self.args.parallel),
-                                    parallel=self.args.parallel)
+            self.model.decode_video(
+                self.model.encode_video(short, parallel=self.args.parallel), parallel=self.args.parallel
+            )
             if self.ref_vae is not None:  # the fewest frames it takes (MiniMax H3: 18; Allegro: 24)
-                fewest = next((t for t in range(1, frames.shape[1]) if reference_vae_frames(t, self.model.spec)),
-                              frames.shape[1])
+                fewest = next(
+                    (t for t in range(1, frames.shape[1]) if reference_vae_frames(t, self.model.spec)), frames.shape[1]
+                )
                 self.ref_vae.decode(self.ref_vae.encode(frames[:, :fewest]))
 
     def sample(self, i: int, index: int, source: str, frames: torch.Tensor) -> dict:
@@ -199,16 +225,20 @@ class Evaluator:
         if enc_mb is not None:
             ours.update(encode_peak_mb=enc_mb, decode_peak_mb=dec_mb)
         result = {"index": index, "source": source, "latent_shape": list(latents.shape), "taehv": ours}
-        line = f"Sample {i + 1}: MSE={ours['mse']:.4f}, PSNR={ours['psnr']:.1f}dB, " \
-               f"SSIM={ours['ssim']:.3f}, Encoding Time={enc_s:.3f}s, Decoding Time={dec_s:.3f}s"
+        line = (
+            f"Sample {i + 1}: MSE={ours['mse']:.4f}, PSNR={ours['psnr']:.1f}dB, "
+            f"SSIM={ours['ssim']:.3f}, Encoding Time={enc_s:.3f}s, Decoding Time={dec_s:.3f}s"
+        )
         ref_decoded = None
         if self.ref_vae is not None:
             with self.doing(f"running the reference VAE on sample {i + 1}"):
                 result["reference"], ref_decoded, ref_latents = self.reference(frames)
             if ref_latents.shape == latents.shape:  # the same latent space: are they on the same scale?
                 result["latent_rms_ratio"] = float(rms_ratio(latents, ref_latents))
-            line += f"\n  Reference VAE - PSNR={result['reference']['psnr']:.1f}dB, " \
-                    f"decode {result['reference']['decode_s'] / dec_s:.1f}x slower than TAEHV"
+            line += (
+                f"\n  Reference VAE - PSNR={result['reference']['psnr']:.1f}dB, "
+                f"decode {result['reference']['decode_s'] / dec_s:.1f}x slower than TAEHV"
+            )
         tqdm.write(line)
         with self.doing(f"writing the videos and pictures of sample {i + 1}"):
             result["files"] = self.write_files(i, source, target, decoded, latents, ref_decoded)
@@ -219,13 +249,24 @@ class Evaluator:
         ref_latents, enc_s, enc_mb = timed(lambda: self.ref_vae.encode(frames), self.device)
         decoded, dec_s, dec_mb = timed(lambda: self.ref_vae.decode(ref_latents), self.device)
         n = min(decoded.shape[1], frames.shape[1])
-        metrics = {**quality(decoded[:, :n], frames[:, :n].float(), self.use_lpips), "encode_s": enc_s, "decode_s": dec_s}
+        metrics = {
+            **quality(decoded[:, :n], frames[:, :n].float(), self.use_lpips),
+            "encode_s": enc_s,
+            "decode_s": dec_s,
+        }
         if enc_mb is not None:
             metrics.update(encode_peak_mb=enc_mb, decode_peak_mb=dec_mb)
         return metrics, decoded[:, :n], ref_latents
 
-    def write_files(self, i: int, source: str, target: torch.Tensor, decoded: torch.Tensor, latents: torch.Tensor,
-                    ref_decoded: torch.Tensor | None) -> dict:
+    def write_files(
+        self,
+        i: int,
+        source: str,
+        target: torch.Tensor,
+        decoded: torch.Tensor,
+        latents: torch.Tensor,
+        ref_decoded: torch.Tensor | None,
+    ) -> dict:
         """Comparison videos, poster, latent picture and stills of sample ``i``; their paths."""
         out, stem = self.output_dir, f"test_{i}"
         fps = self.args.fps or probe_fps(source)
@@ -241,23 +282,29 @@ class Evaluator:
         reference = to_uint8_frames(ref_decoded[0]) if ref_decoded is not None else None
         stills, shown = comparison_stills(original, reconstructed, reference)
         write_png(out / "stills" / f"{stem}_stills.png", stills)
-        return {"original_video": f"comparison_videos/{stem}_original.mp4",
-                "reconstructed_video": f"comparison_videos/{stem}_reconstructed.mp4",
-                "comparison_video": f"comparison_videos/{stem}_comparison.mp4",
-                "poster_png": f"comparison_videos/{stem}_poster.png",
-                "latents_png": f"latent_visualizations/{stem}_latents.png",
-                "stills_png": f"stills/{stem}_stills.png", "stills_frames": shown, "codec": codec}
+        return {
+            "original_video": f"comparison_videos/{stem}_original.mp4",
+            "reconstructed_video": f"comparison_videos/{stem}_reconstructed.mp4",
+            "comparison_video": f"comparison_videos/{stem}_comparison.mp4",
+            "poster_png": f"comparison_videos/{stem}_poster.png",
+            "latents_png": f"latent_visualizations/{stem}_latents.png",
+            "stills_png": f"stills/{stem}_stills.png",
+            "stills_frames": shown,
+            "codec": codec,
+        }
 
 
-def no_usable_clip(skipped: list[dict], dataset: VideoClipDataset) -> ConfigError:
+def no_usable_clip(skipped: list[dict], dataset: VideoClipDataset) -> UserError:
     """The error when every clip tried was skipped: what to change, with an example."""
     n_frames, stride = dataset.n_frames, dataset.stride_range[0]
     clips, are = ("the clip", "is") if len(skipped) == 1 else (f"all {len(skipped)} clips", "are")
     example = f"e.g. {Path(skipped[0]['source']).name}: {skipped[0]['reason']}"
     if all(s["kind"] == "too short" for s in skipped):
-        return ConfigError(f"{clips} {are} too short: --n_frames={n_frames} at --stride={stride} needs "
-                           f"{dataset.min_frames} frames ({example}): lower --n_frames or --stride")
-    return ConfigError(f"{clips} could not be used ({example}); check the videos or the annotation")
+        return UserError(
+            f"{clips} {are} too short: --n_frames={n_frames} at --stride={stride} needs "
+            f"{dataset.min_frames} frames ({example}): lower --n_frames or --stride"
+        )
+    return UserError(f"{clips} could not be used ({example}); check the videos or the annotation")
 
 
 def write_png(path: Path, image: np.ndarray) -> None:

@@ -2,6 +2,7 @@
 per-frame PSNR chart, and for each sample still frames (original | reconstruction |
 reference VAE | amplified difference), the comparison video with a poster frame, and its
 latents."""
+
 from __future__ import annotations
 
 import base64
@@ -85,17 +86,23 @@ def _frame_chart(samples: list[dict]) -> str:
     def y(v: float) -> float:
         return top + height * (high - min(max(v, low), high)) / (high - low)
 
-    parts = [f'<svg width="{left + width + 180}" height="{top + height + 46}" role="img" '
-             'aria-label="PSNR per frame" font-size="11">']
+    parts = [
+        f'<svg width="{left + width + 180}" height="{top + height + 46}" role="img" '
+        'aria-label="PSNR per frame" font-size="11">'
+    ]
     for v in _ticks(low, high):
-        parts.append(f'<line class="grid" x1="{left}" x2="{left + width}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>'
-                     f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:g}</text>')
+        parts.append(
+            f'<line class="grid" x1="{left}" x2="{left + width}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>'
+            f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:g}</text>'
+        )
     for t in sorted({round(v) for v in _ticks(0, max(frames - 1, 1), 8)} & set(range(frames))):
         parts.append(f'<text x="{x(t):.1f}" y="{top + height + 16}" text-anchor="middle">{t}</text>')
-    parts.append(f'<line class="axis" x1="{left}" x2="{left}" y1="{top}" y2="{top + height}"/>'
-                 f'<line class="axis" x1="{left}" x2="{left + width}" y1="{top + height}" y2="{top + height}"/>'
-                 f'<text x="{left + width / 2}" y="{top + height + 36}" text-anchor="middle">frame</text>'
-                 f'<text transform="translate(14,{top + height / 2}) rotate(-90)" text-anchor="middle">PSNR (dB)</text>')
+    parts.append(
+        f'<line class="axis" x1="{left}" x2="{left}" y1="{top}" y2="{top + height}"/>'
+        f'<line class="axis" x1="{left}" x2="{left + width}" y1="{top + height}" y2="{top + height}"/>'
+        f'<text x="{left + width / 2}" y="{top + height + 36}" text-anchor="middle">frame</text>'
+        f'<text transform="translate(14,{top + height / 2}) rotate(-90)" text-anchor="middle">PSNR (dB)</text>'
+    )
     for n, (i, who, series) in enumerate(lines):
         color = COLORS[i % len(COLORS)]
         finite = [(x(t), y(v)) for t, v in enumerate(series) if math.isfinite(v)]
@@ -104,29 +111,40 @@ def _frame_chart(samples: list[dict]) -> str:
         label = f"sample {i}" + (" reference VAE" if who == "reference" else "")
         if len(finite) == 1:  # a polyline of one point draws nothing; the reference VAE's dot is hollow
             fill = "white" if who == "reference" else color
-            parts.append(f'<circle cx="{finite[0][0]:.1f}" cy="{finite[0][1]:.1f}" r="3" fill="{fill}" stroke="{color}"/>')
-        parts.append(f'<polyline class="line{dashed}" stroke="{color}" points="{points}"><title>{label}</title></polyline>'
-                     f'<line class="line{dashed}" stroke="{color}" x1="{left + width + 12}" x2="{left + width + 36}" '
-                     f'y1="{top + 8 + 16 * n}" y2="{top + 8 + 16 * n}"/>'
-                     f'<text x="{left + width + 42}" y="{top + 12 + 16 * n}">{html.escape(label)}</text>')
+            parts.append(
+                f'<circle cx="{finite[0][0]:.1f}" cy="{finite[0][1]:.1f}" r="3" fill="{fill}" stroke="{color}"/>'
+            )
+        parts.append(
+            f'<polyline class="line{dashed}" stroke="{color}" points="{points}"><title>{label}</title></polyline>'
+            f'<line class="line{dashed}" stroke="{color}" x1="{left + width + 12}" x2="{left + width + 36}" '
+            f'y1="{top + 8 + 16 * n}" y2="{top + 8 + 16 * n}"/>'
+            f'<text x="{left + width + 42}" y="{top + 12 + 16 * n}">{html.escape(label)}</text>'
+        )
     parts.append("</svg>")
     return "".join(parts)
 
 
 def _video_tag(path: Path, poster: Path, output_dir: Path, embed: bool, width: int) -> str:
-    src = (f"data:video/mp4;base64,{base64.b64encode(path.read_bytes()).decode()}" if embed
-           else html.escape(str(path.relative_to(output_dir))))
+    src = (
+        f"data:video/mp4;base64,{base64.b64encode(path.read_bytes()).decode()}"
+        if embed
+        else html.escape(str(path.relative_to(output_dir)))
+    )
     shown = min(max(width, MIN_VIDEO_WIDTH), MAX_VIDEO_WIDTH)
-    return (f'<video controls muted loop playsinline preload="metadata" width="{shown}" poster="{_png(poster)}" '
-            f'src="{src}"></video>')
+    return (
+        f'<video controls muted loop playsinline preload="metadata" width="{shown}" poster="{_png(poster)}" '
+        f'src="{src}"></video>'
+    )
 
 
 def _stills(path: Path, frames: list[int], reference: bool) -> str:
     height, width = cv2.imread(str(path)).shape[:2]
     columns = "original | TAEHV | " + ("reference VAE | " if reference else "") + "difference"
-    return (f"<div class='stills'><img alt='stills: {columns}, frames {frames}' width='{width}' height='{height}' "
-            f"src='{_png(path)}'></div><small>frames {', '.join(map(str, frames))}: {columns} "
-            "(absolute difference, amplified; black is exact)</small>")
+    return (
+        f"<div class='stills'><img alt='stills: {columns}, frames {frames}' width='{width}' height='{height}' "
+        f"src='{_png(path)}'></div><small>frames {', '.join(map(str, frames))}: {columns} "
+        "(absolute difference, amplified; black is exact)</small>"
+    )
 
 
 def write_report(output_dir: Path, results: dict) -> Path:
@@ -134,10 +152,15 @@ def write_report(output_dir: Path, results: dict) -> Path:
     videos = [output_dir / s["files"]["comparison_video"] for s in samples]
     embed = sum(v.stat().st_size for v in videos) <= MAX_EMBED_BYTES
     summary = results["summary"]
-    metric_rows = [[name, f"{stats['mean']:.4g} ± {stats['std']:.2g}"] + (
-        [f"{summary['reference'][name]['mean']:.4g} ± {summary['reference'][name]['std']:.2g}"]
-        if "reference" in summary and name in summary["reference"] else [])
-        for name, stats in summary["taehv"].items()]
+    metric_rows = [
+        [name, f"{stats['mean']:.4g} ± {stats['std']:.2g}"]
+        + (
+            [f"{summary['reference'][name]['mean']:.4g} ± {summary['reference'][name]['std']:.2g}"]
+            if "reference" in summary and name in summary["reference"]
+            else []
+        )
+        for name, stats in summary["taehv"].items()
+    ]
     headers = ["metric", "TAEHV"] + (["reference VAE"] if "reference" in summary else [])
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>TAEHV evaluation</title>",
@@ -148,31 +171,63 @@ def write_report(output_dir: Path, results: dict) -> Path:
         f"{results['settings']['n_frames']} frames at stride {results['settings']['stride']}, "
         f"{results['settings']['height']}x{results['settings']['width']}; "
         f"device {html.escape(results['settings']['device'])}, {html.escape(results['settings']['dtype'])}</small></p>",
-        "<h2>Summary</h2>", _table(headers, metric_rows),
+        "<h2>Summary</h2>",
+        _table(headers, metric_rows),
     ]
     if "comparison" in summary:
-        parts += ["<h2>TAEHV vs reference VAE</h2>",
-                  _table(["measure", "value"], [[k, v] for k, v in summary["comparison"].items()])]
+        parts += [
+            "<h2>TAEHV vs reference VAE</h2>",
+            _table(["measure", "value"], [[k, v] for k, v in summary["comparison"].items()]),
+        ]
     parts += ["<h2>PSNR per frame</h2>", _frame_chart(samples), "<h2>Samples</h2>"]
-    sample_headers = ["sample", "source", "PSNR dB", "SSIM", "sharpness", "MSE", "temporal error", "encode s",
-                      "decode s"]
-    parts.append(_table(sample_headers, [[i, Path(s["source"]).name, s["taehv"]["psnr"], s["taehv"]["ssim"],
-                                          s["taehv"]["sharpness"], s["taehv"]["mse"], s["taehv"]["temporal_error"],
-                                          s["taehv"]["encode_s"],
-                                          s["taehv"]["decode_s"]] for i, s in enumerate(samples)]))
+    sample_headers = [
+        "sample",
+        "source",
+        "PSNR dB",
+        "SSIM",
+        "sharpness",
+        "MSE",
+        "temporal error",
+        "encode s",
+        "decode s",
+    ]
+    parts.append(
+        _table(
+            sample_headers,
+            [
+                [
+                    i,
+                    Path(s["source"]).name,
+                    s["taehv"]["psnr"],
+                    s["taehv"]["ssim"],
+                    s["taehv"]["sharpness"],
+                    s["taehv"]["mse"],
+                    s["taehv"]["temporal_error"],
+                    s["taehv"]["encode_s"],
+                    s["taehv"]["decode_s"],
+                ]
+                for i, s in enumerate(samples)
+            ],
+        )
+    )
     if results["skipped"]:
-        parts += ["<h2>Skipped clips</h2><p><small>not in the means: they cannot give a sample at these settings"
-                  "</small></p>", _table(["source", "reason"], [[s["source"], s["reason"]] for s in results["skipped"]])]
+        parts += [
+            "<h2>Skipped clips</h2><p><small>not in the means: they cannot give a sample at these settings</small></p>",
+            _table(["source", "reason"], [[s["source"], s["reason"]] for s in results["skipped"]]),
+        ]
     video_width = 2 * results["settings"]["width"]
     for i, (sample, video) in enumerate(zip(samples, videos)):
         files = sample["files"]
-        parts += [f"<div class='sample'><h3>Sample {i}: {html.escape(Path(sample['source']).name)} "
-                  f"<small>PSNR {sample['taehv']['psnr']:.2f} dB, SSIM {sample['taehv']['ssim']:.3f}</small></h3>",
-                  _stills(output_dir / files["stills_png"], files["stills_frames"], "reference" in sample),
-                  "<p>", _video_tag(video, output_dir / files["poster_png"], output_dir, embed, video_width),
-                  "<br><small>original | TAEHV, all compared frames (looping)</small></p>",
-                  f"<p><img alt='latents' src='{_png(output_dir / files['latents_png'])}'>"
-                  "<br><small>latents: 3 principal components per latent frame</small></p></div>"]
+        parts += [
+            f"<div class='sample'><h3>Sample {i}: {html.escape(Path(sample['source']).name)} "
+            f"<small>PSNR {sample['taehv']['psnr']:.2f} dB, SSIM {sample['taehv']['ssim']:.3f}</small></h3>",
+            _stills(output_dir / files["stills_png"], files["stills_frames"], "reference" in sample),
+            "<p>",
+            _video_tag(video, output_dir / files["poster_png"], output_dir, embed, video_width),
+            "<br><small>original | TAEHV, all compared frames (looping)</small></p>",
+            f"<p><img alt='latents' src='{_png(output_dir / files['latents_png'])}'>"
+            "<br><small>latents: 3 principal components per latent frame</small></p></div>",
+        ]
     parts += [f"<script>{SCRIPT}</script></body></html>"]
     path = output_dir / "summary_report.html"
     path.write_text("".join(parts), encoding="utf-8")

@@ -6,6 +6,7 @@ nearest-neighbour so every tile is at least ``min_tile_width`` pixels wide and p
 pixels; a header band names the columns. RGBA clips give an RGBA picture: each image tile
 keeps its alpha (saved as a PNG with alpha), the bands and the heat map are opaque.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,14 @@ def _label(band: np.ndarray, text: str, x: int) -> None:
     cv2.putText(band, text, (x + 6, HEADER_HEIGHT - 9), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (255, 255, 255), 1, cv2.LINE_AA)
 
 
-def comparison_stills(original: np.ndarray, reconstructed: np.ndarray, reference: np.ndarray | None = None,
-                      count: int = 3, amplify: float = 4.0, min_tile_width: int = 256) -> tuple[np.ndarray, list[int]]:
+def comparison_stills(
+    original: np.ndarray,
+    reconstructed: np.ndarray,
+    reference: np.ndarray | None = None,
+    count: int = 3,
+    amplify: float = 4.0,
+    min_tile_width: int = 256,
+) -> tuple[np.ndarray, list[int]]:
     """(HWC uint8 RGB or RGBA picture, frame indices shown) for THWC uint8 RGB or RGBA videos
     of the same size; ``reference`` (the reference VAE's reconstruction) may have fewer frames."""
     frames = len(original) if reference is None else min(len(original), len(reference))
@@ -61,9 +68,9 @@ def comparison_stills(original: np.ndarray, reconstructed: np.ndarray, reference
         for c, tile in enumerate(tiles):
             x = c * (tile_w + GAP)
             shown = cv2.resize(tile, (tile_w, tile_h), interpolation=cv2.INTER_NEAREST)
-            canvas[y:y + tile_h, x:x + tile_w] = shown[..., :3]
+            canvas[y : y + tile_h, x : x + tile_w] = shown[..., :3]
             if alpha is not None and shown.shape[2] == 4:
-                alpha[y:y + tile_h, x:x + tile_w] = shown[..., 3]
+                alpha[y : y + tile_h, x : x + tile_w] = shown[..., 3]
         label = (f"frame {t}", (6, y + tile_h - 8), cv2.FONT_HERSHEY_SIMPLEX, 0.45)
         cv2.putText(canvas, *label, (0, 0, 0), 3, cv2.LINE_AA)
         cv2.putText(canvas, *label, (255, 255, 255), 1, cv2.LINE_AA)

@@ -1,6 +1,7 @@
 """Timing on any device: the device is synchronised around the timed call, so a CUDA
 kernel still running is counted, and peak CUDA memory is measured from the call's start.
 ``inference.py`` and the benchmarks time with these."""
+
 from __future__ import annotations
 
 import statistics

@@ -1,15 +1,11 @@
-"""Writing videos that browsers play (H.264 via PyAV) and labelled side-by-side comparisons."""
-from __future__ import annotations
+"""What the evaluation shows of a sample: uint8 frames, RGBA shown beside its alpha, labelled
+side-by-side comparisons and a picture of the latents (``common.video_writer`` writes the videos)."""
 
-import logging
-from fractions import Fraction
-from pathlib import Path
+from __future__ import annotations
 
 import cv2
 import numpy as np
 import torch
-
-logger = logging.getLogger(__name__)
 
 
 def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
@@ -25,41 +21,9 @@ def rgb_beside_alpha(frames: np.ndarray) -> np.ndarray:
     return np.concatenate([frames[..., :3], np.repeat(frames[..., 3:], 3, axis=3)], axis=2)
 
 
-def _even(frames: np.ndarray) -> np.ndarray:
-    """H.264 with yuv420p needs even sizes: pad one row/column by edge replication."""
-    _, h, w, _ = frames.shape
-    return np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
-
-
-def write_video(path: Path, frames: np.ndarray, fps: float) -> str:
-    """Write THWC uint8 RGB frames; H.264 (yuv420p) when PyAV has libx264, else mp4v with a
-    warning (mp4v plays in desktop players but not in browsers). Returns the codec used."""
-    import av
-
-    frames = _even(frames)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if "libx264" in av.codecs_available:
-        with av.open(str(path), mode="w") as container:
-            stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
-            stream.width, stream.height = frames.shape[2], frames.shape[1]
-            stream.pix_fmt = "yuv420p"
-            stream.options = {"crf": "18", "preset": "veryfast"}
-            for frame in frames:
-                for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                    container.mux(packet)
-            for packet in stream.encode():
-                container.mux(packet)
-        return "h264"
-    logger.warning("PyAV has no libx264 here: writing %s as mp4v, which browsers cannot play", path.name)
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (frames.shape[2], frames.shape[1]))
-    for frame in frames:
-        writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
-    writer.release()
-    return "mp4v"
-
-
-def side_by_side(left: np.ndarray, right: np.ndarray, labels: tuple[str, str] = ("original", "TAEHV"),
-                 min_height: int = 256) -> np.ndarray:
+def side_by_side(
+    left: np.ndarray, right: np.ndarray, labels: tuple[str, str] = ("original", "TAEHV"), min_height: int = 256
+) -> np.ndarray:
     """Two THWC uint8 videos next to each other, each with its label burnt in; clips lower
     than ``min_height`` are enlarged by a whole factor (nearest neighbour, so pixels stay
     sharp) first, so that the labels are legible and the pixels visible."""
@@ -86,7 +50,7 @@ def latent_picture(latents: torch.Tensor, scale: int = 4) -> np.ndarray:
     # exact PCA from the channel covariance (pca_lowrank is randomised: pictures varied run to
     # run), each component's sign fixed by its largest entry; tiny latents: fewer than 3
     _, vectors = torch.linalg.eigh(flat.T @ flat)
-    v = vectors.flip(1)[:, :min(3, *flat.shape)]
+    v = vectors.flip(1)[:, : min(3, *flat.shape)]
     v = v * v.gather(0, v.abs().argmax(0, keepdim=True)).sign()
     rgb = flat @ v
     lo, hi = rgb.quantile(0.01, 0), rgb.quantile(0.99, 0)

@@ -4,6 +4,7 @@ Every file the project writes for later reading (weights, checkpoint manifests, 
 cache shards) goes through ``atomic_write``: the content goes to ``.tmp-<name>`` next to
 the target, is flushed to disk, and is renamed into place, which POSIX makes atomic.
 """
+
 from __future__ import annotations
 
 import os

@@ -2,7 +2,7 @@
 
 Pipelines hand the VAE NCTHW videos in [-1, 1] and read ``encode(x).latent_dist`` and
 ``decode(z).sample``; they scale or normalise latents around the diffusion model
-themselves and undo it before ``decode`` (docs/teachers.md), so the TAE sees the raw
+themselves and undo it before ``decode`` (docs/reference_vaes.md), so the TAE sees the raw
 latents it was trained on. What they read from ``vae.config`` (scaling factor, compression
 ratios, ``latents_mean``/``latents_std``) comes from the real VAE's config when it is given
 (``like=pipe.vae``), else from the defaults of the reference VAE's diffusers class, with the
@@ -12,6 +12,7 @@ the TAE's reference VAE class): Allegro's ``decode`` gives NTCHW frames, and SVD
 (AutoencoderKLTemporalDecoder) encodes (N, 3, H, W) images and decodes (B*T, 4, h, w) frame
 latents with ``num_frames=T``.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -25,8 +26,8 @@ from diffusers.configuration_utils import FrozenDict
 from diffusers.models.autoencoders.vae import DecoderOutput
 from diffusers.utils import BaseOutput
 
-from .reference_vaes import REF_VAE_CLASSES, ref_vae_class_of
 from .taehv import TAEHV
+from .vae_registry import REF_VAE_CLASSES, ref_vae_class_of
 
 logger = logging.getLogger(__name__)
 
@@ -57,39 +58,58 @@ def pipeline_config(tae: TAEHV, like: torch.nn.Module | None = None) -> dict:
         config = dict(like.config)
         channels = config.get("latent_channels", config.get("z_dim"))
         if channels is not None and channels != tae.latent_channels:
-            raise ValueError(f"like= is a VAE with {channels} latent channels, but {tae.variant} has "
-                             f"{tae.latent_channels}: pass the pipeline's own VAE, whose latent space the TAE lives in")
+            raise ValueError(
+                f"like= is a VAE with {channels} latent channels, but {tae.variant} has "
+                f"{tae.latent_channels}: pass the pipeline's own VAE, whose latent space the TAE lives in"
+            )
     else:
         ref_vae_class = ref_vae_class_of(tae.variant)
         if ref_vae_class is None:
             raise ValueError(f"no diffusers VAE class is known for {tae.variant}; pass like=<the pipeline's VAE>")
         if ref_vae_class in ("ltx", "ltx2"):
-            raise ValueError("LTX keeps its latents_mean/latents_std in the VAE's weights, not its config: pass "
-                             "like=<the pipeline's VAE> (TAEVideoVAE.from_file(path, like=pipe.vae))")
+            raise ValueError(
+                "LTX keeps its latents_mean/latents_std in the VAE's weights, not its config: pass "
+                "like=<the pipeline's VAE> (TAEVideoVAE.from_file(path, like=pipe.vae))"
+            )
         cls = getattr(diffusers, REF_VAE_CLASSES[ref_vae_class].diffusers_class)
-        config = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
-                  if k != "self" and p.default is not inspect.Parameter.empty}
+        config = {
+            k: p.default
+            for k, p in inspect.signature(cls.__init__).parameters.items()
+            if k != "self" and p.default is not inspect.Parameter.empty
+        }
         mean = config.get("latents_mean")  # Cosmos's: one per channel and latent frame, channel-major
         if mean is not None and len(mean) % tae.latent_channels:
-            raise ValueError(f"the default latents_mean of {cls.__name__} has {len(mean)} channels, {tae.variant} "
-                             f"{tae.latent_channels}: pass like=<the pipeline's VAE> so its normalisation is used")
+            raise ValueError(
+                f"the default latents_mean of {cls.__name__} has {len(mean)} channels, {tae.variant} "
+                f"{tae.latent_channels}: pass like=<the pipeline's VAE> so its normalisation is used"
+            )
     spatial = 8 * tae.patch_size
-    config.update(latent_channels=tae.latent_channels, spatial_compression_ratio=spatial,
-                  temporal_compression_ratio=tae.t_downscale, scale_factor_spatial=spatial,
-                  scale_factor_temporal=tae.t_downscale)
+    config.update(
+        latent_channels=tae.latent_channels,
+        spatial_compression_ratio=spatial,
+        temporal_compression_ratio=tae.t_downscale,
+        scale_factor_spatial=spatial,
+        scale_factor_temporal=tae.t_downscale,
+    )
     if "z_dim" in config:
         config["z_dim"] = tae.latent_channels
     blocks = config.get("block_out_channels")  # Allegro's and SVD's pipelines read 2 ** (len - 1) as the spatial factor
     if blocks is not None and 2 ** (len(blocks) - 1) != spatial:  # SVD's class default is one block
-        config["block_out_channels"] = (*blocks, *[blocks[-1]] * spatial.bit_length())[:spatial.bit_length()]
+        config["block_out_channels"] = (*blocks, *[blocks[-1]] * spatial.bit_length())[: spatial.bit_length()]
     return config
 
 
 class TAEVideoVAE(torch.nn.Module):
     """A TAE with the methods and attributes a diffusers video pipeline uses on ``pipe.vae``."""
 
-    def __init__(self, tae: TAEHV, config: dict, parallel: bool = True, like: torch.nn.Module | None = None,
-                 compile: bool = False):
+    def __init__(
+        self,
+        tae: TAEHV,
+        config: dict,
+        parallel: bool = True,
+        like: torch.nn.Module | None = None,
+        compile: bool = False,
+    ):
         """``tae`` behind the pipeline interface with ``config`` (``pipeline_config``);
         ``parallel=False`` encodes and decodes chunk by chunk (memory flat in the number of
         frames). ``compile=True`` calls ``tae.compile()`` (``torch.compile`` with inductor):
@@ -112,8 +132,14 @@ class TAEVideoVAE(torch.nn.Module):
                 self.register_buffer(name, value.detach().clone(), persistent=False)
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike, variant: str | None = None, like: torch.nn.Module | None = None,
-                  parallel: bool = True, compile: bool = False) -> TAEVideoVAE:
+    def from_file(
+        cls,
+        path: str | os.PathLike,
+        variant: str | None = None,
+        like: torch.nn.Module | None = None,
+        parallel: bool = True,
+        compile: bool = False,
+    ) -> TAEVideoVAE:
         """A published or trained TAE weight file (the variant from its name or metadata),
         configured like ``like`` (the pipeline's own VAE) when given; ``compile=True``
         torch.compiles it (see ``__init__``)."""
@@ -139,8 +165,14 @@ class TAEVideoVAE(torch.nn.Module):
         return output if return_dict else (output.latent_dist,)
 
     @torch.no_grad()
-    def decode(self, z: torch.Tensor, temb: torch.Tensor | None = None, return_dict: bool = True, *,
-               num_frames: int | None = None) -> DecoderOutput | tuple:
+    def decode(
+        self,
+        z: torch.Tensor,
+        temb: torch.Tensor | None = None,
+        return_dict: bool = True,
+        *,
+        num_frames: int | None = None,
+    ) -> DecoderOutput | tuple:
         """Raw NCTHW latents -> NCTHW video in [-1, 1] (NTCHW for Allegro, as its class's);
         ``temb``, LTX's decode timestep, is accepted and not used: a TAE decodes the clean video.
         For SVD, (B*T, 4, h, w) frame latents -> (B*T, 3, H, W) frames, each ``num_frames``
@@ -150,8 +182,14 @@ class TAEVideoVAE(torch.nn.Module):
         video = frames.flatten(0, 1) if self.images else frames if self.frames_first else frames.permute(0, 2, 1, 3, 4)
         return DecoderOutput(sample=video) if return_dict else (video,)
 
-    def forward(self, sample: torch.Tensor, sample_posterior: bool = False, return_dict: bool = True,
-                generator: torch.Generator | None = None, num_frames: int | None = None) -> DecoderOutput | tuple:
+    def forward(
+        self,
+        sample: torch.Tensor,
+        sample_posterior: bool = False,
+        return_dict: bool = True,
+        generator: torch.Generator | None = None,
+        num_frames: int | None = None,
+    ) -> DecoderOutput | tuple:
         """``sample`` encoded and decoded, as the diffusers VAEs' forward (SVD's pipeline reads
         ``num_frames`` from this signature to pass it to ``decode``)."""
         return self.decode(self.encode(sample).latents, return_dict=return_dict, num_frames=num_frames)

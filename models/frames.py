@@ -4,6 +4,7 @@ Input frames -> latents -> decoded frames -> which input frame each decoded fram
 Training targets, Seraena grouping, validation metrics and inference all ask this module;
 nobody slices ``[:, :-3]`` by hand (that crashes or misaligns for 4k+1 frame counts).
 """
+
 from __future__ import annotations
 
 import math
@@ -48,21 +49,28 @@ class FramePlan:
         pad = frames[:, -1:].expand(-1, self.decoded_frames - self.input_frames, *frames.shape[2:])
         return torch.cat([frames, pad], 1)
 
-
     def aligned(self, decoded: torch.Tensor, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(decoded, input) restricted to the decoded frames that match a real input frame:
         what metrics compare (frame i with frame i, padding excluded)."""
         if decoded.shape[1] != self.decoded_frames or frames.shape[1] != self.input_frames:
-            raise ValueError(f"plan is for {self.input_frames} -> {self.decoded_frames} frames, "
-                             f"got {frames.shape[1]} -> {decoded.shape[1]}")
+            raise ValueError(
+                f"plan is for {self.input_frames} -> {self.decoded_frames} frames, "
+                f"got {frames.shape[1]} -> {decoded.shape[1]}"
+            )
         return decoded[:, : self.aligned_frames], frames[:, : self.aligned_frames]
 
 
 H3_CHUNK_FRAMES, H3_LEFT_PAD, H3_DROPPED_LATENTS = 17, 3, 3  # MiniMax H3's chunked time axis
 
 
-def plan_frames(input_frames: int, t_downscale: int = 4, t_upscale: int = 4, is_cogvideox: bool = False,
-                h3_chunks: bool = False, causal: bool = True) -> FramePlan:
+def plan_frames(
+    input_frames: int,
+    t_downscale: int = 4,
+    t_upscale: int = 4,
+    is_cogvideox: bool = False,
+    h3_chunks: bool = False,
+    causal: bool = True,
+) -> FramePlan:
     """Frame counts for a clip of ``input_frames`` frames.
 
     ``T -> ceil(T / t_downscale)`` latents ``-> latents * t_upscale`` raw decoded frames, of
@@ -85,9 +93,15 @@ def plan_frames(input_frames: int, t_downscale: int = 4, t_upscale: int = 4, is_
         latents = chunks * (H3_CHUNK_FRAMES + H3_LEFT_PAD) // t_downscale - H3_DROPPED_LATENTS
         raw = latents * t_upscale
         decoded = h3_decoded_frames(latents, t_downscale, t_upscale)
-        return FramePlan(input_frames=input_frames, padded_frames=chunks * H3_CHUNK_FRAMES, latent_frames=latents,
-                         raw_decoded_frames=raw, trimmed_frames=raw - decoded, decoded_frames=decoded,
-                         aligned_frames=min(decoded, input_frames))
+        return FramePlan(
+            input_frames=input_frames,
+            padded_frames=chunks * H3_CHUNK_FRAMES,
+            latent_frames=latents,
+            raw_decoded_frames=raw,
+            trimmed_frames=raw - decoded,
+            decoded_frames=decoded,
+            aligned_frames=min(decoded, input_frames),
+        )
     latents = math.ceil(input_frames / t_downscale)
     raw = latents * t_upscale
     trim = 0 if (is_cogvideox and latents % 2 == 0) or not causal else t_upscale - 1
@@ -115,11 +129,18 @@ def h3_decoded_frames(latent_frames: int, t_downscale: int = 4, t_upscale: int =
     return len(h3_kept_frames(latent_frames, t_downscale, t_upscale))
 
 
-def exact_frame_counts(limit: int, t_downscale: int = 4, t_upscale: int = 4, is_cogvideox: bool = False,
-                       h3_chunks: bool = False, causal: bool = True) -> list[int]:
+def exact_frame_counts(
+    limit: int,
+    t_downscale: int = 4,
+    t_upscale: int = 4,
+    is_cogvideox: bool = False,
+    h3_chunks: bool = False,
+    causal: bool = True,
+) -> list[int]:
     """Input frame counts up to ``limit`` for which decoding returns exactly the input frames."""
-    return [t for t in range(1, limit + 1)
-            if plan_frames(t, t_downscale, t_upscale, is_cogvideox, h3_chunks, causal).exact]
+    return [
+        t for t in range(1, limit + 1) if plan_frames(t, t_downscale, t_upscale, is_cogvideox, h3_chunks, causal).exact
+    ]
 
 
 def group_frames(frames: torch.Tensor, group: int) -> torch.Tensor:
@@ -127,8 +148,9 @@ def group_frames(frames: torch.Tensor, group: int) -> torch.Tensor:
     on channels (Seraena's samples). T must be a multiple of ``group``: nothing is trimmed."""
     n, t, c, h, w = frames.shape
     if t % group:
-        raise ValueError(f"{t} frames do not split into groups of {group}; valid group sizes: "
-                         f"{', '.join(map(str, group_sizes(t)))}")
+        raise ValueError(
+            f"{t} frames do not split into groups of {group}; valid group sizes: {', '.join(map(str, group_sizes(t)))}"
+        )
     return frames.reshape(n * (t // group), group * c, h, w)
 
 

@@ -11,6 +11,7 @@ just chase the decoder's latest mistakes.
 Samples are groups of frames stacked on channels, ``(G, image_channels, H, W)`` in [0, 1]
 (``models.frames.group_frames``), with context ``(G, context_channels, h, w)``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,11 +49,13 @@ class SeraenaDiscriminator(nn.Module):
         n_in = image_channels + context_channels
         for width, stride in zip(WIDTHS, STRIDES):
             kernel = 4 if stride == 2 else 3
-            blocks.append(nn.Sequential(
-                nn.Conv2d(n_in, width, kernel, stride=stride, padding=1, bias=False),
-                nn.GroupNorm(GROUPS, width) if norm == "group" else nn.BatchNorm2d(width),
-                nn.ReLU(inplace=True),
-            ))
+            blocks.append(
+                nn.Sequential(
+                    nn.Conv2d(n_in, width, kernel, stride=stride, padding=1, bias=False),
+                    nn.GroupNorm(GROUPS, width) if norm == "group" else nn.BatchNorm2d(width),
+                    nn.ReLU(inplace=True),
+                )
+            )
             heads.append(nn.Conv2d(width, 1, 1))
             n_in = width
         self.blocks = nn.ModuleList(blocks)
@@ -94,9 +97,18 @@ class Seraena(nn.Module):
     and resume exactly without touching the global random streams.
     """
 
-    def __init__(self, image_channels: int, context_channels: int, *, buffer_size: int = 16384,
-                 lr: float = 3e-4, betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.01,
-                 norm: str = "group", seed: int = 0):
+    def __init__(
+        self,
+        image_channels: int,
+        context_channels: int,
+        *,
+        buffer_size: int = 16384,
+        lr: float = 3e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.01,
+        norm: str = "group",
+        seed: int = 0,
+    ):
         super().__init__()
         if norm not in ("group", "batch"):
             raise ValueError(f"norm must be 'group' or 'batch', got {norm!r}")
@@ -110,8 +122,9 @@ class Seraena(nn.Module):
             self.discriminator: nn.Module = SeraenaDiscriminator(image_channels, context_channels, norm)
         if norm == "batch" and _world_size() > 1:
             self.discriminator = nn.SyncBatchNorm.convert_sync_batchnorm(self.discriminator)
-        self.optimizer = torch.optim.AdamW(self.discriminator.parameters(), lr=lr, betas=betas,
-                                           weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.discriminator.parameters(), lr=lr, betas=betas, weight_decay=weight_decay
+        )
         self._scaler: torch.amp.GradScaler | None = None  # created at the first CUDA step
         self._generator = torch.Generator().manual_seed(seed)
         self._images: Tensor | None = None  # replay buffer, allocated at the first step
@@ -125,8 +138,15 @@ class Seraena(nn.Module):
 
     # -- memory -----------------------------------------------------------------------
     @staticmethod
-    def estimate_buffer_bytes(buffer_size: int, image_channels: int, context_channels: int,
-                              height: int, width: int, context_height: int, context_width: int) -> int:
+    def estimate_buffer_bytes(
+        buffer_size: int,
+        image_channels: int,
+        context_channels: int,
+        height: int,
+        width: int,
+        context_height: int,
+        context_width: int,
+    ) -> int:
         """Bytes a full replay buffer takes (to size it in the config before allocating)."""
         per_sample = image_channels * height * width + context_channels * context_height * context_width
         return buffer_size * per_sample * BUFFER_DTYPE.itemsize
@@ -141,7 +161,9 @@ class Seraena(nn.Module):
 
     # -- the step ---------------------------------------------------------------------
     @torch.enable_grad()
-    def step_and_make_correction_targets(self, real: Tensor, fake: Tensor, ctx: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def step_and_make_correction_targets(
+        self, real: Tensor, fake: Tensor, ctx: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """real, fake: (G, image_channels, H, W) in [0, 1] (groups of frames stacked on channels);
         ctx: (G, context_channels, h, w). One discriminator optimizer step, then returns
         (corrected target (G, image_channels, H, W), detached, same dtype as fake; stats dict with
@@ -160,20 +182,28 @@ class Seraena(nn.Module):
 
     def _check_inputs(self, real: Tensor, fake: Tensor, ctx: Tensor) -> None:
         if real.shape != fake.shape or fake.ndim != 4 or fake.shape[1] != self.image_channels:
-            raise ValueError(f"Seraena expects real and fake of shape (G, {self.image_channels}, H, W), "
-                             f"got {tuple(real.shape)} and {tuple(fake.shape)}")
+            raise ValueError(
+                f"Seraena expects real and fake of shape (G, {self.image_channels}, H, W), "
+                f"got {tuple(real.shape)} and {tuple(fake.shape)}"
+            )
         g, _, h, w = fake.shape
         if g == 0 or g % 2:
-            raise ValueError(f"Seraena needs an even, non-zero number of samples per step (it splits the batch "
-                             f"into halves), got G={g}: use an even batch size or number of frame groups")
+            raise ValueError(
+                f"Seraena needs an even, non-zero number of samples per step (it splits the batch "
+                f"into halves), got G={g}: use an even batch size or number of frame groups"
+            )
         if h % 8 or w % 8:
             raise ValueError(f"Seraena needs H and W multiples of 8, got {h}x{w}")
         if ctx.ndim != 4 or ctx.shape[0] != g or ctx.shape[1] != self.context_channels:
-            raise ValueError(f"Seraena expects ctx of shape ({g}, {self.context_channels}, h, w), got {tuple(ctx.shape)}")
+            raise ValueError(
+                f"Seraena expects ctx of shape ({g}, {self.context_channels}, h, w), got {tuple(ctx.shape)}"
+            )
         device = next(self.discriminator.parameters()).device
         if not (fake.device == real.device == ctx.device == device):
-            raise ValueError(f"Seraena is on {device} but got inputs on {real.device}/{fake.device}/{ctx.device}: "
-                             "move it with seraena.to(device)")
+            raise ValueError(
+                f"Seraena is on {device} but got inputs on {real.device}/{fake.device}/{ctx.device}: "
+                "move it with seraena.to(device)"
+            )
 
     def _autocast(self, device: torch.device) -> torch.autocast:
         return torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda")
@@ -190,16 +220,24 @@ class Seraena(nn.Module):
         if self._images is None or self._context is None:
             self._images = images.new_empty((self.buffer_size, *images.shape[1:]), dtype=BUFFER_DTYPE)
             self._context = context.new_empty((self.buffer_size, *context.shape[1:]), dtype=BUFFER_DTYPE)
-            logger.info("Seraena replay buffer: %d samples of %s + context %s = %.2f GB on %s", self.buffer_size,
-                        tuple(images.shape[1:]), tuple(context.shape[1:]), self.buffer_bytes() / 1e9, images.device)
+            logger.info(
+                "Seraena replay buffer: %d samples of %s + context %s = %.2f GB on %s",
+                self.buffer_size,
+                tuple(images.shape[1:]),
+                tuple(context.shape[1:]),
+                self.buffer_bytes() / 1e9,
+                images.device,
+            )
         elif self._images.shape[1:] != images.shape[1:] or self._context.shape[1:] != context.shape[1:]:
-            raise ValueError(f"Seraena's replay buffer holds samples {tuple(self._images.shape[1:])} with context "
-                             f"{tuple(self._context.shape[1:])}, got {tuple(images.shape[1:])} and "
-                             f"{tuple(context.shape[1:])}: the sample size cannot change during a run")
+            raise ValueError(
+                f"Seraena's replay buffer holds samples {tuple(self._images.shape[1:])} with context "
+                f"{tuple(self._context.shape[1:])}, got {tuple(images.shape[1:])} and "
+                f"{tuple(context.shape[1:])}: the sample size cannot change during a run"
+            )
         n = min(len(images), self.buffer_size)
         appended = min(self.buffer_size - self._count, n)
-        self._images[self._count:self._count + appended] = images[:appended]
-        self._context[self._count:self._count + appended] = context[:appended]
+        self._images[self._count : self._count + appended] = images[:appended]
+        self._context[self._count : self._count + appended] = context[:appended]
         self._count += appended
         if appended < n:
             slots = torch.randperm(self.buffer_size, generator=self._generator)[: n - appended].to(images.device)
@@ -293,7 +331,9 @@ class Seraena(nn.Module):
                 state[f"optimizer.{index}.{name}"] = value.detach().contiguous()
         if self._scaler is not None:
             for name, value in self._scaler.state_dict().items():
-                state[f"scaler.{name}"] = torch.tensor(value, dtype=torch.int64 if isinstance(value, int) else torch.float64)
+                state[f"scaler.{name}"] = torch.tensor(
+                    value, dtype=torch.int64 if isinstance(value, int) else torch.float64
+                )
         state["buffer.count"] = torch.tensor(self._count, dtype=torch.int64)
         if self._images is not None and self._context is not None:
             state["buffer.images"] = self._images[: self._count]
@@ -303,15 +343,21 @@ class Seraena(nn.Module):
 
     def load_training_state(self, state: dict[str, Tensor]) -> None:
         """Restore ``training_state()`` (tensors may be on any device); strict about keys."""
-        unknown = [k for k in state if not k.startswith(("discriminator.", "optimizer.", "scaler.", "buffer."))
-                   and k != "generator"]
+        unknown = [
+            k
+            for k in state
+            if not k.startswith(("discriminator.", "optimizer.", "scaler.", "buffer.")) and k != "generator"
+        ]
         if unknown or "generator" not in state or "buffer.count" not in state:
-            raise ValueError(f"not a Seraena training state (unknown keys {unknown[:5]}, "
-                             f"generator/buffer.count present: {'generator' in state}/{'buffer.count' in state})")
+            raise ValueError(
+                f"not a Seraena training state (unknown keys {unknown[:5]}, "
+                f"generator/buffer.count present: {'generator' in state}/{'buffer.count' in state})"
+            )
         device = next(self.discriminator.parameters()).device
         prefix = "discriminator."
-        self.discriminator.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)},
-                                           strict=True)
+        self.discriminator.load_state_dict(
+            {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}, strict=True
+        )
 
         optimizer_state: dict[int, dict[str, Tensor]] = {}
         for key, value in state.items():
@@ -319,10 +365,11 @@ class Seraena(nn.Module):
                 _, index, name = key.split(".", 2)
                 # AdamW keeps its step counter on the CPU unless it is capturable or fused
                 optimizer_state.setdefault(int(index), {})[name] = value.cpu() if name == "step" else value
-        self.optimizer.load_state_dict({"state": optimizer_state,
-                                        "param_groups": self.optimizer.state_dict()["param_groups"]})
+        self.optimizer.load_state_dict(
+            {"state": optimizer_state, "param_groups": self.optimizer.state_dict()["param_groups"]}
+        )
 
-        scaler_state = {k[len("scaler."):]: v.item() for k, v in state.items() if k.startswith("scaler.")}
+        scaler_state = {k[len("scaler.") :]: v.item() for k, v in state.items() if k.startswith("scaler.")}
         if scaler_state and device.type == "cuda":
             self._scaler = torch.amp.GradScaler("cuda")
             self._scaler.load_state_dict(scaler_state)

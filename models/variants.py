@@ -7,6 +7,7 @@ latent space (``BUILT_FAMILIES``: ``tae_mochi``, ``tae_vidtok_c16_s8_t4``, ...).
 also carries the variant's frame rule (``VariantSpec.plan``), the one the model, the config
 check and the tools ask.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,13 +62,15 @@ class VariantSpec:
 
     def plan(self, input_frames: int) -> FramePlan:
         """Frame counts and alignment for ``input_frames`` frames through this variant."""
-        return plan_frames(input_frames, self.t_downscale, self.t_upscale, self.is_cogvideox, self.h3_chunks,
-                           self.causal)
+        return plan_frames(
+            input_frames, self.t_downscale, self.t_upscale, self.is_cogvideox, self.h3_chunks, self.causal
+        )
 
     def exact_frame_counts(self, limit: int) -> list[int]:
         """Input frame counts up to ``limit`` that decode to exactly themselves."""
-        return exact_frame_counts(limit, self.t_downscale, self.t_upscale, self.is_cogvideox, self.h3_chunks,
-                                  self.causal)
+        return exact_frame_counts(
+            limit, self.t_downscale, self.t_upscale, self.is_cogvideox, self.h3_chunks, self.causal
+        )
 
 
 BASE_VARIANTS = {
@@ -83,11 +86,10 @@ OTHER_VARIANTS = {
     "taeh3": VariantSpec("taeh3", 2, 24, h3_chunks=True),
     "taeltx_2": VariantSpec("taeltx_2", 4, 128, encoder_time_downscale=EIGHT_X[0], decoder_time_upscale=EIGHT_X[1]),
     "taeltx2_3": VariantSpec("taeltx2_3", 4, 128, encoder_time_downscale=EIGHT_X[0], decoder_time_upscale=EIGHT_X[1]),
-    "taeltx2_3_wide": VariantSpec("taeltx2_3_wide", 4, 128, arch="wide",
-                                  encoder_time_downscale=EIGHT_X[0], decoder_time_upscale=EIGHT_X[1]),
+    "taeltx2_3_wide": VariantSpec(
+        "taeltx2_3_wide", 4, 128, arch="wide", encoder_time_downscale=EIGHT_X[0], decoder_time_upscale=EIGHT_X[1]
+    ),
 }
-
-
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ class BuiltFamily:
 
 
 # The TAEs this package builds for diffusers video VAEs that have none published
-# (docs/teachers.md); models.reference_vaes says which class each belongs to.
+# (docs/reference_vaes.md); models.vae_registry says which class each belongs to.
 BUILT_FAMILIES = {
     "tae_allegro": BuiltFamily(4, 8, 4, causal=False),
     "tae_cosmos": BuiltFamily(16, 8, 8),
@@ -130,8 +132,10 @@ def split_time(factor: int) -> tuple[int, int, int]:
             strides.append(prime)
             rest //= prime
     if rest != 1 or len(strides) > 3 or factor < 1:
-        raise ValueError(f"a {factor}x time axis is not a product of at most three 2x or 3x stages, which is what the "
-                         "TAE's three encoder and decoder stages can pool and grow")
+        raise ValueError(
+            f"a {factor}x time axis is not a product of at most three 2x or 3x stages, which is what the "
+            "TAE's three encoder and decoder stages can pool and grow"
+        )
     strides.sort(key=lambda s: s != 2)  # 2x stages first (pooling the most frames earliest)
     return tuple(strides + [1] * (3 - len(strides)))
 
@@ -145,7 +149,11 @@ def built_family(name: str) -> str | None:
 def built_name(family: str, latent_channels: int, spatial: int, temporal: int) -> str:
     """``family`` for its released latent space, else ``family_c<L>_s<S>_t<T>``."""
     base = BUILT_FAMILIES[family]
-    if (latent_channels, spatial, temporal) == (base.latent_channels, base.spatial_compression, base.temporal_compression):
+    if (latent_channels, spatial, temporal) == (
+        base.latent_channels,
+        base.spatial_compression,
+        base.temporal_compression,
+    ):
         return family
     return f"{family}_c{latent_channels}_s{spatial}_t{temporal}"
 
@@ -157,15 +165,26 @@ def built_spec(name: str) -> VariantSpec | None:
         return None
     match = _BUILT_NAME.fullmatch(name)
     family = BUILT_FAMILIES[match.group(1)]
-    latent_channels, spatial, temporal = (int(v) for v in match.group(2, 3, 4)) if match.group(2) else (
-        family.latent_channels, family.spatial_compression, family.temporal_compression)
+    latent_channels, spatial, temporal = (
+        (int(v) for v in match.group(2, 3, 4))
+        if match.group(2)
+        else (family.latent_channels, family.spatial_compression, family.temporal_compression)
+    )
     if spatial not in PATCH_SIZES:
-        raise ValueError(f"{name}: a {spatial}x spatial compression is not one the TAE expresses (8x, 16x or 32x: "
-                         "its 8x encoder after a pixel-unshuffle by 1, 2 or 4)")
+        raise ValueError(
+            f"{name}: a {spatial}x spatial compression is not one the TAE expresses (8x, 16x or 32x: "
+            "its 8x encoder after a pixel-unshuffle by 1, 2 or 4)"
+        )
     strides = split_time(temporal)
-    return VariantSpec(name, PATCH_SIZES[spatial], latent_channels, encoder_time_downscale=time_switches(strides),
-                       decoder_time_upscale=time_switches(strides[::-1]), image_channels=family.image_channels,
-                       causal=family.causal)
+    return VariantSpec(
+        name,
+        PATCH_SIZES[spatial],
+        latent_channels,
+        encoder_time_downscale=time_switches(strides),
+        decoder_time_upscale=time_switches(strides[::-1]),
+        image_channels=family.image_channels,
+        causal=family.causal,
+    )
 
 
 def known_variants() -> list[str]:
@@ -173,7 +192,8 @@ def known_variants() -> list[str]:
     their released latent space), so that a weight file that fits both is named by its published
     variant first."""
     return sorted([*BASE_VARIANTS, *(name + SUPER_SUFFIX for name in BASE_VARIANTS), *OTHER_VARIANTS]) + sorted(
-        BUILT_FAMILIES)
+        BUILT_FAMILIES
+    )
 
 
 def get_variant(name: str) -> VariantSpec:
@@ -196,8 +216,11 @@ def detect_variant(path: str | os.PathLike) -> str | None:
     ``taehv``), or None."""
     stem = Path(path).name.lower()
     matches = [name for name in known_variants() if name in stem]
-    matches += [m.group(0) for family in BUILT_FAMILIES  # a built TAE for another configuration
-                if (m := re.search(rf"{family}_c\d+_s\d+_t\d+", stem))]
+    matches += [
+        m.group(0)
+        for family in BUILT_FAMILIES  # a built TAE for another configuration
+        if (m := re.search(rf"{family}_c\d+_s\d+_t\d+", stem))
+    ]
     return max(matches, key=len) if matches else None
 
 

@@ -5,6 +5,7 @@ Weights are plain fp32 state dicts with the published keys: ``.pth`` (loaded wit
 metadata naming the variant). Loading is strict: one error lists every missing key,
 unexpected key and shape mismatch, and names the variants the file would fit.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,7 +58,9 @@ def find_weights(path: str | os.PathLike) -> Path:
         for name in ("weights.safetensors", "final_model.safetensors", "final_model.pth"):
             if (path / name).is_file():
                 return path / name
-        raise WeightsNotFoundError(f"{path} holds no weights.safetensors (checkpoint folder) or final_model.* (run folder)")
+        raise WeightsNotFoundError(
+            f"{path} holds no weights.safetensors (checkpoint folder) or final_model.* (run folder)"
+        )
     return _check_path(path)
 
 
@@ -133,7 +136,9 @@ def describe_mismatch(expected: dict[str, tuple], found: dict[str, tuple]) -> li
     if missing:
         lines.append(f"missing keys ({len(missing)}): {', '.join(missing[:12])}{' ...' if len(missing) > 12 else ''}")
     if unexpected:
-        lines.append(f"unexpected keys ({len(unexpected)}): {', '.join(unexpected[:12])}{' ...' if len(unexpected) > 12 else ''}")
+        lines.append(
+            f"unexpected keys ({len(unexpected)}): {', '.join(unexpected[:12])}{' ...' if len(unexpected) > 12 else ''}"
+        )
     for k in shapes[:12]:
         lines.append(f"shape mismatch {k}: model {list(expected[k])}, file {list(found[k])}")
     if len(shapes) > 12:
@@ -159,8 +164,10 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
     state_dict = read_state_dict(path)
     broken = [k for k, v in state_dict.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
     if broken:
-        raise WeightsError(f"{path}: {len(broken)} tensor(s) hold NaN or Inf (e.g. {broken[0]}): the file is damaged; "
-                           "use another copy or an earlier checkpoint")
+        raise WeightsError(
+            f"{path}: {len(broken)} tensor(s) hold NaN or Inf (e.g. {broken[0]}): the file is damaged; "
+            "use another copy or an earlier checkpoint"
+        )
     found = model.adapt_state_dict(state_dict)
     expected = shape_signature(model.state_dict())
     problems = describe_mismatch(expected, shape_signature(found))
@@ -196,10 +203,12 @@ def weights_metadata(model: nn.Module) -> dict[str, str]:
         "causal": str(model.causal).lower(),
         "frame_rule": (
             "T -> c = ceil(T/17) chunks of 17 frames -> 5c - 3 latents -> 17c - 12 frames"
-            if model.h3_chunks else
-            f"T -> ceil(T/{model.t_downscale}) latents -> {model.t_upscale}*latents - {model.frames_to_trim} frames"
+            if model.h3_chunks
+            else f"T -> ceil(T/{model.t_downscale}) latents -> {model.t_upscale}*latents"
+            f" - {model.frames_to_trim} frames"
             + (" (no trim when the latent count is even)" if model.is_cogvideox else "")
-        ) + "; decoded frame i matches input frame i",
+        )
+        + "; decoded frame i matches input frame i",
     }
 
 
@@ -217,7 +226,11 @@ def save_weights(model: nn.Module, path: str | os.PathLike, state_dict: dict[str
     path = Path(path)
     if path.suffix not in (".pth", ".safetensors"):
         raise ValueError(f"{path}: save as .pth or .safetensors")
-    tensors = export_state_dict(model) if state_dict is None else {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in state_dict.items()}
+    tensors = (
+        export_state_dict(model)
+        if state_dict is None
+        else {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in state_dict.items()}
+    )
     problems = describe_mismatch(shape_signature(model.state_dict()), shape_signature(tensors))
     if problems:
         raise CheckpointMismatchError("refusing to save weights that do not fit the model:\n  " + "\n  ".join(problems))

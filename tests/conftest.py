@@ -5,6 +5,7 @@ overridable with ``TAEHV_SHARED_DIR``. A missing directory skips those tests on 
 developer machine but fails them in CI (``CI=true``), so CI can never go green by
 silently skipping the compatibility and real-video checks.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         where = where.parent
     free_gib = shutil.disk_usage(where).free / 2**30
     if free_gib < MIN_FREE_DISK_GIB:
-        pytest.exit(f"only {free_gib:.1f} GiB free on the disk of {where}; the test suite needs {MIN_FREE_DISK_GIB} GiB "
-                    "for its training checkpoints: free some space or pass --basetemp=DIR on a larger disk", returncode=1)
+        pytest.exit(
+            f"only {free_gib:.1f} GiB free on the disk of {where}; the test suite needs {MIN_FREE_DISK_GIB} GiB "
+            "for its training checkpoints: free some space or pass --basetemp=DIR on a larger disk",
+            returncode=1,
+        )
 
 
 def shared_dir() -> Path:
@@ -75,44 +79,94 @@ def tiny_cogvideox_vae(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("cogvideox")
     torch.manual_seed(0)
     vae = AutoencoderKLCogVideoX(
-        block_out_channels=(16, 16, 32, 32), latent_channels=16, layers_per_block=1, norm_num_groups=8,
-        down_block_types=("CogVideoXDownBlock3D",) * 4, up_block_types=("CogVideoXUpBlock3D",) * 4)
+        block_out_channels=(16, 16, 32, 32),
+        latent_channels=16,
+        layers_per_block=1,
+        norm_num_groups=8,
+        down_block_types=("CogVideoXDownBlock3D",) * 4,
+        up_block_types=("CogVideoXUpBlock3D",) * 4,
+    )
     vae.save_pretrained(root / "vae")
     return root
 
 
 # The smallest configs of each reference VAE class that keep its real latent channels and
-# compression (docs/teachers.md); built, saved and loaded through diffusers in tests.
+# compression (docs/reference_vaes.md); built, saved and loaded through diffusers in tests.
 TINY_VAES = {
-    "cogvideox": {"block_out_channels": (4, 4, 4, 4), "layers_per_block": 1, "norm_num_groups": 1, "latent_channels": 16},
+    "cogvideox": {
+        "block_out_channels": (4, 4, 4, 4),
+        "layers_per_block": 1,
+        "norm_num_groups": 1,
+        "latent_channels": 16,
+    },
     "hunyuan": {"block_out_channels": (4, 4, 4, 4), "layers_per_block": 1, "norm_num_groups": 1, "latent_channels": 16},
     "hunyuan15": {"block_out_channels": (4, 4, 8, 16, 64), "layers_per_block": 1, "latent_channels": 32},
     "wan": {"base_dim": 4, "z_dim": 16, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1},
-    "wan22": {"base_dim": 4, "decoder_base_dim": 4, "z_dim": 48, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1,
-              "is_residual": True, "in_channels": 12, "out_channels": 12, "patch_size": 2, "scale_factor_spatial": 16,
-              "scale_factor_temporal": 4, "latents_mean": [0.0] * 48, "latents_std": [1.0] * 48},
-    "ltx": {"block_out_channels": (8, 8, 8, 8), "decoder_block_out_channels": (8, 8, 8, 8),
-            "layers_per_block": (1, 1, 1, 1, 1), "decoder_layers_per_block": (1, 1, 1, 1, 1), "latent_channels": 128},
-    "ltx2": {"block_out_channels": (8, 8, 16, 32), "decoder_block_out_channels": (8, 16, 32),
-             "layers_per_block": (1, 1, 1, 1, 1), "decoder_layers_per_block": (1, 1, 1, 1), "latent_channels": 128,
-             "decoder_causal": False, "spatial_compression_ratio": 32, "temporal_compression_ratio": 8},
-    "h3": {"latent_channels": 24, "block_out_channels": (4, 4, 4, 4), "layers_per_block": 1,
-           "spatial_downsample_factors": (2, 2, 2, 2), "temporal_downsample_factors": (1, 2, 2, 1), "norm_num_groups": 2,
-           "decoder_num_layers": 1, "decoder_num_attention_heads": 1, "decoder_attention_head_dim": 8,
-           "decoder_num_register_tokens": 1, "decoder_ffn_mult": 1, "latents_mean": (0.0,) * 24,
-           "latents_std": (1.0,) * 24},
-    # no published TAE (issue #28): the package builds one; sizes from measuring each class
+    "wan22": {
+        "base_dim": 4,
+        "decoder_base_dim": 4,
+        "z_dim": 48,
+        "dim_mult": [1, 1, 1, 1],
+        "num_res_blocks": 1,
+        "is_residual": True,
+        "in_channels": 12,
+        "out_channels": 12,
+        "patch_size": 2,
+        "scale_factor_spatial": 16,
+        "scale_factor_temporal": 4,
+        "latents_mean": [0.0] * 48,
+        "latents_std": [1.0] * 48,
+    },
+    "ltx": {
+        "block_out_channels": (8, 8, 8, 8),
+        "decoder_block_out_channels": (8, 8, 8, 8),
+        "layers_per_block": (1, 1, 1, 1, 1),
+        "decoder_layers_per_block": (1, 1, 1, 1, 1),
+        "latent_channels": 128,
+    },
+    "ltx2": {
+        "block_out_channels": (8, 8, 16, 32),
+        "decoder_block_out_channels": (8, 16, 32),
+        "layers_per_block": (1, 1, 1, 1, 1),
+        "decoder_layers_per_block": (1, 1, 1, 1),
+        "latent_channels": 128,
+        "decoder_causal": False,
+        "spatial_compression_ratio": 32,
+        "temporal_compression_ratio": 8,
+    },
+    "h3": {
+        "latent_channels": 24,
+        "block_out_channels": (4, 4, 4, 4),
+        "layers_per_block": 1,
+        "spatial_downsample_factors": (2, 2, 2, 2),
+        "temporal_downsample_factors": (1, 2, 2, 1),
+        "norm_num_groups": 2,
+        "decoder_num_layers": 1,
+        "decoder_num_attention_heads": 1,
+        "decoder_attention_head_dim": 8,
+        "decoder_num_register_tokens": 1,
+        "decoder_ffn_mult": 1,
+        "latents_mean": (0.0,) * 24,
+        "latents_std": (1.0,) * 24,
+    },
+    # no published TAE: the package builds one; sizes from measuring each class
     "allegro": {"block_out_channels": (8, 8, 8, 8), "layers_per_block": 1, "norm_num_groups": 4, "sample_size": 32},
     "cosmos": {"encoder_block_out_channels": (8, 8, 8, 8), "decode_block_out_channels": (8, 8, 8, 8), "num_layers": 1},
     "kvae": {"ch": 32, "ch_mult": (1, 1, 1, 1), "num_res_blocks": 0},  # GroupNorm(32) is fixed
     "easyanimate": {"block_out_channels": (8, 8, 8, 8), "layers_per_block": 1, "norm_num_groups": 4},
     "vidtok": {"ch": 8, "ch_mult": (1, 1, 1, 1), "num_res_blocks": 1},
-    "mochi": {"encoder_block_out_channels": (32,) * 4, "decoder_block_out_channels": (32,) * 4,
-              "layers_per_block": (1, 1, 1, 1, 1)},  # widths of 32: its GroupNorm and attention heads
+    "mochi": {
+        "encoder_block_out_channels": (32,) * 4,
+        "decoder_block_out_channels": (32,) * 4,
+        "layers_per_block": (1, 1, 1, 1, 1),
+    },  # widths of 32: its GroupNorm and attention heads
     "qwenimage21": {"base_dim": 8, "decoder_base_dim": 8, "dim_mult": [1, 1, 1, 1, 1], "num_res_blocks": 1},
     "svd": {"block_out_channels": (32,) * 4, "down_block_types": ("DownEncoderBlock2D",) * 4, "layers_per_block": 1},
-    "hunyuanimage_refiner": {"block_out_channels": (4, 4, 8, 16, 64), "layers_per_block": 1,
-                             "latent_channels": 32},  # the last width holds 2 x 32 channels
+    "hunyuanimage_refiner": {
+        "block_out_channels": (4, 4, 8, 16, 64),
+        "layers_per_block": 1,
+        "latent_channels": 32,
+    },  # the last width holds 2 x 32 channels
 }
 
 
@@ -122,7 +176,7 @@ def save_tiny_vae(root: Path, name: str, **overrides) -> Path:
     import diffusers
     import torch
 
-    from models.reference_vaes import REF_VAE_CLASSES
+    from models.vae_registry import REF_VAE_CLASSES
 
     torch.manual_seed(0)
     ref_vae = REF_VAE_CLASSES["wan" if name == "wan22" else name]

@@ -2,6 +2,7 @@
 operation, setting) with finite timings, our outputs equal to the published model's (fp32),
 and the training step eager and compiled. Compiled with Dynamo's eager backend: the
 compiled code paths run (graphs are traced) without the minutes inductor takes on a CPU."""
+
 from __future__ import annotations
 
 import itertools
@@ -21,8 +22,23 @@ VARIANTS = {"taehv1_5": (2, 32)}  # patch size, latent channels (the default's t
 
 def test_gpu_benchmark_tiny_compares_ours_with_the_published_model():
     published = _require(shared_dir() / "reference" / "taehv_published.py", "the published taehv.py")
-    args = [sys.executable, "-m", "bench.bench_gpu", "--tiny", "--device", "cpu", "--threads", "1",
-            "--compile", "--compile-backend", "eager", "--published", str(published), "--variants", *VARIANTS]
+    args = [
+        sys.executable,
+        "-m",
+        "bench.bench_gpu",
+        "--tiny",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--compile",
+        "--compile-backend",
+        "eager",
+        "--published",
+        str(published),
+        "--variants",
+        *VARIANTS,
+    ]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
@@ -32,8 +48,9 @@ def test_gpu_benchmark_tiny_compares_ours_with_the_published_model():
     assert settings["variants"] == list(VARIANTS) and settings["tiny"] and settings["compile"]
 
     rows = {(r["variant"], r["implementation"], r["op"], r["setting"]): r for r in report["model"]}
-    expected = set(itertools.product(VARIANTS, ["ours", "published"], ["encode", "decode", "stream_decode"],
-                                     ["eager", "compiled"]))
+    expected = set(
+        itertools.product(VARIANTS, ["ours", "published"], ["encode", "decode", "stream_decode"], ["eager", "compiled"])
+    )
     assert set(rows) == expected and len(report["model"]) == len(expected)
     for (variant, implementation, op, setting), row in rows.items():
         assert "error" not in row, row
@@ -52,7 +69,9 @@ def test_gpu_benchmark_tiny_compares_ours_with_the_published_model():
             assert abs(row["speedup_vs_published"] - ratio) < 0.01 * ratio, (row, published)
         else:
             assert "speedup_vs_published" not in row and "max_abs_diff_vs_published" not in row
-    assert "reduce-overhead" not in rows[("taehv1_5", "ours", "stream_decode", "compiled")]["compile"]  # CPU: no CUDA graphs
+    assert (
+        "reduce-overhead" not in rows[("taehv1_5", "ours", "stream_decode", "compiled")]["compile"]
+    )  # CPU: no CUDA graphs
 
     setup, train = report["train_step_setup"], report["train_step"]
     assert setup["preset"].endswith("taehv_config_1gpu_h100.py") and setup["variant"] == "taecvx"
@@ -61,5 +80,7 @@ def test_gpu_benchmark_tiny_compares_ours_with_the_published_model():
     for row in train:
         assert "error" not in row, row
         assert 0 < row["step_s"] < 60 and math.isfinite(row["last_loss"]) and row["peak_mb"] >= 0, row
-        assert abs(row["images_per_s"] - setup["batch"] * setup["n_frames"] / row["step_s"]) < 0.01 * row["images_per_s"]
+        assert (
+            abs(row["images_per_s"] - setup["batch"] * setup["n_frames"] / row["step_s"]) < 0.01 * row["images_per_s"]
+        )
     assert train[1]["graphs_compiled_first_call"] > 0 and train[1]["first_loss_diff_vs_eager"] < 1e-4

@@ -1,5 +1,6 @@
 """bench/bench_quality.py runs end to end (tiny settings): the recipe, the naive loop, an
 ablation and the progressive two-stage recipe, JSON and plot."""
+
 from __future__ import annotations
 
 import json
@@ -7,7 +8,6 @@ import subprocess
 import sys
 
 import cv2
-
 import pytest
 
 from conftest import REPO_ROOT
@@ -16,9 +16,30 @@ pytestmark = pytest.mark.slow  # a benchmark
 
 
 def test_quality_benchmark_runs_its_arms_on_held_out_files(videos_dir, tmp_path):
-    args = [sys.executable, "-m", "bench.bench_quality", "--videos", str(videos_dir),
-            "--steps", "2", "--points", "1", "--frames", "5", "--size", "32", "--batch", "2", "--out", str(tmp_path),
-            "--arms", "recipe", "naive", "stride_1", "progressive"]
+    args = [
+        sys.executable,
+        "-m",
+        "bench.bench_quality",
+        "--videos",
+        str(videos_dir),
+        "--steps",
+        "2",
+        "--points",
+        "1",
+        "--frames",
+        "5",
+        "--size",
+        "32",
+        "--batch",
+        "2",
+        "--out",
+        str(tmp_path),
+        "--arms",
+        "recipe",
+        "naive",
+        "stride_1",
+        "progressive",
+    ]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
@@ -35,6 +56,7 @@ def test_quality_benchmark_runs_its_arms_on_held_out_files(videos_dir, tmp_path)
         assert [p["step"] for p in curve] == steps and 0 < curve[-1]["psnr"] < 60 and curve[-1]["seconds"] > 0
     stage2 = json.loads((tmp_path / "progressive_stage2" / "config.json").read_text())
     assert (stage2["train_encoder"], stage2["height"]) == (False, 32) and stage2["pretrained_model_path"].endswith(
-        "progressive_stage1/export/taehv.pth")
+        "progressive_stage1/export/taehv.pth"
+    )
     plot = cv2.imread(str(tmp_path / "quality.png"))
     assert plot is not None and plot.shape[1] >= 1000 and plot.std() > 10

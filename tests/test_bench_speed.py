@@ -1,6 +1,7 @@
 """bench/bench_speed.py (ours against the published TAEHV on CPU) runs end to end at tiny
 sizes: one row per op/mode/case with alternating timings, outputs equal to the
 published ones, the roofline, the peak-memory processes, the Markdown and the exit code."""
+
 from __future__ import annotations
 
 import json
@@ -15,13 +16,23 @@ from conftest import REPO_ROOT, shared_dir
 
 TINY = ["--variants", "taehv", "--frames", "5", "--sizes", "16x16"]
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not (shared_dir() / "reference" / "taehv_published.py").exists(),
-                                                   reason="the published implementation (shared/reference) is not here")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (shared_dir() / "reference" / "taehv_published.py").exists(),
+        reason="the published implementation (shared/reference) is not here",
+    ),
+]
 
 
 def _run(*args: str) -> tuple[dict, str]:
-    result = subprocess.run([sys.executable, "-m", "bench.bench_speed", *TINY, *args], capture_output=True, text=True, cwd=REPO_ROOT,
-                            timeout=240)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.bench_speed", *TINY, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report, end = json.JSONDecoder().raw_decode(result.stdout)
     return report, result.stdout[end:]
@@ -29,13 +40,30 @@ def _run(*args: str) -> tuple[dict, str]:
 
 def test_speed_rows_roofline_and_markdown(tmp_path):
     out = tmp_path / "speed.json"
-    report, rest = _run("--repeats", "2", "--warmup", "0", "--no-memory", "--peak-convs", "1,8,8,8",
-                        "--peak-matmul", "32", "--profile", "--markdown", "--out", str(out))
+    report, rest = _run(
+        "--repeats",
+        "2",
+        "--warmup",
+        "0",
+        "--no-memory",
+        "--peak-convs",
+        "1,8,8,8",
+        "--peak-matmul",
+        "32",
+        "--profile",
+        "--markdown",
+        "--out",
+        str(out),
+    )
     assert report == json.loads(out.read_text())
     assert report["threads"] == 2 and report["machine"]["cpu_capability"] and report["settings"]["cases"] == ["5x16x16"]
     rows = report["rows"]
-    assert [(r["op"], r["mode"]) for r in rows] == [("encode", "parallel"), ("encode", "sequential"),
-                                                     ("decode", "parallel"), ("decode", "sequential")]
+    assert [(r["op"], r["mode"]) for r in rows] == [
+        ("encode", "parallel"),
+        ("encode", "sequential"),
+        ("decode", "parallel"),
+        ("decode", "sequential"),
+    ]
     for r in rows:
         assert len(r["ours_times"]) == len(r["published_times"]) == 2
         assert all(math.isfinite(t) and t > 0 for t in r["ours_times"] + r["published_times"])
@@ -57,8 +85,9 @@ def test_speed_rows_roofline_and_markdown(tmp_path):
     assert all(e["self_cpu_ms"] >= 0 and e["name"] for e in profile["top_ops"])
     assert 0 < sum(e["percent"] for e in profile["top_ops"]) <= 100.01
     table = [line for line in rest.splitlines() if line.startswith("| taehv |")]
-    assert len(table) == 8 and table == [line for line in out.with_suffix(".md").read_text().splitlines()
-                                         if line.startswith("| taehv |")]
+    assert len(table) == 8 and table == [
+        line for line in out.with_suffix(".md").read_text().splitlines() if line.startswith("| taehv |")
+    ]
 
 
 def test_peak_memory_in_fresh_processes():
@@ -79,14 +108,35 @@ def test_cases_and_a_difference_above_the_tolerance_fails(capsys):
     from bench import bench_speed
 
     parser_defaults = dict(cases=None, frames=None, sizes=None)
-    assert bench_speed.cases_from(type("A", (), parser_defaults)()) == [(9, 128, 128), (17, 128, 128), (49, 128, 128),
-                                                                       (9, 256, 256)]
+    assert bench_speed.cases_from(type("A", (), parser_defaults)()) == [
+        (9, 128, 128),
+        (17, 128, 128),
+        (49, 128, 128),
+        (9, 256, 256),
+    ]
     assert bench_speed.cases_from(type("A", (), {**parser_defaults, "frames": [9, 17], "sizes": ["64x96"]})()) == [
-        (9, 64, 96), (17, 64, 96)]
+        (9, 64, 96),
+        (17, 64, 96),
+    ]
     threads = torch.get_num_threads()
     try:
-        code = bench_speed.main([*TINY, "--ops", "decode", "--modes", "parallel", "--repeats", "1", "--warmup", "0",
-                                 "--no-memory", "--no-roofline", "--tolerance", "0"])
+        code = bench_speed.main(
+            [
+                *TINY,
+                "--ops",
+                "decode",
+                "--modes",
+                "parallel",
+                "--repeats",
+                "1",
+                "--warmup",
+                "0",
+                "--no-memory",
+                "--no-roofline",
+                "--tolerance",
+                "0",
+            ]
+        )
     finally:
         torch.set_num_threads(threads)
     captured = capsys.readouterr()

@@ -1,5 +1,6 @@
 """Checkpoint building blocks: pickle-free state files, atomic writes, finding checkpoints,
 the best-model tracker and the fault plan."""
+
 from __future__ import annotations
 
 import json
@@ -13,20 +14,21 @@ import torch
 from accelerate import Accelerator
 from safetensors.torch import save_file
 
+from common.config import TrainConfig
+from common.errors import UserError
+from common.run_files import CHECKPOINT_MANIFEST
 from training.loop.best_model import BestTracker
+from training.loop.resilience import FaultPlan, agree
 from training.state.checkpoints import (
-    CHECKPOINT_MANIFEST,
     DiskFullError,
     is_disk_full,
     list_checkpoints,
-    rng_state,
     remove_partial_checkpoints,
     resolve_resume,
+    rng_state,
     set_rng_state,
     write_atomically,
 )
-from training.config import ConfigError, TrainConfig
-from training.loop.resilience import FaultPlan, agree
 from training.state.serialisation import load_tree, save_tree
 
 
@@ -90,7 +92,7 @@ def test_atomic_write_failure_leaves_previous_checkpoints_valid(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1"]
 
 
-def test_error07_incomplete_or_damaged_checkpoints_are_never_latest(tmp_path):
+def test_incomplete_or_damaged_checkpoints_are_never_latest(tmp_path):
     _complete(tmp_path, 1)
     _complete(tmp_path, 2)
     (tmp_path / "checkpoint-3").mkdir()  # an old-style or interrupted folder: no manifest
@@ -111,7 +113,9 @@ def test_same_size_damage_is_caught_before_a_resume(tmp_path):
     damaged.write_bytes(b"y" * 6)  # same size, other bytes
     assert [p.name for p in list_checkpoints(run / "checkpoints")][-1] == "checkpoint-6"  # sizes alone pass
     assert resolve_resume(_config(tmp_path, resume_from_checkpoint="latest"))[1] == run / "checkpoints/checkpoint-4"
-    with pytest.raises(ConfigError, match=r"checkpoint-6 is damaged \(model.safetensors checksum\); resume from checkpoint-4"):
+    with pytest.raises(
+        UserError, match=r"checkpoint-6 is damaged \(model.safetensors checksum\); resume from checkpoint-4"
+    ):
         resolve_resume(_config(tmp_path, resume_from_checkpoint="checkpoint-6"))
 
 
@@ -129,14 +133,17 @@ def test_a_bare_checkpoint_name_is_looked_up_in_the_runs_that_hold_it(tmp_path):
     old = tmp_path / "h100_2026-01-01_00-00-00"
     _complete(old / "checkpoints", 4)
     (tmp_path / "h100_2026-02-01_00-00-00").mkdir()  # a failed start: config.json and train.log only
-    assert resolve_resume(_config(tmp_path, resume_from_checkpoint="checkpoint-4")) == (old, old / "checkpoints/checkpoint-4")
-    with pytest.raises(ConfigError, match="no run of this config .* holds checkpoint-5"):
+    assert resolve_resume(_config(tmp_path, resume_from_checkpoint="checkpoint-4")) == (
+        old,
+        old / "checkpoints/checkpoint-4",
+    )
+    with pytest.raises(UserError, match="no run of this config .* holds checkpoint-5"):
         resolve_resume(_config(tmp_path, resume_from_checkpoint="checkpoint-5"))
 
 
 def test_a_checkpoint_of_another_variant_is_refused_naming_both(tmp_path):
     _complete(tmp_path / "run" / "checkpoints", 2, variant="taecvx")
-    with pytest.raises(ConfigError, match="holds a taecvx model but this run is configured for taehv.*--variant=taecvx"):
+    with pytest.raises(UserError, match="holds a taecvx model but this run is configured for taehv.*--variant=taecvx"):
         resolve_resume(_config(tmp_path, run_name="run", variant="taehv", resume_from_checkpoint="latest"))
 
 
@@ -157,15 +164,23 @@ def test_a_full_disk_is_one_error_that_keeps_the_last_checkpoint(tmp_path):
         (tmp / "model.pth").symlink_to("/dev/full")
         torch.save({"a": torch.zeros(100_000)}, tmp / "model.pth")
 
-    with pytest.raises(DiskFullError, match=r"no space left to save checkpoint-2 in .*checkpoints: it needs about "
-                                            r"[0-9.]+ MiB and [0-9.]+ GiB are free; checkpoint-1 kept intact"):
-        write_atomically(_accelerator(), tmp_path / "checkpoints" / "checkpoint-2", write, {"step": 2},
-                         expected_bytes=lambda: 2**40)  # a previous save's size wins over the estimate
+    with pytest.raises(
+        DiskFullError,
+        match=r"no space left to save checkpoint-2 in .*checkpoints: it needs about "
+        r"[0-9.]+ MiB and [0-9.]+ GiB are free; checkpoint-1 kept intact",
+    ):
+        write_atomically(
+            _accelerator(), tmp_path / "checkpoints" / "checkpoint-2", write, {"step": 2}, expected_bytes=lambda: 2**40
+        )  # a previous save's size wins over the estimate
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint-1"]  # no partial folder
-    with pytest.raises(DiskFullError, match=r"no space left to save checkpoint-2 in .*fresh: it needs about 3\.0 MiB "
-                                            r"and [0-9.]+ GiB are free; nothing was saved"):  # the first save: the estimate
-        write_atomically(_accelerator(), tmp_path / "fresh" / "checkpoint-2", write, {"step": 2},
-                         expected_bytes=lambda: 3 * 2**20)
+    with pytest.raises(
+        DiskFullError,
+        match=r"no space left to save checkpoint-2 in .*fresh: it needs about 3\.0 MiB "
+        r"and [0-9.]+ GiB are free; nothing was saved",
+    ):  # the first save: the estimate
+        write_atomically(
+            _accelerator(), tmp_path / "fresh" / "checkpoint-2", write, {"step": 2}, expected_bytes=lambda: 3 * 2**20
+        )
 
 
 def test_the_size_of_a_checkpoint_is_estimated_from_the_state_it_saves(tmp_path):
@@ -192,23 +207,25 @@ def _config(tmp_path: Path, **changes) -> TrainConfig:
     return TrainConfig(output_dir=str(tmp_path), config_file="taehv_config_h100.py").replace(**changes)
 
 
-def test_error09_resume_resolution(tmp_path):
+def test_resume_finds_the_checkpoints_own_run_folder_and_refuses_missing_ones(tmp_path):
     old, new = tmp_path / "h100_2026-01-01_00-00-00", tmp_path / "h100_2026-02-01_00-00-00"
     for run, steps in ((old, (5, 10)), (new, (3,))):
         for step in steps:
             _complete(run / "checkpoints", step)
     assert resolve_resume(_config(tmp_path, resume_from_checkpoint="latest")) == (new, new / "checkpoints/checkpoint-3")
-    assert resolve_resume(_config(tmp_path, resume_from_checkpoint="checkpoint-3"))[1] == new / "checkpoints/checkpoint-3"
+    assert (
+        resolve_resume(_config(tmp_path, resume_from_checkpoint="checkpoint-3"))[1] == new / "checkpoints/checkpoint-3"
+    )
     given = str(old / "checkpoints" / "checkpoint-5")
     assert resolve_resume(_config(tmp_path, resume_from_checkpoint=given)) == (old, Path(given))  # its own run dir
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(UserError, match="does not exist"):
         resolve_resume(_config(tmp_path, resume_from_checkpoint=str(old / "checkpoints" / "checkpoint-7")))
     (old / "checkpoints" / "checkpoint-20").mkdir()
-    with pytest.raises(ConfigError, match="incomplete"):
+    with pytest.raises(UserError, match="incomplete"):
         resolve_resume(_config(tmp_path, resume_from_checkpoint=str(old / "checkpoints" / "checkpoint-20")))
     assert resolve_resume(_config(tmp_path / "empty", auto_resume=True)) == (None, None)  # fresh start
     assert resolve_resume(_config(tmp_path, auto_resume=True))[1] == new / "checkpoints/checkpoint-3"
-    with pytest.raises(ConfigError, match="no complete checkpoint"):
+    with pytest.raises(UserError, match="no complete checkpoint"):
         resolve_resume(_config(tmp_path / "empty", resume_from_checkpoint="latest"))
 
 
@@ -235,6 +252,6 @@ def test_fault_plan():
         plan.inject_forward(5, 0, torch.tensor(1.0))
     assert torch.isnan(plan.inject_forward(3, 1, torch.tensor(1.0)))
     for bad in ("nan_loss", "boom@3", "oom@x"):
-        with pytest.raises(ConfigError, match="fault_injection"):
+        with pytest.raises(UserError, match="fault_injection"):
             FaultPlan.parse(bad)
     assert agree([True, False], torch.device("cpu")) == [True, False]  # one process: its own flags

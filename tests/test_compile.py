@@ -7,6 +7,7 @@ and AOTAutograd's forward/backward split, with ``fullgraph=True``, so any graph 
 an error) and the entry points that compile with inductor by default get that backend
 through ``torch.compile``'s keyword default (a real ``torch.compile``, only cheaper).
 """
+
 from __future__ import annotations
 
 import functools
@@ -15,19 +16,19 @@ import json
 import pytest
 import torch
 from accelerate import Accelerator
+from test_train import scalars
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import inference
-from models.diffusers_vae import TAEVideoVAE
-from models.weights import save_weights
 import models.taehv as taehv_module
+from common.config import TrainConfig
+from common.errors import UserError
+from models.diffusers_vae import TAEVideoVAE
 from models.taehv import TAEHV, run_chunk
 from models.variants import known_variants
-from test_train import scalars
+from models.weights import save_weights
 from train_runs import ONE_PROCESS, run_dir, train, train_here
-from training.config import TrainConfig
 from training.data.loading import ReferenceLatents
-from training.errors import ConfigError
 from training.loop.step import TrainStep
 from training.preflight import check
 
@@ -64,17 +65,28 @@ def compiled_copy(model: TAEHV, backend: object = "aot_eager") -> TAEHV:
 # (taew2_1, taeos1_3 and taecvx: taehv's; taew2_2: taehv1_5's; every *_super: the same
 # super decoder; taeltx_2: taeltx2_3's; the built TAEs: taehv's or taeltx2_3's, but Mochi's 3x
 # stages and the 1x time of Stable Video Diffusion and Qwen-Image 2.1).
-DISTINCT_ARCHITECTURES = ["taehv", "taehv1_5", "taehv1_5_super", "taeh3", "taeltx2_3", "taeltx2_3_wide", "tae_mochi",
-                          "tae_svd"]
+DISTINCT_ARCHITECTURES = [
+    "taehv",
+    "taehv1_5",
+    "taehv1_5_super",
+    "taeh3",
+    "taeltx2_3",
+    "taeltx2_3_wide",
+    "tae_mochi",
+    "tae_svd",
+]
 
 
 def test_the_subset_covers_every_architecture():
     """Each known variant's block sequences (block types, temporal strides) are those of
     a variant in the subset."""
+
     def signature(variant: str) -> tuple:
         model = TAEHV(variant=variant)
-        return tuple(tuple((type(b).__name__, getattr(b, "stride", None)) for b in blocks)
-                     for blocks in (model.encoder, model.decoder))
+        return tuple(
+            tuple((type(b).__name__, getattr(b, "stride", None)) for b in blocks)
+            for blocks in (model.encoder, model.decoder)
+        )
 
     covered = {signature(v) for v in DISTINCT_ARCHITECTURES}
     assert {v: signature(v) in covered for v in known_variants()} == dict.fromkeys(known_variants(), True)
@@ -129,8 +141,9 @@ def test_compiled_and_eager_models_follow_in_place_weight_updates():
         model.encode_video(frames)
     shifts = [0.01 * torch.randn_like(p) for p in eager.parameters()]
     for model in (eager, compiled):
-        torch._foreach_copy_([p.data for p in model.parameters()],
-                             [p + d for p, d in zip(model.parameters(), shifts)])  # as EMAModel.copy_to
+        torch._foreach_copy_(
+            [p.data for p in model.parameters()], [p + d for p, d in zip(model.parameters(), shifts)]
+        )  # as EMAModel.copy_to
     fresh = TAEHV(variant="taehv").eval()
     fresh.load_state_dict(eager.state_dict())
     want = fresh.encode_video(frames)
@@ -165,11 +178,21 @@ def test_a_compiled_model_takes_the_shapes_of_a_training_run():
 
 
 def make_step(**changes) -> TrainStep:
-    config = TrainConfig(variant="taehv", n_frames=9, height=16, width=16, train_batch_size=2, mixed_precision="no",
-                         lr_scheduler="constant", lr_warmup_steps=0, **changes)
+    config = TrainConfig(
+        variant="taehv",
+        n_frames=9,
+        height=16,
+        width=16,
+        train_batch_size=2,
+        mixed_precision="no",
+        lr_scheduler="constant",
+        lr_warmup_steps=0,
+        **changes,
+    )
     torch.manual_seed(0)
-    step, _ = TrainStep.build(config, Accelerator(cpu=True), TAEHV(variant="taehv"),
-                              ReferenceLatents(None, cached=True))
+    step, _ = TrainStep.build(
+        config, Accelerator(cpu=True), TAEHV(variant="taehv"), ReferenceLatents(None, cached=True)
+    )
     step.model.train()
     return step
 
@@ -200,10 +223,10 @@ def test_train_step_compiles_the_model_and_matches_eager():
     for got, want in zip(grads[1], grads[0]):
         torch.testing.assert_close(got, want, atol=ATOL, rtol=1e-4)
     batch = {"frames": frames, "latents": z_ref}
-    want, got = eager(batch, window=1), compiled(batch, window=1)
-    assert got.applied and want.applied and set(got.losses) == set(want.losses)
-    for name in want.losses:
-        torch.testing.assert_close(got.losses[name], want.losses[name], atol=ATOL, rtol=1e-5)
+    want, got = eager(iter([batch]), window=1), compiled(iter([batch]), window=1)
+    assert got.applied and want.applied and set(got.losses[0]) == set(want.losses[0])
+    for name in want.losses[0]:
+        torch.testing.assert_close(got.losses[0][name], want.losses[0][name], atol=ATOL, rtol=1e-5)
     torch.testing.assert_close(torch.as_tensor(got.grad_norm), torch.as_tensor(want.grad_norm), atol=0, rtol=1e-4)
 
 
@@ -211,7 +234,7 @@ def test_config_refuses_an_unknown_compile_backend(tmp_path):
     base = TrainConfig(variant="taehv", data_root=str(tmp_path), height=64, width=64, n_frames=9)
     check(base.replace(compile=True, compile_backend="aot_eager"))
     check(base.replace(compile_backend="no_such_backend"))  # only read when compile=true
-    with pytest.raises(ConfigError, match="compile_backend='no_such_backend' is not a torch.compile backend.*inductor"):
+    with pytest.raises(UserError, match="compile_backend='no_such_backend' is not a torch.compile backend.*inductor"):
         check(base.replace(compile=True, compile_backend="no_such_backend"))
 
 
@@ -253,9 +276,25 @@ def test_inference_compile_gives_the_uncompiled_metrics(tmp_path, videos_dir, ch
     results, graphs = {}, {}
     for name, flags in (("eager", []), ("compiled", ["--compile"])):
         before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-        inference.main(["--model_path", str(weights), "--videos", str(videos_dir / "udacity_vehdet_test_video.mp4"),
-                        "--n_frames", "5", "--height", "32", "--width", "48", "--num_samples", "1",
-                        "--output_dir", str(tmp_path / name), *flags])
+        inference.main(
+            [
+                "--model_path",
+                str(weights),
+                "--videos",
+                str(videos_dir / "udacity_vehdet_test_video.mp4"),
+                "--n_frames",
+                "5",
+                "--height",
+                "32",
+                "--width",
+                "48",
+                "--num_samples",
+                "1",
+                "--output_dir",
+                str(tmp_path / name),
+                *flags,
+            ]
+        )
         graphs[name] = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
         results[name] = json.loads((tmp_path / name / "metrics.json").read_text())
     assert graphs["eager"] == 0 and graphs["compiled"] >= 2  # the encoder's and the decoder's
@@ -270,9 +309,31 @@ def test_bench_compile_runs_at_a_tiny_size():
     training step (``parallel`` runs the same code as ``sequential``), four fresh processes."""
     from bench import bench_compile
 
-    result = bench_compile.main(["--cases", "sequential", "train", "--frames", "5", "--height", "16", "--width", "16",
-                                 "--train-height", "16", "--train-width", "16", "--batch", "1", "--backend",
-                                 "aot_eager", "--warmup", "0", "--repeats", "1"])
+    result = bench_compile.main(
+        [
+            "--cases",
+            "sequential",
+            "train",
+            "--frames",
+            "5",
+            "--height",
+            "16",
+            "--width",
+            "16",
+            "--train-height",
+            "16",
+            "--train-width",
+            "16",
+            "--batch",
+            "1",
+            "--backend",
+            "aot_eager",
+            "--warmup",
+            "0",
+            "--repeats",
+            "1",
+        ]
+    )
     json.dumps(result)
     assert [row["case"] for row in result["rows"]] == ["sequential", "train"]
     for row in result["rows"]:

@@ -1,4 +1,5 @@
 """Config loading, overrides and start-up validation."""
+
 from __future__ import annotations
 
 import json
@@ -9,20 +10,39 @@ from pathlib import Path
 
 import pytest
 
+from common.config import TrainConfig, apply_overrides, load_config, run_prefix
+from common.errors import UserError
+from common.metrics import lpips_unavailable_reason
 from conftest import REPO_ROOT, save_tiny_vae
-from evaluation.metrics import lpips_unavailable_reason
 from models.variants import get_variant
-from training.config import ConfigError, TrainConfig, apply_overrides, load_config, run_prefix
 from training.preflight import check
 
 CONFIGS = Path(__file__).resolve().parents[1] / "training" / "configs"
-PRESETS = ["taehv_config", "taehv_config_1gpu_h100", "taehv_config_h100", "taehv_config_a800",
-           "taehv_config_16gpu_h100", "taehv_config_scratch", "taehv_config_demo", "taehv_config_test",
-           "taehv_config_ltx2", "taehv_config_wan22", "taehv_config_hv15", "taehv_config_h3",
-           "taehv_config_progressive_stage1", "taehv_config_progressive_stage2", "taehv_config_allegro",
-           "taehv_config_cosmos", "taehv_config_kvae", "taehv_config_easyanimate", "taehv_config_vidtok",
-           "taehv_config_mochi", "taehv_config_svd",
-           "taehv_config_hunyuanimage_refiner", "taehv_config_qwenimage21"]
+PRESETS = [
+    "taehv_config",
+    "taehv_config_1gpu_h100",
+    "taehv_config_h100",
+    "taehv_config_a800",
+    "taehv_config_16gpu_h100",
+    "taehv_config_scratch",
+    "taehv_config_demo",
+    "taehv_config_test",
+    "taehv_config_ltx2",
+    "taehv_config_wan22",
+    "taehv_config_hv15",
+    "taehv_config_h3",
+    "taehv_config_progressive_stage1",
+    "taehv_config_progressive_stage2",
+    "taehv_config_allegro",
+    "taehv_config_cosmos",
+    "taehv_config_kvae",
+    "taehv_config_easyanimate",
+    "taehv_config_vidtok",
+    "taehv_config_mochi",
+    "taehv_config_svd",
+    "taehv_config_hunyuanimage_refiner",
+    "taehv_config_qwenimage21",
+]
 
 
 def valid(tmp_path: Path, **changes) -> TrainConfig:
@@ -70,7 +90,8 @@ def test_presets_load_and_pass_the_config_check(name, tmp_path):
     assert "data_root" in changes or "annotation_file" in changes  # every preset names its data
     notes = check(config.replace(**changes))  # every other field as the preset sets it
     assert ("no reference VAE: plain autoencoder training (encoder/decoder distillation losses off)" in notes) == (
-        not config.ref_vae_path)
+        not config.ref_vae_path
+    )
 
 
 def test_preset_check_sees_the_replaced_paths(tmp_path):
@@ -78,18 +99,20 @@ def test_preset_check_sees_the_replaced_paths(tmp_path):
     config = load_config(CONFIGS / "taehv_config.py")
     changes = local_paths(config, tmp_path)
     Path(changes["pretrained_model_path"]).unlink()
-    with pytest.raises(ConfigError, match="pretrained_model_path: .* does not exist"):
+    with pytest.raises(UserError, match="pretrained_model_path: .* does not exist"):
         check(config.replace(**changes))
 
 
 def test_overrides_are_typed_and_unknown_keys_suggest():
-    config = apply_overrides(TrainConfig(), ["--n_frames=9", "--learning_rate=3e-4", "--hflip=false", "--variant=taehv"])
+    config = apply_overrides(
+        TrainConfig(), ["--n_frames=9", "--learning_rate=3e-4", "--hflip=false", "--variant=taehv"]
+    )
     assert (config.n_frames, config.learning_rate, config.hflip, config.variant) == (9, 3e-4, False, "taehv")
-    with pytest.raises(ConfigError, match="did you mean 'learning_rate'"):
+    with pytest.raises(UserError, match="did you mean 'learning_rate'"):
         apply_overrides(TrainConfig(), ["--learnig_rate=1"])
-    with pytest.raises(ConfigError, match="expected a int"):
+    with pytest.raises(UserError, match="expected a int"):
         apply_overrides(TrainConfig(), ["--n_frames=nine"])
-    with pytest.raises(ConfigError, match="--key=value"):
+    with pytest.raises(UserError, match="--key=value"):
         apply_overrides(TrainConfig(), ["--n_frames"])
 
 
@@ -107,24 +130,28 @@ def test_valid_config_passes_with_notes(tmp_path):
 
 def test_frame_counts_with_reference_vae_list_valid_values(tmp_path):
     vae_folder(tmp_path)
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(UserError) as err:
         check(valid(tmp_path, ref_vae_path=str(tmp_path), n_frames=12, variant="taecvx"))
     assert "n_frames=12" in str(err.value) and "Valid: 9, 17, 25" in str(err.value)
-    with pytest.raises(ConfigError, match="Valid: 5, 9, 13, 17"):
+    with pytest.raises(UserError, match="Valid: 5, 9, 13, 17"):
         check(valid(tmp_path, ref_vae_path=str(tmp_path), n_frames=16, variant="taehv"))
     check(valid(tmp_path, ref_vae_path=str(tmp_path), n_frames=17, variant="taecvx"))
 
 
-@pytest.mark.parametrize("variant, ref_vae, size, bad, with_vae, exact, good", [
-    ("taeltx2_3", "ltx2", 64, 17 + 4, "Valid: 9, 17, 25, 33", "exact values: 1, 9, 17, 25", 121),
-    ("taeh3", "h3", 32, 17, "Valid: 22, 39, 56", "exact values: 5, 22, 39, 56", 22),
-])
-def test_frame_counts_of_the_newer_variants_follow_their_plan(tmp_path, variant, ref_vae, size, bad, with_vae, exact,
-                                                               good):
+@pytest.mark.parametrize(
+    "variant, ref_vae, size, bad, with_vae, exact, good",
+    [
+        ("taeltx2_3", "ltx2", 64, 17 + 4, "Valid: 9, 17, 25, 33", "exact values: 1, 9, 17, 25", 121),
+        ("taeh3", "h3", 32, 17, "Valid: 22, 39, 56", "exact values: 5, 22, 39, 56", 22),
+    ],
+)
+def test_frame_counts_of_the_newer_variants_follow_their_plan(
+    tmp_path, variant, ref_vae, size, bad, with_vae, exact, good
+):
     """LTX decodes 8k+1 frames exactly; H3 17c - 12, and its VAE needs more than 17 frames."""
     vae = vae_folder(tmp_path / "vae_root", ref_vae)
     config = valid(tmp_path, variant=variant, height=size, width=size, ref_vae_path=vae, ref_vae_class=ref_vae)
-    with pytest.raises(ConfigError, match=with_vae):
+    with pytest.raises(UserError, match=with_vae):
         check(config.replace(n_frames=bad))
     check(config.replace(n_frames=good))
     notes = check(valid(tmp_path, variant=variant, height=size, width=size, n_frames=bad))
@@ -132,20 +159,22 @@ def test_frame_counts_of_the_newer_variants_follow_their_plan(tmp_path, variant,
 
 
 def test_every_problem_is_reported_at_once(tmp_path):
-    with pytest.raises(ConfigError) as err:
-        check(valid(tmp_path, height=100, mixed_precision="fp8", annotation_file="nope.json", stride_min=4, stride_max=2))
+    with pytest.raises(UserError) as err:
+        check(
+            valid(tmp_path, height=100, mixed_precision="fp8", annotation_file="nope.json", stride_min=4, stride_max=2)
+        )
     message = str(err.value)
     for expected in ("multiples of 8", "mixed_precision", "nope.json", "stride_min"):
         assert expected in message
 
 
 def test_patch_size_sets_the_spatial_multiple(tmp_path):
-    with pytest.raises(ConfigError, match="multiples of 16"):
+    with pytest.raises(UserError, match="multiples of 16"):
         check(valid(tmp_path, variant="taehv1_5", height=40, width=64))
 
 
 def test_unknown_variant_lists_the_known_ones(tmp_path):
-    with pytest.raises(ConfigError, match="unknown TAE variant 'taeltx3'; known variants: .*taeltx2_3_wide"):
+    with pytest.raises(UserError, match="unknown TAE variant 'taeltx3'; known variants: .*taeltx2_3_wide"):
         check(valid(tmp_path, variant="taeltx3"))
 
 
@@ -177,7 +206,7 @@ def test_lpips_here_decides_the_config_check(tmp_path, fresh_lpips_probe):
         check(valid(tmp_path, lpips_loss_weight=0.1))
         check(valid(tmp_path, best_metric="val/lpips"))
     else:
-        with pytest.raises(ConfigError, match="LPIPS is unusable") as err:
+        with pytest.raises(UserError, match="LPIPS is unusable") as err:
             check(valid(tmp_path, lpips_loss_weight=0.1))
         assert reason in str(err.value)
 
@@ -185,15 +214,15 @@ def test_lpips_here_decides_the_config_check(tmp_path, fresh_lpips_probe):
 def test_lpips_missing_module_is_unavailable_and_refused(tmp_path, monkeypatch, caplog, fresh_lpips_probe):
     # what torchmetrics' constructor raises when torchvision is not installed
     fake_lpips_module(monkeypatch, ModuleNotFoundError("LPIPS metric requires that torchvision is installed."))
-    with caplog.at_level(logging.INFO, logger="evaluation.metrics"):
+    with caplog.at_level(logging.INFO, logger="common.metrics"):
         reason = lpips_unavailable_reason()
         lpips_unavailable_reason()  # cached: logged once
     assert reason.startswith("ModuleNotFoundError: LPIPS metric requires that torchvision is installed.")
     assert "requirements-lpips.txt" in reason
     assert [r.getMessage() for r in caplog.records] == [f"LPIPS is unavailable: {reason}"]
-    with pytest.raises(ConfigError, match="LPIPS is unusable: ModuleNotFoundError: LPIPS metric requires"):
+    with pytest.raises(UserError, match="LPIPS is unusable: ModuleNotFoundError: LPIPS metric requires"):
         check(valid(tmp_path, lpips_loss_weight=0.1))
-    with pytest.raises(ConfigError, match="best_metric=val/lpips, but LPIPS is unusable"):
+    with pytest.raises(UserError, match="best_metric=val/lpips, but LPIPS is unusable"):
         check(valid(tmp_path, best_metric="val/lpips"))
 
     lpips_unavailable_reason.cache_clear()
@@ -221,24 +250,31 @@ def test_lpips_other_errors_propagate(tmp_path, monkeypatch, fresh_lpips_probe):
 
 
 def test_wrong_type_in_config_file(tmp_path):
-    with pytest.raises(ConfigError, match="n_frames='9' should be a int"):
+    with pytest.raises(UserError, match="n_frames='9' should be a int"):
         check(valid(tmp_path, n_frames="9"))
     bad = tmp_path / "bad.py"
     bad.write_text("config = dict(n_frames=9)\n")
-    with pytest.raises(ConfigError, match="must define `config = TrainConfig"):
+    with pytest.raises(UserError, match="must define `config = TrainConfig"):
         load_config(bad)
-    bad.write_text("from training.config import TrainConfig\nconfig = TrainConfig(data_root=5)\n")
-    with pytest.raises(ConfigError, match="data_root=5 should be a str"):  # not resolved as a path first
+    bad.write_text("from common.config import TrainConfig\nconfig = TrainConfig(data_root=5)\n")
+    with pytest.raises(UserError, match="data_root=5 should be a str"):  # not resolved as a path first
         check(load_config(bad))
 
 
 def test_paths_are_made_absolute_once_and_missing_demo_clips_name_the_command(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative paths are the repository root's, wherever the tool runs
-    config = load_config(REPO_ROOT / "training" / "configs" / "taehv_config_test.py",
-                         ["--data_root=demo_output/data/not_made_here", "--annotation_file=", "--val_annotation_file="])
-    assert config.data_root == str(REPO_ROOT / "demo_output" / "data" / "not_made_here") and config.annotation_file == ""
-    with pytest.raises(ConfigError, match=r"data_root: .*not_made_here does not exist: `make demo` makes the built-in "
-                                          r"clips there \(or `python -m training.demo_data demo_output/data` alone\)"):
+    config = load_config(
+        REPO_ROOT / "training" / "configs" / "taehv_config_test.py",
+        ["--data_root=demo_output/data/not_made_here", "--annotation_file=", "--val_annotation_file="],
+    )
+    assert (
+        config.data_root == str(REPO_ROOT / "demo_output" / "data" / "not_made_here") and config.annotation_file == ""
+    )
+    with pytest.raises(
+        UserError,
+        match=r"data_root: .*not_made_here does not exist: `make demo` makes the built-in "
+        r"clips there \(or `python -m training.demo_data demo_output/data` alone\)",
+    ):
         check(config)
 
 
@@ -246,20 +282,29 @@ def test_paths_are_made_absolute_once_and_missing_demo_clips_name_the_command(tm
 def test_frame_counts_above_64_work_with_a_reference_vae(tmp_path, variant, frames):
     vae_folder(tmp_path)
     check(valid(tmp_path, variant=variant, n_frames=frames, ref_vae_path=str(tmp_path)))
-    with pytest.raises(ConfigError, match=f"n_frames={frames + 2} does not work"):
+    with pytest.raises(UserError, match=f"n_frames={frames + 2} does not work"):
         check(valid(tmp_path, variant=variant, n_frames=frames + 2, ref_vae_path=str(tmp_path)))
 
 
 def test_validation_size_is_checked_and_used_for_the_held_out_clips(tmp_path, demo_clips):
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(UserError) as err:
         check(valid(tmp_path, height=0, val_height=48))
     assert "must be positive, got 0x720" in str(err.value) and "set both val_height and val_width" in str(err.value)
-    with pytest.raises(ConfigError, match=r"val_height and val_width must be multiples of 8 \(.*\), got 44x64"):
+    with pytest.raises(UserError, match=r"val_height and val_width must be multiples of 8 \(.*\), got 44x64"):
         check(valid(tmp_path, val_height=44, val_width=64))
     from training.data.loading import build_datasets
 
-    config = valid(tmp_path, data_root=str(demo_clips["root"]), annotation_file=str(demo_clips["train"]),
-                   val_annotation_file=str(demo_clips["val"]), n_frames=5, height=16, width=24, val_height=48, val_width=64)
+    config = valid(
+        tmp_path,
+        data_root=str(demo_clips["root"]),
+        annotation_file=str(demo_clips["train"]),
+        val_annotation_file=str(demo_clips["val"]),
+        n_frames=5,
+        height=16,
+        width=24,
+        val_height=48,
+        val_width=64,
+    )
     check(config)
     train, val = build_datasets(config)
     assert train[0]["frames"].shape[-2:] == (16, 24) and val[0]["frames"].shape[-2:] == (48, 64)
@@ -267,7 +312,7 @@ def test_validation_size_is_checked_and_used_for_the_held_out_clips(tmp_path, de
 
 
 def test_numbers_must_be_finite(tmp_path):
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(UserError) as err:
         check(apply_overrides(valid(tmp_path), ["--learning_rate=inf", "--max_grad_norm=nan"]))
     assert "learning_rate=inf must be a finite number" in str(err.value)
     assert "max_grad_norm=nan must be a finite number" in str(err.value)
@@ -277,15 +322,20 @@ def test_the_reference_vae_folder_is_checked_before_launch(tmp_path):
     """Not a diffusers folder, another VAE class, or a latent space that does not fit the
     variant: each is a pre-flight error (before any run folder exists) that says what fits."""
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match="empty/vae is not a diffusers model folder"):
+    with pytest.raises(UserError, match="empty/vae is not a diffusers model folder"):
         check(valid(tmp_path, ref_vae_path=str(tmp_path / "empty"), n_frames=17))
     wan = vae_folder(tmp_path / "wan", "wan")
-    with pytest.raises(ConfigError, match="holds a AutoencoderKLWan, but ref_vae_class=cogvideox .*: set ref_vae_class=wan"):
+    with pytest.raises(
+        UserError, match="holds a AutoencoderKLWan, but ref_vae_class=cogvideox .*: set ref_vae_class=wan"
+    ):
         check(valid(tmp_path, ref_vae_path=wan, ref_vae_class="cogvideox", n_frames=17))
     wide = vae_folder(tmp_path / "wide", "cogvideox", latent_channels=48, block_out_channels=(4, 4, 4, 4, 4))
-    with pytest.raises(ConfigError, match=r"the reference VAE has 48 latent channels, 16x space, 4x time but taecvx has "
-                                          r"16 latent channels, 8x space, 4x time: pick the matching variant \(taew2_2, "
-                                          r"taew2_2_super\)"):
+    with pytest.raises(
+        UserError,
+        match=r"the reference VAE has 48 latent channels, 16x space, 4x time but taecvx has "
+        r"16 latent channels, 8x space, 4x time: pick the matching variant \(taew2_2, "
+        r"taew2_2_super\)",
+    ):
         check(valid(tmp_path, ref_vae_path=wide, n_frames=17))
 
 
@@ -293,20 +343,28 @@ def test_mistakes_in_a_config_file_name_the_file_and_line(tmp_path):
     """A syntax error, and a key typo inside config.replace(...), are one line with the file,
     the line and (for the typo) the closest key, as the same typo on the command line is."""
     typo = tmp_path / "typo.py"
-    typo.write_text("from training.configs.taehv_config import config as base\n\nconfig = base.replace(\n"
-                    "    lerning_rate=3e-4,\n)\n")
-    with pytest.raises(ConfigError, match=r"typo\.py:3: unknown config key 'lerning_rate'; did you mean 'learning_rate'\?"):
+    typo.write_text(
+        "from training.configs.taehv_config import config as base\n\nconfig = base.replace(\n"
+        "    lerning_rate=3e-4,\n)\n"
+    )
+    with pytest.raises(
+        UserError, match=r"typo\.py:3: unknown config key 'lerning_rate'; did you mean 'learning_rate'\?"
+    ):
         load_config(typo)
     broken = tmp_path / "broken.py"
     broken.write_text("config = (\n")
-    with pytest.raises(ConfigError, match=r"broken\.py:1: syntax error: '\(' was never closed"):
+    with pytest.raises(UserError, match=r"broken\.py:1: syntax error: '\(' was never closed"):
         load_config(broken)
 
 
 def test_a_missing_export_of_a_preset_run_names_the_run_that_writes_it(tmp_path):
-    config = load_config(REPO_ROOT / "training" / "configs" / "taehv_config_progressive_stage2.py",
-                         [f"--output_dir={tmp_path}"])
-    with pytest.raises(ConfigError, match=r"pretrained_model_path: .*/output/progressive_stage1/export/taecvx\.pth does "
-                                          r"not exist: the end of the progressive_stage1 run writes it "
-                                          r"\(`\./train_taehv_h100\.sh N progressive_stage1`\)"):
+    config = load_config(
+        REPO_ROOT / "training" / "configs" / "taehv_config_progressive_stage2.py", [f"--output_dir={tmp_path}"]
+    )
+    with pytest.raises(
+        UserError,
+        match=r"pretrained_model_path: .*/output/progressive_stage1/export/taecvx\.pth does "
+        r"not exist: the end of the progressive_stage1 run writes it "
+        r"\(`\./train_taehv_h100\.sh N progressive_stage1`\)",
+    ):
         check(config)

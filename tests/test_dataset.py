@@ -1,4 +1,5 @@
 """Video data pipeline: shapes, sampling, decoding, bad files, determinism, DataLoader."""
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.data.clips import (
+from common.clips import (
     AreaResizer,
     BadClipError,
     ClipTable,
@@ -122,7 +123,7 @@ def test_output_is_rgb(tmp_path):
 def write_rgba(path: Path, height: int = 48, width: int = 64) -> np.ndarray:
     """An RGBA PNG: red on the left, blue on the right, alpha ramping 0 -> 255 down the rows."""
     rgba = np.zeros((height, width, 4), np.uint8)
-    rgba[:, : width // 2, 0], rgba[:, width // 2:, 2] = 220, 200
+    rgba[:, : width // 2, 0], rgba[:, width // 2 :, 2] = 220, 200
     rgba[..., 3] = np.linspace(0, 255, height).astype(np.uint8)[:, None]
     cv2.imwrite(str(path), cv2.cvtColor(rgba, cv2.COLOR_RGBA2BGRA))
     return rgba
@@ -135,8 +136,9 @@ def test_rgba_images_are_one_frame_clips_with_their_alpha(tmp_path):
     (tmp_path / "images").mkdir(), (tmp_path / "videos").mkdir()
     rgba = write_rgba(tmp_path / "images" / "ramp.png")
     write_index_video(tmp_path / "videos" / "clip.mp4", 4)
-    annotation = annotate(tmp_path / "all.json", [{"path": "images/ramp.png", "frames": 1},
-                                                  {"path": "videos/clip.mp4", "frames": 4}])
+    annotation = annotate(
+        tmp_path / "all.json", [{"path": "images/ramp.png", "frames": 1}, {"path": "videos/clip.mp4", "frames": 4}]
+    )
     val = VideoClipDataset(tmp_path, annotation, n_frames=1, height=24, width=32, mode="val", channels=4)
     image, video = val[0]["frames"], val[1]["frames"]
     assert image.shape == video.shape == (1, 4, 24, 32) and image.dtype == torch.uint8
@@ -198,8 +200,16 @@ def abs_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize(
     "src_hw,out_hw",
-    [((720, 1080), (480, 720)), ((643, 964), (480, 720)), ((720, 720), (256, 256)), ((480, 720), (64, 96)),
-     ((339, 509), (480, 720)), ((481, 700), (480, 720)), ((720, 1280), (8, 8)), ((100, 60), (48, 32))],
+    [
+        ((720, 1080), (480, 720)),
+        ((643, 964), (480, 720)),
+        ((720, 720), (256, 256)),
+        ((480, 720), (64, 96)),
+        ((339, 509), (480, 720)),
+        ((481, 700), (480, 720)),
+        ((720, 1280), (8, 8)),
+        ((100, 60), (48, 32)),
+    ],
 )
 def test_area_resize_gives_exact_non_square_shapes(src_hw, out_hw):
     image = np.random.default_rng(0).integers(0, 256, (*src_hw, 3), dtype=np.uint8)
@@ -393,8 +403,9 @@ def test_short_clip_lower_stride(index_dir, tmp_path):
 def test_short_clip_skipped_and_counted(index_dir, tmp_path, policy, n_frames, stride):
     options = dict(n_frames=n_frames, stride_range=(stride, stride), short_clip_policy=policy)
     # annotated as too short: left out up front and listed, never drawn
-    ds = index_dataset(index_dir, tmp_path, [{"path": "short.mp4", "frames": 12}, {"path": "long.mp4", "frames": 30}],
-                       **options)
+    ds = index_dataset(
+        index_dir, tmp_path, [{"path": "short.mp4", "frames": 12}, {"path": "long.mp4", "frames": 30}], **options
+    )
     assert len(ds) == 1 and ds.short_clips == [str(index_dir / "short.mp4")] and ds[0]["failures"] == 0
     # length unknown until decoded: skipped when drawn, counted in failures
     ds = index_dataset(index_dir, tmp_path, [{"path": "short.mp4"}, {"path": "long.mp4", "frames": 30}], **options)
@@ -406,22 +417,33 @@ def test_short_clip_skipped_and_counted(index_dir, tmp_path, policy, n_frames, s
 def test_bad_annotation_entries_are_refused_one_by_one_and_listed(index_dir, tmp_path):
     """Frame counts that are not positive whole numbers, and paths that leave data_root, are
     left out per entry with the reason (missing or null frames: the container says)."""
-    entries = [{"path": "long.mp4", "frames": 30}, {"path": "long.mp4", "frames": -5}, {"path": "long.mp4", "frames": 0},
-               {"path": "long.mp4", "frames": 2.5}, {"path": "long.mp4", "frames": "many"},
-               {"path": "../../../etc/passwd", "frames": 30}, {"path": "long.mp4", "frames": None},
-               {"path": "long.mp4", "frames": 30.0}]
+    entries = [
+        {"path": "long.mp4", "frames": 30},
+        {"path": "long.mp4", "frames": -5},
+        {"path": "long.mp4", "frames": 0},
+        {"path": "long.mp4", "frames": 2.5},
+        {"path": "long.mp4", "frames": "many"},
+        {"path": "../../../etc/passwd", "frames": 30},
+        {"path": "long.mp4", "frames": None},
+        {"path": "long.mp4", "frames": 30.0},
+    ]
     ds = index_dataset(index_dir, tmp_path, entries, n_frames=8)
     assert len(ds) == 3 and list(ds.clips.frames) == [30, -1, 30]
     assert [why for _, why in ds.refused_entries] == [
-        "entry 1: frames=-5 is not a positive whole number", "entry 2: frames=0 is not a positive whole number",
-        "entry 3: frames=2.5 is not a positive whole number", "entry 4: frames='many' is not a positive whole number",
-        f"entry 5: ../../../etc/passwd leaves {index_dir}"]
+        "entry 1: frames=-5 is not a positive whole number",
+        "entry 2: frames=0 is not a positive whole number",
+        "entry 3: frames=2.5 is not a positive whole number",
+        "entry 4: frames='many' is not a positive whole number",
+        f"entry 5: ../../../etc/passwd leaves {index_dir}",
+    ]
     with pytest.raises(VideoDataError, match=r"no clips in .*\(1 entries refused, e.g. entry 0: frames=-5 is not"):
         index_dataset(index_dir, tmp_path, [{"path": "long.mp4", "frames": -5}], n_frames=8)
 
 
 def test_only_short_clips_is_an_error_that_says_how_to_fix_the_annotation(index_dir, tmp_path):
-    with pytest.raises(VideoDataError, match=r"all 1 clips .* fewer than the 13 frames a sample needs.*--min_frames 13"):
+    with pytest.raises(
+        VideoDataError, match=r"all 1 clips .* fewer than the 13 frames a sample needs.*--min_frames 13"
+    ):
         index_dataset(index_dir, tmp_path, [{"path": "short.mp4", "frames": 12}], n_frames=13)
 
 
@@ -514,7 +536,7 @@ def test_bad_files_replaced_deterministically_and_logged_once(index_dir, bad_fil
     good = [{"path": f"clip{i}.mp4", "frames": 24} for i in range(3)]
     bad = [{"full_path": str(p), "frames": 200} for p in bad_files.values()]
     ds = index_dataset(index_dir, tmp_path, good + bad)
-    caplog.set_level(logging.WARNING, logger="training.data.clips")
+    caplog.set_level(logging.WARNING, logger="common.clips")
     for i in range(3, 7):
         first, again = ds[i], ds[i]
         assert first["failures"] >= 1
@@ -636,7 +658,7 @@ def test_persistent_workers_follow_set_epoch(index_dir, tmp_path):
 ACCELERATE_SHARDS = """
 import sys
 from accelerate.data_loader import prepare_data_loader
-from training.data.clips import EpochShuffleSampler, VideoClipDataset, build_dataloader
+from common.clips import EpochShuffleSampler, VideoClipDataset, build_dataloader
 
 root = sys.argv[1]
 ds = VideoClipDataset(root, root + "/annotations_train.json", n_frames=2, height=8, width=8)

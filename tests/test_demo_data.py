@@ -1,4 +1,5 @@
 """Demo dataset generator: deterministic moving content, readable by the dataset."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training.data.clips import VideoClipDataset, probe_video
+from common.clips import VideoClipDataset, probe_video
 from training.demo_data import make_demo_dataset, render_clip
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

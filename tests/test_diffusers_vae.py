@@ -1,19 +1,41 @@
 """A TAE as ``pipe.vae`` in real diffusers video pipelines, built tiny on CPU (no text
 encoder: prompt embeddings are given): the pipelines' own latent-decoding paths with the
 wrapper in place give what calling the TAE directly gives."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-from diffusers import (AllegroPipeline, AllegroTransformer3DModel, AutoencoderKLLTXVideo, CogVideoXDDIMScheduler,
-                       CogVideoXPipeline, CosmosTextToWorldPipeline, CosmosTransformer3DModel,
-                       CosmosVideoToWorldPipeline, DDIMScheduler, EasyAnimatePipeline, EasyAnimateTransformer3DModel,
-                       EDMEulerScheduler, EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler,
-                       HunyuanImageRefinerPipeline, HunyuanImageTransformer2DModel, HunyuanVideoPipeline,
-                       HunyuanVideoTransformer3DModel, LTXPipeline, LTXVideoTransformer3DModel, MochiPipeline,
-                       MochiTransformer3DModel, QwenImage21Pipeline, QwenImage21Transformer2DModel,
-                       StableVideoDiffusionPipeline, UNetSpatioTemporalConditionModel, WanPipeline,
-                       WanTransformer3DModel)
+from diffusers import (
+    AllegroPipeline,
+    AllegroTransformer3DModel,
+    AutoencoderKLLTXVideo,
+    CogVideoXDDIMScheduler,
+    CogVideoXPipeline,
+    CosmosTextToWorldPipeline,
+    CosmosTransformer3DModel,
+    CosmosVideoToWorldPipeline,
+    DDIMScheduler,
+    EasyAnimatePipeline,
+    EasyAnimateTransformer3DModel,
+    EDMEulerScheduler,
+    EulerDiscreteScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    HunyuanImageRefinerPipeline,
+    HunyuanImageTransformer2DModel,
+    HunyuanVideoPipeline,
+    HunyuanVideoTransformer3DModel,
+    LTXPipeline,
+    LTXVideoTransformer3DModel,
+    MochiPipeline,
+    MochiTransformer3DModel,
+    QwenImage21Pipeline,
+    QwenImage21Transformer2DModel,
+    StableVideoDiffusionPipeline,
+    UNetSpatioTemporalConditionModel,
+    WanPipeline,
+    WanTransformer3DModel,
+)
 from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
 
 from conftest import save_tiny_vae
@@ -30,17 +52,23 @@ def wrapped(variant: str, tmp_path, like: torch.nn.Module | None = None) -> TAEV
 def one_step(pipe, **inputs):
     """``pipe`` called for one denoising step (unless ``inputs`` ask for more), returning what
     ``output_type`` asks for."""
+
     def run(output_type: str) -> torch.Tensor:
-        return pipe(**{"num_inference_steps": 1, "guidance_scale": 1.0, **inputs}, output_type=output_type,
-                    generator=torch.Generator().manual_seed(0)).frames
+        return pipe(
+            **{"num_inference_steps": 1, "guidance_scale": 1.0, **inputs},
+            output_type=output_type,
+            generator=torch.Generator().manual_seed(0),
+        ).frames
+
     return run
 
 
 @torch.no_grad()
 def test_cogvideox_pipeline_decodes_through_the_tae(tmp_path):
     vae = wrapped("taecvx", tmp_path)
-    pipe = CogVideoXPipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=None,
-                             scheduler=CogVideoXDDIMScheduler())
+    pipe = CogVideoXPipeline(
+        tokenizer=None, text_encoder=None, vae=vae, transformer=None, scheduler=CogVideoXDDIMScheduler()
+    )
     assert (pipe.vae_scale_factor_spatial, pipe.vae_scale_factor_temporal) == (8, 4)
     assert pipe.vae_scaling_factor_image == 1.15258426  # CogVideoX's, applied by the pipeline, not by the TAE
     latents = torch.randn(1, 5, 16, 4, 6)  # the pipeline's scaled latents, NTCHW
@@ -58,11 +86,25 @@ def test_wan_pipeline_runs_end_to_end_with_the_tae(tmp_path):
     """A whole (one-step) WanPipeline call: the video it returns is the TAE's decoding of the
     latents it denoised, un-normalised with Wan's latents_mean/std as the pipeline does."""
     vae = wrapped("taew2_1", tmp_path)
-    transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8,
-                                        in_channels=16, out_channels=16, text_dim=16, freq_dim=16, ffn_dim=16,
-                                        num_layers=1, rope_max_seq_len=32)
-    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer,
-                       scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=8,
+        in_channels=16,
+        out_channels=16,
+        text_dim=16,
+        freq_dim=16,
+        ffn_dim=16,
+        num_layers=1,
+        rope_max_seq_len=32,
+    )
+    pipe = WanPipeline(
+        tokenizer=None,
+        text_encoder=None,
+        vae=vae,
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+    )
     run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), height=32, width=32, num_frames=9)
     latents = run("latent")
     assert latents.shape == (1, 16, 3, 4, 4)
@@ -77,14 +119,35 @@ def test_hunyuan_video_pipeline_runs_end_to_end_with_the_tae(tmp_path):
     """A whole (one-step) HunyuanVideoPipeline call: the TAE decodes the denoised latents
     once the pipeline has divided them by HunyuanVideo's scaling factor."""
     vae = wrapped("taehv", tmp_path)
-    transformer = HunyuanVideoTransformer3DModel(num_attention_heads=2, attention_head_dim=8, num_layers=1,
-                                                 num_single_layers=1, num_refiner_layers=1, text_embed_dim=16,
-                                                 pooled_projection_dim=8, rope_axes_dim=(2, 2, 4))
-    pipe = HunyuanVideoPipeline(text_encoder=None, tokenizer=None, transformer=transformer, vae=vae,
-                                scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), text_encoder_2=None, tokenizer_2=None)
+    transformer = HunyuanVideoTransformer3DModel(
+        num_attention_heads=2,
+        attention_head_dim=8,
+        num_layers=1,
+        num_single_layers=1,
+        num_refiner_layers=1,
+        text_embed_dim=16,
+        pooled_projection_dim=8,
+        rope_axes_dim=(2, 2, 4),
+    )
+    pipe = HunyuanVideoPipeline(
+        text_encoder=None,
+        tokenizer=None,
+        transformer=transformer,
+        vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
+        text_encoder_2=None,
+        tokenizer_2=None,
+    )
     assert vae.config.scaling_factor == 0.476986  # HunyuanVideo's, from its class defaults
-    run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), pooled_prompt_embeds=torch.randn(1, 8),
-                   prompt_attention_mask=torch.ones(1, 4), height=32, width=32, num_frames=9)
+    run = one_step(
+        pipe,
+        prompt_embeds=torch.randn(1, 4, 16),
+        pooled_prompt_embeds=torch.randn(1, 8),
+        prompt_attention_mask=torch.ones(1, 4),
+        height=32,
+        width=32,
+        num_frames=9,
+    )
     latents = run("latent")
     assert latents.shape == (1, 16, 3, 4, 4)
     direct = vae.tae.decode_video((latents / vae.config.scaling_factor).permute(0, 2, 1, 3, 4))
@@ -100,18 +163,33 @@ def test_ltx_pipeline_runs_end_to_end_with_the_tae_and_the_vaes_statistics(tmp_p
     real.latents_mean.copy_(torch.randn(128) * 0.1)
     real.latents_std.copy_(torch.rand(128) + 0.5)
     vae = wrapped("taeltx_2", tmp_path, like=real)
-    transformer = LTXVideoTransformer3DModel(in_channels=128, out_channels=128, num_attention_heads=2,
-                                             attention_head_dim=8, cross_attention_dim=16, num_layers=1,
-                                             caption_channels=16)
-    pipe = LTXPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None, tokenizer=None,
-                       transformer=transformer)
-    run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), prompt_attention_mask=torch.ones(1, 4), height=64,
-                   width=64, num_frames=9)
+    transformer = LTXVideoTransformer3DModel(
+        in_channels=128,
+        out_channels=128,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        cross_attention_dim=16,
+        num_layers=1,
+        caption_channels=16,
+    )
+    pipe = LTXPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None, tokenizer=None, transformer=transformer
+    )
+    run = one_step(
+        pipe,
+        prompt_embeds=torch.randn(1, 4, 16),
+        prompt_attention_mask=torch.ones(1, 4),
+        height=64,
+        width=64,
+        num_frames=9,
+    )
     packed = run("latent")  # LTX returns its normalised latents packed into tokens
-    latents = pipe._unpack_latents(packed, 2, 2, 2, pipe.transformer_spatial_patch_size,
-                                   pipe.transformer_temporal_patch_size)
-    latents = latents * real.latents_std.view(1, -1, 1, 1, 1) / real.config.scaling_factor + \
-        real.latents_mean.view(1, -1, 1, 1, 1)
+    latents = pipe._unpack_latents(
+        packed, 2, 2, 2, pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
+    )
+    latents = latents * real.latents_std.view(1, -1, 1, 1, 1) / real.config.scaling_factor + real.latents_mean.view(
+        1, -1, 1, 1, 1
+    )
     direct = vae.tae.decode_video(latents.permute(0, 2, 1, 3, 4))
     assert direct.shape == (1, 9, 3, 64, 64)
     torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
@@ -123,13 +201,29 @@ def test_mochi_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
     per-channel latents_mean/std (the class defaults) and the TAE decodes 6k+1 frames. Two
     steps: Mochi's linear-quadratic schedule divides by zero for one."""
     vae = wrapped("tae_mochi", tmp_path)
-    transformer = MochiTransformer3DModel(patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=1,
-                                          pooled_projection_dim=16, in_channels=12, text_embed_dim=16, time_embed_dim=4,
-                                          max_sequence_length=16)
-    pipe = MochiPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None, tokenizer=None,
-                         transformer=transformer)
-    run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), prompt_attention_mask=torch.ones(1, 4), height=32,
-                   width=32, num_frames=7, num_inference_steps=2)
+    transformer = MochiTransformer3DModel(
+        patch_size=2,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        num_layers=1,
+        pooled_projection_dim=16,
+        in_channels=12,
+        text_embed_dim=16,
+        time_embed_dim=4,
+        max_sequence_length=16,
+    )
+    pipe = MochiPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None, tokenizer=None, transformer=transformer
+    )
+    run = one_step(
+        pipe,
+        prompt_embeds=torch.randn(1, 4, 16),
+        prompt_attention_mask=torch.ones(1, 4),
+        height=32,
+        width=32,
+        num_frames=7,
+        num_inference_steps=2,
+    )
     latents = run("latent")
     assert latents.shape == (1, 12, 2, 4, 4)
     mean = torch.tensor(vae.config.latents_mean).view(1, 12, 1, 1, 1)
@@ -145,14 +239,31 @@ def test_easyanimate_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
     pipeline divided by EasyAnimate's scaling factor (head dim 16: its rotary embedding splits
     the head into 1/4 + 3/8 + 3/8, each even)."""
     vae = wrapped("tae_easyanimate", tmp_path)
-    transformer = EasyAnimateTransformer3DModel(num_attention_heads=2, attention_head_dim=16, in_channels=16,
-                                                out_channels=16, time_embed_dim=8, text_embed_dim=16, num_layers=1,
-                                                mmdit_layers=1, sample_width=4, sample_height=4, patch_size=2)
-    pipe = EasyAnimatePipeline(vae=vae, text_encoder=None, tokenizer=None, transformer=transformer,
-                               scheduler=FlowMatchEulerDiscreteScheduler())
+    transformer = EasyAnimateTransformer3DModel(
+        num_attention_heads=2,
+        attention_head_dim=16,
+        in_channels=16,
+        out_channels=16,
+        time_embed_dim=8,
+        text_embed_dim=16,
+        num_layers=1,
+        mmdit_layers=1,
+        sample_width=4,
+        sample_height=4,
+        patch_size=2,
+    )
+    pipe = EasyAnimatePipeline(
+        vae=vae, text_encoder=None, tokenizer=None, transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler()
+    )
     assert vae.config.scaling_factor == 0.7125  # EasyAnimate's (AutoencoderKLMagvit's default)
-    run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), prompt_attention_mask=torch.ones(1, 4), height=32,
-                   width=32, num_frames=5)
+    run = one_step(
+        pipe,
+        prompt_embeds=torch.randn(1, 4, 16),
+        prompt_attention_mask=torch.ones(1, 4),
+        height=32,
+        width=32,
+        num_frames=5,
+    )
     latents = run("latent")
     assert latents.shape == (1, 16, 2, 4, 4)
     direct = vae.tae.decode_video((latents / vae.config.scaling_factor).permute(0, 2, 1, 3, 4))
@@ -166,14 +277,30 @@ def test_allegro_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
     real Allegro VAE's decode returns NTCHW, which the pipeline permutes to NCTHW, so the
     wrapper's does too; its spatial factor comes from the class's block_out_channels."""
     vae = wrapped("tae_allegro", tmp_path)
-    transformer = AllegroTransformer3DModel(num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
-                                            num_layers=1, cross_attention_dim=24, sample_width=4, sample_height=4,
-                                            sample_frames=8, caption_channels=16)
-    pipe = AllegroPipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer,
-                           scheduler=DDIMScheduler())
+    transformer = AllegroTransformer3DModel(
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=4,
+        out_channels=4,
+        num_layers=1,
+        cross_attention_dim=24,
+        sample_width=4,
+        sample_height=4,
+        sample_frames=8,
+        caption_channels=16,
+    )
+    pipe = AllegroPipeline(
+        tokenizer=None, text_encoder=None, vae=vae, transformer=transformer, scheduler=DDIMScheduler()
+    )
     assert (pipe.vae_scale_factor_spatial, pipe.vae_scale_factor_temporal) == (8, 4)
-    run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), prompt_attention_mask=torch.ones(1, 4), height=32,
-                   width=32, num_frames=8)
+    run = one_step(
+        pipe,
+        prompt_embeds=torch.randn(1, 4, 16),
+        prompt_attention_mask=torch.ones(1, 4),
+        height=32,
+        width=32,
+        num_frames=8,
+    )
     latents = run("latent")
     assert latents.shape == (1, 4, 2, 4, 4)
     assert vae.decode(latents).sample.shape == (1, 8, 3, 32, 32)  # frames first, as AutoencoderKLAllegro's
@@ -201,20 +328,43 @@ def cosmos_parts(in_channels: int) -> dict:
     """A tiny Cosmos transformer (it does not concatenate the padding mask, which needs
     torchvision, not installed: the VAE path is the same; heads 16 wide, as its rotary
     embedding needs more than 2 dimensions per axis), its EDM scheduler and the guardrail."""
-    transformer = CosmosTransformer3DModel(in_channels=in_channels, out_channels=16, num_attention_heads=2,
-                                           attention_head_dim=16, num_layers=1, mlp_ratio=2, text_embed_dim=16,
-                                           adaln_lora_dim=4, max_size=(4, 32, 32), concat_padding_mask=False)
-    scheduler = EDMEulerScheduler(sigma_min=0.002, sigma_max=80, sigma_data=0.5, sigma_schedule="karras",
-                                  prediction_type="epsilon", rho=7.0, final_sigmas_type="sigma_min")
-    return dict(text_encoder=None, tokenizer=None, transformer=transformer, scheduler=scheduler,
-                safety_checker=PassingGuardrail())
+    transformer = CosmosTransformer3DModel(
+        in_channels=in_channels,
+        out_channels=16,
+        num_attention_heads=2,
+        attention_head_dim=16,
+        num_layers=1,
+        mlp_ratio=2,
+        text_embed_dim=16,
+        adaln_lora_dim=4,
+        max_size=(4, 32, 32),
+        concat_padding_mask=False,
+    )
+    scheduler = EDMEulerScheduler(
+        sigma_min=0.002,
+        sigma_max=80,
+        sigma_data=0.5,
+        sigma_schedule="karras",
+        prediction_type="epsilon",
+        rho=7.0,
+        final_sigmas_type="sigma_min",
+    )
+    return dict(
+        text_encoder=None,
+        tokenizer=None,
+        transformer=transformer,
+        scheduler=scheduler,
+        safety_checker=PassingGuardrail(),
+    )
 
 
 def cosmos_statistics(vae: TAEVideoVAE, latent_frames: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Cosmos's latents_mean/std for the first latent frames, as its pipelines view them (one
     per channel and latent frame)."""
-    mean, std = (torch.tensor(stats).view(1, 16, -1, 1, 1)[:, :, :latent_frames] for stats in
-                 (vae.config.latents_mean, vae.config.latents_std))
+    mean, std = (
+        torch.tensor(stats).view(1, 16, -1, 1, 1)[:, :, :latent_frames]
+        for stats in (vae.config.latents_mean, vae.config.latents_std)
+    )
     return mean, std
 
 
@@ -245,13 +395,15 @@ def test_cosmos_video_to_world_pipeline_encodes_and_decodes_with_the_built_tae(t
     vae = wrapped("tae_cosmos", tmp_path)
     pipe = CosmosVideoToWorldPipeline(vae=vae, **cosmos_parts(in_channels=17))  # + the conditioning mask
     image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    _, conditioning, *_ = pipe.prepare_latents(image[:, :, None] * 2 - 1, 1, 16, 32, 32, 9, False,
-                                               dtype=torch.float32, device=torch.device("cpu"))
+    _, conditioning, *_ = pipe.prepare_latents(
+        image[:, :, None] * 2 - 1, 1, 16, 32, 32, 9, False, dtype=torch.float32, device=torch.device("cpu")
+    )
     mean, std = cosmos_statistics(vae, 2)
     clip = torch.cat([image[:, None], torch.full((1, 8, 3, 32, 32), 0.5)], 1)  # grey: 0 in [-1, 1]
     encoded = vae.tae.encode_video(clip).permute(0, 2, 1, 3, 4)
-    torch.testing.assert_close(conditioning, (encoded - mean) * pipe.scheduler.config.sigma_data / std,
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        conditioning, (encoded - mean) * pipe.scheduler.config.sigma_data / std, atol=1e-5, rtol=0
+    )
     run = one_step(pipe, image=image, prompt_embeds=torch.randn(1, 4, 16), height=32, width=32, num_frames=9)
     latents = run("latent")
     assert latents.shape == (1, 16, 2, 4, 4)
@@ -266,19 +418,49 @@ def test_stable_video_diffusion_pipeline_runs_end_to_end_with_the_built_tae(tmp_
     latents in chunks of ``decode_chunk_size`` with ``num_frames=chunk``; the wrapper decodes
     each chunk as one clip, as the real temporal decoder does."""
     vae = wrapped("tae_svd", tmp_path)
-    unet = UNetSpatioTemporalConditionModel(block_out_channels=(32,), layers_per_block=1, in_channels=8, out_channels=4,
-                                            down_block_types=("CrossAttnDownBlockSpatioTemporal",),
-                                            up_block_types=("CrossAttnUpBlockSpatioTemporal",),
-                                            cross_attention_dim=16, num_attention_heads=2, addition_time_embed_dim=8,
-                                            projection_class_embeddings_input_dim=24, num_frames=4)
-    image_encoder = CLIPVisionModelWithProjection(CLIPVisionConfig(
-        hidden_size=16, projection_dim=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
-        image_size=32, patch_size=8))
-    scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                                       prediction_type="v_prediction", sigma_max=700.0, sigma_min=0.002, steps_offset=1,
-                                       timestep_spacing="leading", timestep_type="continuous", use_karras_sigmas=True)
-    pipe = StableVideoDiffusionPipeline(vae=vae, image_encoder=image_encoder, unet=unet, scheduler=scheduler,
-                                        feature_extractor=CLIPImageProcessor(crop_size=32, size=32))
+    unet = UNetSpatioTemporalConditionModel(
+        block_out_channels=(32,),
+        layers_per_block=1,
+        in_channels=8,
+        out_channels=4,
+        down_block_types=("CrossAttnDownBlockSpatioTemporal",),
+        up_block_types=("CrossAttnUpBlockSpatioTemporal",),
+        cross_attention_dim=16,
+        num_attention_heads=2,
+        addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=24,
+        num_frames=4,
+    )
+    image_encoder = CLIPVisionModelWithProjection(
+        CLIPVisionConfig(
+            hidden_size=16,
+            projection_dim=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=16,
+            image_size=32,
+            patch_size=8,
+        )
+    )
+    scheduler = EulerDiscreteScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        prediction_type="v_prediction",
+        sigma_max=700.0,
+        sigma_min=0.002,
+        steps_offset=1,
+        timestep_spacing="leading",
+        timestep_type="continuous",
+        use_karras_sigmas=True,
+    )
+    pipe = StableVideoDiffusionPipeline(
+        vae=vae,
+        image_encoder=image_encoder,
+        unet=unet,
+        scheduler=scheduler,
+        feature_extractor=CLIPImageProcessor(crop_size=32, size=32),
+    )
     assert pipe.vae_scale_factor == 8  # 2 ** (len(block_out_channels) - 1): SVD's class default has one block
     images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     encoded = vae.encode(images * 2 - 1).latent_dist.mode()  # as the pipeline's _encode_vae_image
@@ -286,8 +468,17 @@ def test_stable_video_diffusion_pipeline_runs_end_to_end_with_the_built_tae(tmp_
     torch.testing.assert_close(encoded, vae.tae.encode_video(images[:, None])[:, 0], atol=1e-6, rtol=0)  # 1-frame clips
 
     def run(output_type: str) -> torch.Tensor:  # max_guidance_scale=1: no classifier-free guidance
-        return pipe(images[:1], height=32, width=32, num_frames=4, decode_chunk_size=2, num_inference_steps=1,
-                    max_guidance_scale=1.0, output_type=output_type, generator=torch.Generator().manual_seed(0)).frames
+        return pipe(
+            images[:1],
+            height=32,
+            width=32,
+            num_frames=4,
+            decode_chunk_size=2,
+            num_inference_steps=1,
+            max_guidance_scale=1.0,
+            output_type=output_type,
+            generator=torch.Generator().manual_seed(0),
+        ).frames
 
     latents = run("latent")
     assert latents.shape == (1, 4, 4, 4, 4)  # NTCHW
@@ -306,21 +497,38 @@ def test_hunyuanimage_refiner_pipeline_runs_end_to_end_with_the_built_tae(tmp_pa
     first repeated) into 64 channels for its transformer, unpacks them and decodes one frame
     of 32-channel latents: the TAE's decoding of them."""
     vae = wrapped("tae_hunyuanimage_refiner", tmp_path)
-    transformer = HunyuanImageTransformer2DModel(in_channels=128, out_channels=64, num_attention_heads=2,
-                                                 attention_head_dim=8, num_layers=1, num_single_layers=1,
-                                                 num_refiner_layers=1, patch_size=(1, 1, 1), text_embed_dim=16,
-                                                 rope_axes_dim=(2, 2, 4), guidance_embeds=True)
-    pipe = HunyuanImageRefinerPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None,
-                                       tokenizer=None, transformer=transformer)
+    transformer = HunyuanImageTransformer2DModel(
+        in_channels=128,
+        out_channels=64,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        num_layers=1,
+        num_single_layers=1,
+        num_refiner_layers=1,
+        patch_size=(1, 1, 1),
+        text_embed_dim=16,
+        rope_axes_dim=(2, 2, 4),
+        guidance_embeds=True,
+    )
+    pipe = HunyuanImageRefinerPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None, tokenizer=None, transformer=transformer
+    )
     assert (pipe.vae_scale_factor, pipe.latent_channels) == (16, 64)
     image, prompt_embeds = torch.rand(1, 3, 32, 32), torch.randn(1, 4, 16)
     encoded = vae.encode(image.unsqueeze(2) * 2 - 1).latent_dist.sample()  # as its _encode_vae_image
     torch.testing.assert_close(encoded[:, :, 0], vae.tae.encode_video(image[:, None])[:, 0], atol=1e-6, rtol=0)
 
     def run(output_type: str) -> torch.Tensor:
-        return pipe(image=image, prompt_embeds=prompt_embeds, prompt_embeds_mask=torch.ones(1, 4), height=32,
-                    width=32, num_inference_steps=1, output_type=output_type,
-                    generator=torch.Generator().manual_seed(0)).images
+        return pipe(
+            image=image,
+            prompt_embeds=prompt_embeds,
+            prompt_embeds_mask=torch.ones(1, 4),
+            height=32,
+            width=32,
+            num_inference_steps=1,
+            output_type=output_type,
+            generator=torch.Generator().manual_seed(0),
+        ).images
 
     latents = run("latent")
     assert latents.shape == (1, 64, 1, 2, 2)
@@ -351,19 +559,40 @@ def test_qwenimage21_pipeline_generates_rgba_through_the_built_tae(tmp_path):
     tokens into one 64-channel frame, un-normalises it with latents_mean/std and takes the
     one decoded frame; the image it returns is the TAE's RGBA decoding of those latents."""
     vae = wrapped("tae_qwenimage2_1", tmp_path)
-    transformer = QwenImage21Transformer2DModel(in_channels=64, out_channels=64, num_layers=1, attention_head_dim=8,
-                                                num_attention_heads=2, context_in_dim=16, axes_dims_rope=(2, 2, 4))
-    pipe = QwenImage21Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None,
-                               processor=SystemPromptProcessor(), transformer=transformer)
+    transformer = QwenImage21Transformer2DModel(
+        in_channels=64,
+        out_channels=64,
+        num_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        context_in_dim=16,
+        axes_dims_rope=(2, 2, 4),
+    )
+    pipe = QwenImage21Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=vae,
+        text_encoder=None,
+        processor=SystemPromptProcessor(),
+        transformer=transformer,
+    )
     prompt_embeds = torch.randn(1, 4, 16)
 
     def run(output_type: str) -> torch.Tensor:
-        return pipe(prompt_embeds=prompt_embeds, prompt_embeds_mask=torch.ones(1, 4), height=32, width=32,
-                    num_inference_steps=1, output_type=output_type, generator=torch.Generator().manual_seed(0)).images
+        return pipe(
+            prompt_embeds=prompt_embeds,
+            prompt_embeds_mask=torch.ones(1, 4),
+            height=32,
+            width=32,
+            num_inference_steps=1,
+            output_type=output_type,
+            generator=torch.Generator().manual_seed(0),
+        ).images
 
     latents = pipe._unpack_latents(run("latent"), 32, 32, pipe.vae_scale_factor)
     assert latents.shape == (1, 64, 1, 2, 2)
-    mean, std = (torch.tensor(stats).view(1, 64, 1, 1, 1) for stats in (vae.config.latents_mean, vae.config.latents_std))
+    mean, std = (
+        torch.tensor(stats).view(1, 64, 1, 1, 1) for stats in (vae.config.latents_mean, vae.config.latents_std)
+    )
     direct = vae.tae.decode_video((latents * std + mean).permute(0, 2, 1, 3, 4))[:, 0]
     assert direct.shape == (1, 4, 32, 32)  # RGBA
     torch.testing.assert_close(run("pt"), direct.clamp(0, 1), atol=1e-6, rtol=0)

@@ -1,6 +1,8 @@
 """The docs name only what exists: the README's layout table has one row per folder and
-names files that are there, every repository path and `python -m` module the docs name
-exists, and every `--flag` / `--key=value` they show is a config key or a flag of a tool."""
+names files that are there, every repository path and `python -m` module the docs (README,
+docs/, tests/README.md, checkpoints/README.md) name exists, and every `--flag` /
+`--key=value` they show is a config key or a flag of a tool."""
+
 from __future__ import annotations
 
 import re
@@ -9,21 +11,40 @@ from dataclasses import fields
 
 import pytest
 
+from common.config import TrainConfig
 from conftest import REPO_ROOT
-from training.config import TrainConfig
 
-DOCS = [REPO_ROOT / "README.md", REPO_ROOT / "checkpoints" / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+DOCS = [
+    REPO_ROOT / "README.md",
+    REPO_ROOT / "checkpoints" / "README.md",
+    REPO_ROOT / "tests" / "README.md",
+    *sorted((REPO_ROOT / "docs").glob("*.md")),
+]
 EXTENSIONS = ("py", "md", "sh", "yaml", "yml", "txt", "json", "ini", "png")
 # flags of other programs the docs show (pytest, tensorboard, accelerate launch) and the placeholder --key=value
 OTHER_FLAGS = {"basetemp", "logdir", "multi_gpu", "num_processes", "key"}
-OURS = ("models", "training", "evaluation", "bench", "docs", "tests", "scripts", "accelerate_configs")  # not run outputs
+OURS = (
+    "models",
+    "common",
+    "training",
+    "evaluation",
+    "bench",
+    "docs",
+    "tests",
+    "scripts",
+    "accelerate_configs",
+)  # not run outputs
 
 
 def tracked_files() -> list[str]:
-    result = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=REPO_ROOT)
+    """The repository's files in the working tree: tracked ones that still exist and new ones
+    git does not ignore (a folder added or moved before it is committed counts)."""
+    result = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], capture_output=True, text=True, cwd=REPO_ROOT
+    )
     if result.returncode != 0:
         pytest.skip("not a git checkout")
-    return result.stdout.split()
+    return [path for path in result.stdout.split() if (REPO_ROOT / path).exists()]
 
 
 def code_spans(text: str) -> list[str]:
@@ -32,7 +53,7 @@ def code_spans(text: str) -> list[str]:
 
 def layout_rows() -> dict[str, str]:
     readme = (REPO_ROOT / "README.md").read_text()
-    table = readme[readme.index("## Layout"):]
+    table = readme[readme.index("## Layout") :]
     return dict(re.findall(r"^\| `([^`]+/)` \| (.*) \|$", table, flags=re.M))
 
 
@@ -52,10 +73,14 @@ def test_every_path_and_module_the_docs_name_exists():
         for span in code_spans(doc.read_text()):
             for token in span.split():
                 token = token.strip("(),;:'\"")
-                if (re.fullmatch(rf"[\w.-]+(/[\w.-]+)+\.({'|'.join(EXTENSIONS)})", token)
-                        and token.split("/")[0] in OURS and not (REPO_ROOT / token).exists()):
+                if (
+                    re.fullmatch(rf"[\w.-]+(/[\w.-]+)+\.({'|'.join(EXTENSIONS)})", token)
+                    and token.split("/")[0] in OURS
+                    and not (REPO_ROOT / token).exists()
+                ):
                     missing.append(f"{doc.name}: {token}")
-            for module in re.findall(r"python3? -m ((?:training|bench|evaluation|models)(?:\.\w+)+)(?![\w<.])", span):
+            modules = re.findall(r"python3? -m ((?:training|bench|evaluation|models|common)(?:\.\w+)+)(?![\w<.])", span)
+            for module in modules:
                 if not (REPO_ROOT / (module.replace(".", "/") + ".py")).exists():
                     missing.append(f"{doc.name}: python -m {module}")
     assert missing == []
@@ -64,7 +89,12 @@ def test_every_path_and_module_the_docs_name_exists():
 def tool_flags() -> set[str]:
     """Every long flag some tool defines (snake_case; both spellings are accepted)."""
     flags = set()
-    for path in [*REPO_ROOT.glob("training/*.py"), *REPO_ROOT.glob("bench/*.py"), REPO_ROOT / "inference.py"]:
+    for path in [
+        *REPO_ROOT.glob("training/*.py"),
+        *REPO_ROOT.glob("common/*.py"),
+        *REPO_ROOT.glob("bench/*.py"),
+        REPO_ROOT / "inference.py",
+    ]:
         flags |= set(re.findall(r"add_argument\(\s*\"--([\w-]+)\"", path.read_text()))
     flags |= set(re.findall(r"--([\w-]+)\)", (REPO_ROOT / "train_taehv_h100.sh").read_text()))
     return {flag.replace("-", "_") for flag in flags}

@@ -1,5 +1,5 @@
 """Code written against the published ``taehv.py`` keeps working with
-``from models.taehv import TAEHV, StreamingTAEHV`` (issue #25 point 5).
+``from models.taehv import TAEHV, StreamingTAEHV``.
 
 The published implementation (``../shared/reference/taehv_published.py``, and
 ``taehv_published_wide.py`` for ``taeltx2_3_wide``) is imported by path, never copied,
@@ -17,6 +17,7 @@ Known, deliberate difference: a taecvx stream drops its first ``frames_to_trim``
 as ``decode_video`` does for an odd latent count; the published stream keeps them
 (``test_stream_taecvx_drops_the_startup_frames``).
 """
+
 from __future__ import annotations
 
 import copy
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import _require, shared_dir
-from models.taehv import StreamingTAEHV, TAEHV
+from models.taehv import TAEHV, StreamingTAEHV
 
 ATOL = 1e-4
 # Published file name (stem) -> (frames, height = width) of the smallest clip used with it:
@@ -44,8 +45,15 @@ VARIANTS = {
     "taeltx2_3_wide": (9, 32),
 }
 STREAMING = ("taehv", "taehv1_5", "taew2_2", "taehv1_5_super", "taeltx2_3")
-ATTRIBUTES = ("patch_size", "latent_channels", "image_channels", "t_downscale", "t_upscale", "frames_to_trim",
-              "is_cogvideox")
+ATTRIBUTES = (
+    "patch_size",
+    "latent_channels",
+    "image_channels",
+    "t_downscale",
+    "t_upscale",
+    "frames_to_trim",
+    "is_cogvideox",
+)
 
 
 # ---------------------------------------------------------------------------------------
@@ -75,8 +83,10 @@ def pub():
     """The published modules: ``pub["base"]`` (taehv.py) and ``pub["wide"]`` (the
     ``2026_03_11_taeltx23_wide`` branch's taehv.py, for taeltx2_3_wide)."""
     folder = _require(shared_dir() / "reference", "published taehv.py")
-    return {"base": _import(folder / "taehv_published.py", "taehv_published"),
-            "wide": _import(folder / "taehv_published_wide.py", "taehv_published_wide")}
+    return {
+        "base": _import(folder / "taehv_published.py", "taehv_published"),
+        "wide": _import(folder / "taehv_published_wide.py", "taehv_published_wide"),
+    }
 
 
 def _module_for(pub, name):
@@ -169,7 +179,7 @@ def published_training_forward(module, model, x):
     """The published training forward: ``encode_video``, then the decoder through
     ``apply_model_with_memblocks``, trimmed and pixel-shuffled as ``decode_video`` does, without its in-place clamp."""
     z = model.encode_video(x, show_progress_bar=False)
-    decoded = module.apply_model_with_memblocks(model.decoder, z, True, False)[:, model.frames_to_trim:]
+    decoded = module.apply_model_with_memblocks(model.decoder, z, True, False)[:, model.frames_to_trim :]
     return z, F.pixel_shuffle(decoded, model.patch_size)
 
 
@@ -188,12 +198,17 @@ def test_training_gradients_are_the_published_models(name, published, pub, ours)
     def gradients(model, forward, dtype):
         model = copy.deepcopy(model).to(dtype).train()
         z, decoded = forward(model, x.to(dtype))
-        loss = F.mse_loss(decoded, x[:, :decoded.shape[1]].to(dtype)) + z.square().mean()
+        loss = F.mse_loss(decoded, x[:, : decoded.shape[1]].to(dtype)) + z.square().mean()
         loss.backward()
         return loss.detach(), {key: p.grad for key, p in model.named_parameters()}
 
-    ours_forward = lambda model, x: (lambda z: (z, model.decode_video(z, clamp=False)))(model.encode_video(x))
-    published_forward = lambda model, x: published_training_forward(module, model, x)
+    def ours_forward(model, x):
+        z = model.encode_video(x)
+        return z, model.decode_video(z, clamp=False)
+
+    def published_forward(model, x):
+        return published_training_forward(module, model, x)
+
     loss64, expected = gradients(reference, published_forward, torch.float64)
     for dtype, tolerance in ((torch.float64, 1e-10), (torch.float32, 1e-3)):
         loss, got = gradients(ours[name], ours_forward, dtype)
@@ -239,18 +254,31 @@ def test_published_file_names_pick_the_published_architecture(name, published, o
     assert_same(model.preprocess_input_frames(x), reference.preprocess_input_frames(x), "preprocess_input_frames")
     raw = 2 * torch.randn(1, 2, 3 * model.patch_size**2, 4, 4, generator=torch.Generator().manual_seed(2))
     # the published postprocess clamps in place: give it its own copy
-    assert_same(model.postprocess_output_frames(raw.clone()), reference.postprocess_output_frames(raw.clone()),
-                "postprocess_output_frames")
+    assert_same(
+        model.postprocess_output_frames(raw.clone()),
+        reference.postprocess_output_frames(raw.clone()),
+        "postprocess_output_frames",
+    )
 
 
-PUBLISHED_ARGS = ("checkpoint_path", "encoder_time_downscale", "decoder_time_upscale", "decoder_space_upscale",
-                  "patch_size", "latent_channels", "arch_variant")
+PUBLISHED_ARGS = (
+    "checkpoint_path",
+    "encoder_time_downscale",
+    "decoder_time_upscale",
+    "decoder_space_upscale",
+    "patch_size",
+    "latent_channels",
+    "arch_variant",
+)
 
 
-@pytest.mark.parametrize("values", [
-    pytest.param(((True, True, False), (False, True, True), (True, True, True), 1, 16, None), id="defaults"),
-    pytest.param(((True, True, False), (False, False), (True, True, False), 1, 16, None), id="preview"),
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param(((True, True, False), (False, True, True), (True, True, True), 1, 16, None), id="defaults"),
+        pytest.param(((True, True, False), (False, False), (True, True, False), 1, 16, None), id="preview"),
+    ],
+)
 @torch.no_grad()
 def test_every_published_argument_positional_and_keyword(values, published, pub):
     """Published signature ``TAEHV(checkpoint_path, encoder_time_downscale,
@@ -288,12 +316,15 @@ def test_fresh_model_from_positional_time_arguments(pub):
     assert_same(model.decode_video(z), quiet(reference, "decode_video", z), "decode_video")
 
 
-@pytest.mark.parametrize("name, kwargs", [
-    ("taehv", {"decoder_time_upscale": (False, False)}),
-    ("taehv", {"decoder_space_upscale": (True, True, False)}),
-    ("taehv1_5", {"decoder_time_upscale": (False, False), "decoder_space_upscale": (True, True, False)}),
-    ("taehv1_5_super", {"decoder_time_upscale": (False, False)}),
-])
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [
+        ("taehv", {"decoder_time_upscale": (False, False)}),
+        ("taehv", {"decoder_space_upscale": (True, True, False)}),
+        ("taehv1_5", {"decoder_time_upscale": (False, False), "decoder_space_upscale": (True, True, False)}),
+        ("taehv1_5_super", {"decoder_time_upscale": (False, False)}),
+    ],
+)
 @torch.no_grad()
 def test_preview_decoders_load_full_weights(name, kwargs, published, pub):
     """Published preview decoders: ``decoder_time_upscale=(False, False)`` keeps the last
@@ -324,9 +355,10 @@ def test_arch_variant_super_with_custom_patch_and_latents(file_name, patch_size,
     z = quiet(reference, "encode_video", x)
     expected = quiet(reference, "decode_video", z)
     assert_not_saturated(expected)
-    for model in (TAEHV(checkpoint_path=path, **kwargs),
-                  TAEHV(path, (True, True, False), (False, True, True), (True, True, True), patch_size, latent_channels,
-                        "super")):
+    for model in (
+        TAEHV(checkpoint_path=path, **kwargs),
+        TAEHV(path, (True, True, False), (False, True, True), (True, True, True), patch_size, latent_channels, "super"),
+    ):
         assert_same_attributes(model, reference)
         assert_same_state_dict(model, reference)
         assert_same(model.encode_video(x), z, "encode_video")
@@ -386,12 +418,17 @@ def test_super_decoder_without_spatial_upscale(pub):
 # encode_video / decode_video
 
 # (positional args, keyword args) for parallel / show_progress_bar, True and False
-CALLS = [((True, True), {}), ((), {"parallel": False, "show_progress_bar": False}),
-         ((False,), {"show_progress_bar": True}), ((), {"parallel": True, "show_progress_bar": False})]
+CALLS = [
+    ((True, True), {}),
+    ((), {"parallel": False, "show_progress_bar": False}),
+    ((False,), {"show_progress_bar": True}),
+    ((), {"parallel": True, "show_progress_bar": False}),
+]
 
 
-@pytest.mark.parametrize("name, frames", [(name, None) for name in VARIANTS] + [("taecvx", 5)],
-                         ids=[*VARIANTS, "taecvx-even-latents"])
+@pytest.mark.parametrize(
+    "name, frames", [(name, None) for name in VARIANTS] + [("taecvx", 5)], ids=[*VARIANTS, "taecvx-even-latents"]
+)
 @torch.no_grad()
 def test_encode_decode_video_calls(name, frames, published, ours):
     """Published ``encode_video(x, parallel=True, show_progress_bar=True)`` and
@@ -447,7 +484,7 @@ def encode_decode_loop(stream_cls, taehv, clip):
     streaming = stream_cls(taehv)
     calls, shown = [], []
     for t in range(clip.shape[1]):
-        latent = streaming.encode(clip[:, t:t + 1])
+        latent = streaming.encode(clip[:, t : t + 1])
         decoded = streaming.decode(latent)  # feeds latent if not None, then returns next frame
         calls.append((latent, decoded is not None, streaming.n_frames_encoded))
         if decoded is not None:
@@ -463,7 +500,7 @@ def world_model_loop(stream_cls, taehv, z):
     per_latent, counters = [], []
     for t in range(z.shape[1]):
         frames = []
-        frame = streaming.decode(z[:, t:t + 1])
+        frame = streaming.decode(z[:, t : t + 1])
         while frame is not None:
             frames.append(frame)
             counters.append(streaming.n_frames_decoded)
@@ -481,10 +518,13 @@ def test_stream_encode_decode_loop(name, published, ours, pub):
     ``n_frames_decoded`` at the end."""
     _, reference = published[name]
     clip = video(name)
-    ref_calls, ref_frames, ref_flushed, ref_enc, ref_dec = encode_decode_loop(pub["base"].StreamingTAEHV, reference,
-                                                                              clip)
+    ref_calls, ref_frames, ref_flushed, ref_enc, ref_dec = encode_decode_loop(
+        pub["base"].StreamingTAEHV, reference, clip
+    )
     calls, frames, flushed, n_enc, n_dec = encode_decode_loop(StreamingTAEHV, ours[name], clip)
-    assert [(lat is not None, dec, n) for lat, dec, n in calls] == [(lat is not None, dec, n) for lat, dec, n in ref_calls]
+    assert [(lat is not None, dec, n) for lat, dec, n in calls] == [
+        (lat is not None, dec, n) for lat, dec, n in ref_calls
+    ]
     for (latent, *_), (ref_latent, *_) in zip(calls, ref_calls):
         if ref_latent is not None:
             assert_same(latent, ref_latent, "streamed latent")
@@ -547,7 +587,12 @@ def test_stream_flush_and_reset(name, published, ours, pub):
     for attempt in range(2):
         got, flushed, n_enc, frames, n_dec = run(streaming)
         assert (len(got), len(flushed), n_enc, len(frames), n_dec) == (
-            len(expected[0]), len(expected[1]), expected[2], len(expected[3]), expected[4]), attempt
+            len(expected[0]),
+            len(expected[1]),
+            expected[2],
+            len(expected[3]),
+            expected[4],
+        ), attempt
         for actual, ref in zip(got + flushed + frames, expected[0] + expected[1] + expected[3]):
             assert_same(actual, ref, f"attempt {attempt}")
         streaming.reset()

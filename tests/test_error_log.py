@@ -1,21 +1,24 @@
-"""The failures of the original error log (../shared/seeds/004_*), one test each.
+"""Training guards that need no training process: config paths, the frozen reference VAE,
+TensorBoard hparams, low-precision dtypes, grad-norm checks, frame counts and Seraena's
+frame groups.
 
-Each shows the failure cannot happen in this design, or stops at start-up with a message
-that says what to change. Errors 5, 8 (tests/test_fault_tolerance.py) and 7, 9
-(tests/test_checkpointing.py) need real training processes or checkpoint folders and live
-there; docs/fault_tolerance.md has the full table.
+Each shows a failure cannot happen in this design, or stops at start-up with a message that
+says what to change. The guards that need real training processes or checkpoint folders
+live in tests/test_fault_tolerance.py and tests/test_checkpointing.py;
+docs/fault_tolerance.md ("Training guards") has the full table.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 import torch
 from accelerate import Accelerator
 
+from common.config import TrainConfig, load_config, resolve_path
+from common.errors import UserError
 from conftest import REPO_ROOT
 from models.frames import group_frames, plan_frames, ungroup_frames
 from models.taehv import TAEHV
-from training.config import ConfigError, TrainConfig, load_config, resolve_path
 from training.loop.monitoring import tensorboard_hparams
 from training.loop.resilience import is_finite_number
 from training.preflight import check
@@ -28,15 +31,15 @@ def valid(tmp_path, **changes) -> TrainConfig:
     return TrainConfig(data_root=str(tmp_path / "videos"), pretrained_model_path="").replace(**changes)
 
 
-def test_error01_config_paths_resolve_from_the_repository_and_missing_ones_stop_start_up(tmp_path, monkeypatch):
+def test_config_paths_resolve_from_the_repository_and_missing_ones_stop_start_up(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # launched from anywhere: paths still mean the repository's
     assert resolve_path("checkpoints/taecvx.pth") == REPO_ROOT / "checkpoints" / "taecvx.pth"
-    with pytest.raises(ConfigError, match=r"pretrained_model_path: .*checkpoints/taecvx_missing.pth does not exist"):
+    with pytest.raises(UserError, match=r"pretrained_model_path: .*checkpoints/taecvx_missing.pth does not exist"):
         check(valid(tmp_path, pretrained_model_path="checkpoints/taecvx_missing.pth"))
 
 
-def test_error02_the_reference_vae_is_frozen_and_never_prepared(tiny_cogvideox_vae):
-    from training.data.reference_vae import ReferenceVAE
+def test_the_reference_vae_is_frozen_and_never_prepared(tiny_cogvideox_vae):
+    from common.reference_vae import ReferenceVAE
 
     ref = ReferenceVAE(tiny_cogvideox_vae, dtype="fp32")
     assert not isinstance(ref, torch.nn.Module)  # cannot be handed to accelerator.prepare by mistake
@@ -47,16 +50,16 @@ def test_error02_the_reference_vae_is_frozen_and_never_prepared(tiny_cogvideox_v
 
 
 @pytest.mark.parametrize("name", ["taehv_config", "taehv_config_h100", "taehv_config_demo", "taehv_config_test"])
-def test_error03_tensorboard_gets_only_the_types_it_accepts(tmp_path, name):
+def test_tensorboard_hparams_keep_only_the_types_it_accepts(tmp_path, name):
     hparams = tensorboard_hparams(load_config(CONFIGS / f"{name}.py"))
     assert hparams and all(isinstance(v, (int, float, str, bool)) for v in hparams.values())
     accelerator = Accelerator(cpu=True, log_with="tensorboard", project_dir=str(tmp_path))
-    accelerator.init_trackers("logs", config=hparams)  # the call that raised ValueError in the error log
+    accelerator.init_trackers("logs", config=hparams)  # raises ValueError on any other type
     accelerator.end_training()
     assert any((tmp_path / "logs").rglob("events.out.tfevents.*"))
 
 
-def test_error04_inputs_follow_the_dtype_of_low_precision_weights():
+def test_inputs_follow_the_dtype_of_low_precision_weights():
     from training.loop.step import training_forward
 
     config = TrainConfig(n_frames=9)
@@ -66,14 +69,14 @@ def test_error04_inputs_follow_the_dtype_of_low_precision_weights():
     assert losses["loss"].dtype == torch.float32 and bool(torch.isfinite(losses["loss"]))
 
 
-def test_error06_grad_norms_are_checked_as_floats_or_tensors():
+def test_grad_norms_are_checked_as_floats_or_tensors():
     assert is_finite_number(1.0) and is_finite_number(torch.tensor(2.0)) and is_finite_number(None)
     assert not is_finite_number(float("inf")) and not is_finite_number(torch.tensor(float("nan")))
 
 
-def test_error12_19_frames_are_refused_with_a_reference_vae_and_aligned_without(tmp_path):
+def test_19_frames_are_refused_with_a_reference_vae_and_aligned_without(tmp_path):
     (tmp_path / "vae").mkdir()
-    with pytest.raises(ConfigError, match=r"n_frames=19 does not work with a reference VAE.*Valid: 5, 9, 13, 17"):
+    with pytest.raises(UserError, match=r"n_frames=19 does not work with a reference VAE.*Valid: 5, 9, 13, 17"):
         check(valid(tmp_path, n_frames=19, variant="taehv", ref_vae_path=str(tmp_path)))
     plan = plan_frames(19)  # plain autoencoder: 17 decoded frames, compared with input frames 0..16
     frames = torch.rand(1, 19, 3, 8, 8)
@@ -82,7 +85,7 @@ def test_error12_19_frames_are_refused_with_a_reference_vae_and_aligned_without(
     assert decoded.shape[1] == plan.target(frames).shape[1]
 
 
-def test_error14_taecvx_16_frames_decode_to_16_targets():
+def test_taecvx_decodes_16_frames_to_16_targets():
     model = TAEHV(variant="taecvx")
     plan = model.plan(16)
     frames = torch.rand(1, 16, 3, 8, 8)
@@ -91,15 +94,23 @@ def test_error14_taecvx_16_frames_decode_to_16_targets():
     assert decoded.shape[1] == plan.decoded_frames == plan.target(frames).shape[1] == 16
 
 
-def test_error10_seraena_stays_out_of_prepare_and_trains_on_its_own():
+def test_seraena_stays_out_of_prepare_and_trains_on_its_own():
     """The training step hands only the TAE to Accelerate (DeepSpeed takes one model per
     Accelerator); the discriminator keeps its own optimizer and still learns. The 2-process
     ZeRO-2 runs (tests/test_train.py, tests/test_fault_tolerance.py) show it identical on both ranks."""
     from training.data.loading import ReferenceLatents
     from training.loop.step import TrainStep
 
-    config = TrainConfig(n_frames=9, height=16, width=16, train_batch_size=2, use_seraena=True, n_seraena_frames=9,
-                         seraena_buffer_size=8, mixed_precision="no")
+    config = TrainConfig(
+        n_frames=9,
+        height=16,
+        width=16,
+        train_batch_size=2,
+        use_seraena=True,
+        n_seraena_frames=9,
+        seraena_buffer_size=8,
+        mixed_precision="no",
+    )
     accelerator = Accelerator(cpu=True)
     step, _ = TrainStep.build(config, accelerator, TAEHV(variant="taecvx"), ReferenceLatents(None, cached=False))
     discriminator = {id(p) for p in step.seraena.parameters()}
@@ -107,21 +118,21 @@ def test_error10_seraena_stays_out_of_prepare_and_trains_on_its_own():
     assert not any(id(p) in discriminator for group in step.optimizer.param_groups for p in group["params"])
     before = [p.detach().clone() for p in step.seraena.parameters()]
     batch = {"frames": torch.randint(0, 256, (2, 9, 3, 16, 16), dtype=torch.uint8)}
-    result = step(batch, window=1)
-    assert result.applied and {"seraena_loss", "seraena_disc_loss"} <= set(result.losses)
+    result = step(iter([batch]), window=1)
+    assert result.applied and {"seraena_loss", "seraena_disc_loss"} <= set(result.losses[0])
     assert any(not torch.equal(a, b) for a, b in zip(before, step.seraena.parameters()))
 
 
 @pytest.mark.parametrize("frames, group", [(9, 3), (12, 3), (17, 1), (17, 17), (16, 4)])
-def test_error11_grouping_for_seraena_is_exactly_invertible(frames, group):
+def test_seraena_frame_grouping_is_exactly_invertible(frames, group):
     clips = torch.rand(2, frames, 3, 8, 16)
     grouped = group_frames(clips, group)
     assert grouped.shape == (2 * frames // group, 3 * group, 8, 16)
     assert torch.equal(ungroup_frames(grouped, group, frames), clips)
 
 
-def test_error13_seraena_group_size_that_drops_frames_stops_start_up(tmp_path):
-    with pytest.raises(ConfigError, match=r"n_seraena_frames=8 does not divide the 17 decoded frames.*Valid: 1, 17"):
+def test_a_seraena_group_size_that_drops_frames_stops_start_up(tmp_path):
+    with pytest.raises(UserError, match=r"n_seraena_frames=8 does not divide the 17 decoded frames.*Valid: 1, 17"):
         check(valid(tmp_path, variant="taehv", n_frames=20, use_seraena=True, n_seraena_frames=8, train_batch_size=2))
     with pytest.raises(ValueError, match="valid group sizes: 1, 17"):
         group_frames(torch.rand(1, 17, 3, 8, 8), 8)  # never trimmed at run time either
@@ -129,7 +140,7 @@ def test_error13_seraena_group_size_that_drops_frames_stops_start_up(tmp_path):
 
 
 @pytest.mark.parametrize("variant, n_frames", [("taecvx", 16), ("taecvx", 17), ("taehv", 19), ("taehv", 20)])
-def test_error15_16_seraena_follows_the_decoded_tensor(variant, n_frames):
+def test_seraena_groups_and_context_follow_the_decoded_tensor(variant, n_frames):
     """Groups and context come from the decoded tensor (16 for taecvx's 16 frames, 17 for
     taehv's 19), so frames, targets and context always line up."""
     from models.seraena import Seraena

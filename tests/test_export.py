@@ -2,6 +2,7 @@
 --out naming a file, a folder that already holds the bundle's files (unless --force), a
 read-only folder, weights damaged in the middle (NaN/Inf); each is one line and exit status
 2, and the user's files are left as they were."""
+
 from __future__ import annotations
 
 import subprocess
@@ -18,12 +19,11 @@ from models.weights import save_weights
 pytestmark = pytest.mark.slow  # processes of the tool
 
 
-
 def damage_the_middle(path, size: int = 4 << 20) -> None:
     """``size`` random bytes written over the middle of a file (its size unchanged)."""
     data = bytearray(path.read_bytes())
     start = (len(data) - size) // 2
-    data[start:start + size] = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes()
+    data[start : start + size] = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes()
     path.write_bytes(bytes(data))
 
 
@@ -31,8 +31,13 @@ UNSHARE = subprocess.run(["unshare", "-rm", "true"], capture_output=True).return
 
 
 def export(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "training.export", *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO_ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "training.export", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
 
 
 def assert_one_line(result: subprocess.CompletedProcess, message: str) -> None:
@@ -61,10 +66,13 @@ def test_export_into_a_read_only_folder_is_one_line(tmp_path):
     weights = save_weights(TAEHV(variant="taecvx"), tmp_path / "w.safetensors")
     folder = tmp_path / "ro"
     folder.mkdir()
-    script = (f"mount -t tmpfs -o ro,size=1m none {folder} && {sys.executable} -m training.export {weights} "
-              f"--out {folder}/bundle")
-    result = subprocess.run(["unshare", "-rm", "bash", "-c", script], capture_output=True, text=True, cwd=REPO_ROOT,
-                            timeout=120)
+    script = (
+        f"mount -t tmpfs -o ro,size=1m none {folder} && {sys.executable} -m training.export {weights} "
+        f"--out {folder}/bundle"
+    )
+    result = subprocess.run(
+        ["unshare", "-rm", "bash", "-c", script], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120
+    )
     assert_one_line(result, f"cannot write the bundle into {folder}/bundle: Read-only file system")
 
 
@@ -75,9 +83,29 @@ def test_weights_damaged_in_the_middle_are_refused_by_export_and_inference(tmp_p
     assert_one_line(export(weights, "--out", tmp_path / "bundle"), "hold NaN or Inf")
     assert not (tmp_path / "bundle").exists()
     clip = sorted(videos_dir.glob("*.mp4"))[0]
-    result = subprocess.run([sys.executable, "inference.py", "--model_path", str(weights), "--videos", str(clip),
-                             "--n_frames", "5", "--height", "32", "--width", "48", "--num_samples", "1",
-                             "--output_dir", str(tmp_path / "eval")], capture_output=True, text=True, cwd=REPO_ROOT,
-                            timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "inference.py",
+            "--model_path",
+            str(weights),
+            "--videos",
+            str(clip),
+            "--n_frames",
+            "5",
+            "--height",
+            "32",
+            "--width",
+            "48",
+            "--num_samples",
+            "1",
+            "--output_dir",
+            str(tmp_path / "eval"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
     assert_one_line(result, "hold NaN or Inf")
     assert not (tmp_path / "eval" / "metrics.json").exists()

@@ -11,6 +11,7 @@ by real SIGTERMs as schedulers send them, during decoder-only fine-tuning. Each 
 checks several behaviours in one chain, so that the suite starts as few training processes
 as it can.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,9 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from common.run_files import CHECKPOINT_MANIFEST
 from conftest import REPO_ROOT
+from models.atomic import TMP_PREFIX
 from train_runs import (
     DDP_ENV,
     ONE_PROCESS,
@@ -43,8 +46,7 @@ from train_runs import (
     train_args,
     wait_for,
 )
-from models.atomic import TMP_PREFIX
-from training.state.checkpoints import CHECKPOINT_MANIFEST, checkpoint_step, list_checkpoints
+from training.state.checkpoints import checkpoint_step, list_checkpoints
 
 pytestmark = pytest.mark.slow  # training processes
 
@@ -65,8 +67,10 @@ def assert_same_training(full, resumed) -> None:
     # measured on the wall clock: the seconds spent, and when a time budget's step count was
     # fixed (a process resumed before that measures again; here both plans are max_train_steps)
     wall_clock = {"train_seconds", "planned_steps"}
-    progress = [{k: v for k, v in trainer_state(run / last)["progress"].items() if k not in wall_clock}
-                for run in (full, resumed)]
+    progress = [
+        {k: v for k, v in trainer_state(run / last)["progress"].items() if k not in wall_clock}
+        for run in (full, resumed)
+    ]
     assert progress[0] == progress[1]
     assert trainer_state(full / last)["validation_history"] == trainer_state(resumed / last)["validation_history"]
     assert (full / "validation_history.json").read_text() == (resumed / "validation_history.json").read_text()
@@ -80,11 +84,17 @@ def interrupted_chain(launcher, out, clips, faults: str, *common: str, signal_ra
     assert [p.name for p in list_checkpoints(checkpoints)] == ["checkpoint-1", "checkpoint-2"]
     assert "stopped on" in (out / "run" / "train.log").read_text()
 
-    crashed = subprocess.run(train_args(launcher, out, clips, *common, "--resume=latest",
-                                        f"--fault_injection={faults},crash_in_save@4"),
-                             capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    crashed = subprocess.run(
+        train_args(launcher, out, clips, *common, "--resume=latest", f"--fault_injection={faults},crash_in_save@4"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+    )
     assert crashed.returncode != 0
-    assert (checkpoints / ".tmp-checkpoint-4").is_dir() and not (checkpoints / ".tmp-checkpoint-4" / CHECKPOINT_MANIFEST).exists()
+    assert (checkpoints / ".tmp-checkpoint-4").is_dir() and not (
+        checkpoints / ".tmp-checkpoint-4" / CHECKPOINT_MANIFEST
+    ).exists()
     assert [p.name for p in list_checkpoints(checkpoints)] == ["checkpoint-2", "checkpoint-3"]  # nothing lost
 
     train(launcher, out, clips, *common, "--resume=latest", f"--fault_injection={faults}")
@@ -100,9 +110,16 @@ def test_exact_resume_after_sigterm_and_crash_during_save_on_two_deepspeed_proce
     (whose step count, fixed in the first run, is the schedule's horizon after each resume);
     a single process resumes exactly in the SIGTERM and decoder-only tests below."""
     launcher = deepspeed_zero2(29541)
-    common = [f"--max_train_steps={STEPS}", "--run_name=run", "--checkpoints_total_limit=2",
-              "--checkpointing_steps=1", "--gradient_accumulation_steps=2", "--lr_scheduler=cosine",
-              "--max_train_time=2h", *SERAENA]
+    common = [
+        f"--max_train_steps={STEPS}",
+        "--run_name=run",
+        "--checkpoints_total_limit=2",
+        "--checkpointing_steps=1",
+        "--gradient_accumulation_steps=2",
+        "--lr_scheduler=cosine",
+        "--max_train_time=2h",
+        *SERAENA,
+    ]
     train(launcher, tmp_path / "full", demo_clips, *common, f"--fault_injection={FAULTS}")
     full = tmp_path / "full" / "run"
     state = trainer_state(full / f"checkpoints/checkpoint-{STEPS}")["progress"]
@@ -113,15 +130,25 @@ def test_exact_resume_after_sigterm_and_crash_during_save_on_two_deepspeed_proce
     assert_same_training(full, tmp_path / "resumed" / "run")
     final = tensors(full / "final_model.safetensors")
     assert all(t.dtype == torch.float32 and bool(t.isfinite().all()) for t in final.values())
-    ranks = [tensors(path) for path in sorted((full / f"checkpoints/checkpoint-{STEPS}").glob("seraena_rank*.safetensors"))]
+    ranks = [
+        tensors(path) for path in sorted((full / f"checkpoints/checkpoint-{STEPS}").glob("seraena_rank*.safetensors"))
+    ]
     weights = [k for k in ranks[0] if k.startswith("discriminator.")]  # ranks see different data, yet one discriminator
     assert len(ranks) == 2 and weights and all(torch.equal(ranks[0][k], ranks[1][k]) for k in weights)
     assert not torch.equal(ranks[0]["buffer.images"], ranks[1]["buffer.images"])  # each rank its own fakes
 
 
-def test_error05_nonfinite_and_oom_steps_are_skipped_together_under_ddp(tmp_path, demo_clips):
-    train(ddp(29542), tmp_path, demo_clips, f"--max_train_steps={STEPS}", "--run_name=run",
-          "--gradient_accumulation_steps=2", f"--fault_injection={FAULTS}", env=DDP_ENV)
+def test_nonfinite_and_oom_steps_are_skipped_together_under_ddp(tmp_path, demo_clips):
+    train(
+        ddp(29542),
+        tmp_path,
+        demo_clips,
+        f"--max_train_steps={STEPS}",
+        "--run_name=run",
+        "--gradient_accumulation_steps=2",
+        f"--fault_injection={FAULTS}",
+        env=DDP_ENV,
+    )
     log = (tmp_path / "run" / "train.log").read_text()
     assert "step 2 skipped on every rank: out of memory" in log
     assert "step 3 skipped on every rank: non-finite loss" in log
@@ -132,8 +159,16 @@ def test_error05_nonfinite_and_oom_steps_are_skipped_together_under_ddp(tmp_path
 
 
 def test_too_many_consecutive_skips_stop_with_a_checkpoint(tmp_path, demo_clips):
-    result = train(ONE_PROCESS, tmp_path, demo_clips, "--run_name=run", "--max_train_steps=20",
-                   "--fault_injection=nan_loss@3-100", "--max_consecutive_skipped_steps=3", expect=1)
+    result = train(
+        ONE_PROCESS,
+        tmp_path,
+        demo_clips,
+        "--run_name=run",
+        "--max_train_steps=20",
+        "--fault_injection=nan_loss@3-100",
+        "--max_consecutive_skipped_steps=3",
+        expect=1,
+    )
     latest = list_checkpoints(tmp_path / "run" / "checkpoints")[-1]
     assert "3 steps in a row were skipped" in result.stderr and f"--resume {latest}" in result.stderr
     assert trainer_state(latest)["progress"]["step"] == 2 and f"saved {latest}" in result.stderr
@@ -141,24 +176,36 @@ def test_too_many_consecutive_skips_stop_with_a_checkpoint(tmp_path, demo_clips)
 
 
 def launch_script(processes: int, out, clips, *overrides: str) -> list[str]:
-    return ["bash", str(REPO_ROOT / "train_taehv_h100.sh"), str(processes), "test", f"--output_dir={out}",
-            f"--data_root={clips['root']}", f"--annotation_file={clips['train']}",
-            f"--val_annotation_file={clips['val']}", *overrides]
+    return [
+        "bash",
+        str(REPO_ROOT / "train_taehv_h100.sh"),
+        str(processes),
+        "test",
+        f"--output_dir={out}",
+        f"--data_root={clips['root']}",
+        f"--annotation_file={clips['train']}",
+        f"--val_annotation_file={clips['val']}",
+        *overrides,
+    ]
 
 
 def checkpoint_steps(checkpoints: Path) -> list[int]:
     return [checkpoint_step(c) for c in list_checkpoints(checkpoints)]
 
 
-@pytest.mark.parametrize("processes, launcher, options", [
-    pytest.param(1, ONE_PROCESS, SERAENA, id="1-process-seraena"),
-    pytest.param(2, deepspeed_zero2(29545), ["--mixed_precision=bf16"], id="2-process-deepspeed-zero2-bf16"),
-])
-def test_sigterms_during_decoder_only_fine_tuning_save_and_resume_exactly(tmp_path, demo_clips, processes, launcher,
-                                                                          options):
+@pytest.mark.parametrize(
+    "processes, launcher, options",
+    [
+        pytest.param(1, ONE_PROCESS, SERAENA, id="1-process-seraena"),
+        pytest.param(2, deepspeed_zero2(29545), ["--mixed_precision=bf16"], id="2-process-deepspeed-zero2-bf16"),
+    ],
+)
+def test_sigterms_during_decoder_only_fine_tuning_save_and_resume_exactly(
+    tmp_path, demo_clips, processes, launcher, options
+):
     """Decoder-only fine-tuning (train_encoder=false from stage-1 weights, with EMA), stopped
     twice as schedulers stop jobs, with DataLoader workers running: a SIGTERM to
-    ./train_taehv_h100.sh alone (error08: it forwards the signal), then one to every process
+    ./train_taehv_h100.sh alone (it forwards the signal), then one to every process
     of the job at once (scancel, preemption: launch script, launcher, training processes
     and their workers; the workers leave the stop to their parents). Each time the ranks
     stop at the same step boundary, save, exit 0 and log the exact resume command. Resumed
@@ -171,9 +218,17 @@ def test_sigterms_during_decoder_only_fine_tuning_save_and_resume_exactly(tmp_pa
     torch.manual_seed(3)
     stage1 = save_weights(TAEHV(variant="taecvx"), tmp_path / "stage1.safetensors")
     steps = 10
-    common = ["--run_name=run", f"--max_train_steps={steps}", "--checkpointing_steps=2", "--validation_every=5",
-              "--dataloader_num_workers=1", "--persistent_workers=true", "--train_encoder=false",
-              f"--pretrained_model_path={stage1}", *options]
+    common = [
+        "--run_name=run",
+        f"--max_train_steps={steps}",
+        "--checkpointing_steps=2",
+        "--validation_every=5",
+        "--dataloader_num_workers=1",
+        "--persistent_workers=true",
+        "--train_encoder=false",
+        f"--pretrained_model_path={stage1}",
+        *options,
+    ]
     env = {"MASTER_PORT": str(29546 + processes)}
     train(launcher, tmp_path / "full", demo_clips, *common)
 
@@ -184,7 +239,7 @@ def test_sigterms_during_decoder_only_fine_tuning_save_and_resume_exactly(tmp_pa
         resume = ["--resume", "latest"] if attempt else []
         output = tmp_path / f"stopped{attempt}.log"
         process = start(launch_script(processes, out, demo_clips, *common, *resume), output, env=env)
-        wait_for(lambda: max(checkpoint_steps(checkpoints), default=0) > stopped_at, what="a new checkpoint")
+        wait_for(lambda: max(checkpoint_steps(checkpoints), default=0) > stopped_at, what="a new checkpoint")  # noqa: B023
         if whole_job:
             os.killpg(process.pid, signal.SIGTERM)  # the whole process group, as kill -TERM -- -PGID
         else:
@@ -201,8 +256,14 @@ def test_sigterms_during_decoder_only_fine_tuning_save_and_resume_exactly(tmp_pa
         assert hint.startswith(f"{REPO_ROOT / 'train_taehv_h100.sh'} {processes} test ") and "--run_name=run" in hint
         assert hint.endswith(f"--resume {checkpoints / f'checkpoint-{stopped_at}'}")  # the exact command
 
-    resumed = subprocess.run(launch_script(processes, out, demo_clips, *common, "--resume", "latest"),
-                             capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, env={**os.environ, **env})
+    resumed = subprocess.run(
+        launch_script(processes, out, demo_clips, *common, "--resume", "latest"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+        env={**os.environ, **env},
+    )
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
     assert checkpoint_steps(checkpoints)[-1] == steps
     full = tmp_path / "full" / "run"
@@ -228,10 +289,15 @@ def data_gone_mid_run(tmp_path, which: str, ready, port: int, *overrides: str) -
     exit 2 with no traceback; returns (the error line, the last checkpoint, its step)."""
     from training.demo_data import make_demo_dataset
 
-    clips = {"root": tmp_path / "data", **make_demo_dataset(tmp_path / "data", num_clips=6, n_frames=12, height=48,
-                                                             width=64, seed=1)}
-    process = start(launch_script(2, tmp_path, clips, "--run_name=run", *overrides), tmp_path / "first.log",
-                    env={"MASTER_PORT": str(port)})
+    clips = {
+        "root": tmp_path / "data",
+        **make_demo_dataset(tmp_path / "data", num_clips=6, n_frames=12, height=48, width=64, seed=1),
+    }
+    process = start(
+        launch_script(2, tmp_path, clips, "--run_name=run", *overrides),
+        tmp_path / "first.log",
+        env={"MASTER_PORT": str(port)},
+    )
     wait_for(lambda: ready(tmp_path / "run"), what="the run to get going")
     for entry in json.loads(clips[which].read_text())["list"]:
         (tmp_path / "data" / entry["path"]).unlink()
@@ -254,13 +320,26 @@ def test_training_data_gone_mid_run_saves_then_one_line(tmp_path):
     from training.demo_data import make_demo_dataset
 
     line, _, stopped_at = data_gone_mid_run(
-        tmp_path, "train", lambda run: (run / "checkpoints" / "checkpoint-2").is_dir(), 29549,
-        "--max_train_steps=10", "--checkpointing_steps=2", "--validation_every=100", "--dataloader_num_workers=1")
+        tmp_path,
+        "train",
+        lambda run: (run / "checkpoints" / "checkpoint-2").is_dir(),
+        29549,
+        "--max_train_steps=10",
+        "--checkpointing_steps=2",
+        "--validation_every=100",
+        "--dataloader_num_workers=1",
+    )
     assert 2 <= stopped_at < 10
 
     make_demo_dataset(tmp_path / "data", num_clips=6, n_frames=12, height=48, width=64, seed=1)  # the data is back
-    resumed = subprocess.run(shlex.split(line.split("resume with: ")[1]), capture_output=True, text=True, timeout=300,
-                             cwd=REPO_ROOT, env={**os.environ, "MASTER_PORT": "29549"})
+    resumed = subprocess.run(
+        shlex.split(line.split("resume with: ")[1]),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+        env={**os.environ, "MASTER_PORT": "29549"},
+    )
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
     assert trainer_state(list_checkpoints(tmp_path / "run" / "checkpoints")[-1])["progress"]["step"] == 10
 
@@ -270,8 +349,15 @@ def test_validation_data_gone_on_one_rank_saves_then_one_line(tmp_path):
     none: without an agreement rank 1 would wait in the gather for ever. The ranks agree,
     save the step just trained (the only checkpoint) and exit 2 with one line."""
     _, saved, stopped_at = data_gone_mid_run(
-        tmp_path, "val", lambda run: (run / "validation_history.json").is_file(), 29551,
-        "--max_train_steps=60", "--checkpointing_steps=100", "--validation_every=2", "--num_validation_samples=1")
+        tmp_path,
+        "val",
+        lambda run: (run / "validation_history.json").is_file(),
+        29551,
+        "--max_train_steps=60",
+        "--checkpointing_steps=100",
+        "--validation_every=2",
+        "--num_validation_samples=1",
+    )
     assert saved.name == f"checkpoint-{stopped_at}" and 2 < stopped_at < 60 and stopped_at % 2 == 0
 
 
@@ -287,13 +373,22 @@ def test_failed_starts_and_refused_resumes_leave_the_runs_as_they_were(tmp_path,
     config_json = (run / "config.json").read_bytes()
 
     def attempt(*overrides: str, data: dict = demo_clips) -> subprocess.CompletedProcess:
-        return subprocess.run(train_args(ONE_PROCESS, tmp_path, data, *common, *overrides), capture_output=True,
-                              text=True, timeout=300, cwd=REPO_ROOT)
+        return subprocess.run(
+            train_args(ONE_PROCESS, tmp_path, data, *common, *overrides),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=REPO_ROOT,
+        )
 
-    assert re.search(r"one training step keeps about [0-9.]+ GiB of activations .* at 16384x16384, .*, more than the "
-                     r"[0-9.]+ GiB of", one_line_error(attempt("--height=16384", "--width=16384")))
+    assert re.search(
+        r"one training step keeps about [0-9.]+ GiB of activations .* at 16384x16384, .*, more than the "
+        r"[0-9.]+ GiB of",
+        one_line_error(attempt("--height=16384", "--width=16384")),
+    )
     assert "cannot write the run directory under /proc/taehv_out: No such file or directory" in one_line_error(
-        attempt("--output_dir=/proc/taehv_out"))
+        attempt("--output_dir=/proc/taehv_out")
+    )
     assert list(tmp_path.iterdir()) == [run]  # the check ran before any folder was made
     missing = tmp_path / "missing.json"
     missing.write_text(json.dumps({"total": 1, "list": [{"path": "gone.mp4", "frames": 12}]}))
@@ -317,8 +412,10 @@ def test_failed_starts_and_refused_resumes_leave_the_runs_as_they_were(tmp_path,
     assert trainer_state(list_checkpoints(run / "checkpoints")[-1])["progress"]["step"] == 4  # checkpoint-4 rewritten
 
 
-@pytest.mark.skipif(subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0,
-                    reason="needs unshare -rm (a private mount namespace) for a small tmpfs")
+@pytest.mark.skipif(
+    subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0,
+    reason="needs unshare -rm (a private mount namespace) for a small tmpfs",
+)
 def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(tmp_path, demo_clips):
     """A real full disk: the run's folder is a tmpfs. At 3 MiB the first save fails: one
     line says what it needs (the estimate of the state, not what got written) and, with
@@ -328,8 +425,17 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(tmp
     the printed command resumes once there is room."""
     out, logs = tmp_path / "out", tmp_path / "logs"
     out.mkdir(), logs.mkdir()
-    args = shlex.join(train_args(ONE_PROCESS, out, demo_clips, "--run_name=run", "--max_train_steps=4",
-                                 "--checkpointing_steps=2", "--validation_every=100"))
+    args = shlex.join(
+        train_args(
+            ONE_PROCESS,
+            out,
+            demo_clips,
+            "--run_name=run",
+            "--max_train_steps=4",
+            "--checkpointing_steps=2",
+            "--validation_every=100",
+        )
+    )
     script = f"""
         mount -t tmpfs -o size=3m none {out}
         {args} > {logs}/tiny.out 2> {logs}/tiny.err; echo $? > {logs}/tiny.status
@@ -347,19 +453,29 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(tmp
     subprocess.run(["unshare", "-rm", "bash", "-c", script], cwd=REPO_ROOT, timeout=600, check=True)
 
     def outcome(name: str) -> subprocess.CompletedProcess:
-        return subprocess.CompletedProcess([], int((logs / f"{name}.status").read_text()),
-                                           (logs / f"{name}.out").read_text(), (logs / f"{name}.err").read_text())
+        return subprocess.CompletedProcess(
+            [],
+            int((logs / f"{name}.status").read_text()),
+            (logs / f"{name}.out").read_text(),
+            (logs / f"{name}.err").read_text(),
+        )
 
     line = one_line_error(outcome("tiny"))
-    needed = re.search(r"no space left to save checkpoint-2 in .*/run/checkpoints: it needs about ([0-9.]+ .iB) and "
-                       r"[0-9.]+ .iB are free; nothing was saved\. .*, then start again with: (.*) \(nothing to resume "
-                       r"yet\)$", line)
+    needed = re.search(
+        r"no space left to save checkpoint-2 in .*/run/checkpoints: it needs about ([0-9.]+ .iB) and "
+        r"[0-9.]+ .iB are free; nothing was saved\. .*, then start again with: (.*) \(nothing to resume "
+        r"yet\)$",
+        line,
+    )
     assert needed, line
     assert (logs / "tiny.kept").read_text() == ""  # no partial folder
     assert "--resume" not in needed.group(2) and (logs / "restart").read_text().strip() == needed.group(2)
     line = one_line_error(outcome("first"))
-    assert re.search(r"no space left to save checkpoint-4 in .*/run/checkpoints: it needs about [0-9.]+ .iB and "
-                     r"[0-9.]+ .iB are free; checkpoint-2 kept intact. .*, then resume with: .* --resume latest$", line), line
+    assert re.search(
+        r"no space left to save checkpoint-4 in .*/run/checkpoints: it needs about [0-9.]+ .iB and "
+        r"[0-9.]+ .iB are free; checkpoint-2 kept intact. .*, then resume with: .* --resume latest$",
+        line,
+    ), line
     number, unit = needed.group(1).split()
     estimate, saved = float(number) * 2 ** (30 if unit == "GiB" else 20), int((logs / "checkpoint.bytes").read_text())
     assert 0.9 * saved < estimate < 1.05 * saved  # the estimate of the first save against what a save takes
@@ -382,8 +498,16 @@ def test_ctrl_c_during_start_up_stops_cleanly(tmp_path, demo_clips):
 
 
 def test_kill_9_at_a_random_moment_loses_no_checkpoint(tmp_path, demo_clips):
-    args = train_args(ONE_PROCESS, tmp_path, demo_clips, "--run_name=run", "--max_train_steps=16",
-                      "--checkpointing_steps=3", "--validation_every=100", "--auto_resume=true")
+    args = train_args(
+        ONE_PROCESS,
+        tmp_path,
+        demo_clips,
+        "--run_name=run",
+        "--max_train_steps=16",
+        "--checkpointing_steps=3",
+        "--validation_every=100",
+        "--auto_resume=true",
+    )
     checkpoints = tmp_path / "run" / "checkpoints"
     process = start(args, tmp_path / "first.log")
     wait_for(lambda: len(list_checkpoints(checkpoints)) >= 1, what="a first checkpoint")
@@ -392,8 +516,16 @@ def test_kill_9_at_a_random_moment_loses_no_checkpoint(tmp_path, demo_clips):
     before = [p.name for p in list_checkpoints(checkpoints)]
     assert before, "the first checkpoint must survive kill -9"
 
-    train(ONE_PROCESS, tmp_path, demo_clips, "--run_name=run", "--max_train_steps=16", "--checkpointing_steps=3",
-          "--validation_every=100", "--auto_resume=true")  # the same command restarts the job
+    train(
+        ONE_PROCESS,
+        tmp_path,
+        demo_clips,
+        "--run_name=run",
+        "--max_train_steps=16",
+        "--checkpointing_steps=3",
+        "--validation_every=100",
+        "--auto_resume=true",
+    )  # the same command restarts the job
     after = list_checkpoints(checkpoints)
     assert trainer_state(after[-1])["progress"]["step"] == 16
     assert all((p / CHECKPOINT_MANIFEST).is_file() for p in after)
@@ -404,8 +536,17 @@ def test_early_stopping_and_best_model_on_two_ddp_processes(tmp_path, demo_clips
     """Plain DDP on CPU. Patience 1 with an unreachable min_delta: the second validation
     stops the run on both ranks at once (no hang), best_model/ keeps the first
     validation's weights, and every exported file loads strictly."""
-    train(ddp(29544), tmp_path, demo_clips, "--run_name=run", "--max_train_steps=20", "--validation_every=2",
-          "--early_stopping_patience=1", "--early_stopping_min_delta=1000", env=DDP_ENV)
+    train(
+        ddp(29544),
+        tmp_path,
+        demo_clips,
+        "--run_name=run",
+        "--max_train_steps=20",
+        "--validation_every=2",
+        "--early_stopping_patience=1",
+        "--early_stopping_min_delta=1000",
+        env=DDP_ENV,
+    )
     run = tmp_path / "run"
     history = json.loads((run / "validation_history.json").read_text())
     assert [h["step"] for h in history] == [2, 4]
@@ -416,8 +557,12 @@ def test_early_stopping_and_best_model_on_two_ddp_processes(tmp_path, demo_clips
     assert trainer_state(list_checkpoints(run / "checkpoints")[-1])["progress"]["step"] == 4
     from models.taehv import TAEHV
 
-    for weights in (run / "best_model" / "weights.safetensors", run / "best_model" / "weights.pth",
-                    run / "final_model.safetensors", run / "final_model.pth"):
+    for weights in (
+        run / "best_model" / "weights.safetensors",
+        run / "best_model" / "weights.pth",
+        run / "final_model.safetensors",
+        run / "final_model.pth",
+    ):
         TAEHV(weights, variant="taecvx")  # strict load of full fp32 published-format weights
 
 
@@ -426,13 +571,24 @@ def test_one_writer_per_run_and_kill_9_in_the_middle_of_saves(tmp_path, demo_cli
     one line naming the first, on every rank, and the first goes on. Then kill -9 of the
     run while it writes a checkpoint, three times in a row: each time `--resume latest`
     removes the partial folder and continues from the newest intact checkpoint."""
-    common = ["--run_name=run", "--max_train_steps=400", "--checkpointing_steps=1", "--validation_every=1000",
-              "--checkpoints_total_limit=2"]
+    common = [
+        "--run_name=run",
+        "--max_train_steps=400",
+        "--checkpointing_steps=1",
+        "--validation_every=1000",
+        "--checkpoints_total_limit=2",
+    ]
     checkpoints = tmp_path / "run" / "checkpoints"
     process = start(train_args(ONE_PROCESS, tmp_path, demo_clips, *common), tmp_path / "first.log")
     wait_for(lambda: (checkpoints / "checkpoint-1").is_dir(), what="checkpoint-1")
-    second = subprocess.run(launch_script(2, tmp_path, demo_clips, *common), capture_output=True, text=True,
-                            timeout=300, cwd=REPO_ROOT, env={**os.environ, "MASTER_PORT": "29553"})
+    second = subprocess.run(
+        launch_script(2, tmp_path, demo_clips, *common),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+        env={**os.environ, "MASTER_PORT": "29553"},
+    )
     line = one_line_error(second)
     assert f"{tmp_path / 'run'} is being written by another training run (pid {process.pid} on " in line, line
     assert process.poll() is None  # the first run goes on
@@ -448,9 +604,11 @@ def test_one_writer_per_run_and_kill_9_in_the_middle_of_saves(tmp_path, demo_cli
         partial = saving()  # else the kill landed just after the save's rename
         partial_saves += partial
         newest = list_checkpoints(checkpoints)[-1]
-        process = start(train_args(ONE_PROCESS, tmp_path, demo_clips, *common, "--resume", "latest"),
-                        tmp_path / f"resumed{attempt}.log")
-        wait_for(lambda: "resumed from" in (tmp_path / f"resumed{attempt}.log").read_text(), what="the resume")
+        process = start(
+            train_args(ONE_PROCESS, tmp_path, demo_clips, *common, "--resume", "latest"),
+            tmp_path / f"resumed{attempt}.log",
+        )
+        wait_for(lambda: "resumed from" in (tmp_path / f"resumed{attempt}.log").read_text(), what="the resume")  # noqa: B023
         log = (tmp_path / f"resumed{attempt}.log").read_text()
         assert f"resumed from {newest} " in log, log[-3000:]
         assert ("left by a checkpoint save that did not finish" in log) == partial

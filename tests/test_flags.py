@@ -1,9 +1,10 @@
 """Every tool's flags: documented in snake_case, accepted in kebab-case too."""
+
 from __future__ import annotations
 
 import argparse
 
-from training.flags import ArgumentParser
+from common.flags import ArgumentParser
 
 
 def parser() -> ArgumentParser:

@@ -1,4 +1,5 @@
 """The frame arithmetic table (T = 1..64) against the model's real output shapes."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,7 +31,9 @@ def test_table_matches_model_for_t_1_to_64(variant):
     assert model.encode_video(x).shape[1] == model.plan(13).latent_frames
 
 
-@pytest.mark.parametrize("t, latents, decoded", [(9, 3, 9), (12, 3, 9), (13, 4, 13), (16, 4, 13), (17, 5, 17), (49, 13, 49)])
+@pytest.mark.parametrize(
+    "t, latents, decoded", [(9, 3, 9), (12, 3, 9), (13, 4, 13), (16, 4, 13), (17, 5, 17), (49, 13, 49)]
+)
 def test_known_base_counts(t, latents, decoded):
     plan = plan_frames(t)
     assert (plan.latent_frames, plan.decoded_frames) == (latents, decoded)

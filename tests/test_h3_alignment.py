@@ -5,12 +5,11 @@ shows how the VAE groups frames into latents and latents into decoded frames. Th
 latent and decoded counts must be taeh3's plan, and decoded frame i must show input frame
 i (the last input frame past the end of the clip), as ``FramePlan.target`` assumes.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 import torch
-
 
 
 @pytest.fixture(scope="module")

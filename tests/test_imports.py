@@ -4,6 +4,7 @@ An import cycle works or breaks depending on which module a user (or a DataLoade
 or ``python -m``) imports first; a cycle hidden in a function-level import breaks at run
 time. So every import counts here, wherever it stands in the file.
 """
+
 from __future__ import annotations
 
 import ast
@@ -16,11 +17,11 @@ import pytest
 
 from conftest import REPO_ROOT
 
-PACKAGES = ("models", "training", "evaluation")
+PACKAGES = ("models", "common", "training", "evaluation")
 
 
 def project_modules() -> dict[str, Path]:
-    """Dotted name -> file for every module of models/, training/, evaluation/ and inference.py."""
+    """Dotted name -> file for every module of models/, common/, training/, evaluation/ and inference.py."""
     modules = {"inference": REPO_ROOT / "inference.py"}
     for package in PACKAGES:
         for path in sorted((REPO_ROOT / package).rglob("*.py")):
@@ -69,7 +70,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -100,12 +101,20 @@ def test_no_import_cycles():
 # above (README, "Layout"). The command-line tools are the top; everything else is a room.
 LAYERS = (
     ("models",),
-    ("training.errors", "training.config", "training.configs", "training.flags"),
-    ("training.data",),
-    ("evaluation",),
+    ("common.errors", "common.flags", "common.metrics", "common.video_writer"),
+    ("common",),
+    ("training.configs", "training.data", "evaluation"),
     ("training.loop", "training.state"),
-    ("training.preflight", "training.taehv_train", "training.cache_latents", "training.export",
-     "training.make_annotations", "training.demo_data", "training.launch", "inference"),
+    (
+        "training.preflight",
+        "training.taehv_train",
+        "training.build_latent_cache",
+        "training.export",
+        "training.make_annotations",
+        "training.demo_data",
+        "training.launch",
+        "inference",
+    ),
 )
 
 
@@ -118,14 +127,66 @@ def layer_of(module: str) -> int:
 def test_imports_point_down_the_layers():
     """No arrow from models/ into training/ or evaluation/, none from the data room into the
     loop, none from the rooms into the command-line tools."""
-    upward = [f"{name} -> {target}" for name, imports in import_graph().items() if name != "training"
-              for target in imports if target not in ("training", "evaluation", "models")
-              and layer_of(target) > layer_of(name)]
+    upward = [
+        f"{name} -> {target}"
+        for name, imports in import_graph().items()
+        if name != "training"
+        for target in imports
+        if target not in PACKAGES and layer_of(target) > layer_of(name)
+    ]
     assert upward == [], "imports pointing up a layer: " + ", ".join(upward)
 
 
 def test_the_layer_check_sees_an_upward_import():
-    assert layer_of("models.diffusers_vae") < layer_of("training.data.reference_vae") < layer_of("training.loop.step")
+    assert layer_of("models.diffusers_vae") < layer_of("common.reference_vae") < layer_of("training.loop.step")
+
+
+def within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def crossings(graph: dict[str, set[str]], importers: tuple[str, ...], targets: tuple[str, ...]) -> list[str]:
+    """Every import from a module of ``importers`` into one of ``targets``, as "a -> b"."""
+    return sorted(
+        f"{name} -> {target}"
+        for name, imports in graph.items()
+        if within(name, importers)
+        for target in imports
+        if within(target, targets)
+    )
+
+
+# Whatever the layers allow, these packages stay apart: training and evaluation are siblings
+# on common/ (evaluation judges any weights, trained here or not); common/ serves both and
+# depends on neither; models/ (the drop-in TAEHV) stands on its own.
+def test_evaluation_and_inference_never_import_training():
+    found = crossings(import_graph(), ("evaluation", "inference"), ("training",))
+    assert found == [], "evaluation importing training: " + ", ".join(found)
+
+
+def test_training_never_imports_evaluation():
+    found = crossings(import_graph(), ("training",), ("evaluation", "inference"))
+    assert found == [], "training importing evaluation: " + ", ".join(found)
+
+
+def test_common_imports_neither_training_nor_evaluation():
+    found = crossings(import_graph(), ("common",), ("training", "evaluation", "inference"))
+    assert found == [], "common importing what stands on it: " + ", ".join(found)
+
+
+def test_models_import_nothing_of_the_rest():
+    found = crossings(import_graph(), ("models",), ("common", "training", "evaluation", "inference"))
+    assert found == [], "models importing the rest of the package: " + ", ".join(found)
+
+
+def test_the_crossing_check_sees_a_crossing():
+    graph = {
+        "evaluation.evaluator": {"common.clips", "training.data.loading"},
+        "training_notes": {"evaluation"},
+        "common.clips": set(),
+    }
+    assert crossings(graph, ("evaluation",), ("training",)) == ["evaluation.evaluator -> training.data.loading"]
+    assert crossings(graph, ("training",), ("evaluation",)) == []  # training_notes is not in training
 
 
 def test_nothing_imports_the_train_script():
@@ -159,7 +220,8 @@ IMPORT_EACH = textwrap.dedent("""
 @pytest.mark.slow
 def test_every_module_imports_alone_and_in_random_orders():
     modules = sorted(project_modules())
-    result = subprocess.run([sys.executable, "-c", IMPORT_EACH, *modules], capture_output=True,
-                            text=True, timeout=300, cwd=REPO_ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORT_EACH, *modules], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert f"{len(modules) + 3} of {len(modules) + 3} import orders worked" in result.stdout

@@ -1,4 +1,5 @@
 """inference.py on the shared clips: metrics, alignment, outputs, and the report in Chromium."""
+
 from __future__ import annotations
 
 import json
@@ -17,12 +18,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from common.clips import VideoClipDataset, frames_to_unit
+from common.metrics import frame_psnr, video_mse, video_psnr, video_sharpness, video_ssim, video_temporal_error
 from conftest import REPO_ROOT
-from evaluation.metrics import frame_psnr, video_mse, video_psnr, video_sharpness, video_ssim, video_temporal_error
 from models.frames import plan_frames
 from models.taehv import TAEHV
 from models.weights import save_weights
-from training.data.clips import VideoClipDataset, frames_to_unit
 
 pytestmark = pytest.mark.slow  # inference.py processes
 
@@ -36,6 +37,7 @@ def run_inference(capsys, monkeypatch):
     (its entry point, the user-error handling included) without the seconds of imports a
     fresh process spends; its exit status, stdout and stderr. A crash raises here and fails
     the test; `evaluation` and `test_debug_keeps_the_traceback` start real processes."""
+
     def run(*args: str) -> subprocess.CompletedProcess:
         monkeypatch.setattr(sys, "argv", [INFERENCE, *args])
         capsys.readouterr()
@@ -62,7 +64,7 @@ def ssim_reference(x: torch.Tensor, y: torch.Tensor) -> float:
     """Independent SSIM: Gaussian window 11, sigma 1.5, K1=0.01, K2=0.03, over the whole
     image with reflected borders (the convention torchmetrics documents)."""
     coords = torch.arange(11, dtype=torch.float64) - 5
-    g = torch.exp(-coords**2 / (2 * 1.5**2))
+    g = torch.exp(-(coords**2) / (2 * 1.5**2))
     window = (g[:, None] * g[None, :] / g.sum() ** 2).expand(x.shape[1], 1, 11, 11)
     x, y = x.double(), y.double()
     blur = lambda t: F.conv2d(F.pad(t, (5, 5, 5, 5), mode="reflect"), window, groups=x.shape[1])  # noqa: E731
@@ -90,8 +92,16 @@ def test_sharpness_is_one_for_the_original_lower_when_blurred_higher_with_noise(
     blur = torch.full((3, 1, 3, 3), 1 / 9)
     blurred = F.conv2d(F.pad(real_clip[0], (1, 1, 1, 1), mode="replicate"), blur, groups=3)[None]
     noisy = (real_clip + 0.08 * torch.randn(real_clip.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
-    laplacian = lambda v: v[0, :, :, :-2, 1:-1] + v[0, :, :, 2:, 1:-1] + v[0, :, :, 1:-1, :-2] + v[0, :, :, 1:-1, 2:] \
-        - 4 * v[0, :, :, 1:-1, 1:-1]  # noqa: E731
+
+    def laplacian(v):
+        return (
+            v[0, :, :, :-2, 1:-1]
+            + v[0, :, :, 2:, 1:-1]
+            + v[0, :, :, 1:-1, :-2]
+            + v[0, :, :, 1:-1, 2:]
+            - 4 * v[0, :, :, 1:-1, 1:-1]
+        )
+
     assert float(video_sharpness(real_clip, real_clip)[0]) == pytest.approx(1.0)
     expected = float(laplacian(blurred).square().sum() / laplacian(real_clip).square().sum())
     assert float(video_sharpness(blurred, real_clip)[0]) == pytest.approx(expected, rel=1e-5)
@@ -136,18 +146,41 @@ def ref_vae(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("cogvideox")
     torch.manual_seed(0)
-    AutoencoderKLCogVideoX(block_out_channels=(16, 16, 32, 32), latent_channels=16, layers_per_block=1,
-                           norm_num_groups=8, down_block_types=("CogVideoXDownBlock3D",) * 4,
-                           up_block_types=("CogVideoXUpBlock3D",) * 4).save_pretrained(root / "vae")
+    AutoencoderKLCogVideoX(
+        block_out_channels=(16, 16, 32, 32),
+        latent_channels=16,
+        layers_per_block=1,
+        norm_num_groups=8,
+        down_block_types=("CogVideoXDownBlock3D",) * 4,
+        up_block_types=("CogVideoXUpBlock3D",) * 4,
+    ).save_pretrained(root / "vae")
     return root
 
 
 @pytest.fixture(scope="module")
 def evaluation(tmp_path_factory, weights, ref_vae, videos_dir) -> Path:
     out = tmp_path_factory.mktemp("results")
-    args = [sys.executable, INFERENCE, "--model_path", str(weights), "--videos", *[str(videos_dir / c) for c in CLIPS],
-            "--num_samples", "2", "--n_frames", "9", "--height", "64", "--width", "96", "--use_ref_vae",
-            "--ref_vae_path", str(ref_vae), "--output_dir", str(out)]
+    args = [
+        sys.executable,
+        INFERENCE,
+        "--model_path",
+        str(weights),
+        "--videos",
+        *[str(videos_dir / c) for c in CLIPS],
+        "--num_samples",
+        "2",
+        "--n_frames",
+        "9",
+        "--height",
+        "64",
+        "--width",
+        "96",
+        "--use_ref_vae",
+        "--ref_vae_path",
+        str(ref_vae),
+        "--output_dir",
+        str(out),
+    ]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Final Evaluation Results" in result.stdout and "Speed-up" in result.stdout
@@ -166,7 +199,8 @@ def test_outputs_and_schema(evaluation):
     comparison = metrics["summary"]["comparison"]
     assert {"encode_speedup", "decode_speedup", "total_speedup", "psnr_gap_db", "ssim_gap"} <= comparison.keys()
     assert metrics["summary"]["taehv"]["psnr"]["mean"] == pytest.approx(
-        np.mean([s["taehv"]["psnr"] for s in metrics["samples"]]))
+        np.mean([s["taehv"]["psnr"] for s in metrics["samples"]])
+    )
     for i in range(2):
         # the side-by-side is enlarged x4 (nearest) to at least 256 px high, so its labels are legible
         for kind, (width, height) in (("original", (96, 64)), ("reconstructed", (96, 64)), ("comparison", (768, 256))):
@@ -190,21 +224,26 @@ def test_outputs_and_schema(evaluation):
         assert poster.shape == (256, 768, 3) and poster.std() > 10
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model_path", "nowhere.pth", "--videos", "x.mp4"], "not found"),
-    (["--num_samples", "0"], "--num_samples must be >= 1"),
-    (["--dtype", "fp16", "--device", "cpu"], "--dtype fp16 needs a CUDA device"),
-    (["--use_ref_vae"], "--use_ref_vae needs --ref_vae_path"),
-    (["--videos", "missing_clip.mp4"], "video file(s) not found: "),
-    ([], "give --videos, --annotation_file/--data_root or --config"),
-    (["--output_dir", "/proc/taehv_results"], "cannot write into --output_dir /proc/taehv_results: No such file"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model_path", "nowhere.pth", "--videos", "x.mp4"], "not found"),
+        (["--num_samples", "0"], "--num_samples must be >= 1"),
+        (["--dtype", "fp16", "--device", "cpu"], "--dtype fp16 needs a CUDA device"),
+        (["--use_ref_vae"], "--use_ref_vae needs --ref_vae_path"),
+        (["--videos", "missing_clip.mp4"], "video file(s) not found: "),
+        ([], "give --videos, --annotation_file/--data_root or --config"),
+        (["--output_dir", "/proc/taehv_results"], "cannot write into --output_dir /proc/taehv_results: No such file"),
+    ],
+)
 def test_argument_errors(args, message, weights, tmp_path, videos_dir, run_inference):
     defaults = ["--model_path", str(weights), "--output_dir", str(tmp_path)]
     if "--use_ref_vae" in args or "--output_dir" in args:
         defaults += ["--videos", str(videos_dir / CLIPS[0])]
     result = run_inference(*defaults, *args)
-    assert_user_error(result, message, one_line="--num_samples" not in args and "--dtype" not in args)  # argparse: usage
+    assert_user_error(
+        result, message, one_line="--num_samples" not in args and "--dtype" not in args
+    )  # argparse: usage
 
 
 def assert_user_error(result: subprocess.CompletedProcess, message: str, one_line: bool = True) -> None:
@@ -213,7 +252,7 @@ def assert_user_error(result: subprocess.CompletedProcess, message: str, one_lin
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
     assert "Traceback" not in result.stderr and message in result.stderr, result.stderr[-3000:]
     if one_line:
-        error = result.stderr[result.stderr.index("error: "):].rstrip()
+        error = result.stderr[result.stderr.index("error: ") :].rstrip()
         assert "\n" not in error and result.stderr.count("error: ") == 1, result.stderr[-3000:]
 
 
@@ -231,42 +270,104 @@ def planted(tmp_path_factory, weights) -> dict[str, Path]:
     (run / "config.json").write_text(json.dumps({"variant": "taecvx"}))
     save_weights(TAEHV(variant="taeltx2_3"), root / "taeltx2_3.pth")
     save_weights(TAEHV(variant="taeh3"), root / "taeh3.pth")
-    return {"h3": root / "taeh3.pth", "truncated": root / "truncated.safetensors", "pickled": root / "pickled.pth",
-            "plain_pth": root / "taehv_plain.pth", "run_pth": run / "final_model.pth", "ltx": root / "taeltx2_3.pth"}
+    return {
+        "h3": root / "taeh3.pth",
+        "truncated": root / "truncated.safetensors",
+        "pickled": root / "pickled.pth",
+        "plain_pth": root / "taehv_plain.pth",
+        "run_pth": run / "final_model.pth",
+        "ltx": root / "taeltx2_3.pth",
+    }
 
 
-@pytest.mark.parametrize("model, args, message, one_line", [
-    ("weights", ["--variant", "taexyz"], "unknown TAE variant 'taexyz'; known variants: taecvx", True),
-    ("ltx", ["--height", "48", "--width", "64"], "taeltx2_3 needs multiples of 32 (8 * its patch size 4), e.g. 32x64", True),
-    ("weights", ["--variant", "taehv"], "is a taecvx file (its metadata), but --variant taehv was given: drop --variant", True),
-    ("run_pth", ["--variant", "taehv"], "is a taecvx file (its run's", True),
-    ("plain_pth", ["--variant", "taehv1_5"], "does not fit the taehv1_5 model", False),  # lists each mismatch
-    ("truncated", [], "is not a readable safetensors file (damaged or truncated)", True),
-    ("pickled", [], "holds objects other than tensors (global: GLOBAL pathlib", True),
-    ("weights", ["--n_frames", "41"], "is too short: --n_frames=41 at --stride=1 needs 41 frames", True),
-    ("h3", ["--n_frames", "22", "--stride", "2"], "is too short: --n_frames=22 at --stride=2 needs 43 frames", True),
-], ids=["unknown-variant", "ltx-size", "variant-vs-metadata", "variant-vs-run-config", "variant-does-not-fit",
-        "damaged-safetensors", "refused-pickle", "clip-too-short", "clip-too-short-for-taeh3"])
-def test_user_errors_exit_2_in_one_line(model, args, message, one_line, weights, planted, tmp_path, videos_dir,
-                                       run_inference):
+@pytest.mark.parametrize(
+    "model, args, message, one_line",
+    [
+        ("weights", ["--variant", "taexyz"], "unknown TAE variant 'taexyz'; known variants: taecvx", True),
+        (
+            "ltx",
+            ["--height", "48", "--width", "64"],
+            "taeltx2_3 needs multiples of 32 (8 * its patch size 4), e.g. 32x64",
+            True,
+        ),
+        (
+            "weights",
+            ["--variant", "taehv"],
+            "is a taecvx file (its metadata), but --variant taehv was given: drop --variant",
+            True,
+        ),
+        ("run_pth", ["--variant", "taehv"], "is a taecvx file (its run's", True),
+        ("plain_pth", ["--variant", "taehv1_5"], "does not fit the taehv1_5 model", False),  # lists each mismatch
+        ("truncated", [], "is not a readable safetensors file (damaged or truncated)", True),
+        ("pickled", [], "holds objects other than tensors (global: GLOBAL pathlib", True),
+        ("weights", ["--n_frames", "41"], "is too short: --n_frames=41 at --stride=1 needs 41 frames", True),
+        (
+            "h3",
+            ["--n_frames", "22", "--stride", "2"],
+            "is too short: --n_frames=22 at --stride=2 needs 43 frames",
+            True,
+        ),
+    ],
+    ids=[
+        "unknown-variant",
+        "ltx-size",
+        "variant-vs-metadata",
+        "variant-vs-run-config",
+        "variant-does-not-fit",
+        "damaged-safetensors",
+        "refused-pickle",
+        "clip-too-short",
+        "clip-too-short-for-taeh3",
+    ],
+)
+def test_user_errors_exit_2_in_one_line(
+    model, args, message, one_line, weights, planted, tmp_path, videos_dir, run_inference
+):
     """Weight, variant and data problems end in ``error: ...`` and exit status 2, without a
     traceback, and never advise unpickling a refused file with ``weights_only=False``."""
     path = weights if model == "weights" else planted[model]
-    result = run_inference("--model_path", str(path), "--videos", str(videos_dir / CLIPS[0]), "--height", "32",
-                           "--width", "48", "--n_frames", "5", "--output_dir", str(tmp_path), *args)
+    result = run_inference(
+        "--model_path",
+        str(path),
+        "--videos",
+        str(videos_dir / CLIPS[0]),
+        "--height",
+        "32",
+        "--width",
+        "48",
+        "--n_frames",
+        "5",
+        "--output_dir",
+        str(tmp_path),
+        *args,
+    )
     assert_user_error(result, message, one_line)
     assert "weights_only=False" not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("variant, size, frames, compared", [("taeltx2_3", (32, 64), 9, 9), ("taeh3", (32, 48), 17, 5)])
-def test_newer_variants_evaluate_by_their_published_file_name(variant, size, frames, compared, tmp_path, videos_dir,
-                                                             run_inference):
+def test_newer_variants_evaluate_by_their_published_file_name(
+    variant, size, frames, compared, tmp_path, videos_dir, run_inference
+):
     """A published-name .pth of LTX (8k+1 frames, multiples of 32) or H3 (17-frame chunks:
     17 frames decode to 5) evaluates with its own frame plan."""
     path = save_weights(TAEHV(variant=variant), tmp_path / f"{variant}.pth")
-    result = run_inference("--model_path", str(path), "--videos", str(videos_dir / CLIPS[0]), "--height", str(size[0]),
-                           "--width", str(size[1]), "--n_frames", str(frames), "--num_samples", "1",
-                           "--output_dir", str(tmp_path / "out"))
+    result = run_inference(
+        "--model_path",
+        str(path),
+        "--videos",
+        str(videos_dir / CLIPS[0]),
+        "--height",
+        str(size[0]),
+        "--width",
+        str(size[1]),
+        "--n_frames",
+        str(frames),
+        "--num_samples",
+        "1",
+        "--output_dir",
+        str(tmp_path / "out"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["model"]["variant"] == variant
@@ -275,10 +376,21 @@ def test_newer_variants_evaluate_by_their_published_file_name(variant, size, fra
 
 
 def test_debug_keeps_the_traceback(weights, tmp_path, videos_dir):
-    command = [sys.executable, INFERENCE, "--model_path", str(weights), "--variant", "taehv", "--debug",
-               "--videos", str(videos_dir / CLIPS[0]), "--output_dir", str(tmp_path)]
+    command = [
+        sys.executable,
+        INFERENCE,
+        "--model_path",
+        str(weights),
+        "--variant",
+        "taehv",
+        "--debug",
+        "--videos",
+        str(videos_dir / CLIPS[0]),
+        "--output_dir",
+        str(tmp_path),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
-    assert result.returncode == 1 and "Traceback" in result.stderr and "ConfigError" in result.stderr
+    assert result.returncode == 1 and "Traceback" in result.stderr and "UserError" in result.stderr
 
 
 def test_out_of_memory_says_what_to_lower(weights, tmp_path, videos_dir, run_inference, monkeypatch):
@@ -287,15 +399,31 @@ def test_out_of_memory_says_what_to_lower(weights, tmp_path, videos_dir, run_inf
     import inference
 
     def out_of_memory(*args, **kwargs):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
-                                     "79 GiB")
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79 GiB"
+        )
 
     monkeypatch.setattr(inference.TAEHV, "decode_video", out_of_memory)
-    result = run_inference("--model_path", str(weights), "--videos", str(videos_dir / CLIPS[0]), "--height", "32",
-                           "--width", "48", "--n_frames", "5", "--output_dir", str(tmp_path))
-    assert_user_error(result, "out of memory while warming up on 1 frame(s) of the first clip (5 frames at 32x48, "
-                              "parallel, fp32 on cpu); it asked for 20.00 GiB more: lower --height/--width or "
-                              "--n_frames; use --sequential")
+    result = run_inference(
+        "--model_path",
+        str(weights),
+        "--videos",
+        str(videos_dir / CLIPS[0]),
+        "--height",
+        "32",
+        "--width",
+        "48",
+        "--n_frames",
+        "5",
+        "--output_dir",
+        str(tmp_path),
+    )
+    assert_user_error(
+        result,
+        "out of memory while warming up on 1 frame(s) of the first clip (5 frames at 32x48, "
+        "parallel, fp32 on cpu); it asked for 20.00 GiB more: lower --height/--width or "
+        "--n_frames; use --sequential",
+    )
 
 
 @pytest.mark.parametrize("source", ["videos", "annotation"])
@@ -306,11 +434,31 @@ def test_short_clips_are_skipped_and_reported(source, weights, tmp_path, videos_
     an entry whose frame count is no positive whole number."""
     clips = [str(videos_dir / c) for c in CLIPS]  # 38 frames (too short for 21 at stride 2), 315 frames
     annotation = tmp_path / "clips.json"
-    annotation.write_text(json.dumps({"list": [{"full_path": c, "frames": n} for c, n in zip(clips, (38, 315))]
-                                      + [{"full_path": clips[1], "frames": -5}]}))
+    annotation.write_text(
+        json.dumps(
+            {
+                "list": [{"full_path": c, "frames": n} for c, n in zip(clips, (38, 315))]
+                + [{"full_path": clips[1], "frames": -5}]
+            }
+        )
+    )
     data = ["--videos", *clips] if source == "videos" else ["--annotation_file", str(annotation)]
-    result = run_inference("--model_path", str(weights), *data, "--n_frames", "21", "--stride", "2", "--height", "32",
-                           "--width", "48", "--sequential", "--output_dir", str(tmp_path / "out"))
+    result = run_inference(
+        "--model_path",
+        str(weights),
+        *data,
+        "--n_frames",
+        "21",
+        "--stride",
+        "2",
+        "--height",
+        "32",
+        "--width",
+        "48",
+        "--sequential",
+        "--output_dir",
+        str(tmp_path / "out"),
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["settings"]["stride"] == 2
@@ -329,12 +477,25 @@ def test_stride_defaults_to_the_configs_validation_stride(weights, tmp_path, vid
     import inference
 
     config = tmp_path / "config.py"
-    config.write_text("from training.config import TrainConfig\n"
-                      "config = TrainConfig(stride_min=2, stride_max=5, n_frames=5, height=32, width=48)\n")
+    config.write_text(
+        "from common.config import TrainConfig\n"
+        "config = TrainConfig(stride_min=2, stride_max=5, n_frames=5, height=32, width=48)\n"
+    )
     model = TAEHV(variant="taecvx")
     for extra, stride in (([], 1), (["--config", str(config)], 3), (["--config", str(config), "--stride", "2"], 2)):
-        args = inference.parse_args(["--model_path", str(weights), "--videos", str(videos_dir / CLIPS[0]),
-                                     "--height", "32", "--width", "48", *extra])
+        args = inference.parse_args(
+            [
+                "--model_path",
+                str(weights),
+                "--videos",
+                str(videos_dir / CLIPS[0]),
+                "--height",
+                "32",
+                "--width",
+                "48",
+                *extra,
+            ]
+        )
         dataset = inference.build_dataset(args, model, tmp_path)
         assert dataset.stride_range == (stride, stride) and dataset.short_clip_policy == "skip"
 
@@ -343,8 +504,10 @@ def chromium() -> str:
     """Path of the Chromium binary; installing it is `make test`'s set-up (target `browser`)."""
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None:
-        pytest.fail("the report test needs Chromium, and neither chromium nor chromium-browser is on PATH: "
-                    "run `make browser` (as root it installs Debian's chromium) or `apt-get install chromium`")
+        pytest.fail(
+            "the report test needs Chromium, and neither chromium nor chromium-browser is on PATH: "
+            "run `make browser` (as root it installs Debian's chromium) or `apt-get install chromium`"
+        )
     return found
 
 
@@ -352,21 +515,34 @@ def test_report_renders_in_chromium(evaluation, tmp_path):
     """Videos load (with a duration), and the still pictures are shown at their own size:
     the screenshot's pixels where the page puts the first one are that picture."""
     browser = chromium()
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic",
-             "--force-device-scale-factor=1", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
-             "--virtual-time-budget=10000"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        "--disable-sync",
+        "--disable-quic",
+        "--force-device-scale-factor=1",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--virtual-time-budget=10000",
+    ]
     page = (evaluation / "summary_report.html").resolve().as_uri()
-    dom = subprocess.run([browser, *flags, "--window-size=1400,900", "--dump-dom", page], capture_output=True,
-                         text=True, timeout=120).stdout
+    dom = subprocess.run(
+        [browser, *flags, "--window-size=1400,900", "--dump-dom", page], capture_output=True, text=True, timeout=120
+    ).stdout
     durations = [float(d) for d in re.findall(r'data-duration="([0-9.]+)"', dom)]
     assert len(durations) == 2 and all(d > 0 for d in durations), dom[:2000]
     assert "data-error" not in dom
     assert len(re.findall(r"<video [^>]*poster=\"data:image/png", dom)) == 2  # never black before playing
     assert "PSNR (dB)" in dom and ">frame<" in dom  # the per-frame chart's axis labels
 
-    stills = [dict(zip(("natural", "shown", "at"), found)) for found in re.findall(
-        r'data-natural="(\d+x\d+)" data-shown="(\d+x\d+)" data-at="(\d+,\d+)"', dom)]
+    stills = [
+        dict(zip(("natural", "shown", "at"), found))
+        for found in re.findall(r'data-natural="(\d+x\d+)" data-shown="(\d+x\d+)" data-at="(\d+,\d+)"', dom)
+    ]
     assert len(stills) == 2, dom[:3000]
     for still in stills:
         width, height = map(int, still["natural"].split("x"))
@@ -374,11 +550,14 @@ def test_report_renders_in_chromium(evaluation, tmp_path):
     x, y = map(int, stills[0]["at"].split(","))
     expected = cv2.imread(str(evaluation / "stills" / "test_0_stills.png"))
     shot = tmp_path / "report.png"
-    subprocess.run([browser, *flags, f"--window-size=1400,{y + expected.shape[0] + 50}", f"--screenshot={shot}", page],
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [browser, *flags, f"--window-size=1400,{y + expected.shape[0] + 50}", f"--screenshot={shot}", page],
+        capture_output=True,
+        timeout=120,
+    )
     image = cv2.imread(str(shot))
     assert image is not None and image.std() > 10  # not a blank page
-    shown = image[y:y + expected.shape[0], x:x + expected.shape[1]]
+    shown = image[y : y + expected.shape[0], x : x + expected.shape[1]]
     assert shown.shape == expected.shape and shown.std() > 20  # the stills, not a blank box
     assert np.abs(shown.astype(np.int16) - expected.astype(np.int16)).mean() < 3  # pixel for pixel
 
@@ -405,9 +584,24 @@ def test_file_names_with_html_are_escaped_in_the_report(weights, tmp_path, video
     kept, short = tmp_path / "<img src=x onerror=alert(1)>.mp4", tmp_path / "<b onmouseover=alert(2)>short.mp4"
     shutil.copy(videos_dir / CLIPS[1], kept)
     shutil.copy(videos_dir / CLIPS[0], short)  # 38 frames: too short for 21 at stride 2
-    result = run_inference("--model_path", str(weights), "--videos", str(kept), str(short), "--n_frames", "21",
-                           "--stride", "2", "--height", "32", "--width", "48", "--sequential",
-                           "--output_dir", str(tmp_path / "out"))
+    result = run_inference(
+        "--model_path",
+        str(weights),
+        "--videos",
+        str(kept),
+        str(short),
+        "--n_frames",
+        "21",
+        "--stride",
+        "2",
+        "--height",
+        "32",
+        "--width",
+        "48",
+        "--sequential",
+        "--output_dir",
+        str(tmp_path / "out"),
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     report = (tmp_path / "out" / "summary_report.html").read_text()
     assert "<img src=x" not in report and "<b onmouseover" not in report

@@ -1,10 +1,12 @@
-"""Reference-latent cache (built by training/cache_latents.py, read by training/data/latent_cache.py): built by the real CLI in subprocesses
-for the demo clips and a tiny CogVideoX VAE, then compared with the latents training would
-compute online. (Two processes, under ``accelerate launch`` or torchrun, run the same code
+"""Reference-latent cache (built by training/build_latent_cache.py, read by
+training/data/latent_cache.py): built by the real CLI in subprocesses for the demo clips
+and a tiny CogVideoX VAE, then compared with the latents training would compute online.
+(Two processes, under ``accelerate launch`` or torchrun, run the same code
 with a shard partition; left out here to keep this file fast.)
 
 The annotation has one missing file, so one sample is always a replacement clip.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,14 +20,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.clips import VideoClipDataset, VideoDataError, build_dataloader, frames_to_unit
+from common.config import TrainConfig, load_config
+from common.errors import UserError
+from common.reference_vae import ReferenceVAE
 from conftest import REPO_ROOT
 from train_runs import TEST_CONFIG, one_line_error
-from training.cache_latents import entry_point
-from training.config import ConfigError, TrainConfig, load_config
-from training.data.clips import VideoClipDataset, VideoDataError, build_dataloader, frames_to_unit
+from training.build_latent_cache import entry_point
 from training.data.latent_cache import CachedLatentDataset, LatentCache, latent_sample_generator
 from training.data.loading import build_datasets
-from training.data.reference_vae import ReferenceVAE
 from training.make_annotations import write_annotation
 
 MISSING = 5  # index of the missing file in the annotation (6 clips: shards {0, 1}, {2, 3}, {4, 5})
@@ -53,19 +56,42 @@ def data(demo_clips, tmp_path_factory) -> dict:
 
 def overrides(data: dict, vae: Path, *extra: str) -> list[str]:
     """Config overrides shared by the CLI runs and the in-process checks."""
-    return [f"--data_root={data['root']}", f"--annotation_file={data['train']}", f"--val_annotation_file={data['val']}",
-            f"--ref_vae_path={vae}", "--ref_vae_dtype=fp32", "--latent_cache_epochs=2", "--max_failure_fraction=0.5",
-            *extra]
+    return [
+        f"--data_root={data['root']}",
+        f"--annotation_file={data['train']}",
+        f"--val_annotation_file={data['val']}",
+        f"--ref_vae_path={vae}",
+        "--ref_vae_dtype=fp32",
+        "--latent_cache_epochs=2",
+        "--max_failure_fraction=0.5",
+        *extra,
+    ]
 
 
 def cli_args(data: dict, vae: Path, output: Path, *extra: str) -> list[str]:
-    return ["--config", TEST_CONFIG, *overrides(data, vae), "--output", str(output), "--shard_size", "2",
-            "--dtype", "fp32", *extra]
+    return [
+        "--config",
+        TEST_CONFIG,
+        *overrides(data, vae),
+        "--output",
+        str(output),
+        "--shard_size",
+        "2",
+        "--dtype",
+        "fp32",
+        *extra,
+    ]
 
 
 def run_cli(args: list[str]) -> None:
-    result = subprocess.run([sys.executable, "-m", "training.cache_latents", *args], capture_output=True, text=True,
-                            timeout=300, cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = subprocess.run(
+        [sys.executable, "-m", "training.build_latent_cache", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
 
 
@@ -97,8 +123,9 @@ def test_sampled_latents_equal_online_latents(sampled_cache, data, tiny_cogvideo
     config, dataset, vae = dataset_and_vae(data, tiny_cogvideox_vae)
     cache = LatentCache(sampled_cache)
     cache.check(config, len(dataset))
-    assert list(shard_files(sampled_cache)) == [f"epoch00{e}/shard00000{k}.safetensors" for e in (0, 1)
-                                                for k in (0, 1, 2)]
+    assert list(shard_files(sampled_cache)) == [
+        f"epoch00{e}/shard00000{k}.safetensors" for e in (0, 1) for k in (0, 1, 2)
+    ]
     for epoch in (0, 1):
         dataset.set_epoch(epoch)
         for index in range(len(dataset)):
@@ -128,12 +155,15 @@ def test_rerun_computes_only_missing_shards(sampled_cache, data, tiny_cogvideox_
     untouched, missing ones come back with the same latents."""
     output = tmp_path / "cache"
     shutil.copytree(sampled_cache, output)
-    deleted = ["epoch000/shard000000.safetensors", "epoch000/shard000002.safetensors",
-               "epoch001/shard000001.safetensors"]
+    deleted = [
+        "epoch000/shard000000.safetensors",
+        "epoch000/shard000002.safetensors",
+        "epoch001/shard000001.safetensors",
+    ]
     for name in deleted:
         (output / name).unlink()
     config, dataset, _ = dataset_and_vae(data, tiny_cogvideox_vae)
-    with pytest.raises(ConfigError, match="incomplete: 3 shard"):
+    with pytest.raises(UserError, match="incomplete: 3 shard"):
         LatentCache(output).check(config, len(dataset))
     kept = {name: path.stat().st_mtime_ns for name, path in shard_files(output).items()}
 
@@ -162,10 +192,10 @@ def test_manifest_mismatch_is_a_clear_error(sampled_cache, data, tiny_cogvideox_
 
     config, dataset, _ = dataset_and_vae(data, tiny_cogvideox_vae)
     cache = LatentCache(sampled_cache)
-    with pytest.raises(ConfigError, match=r"n_frames: cache 9, now 17") as error:
+    with pytest.raises(UserError, match=r"n_frames: cache 9, now 17") as error:
         cache.check(config.replace(n_frames=17, hflip=False), len(dataset))
     assert "hflip: cache True, now False" in str(error.value)
-    with pytest.raises(ConfigError, match=r"n_clips: cache 6, now 7"):
+    with pytest.raises(UserError, match=r"n_clips: cache 6, now 7"):
         cache.check(config, len(dataset) + 1)
 
 
@@ -208,13 +238,14 @@ def test_cached_dataset_refuses_a_clip_that_changed_since_caching(sampled_cache,
     with pytest.raises(VideoDataError, match="changed since the cache was built"):
         wrapped[MISSING]
 
+
 def test_errors_exit_with_status_2_and_say_what_to_set(data, tiny_cogvideox_vae, tmp_path, capsys):
     args = cli_args(data, tiny_cogvideox_vae, tmp_path / "cache")
     with pytest.raises(SystemExit) as exit_info:
         entry_point([*args, "--ref_vae_path="])
     assert exit_info.value.code == 2 and "set ref_vae_path" in capsys.readouterr().err
 
-    without_output = args[: args.index("--output")] + args[args.index("--output") + 2:]
+    without_output = args[: args.index("--output")] + args[args.index("--output") + 2 :]
     with pytest.raises(SystemExit) as exit_info:
         entry_point(without_output)
     assert exit_info.value.code == 2 and "--output DIR or set latent_cache_dir" in capsys.readouterr().err
@@ -227,10 +258,10 @@ def test_errors_exit_with_status_2_and_say_what_to_set(data, tiny_cogvideox_vae,
     assert not (tmp_path / "cache" / "manifest.json").exists()
 
 
-
 @pytest.mark.slow
-def test_training_refuses_a_cache_made_for_other_settings_or_with_a_damaged_shard(sampled_cache, data,
-                                                                                   tiny_cogvideox_vae, tmp_path):
+def test_training_refuses_a_cache_made_for_other_settings_or_with_a_damaged_shard(
+    sampled_cache, data, tiny_cogvideox_vae, tmp_path
+):
     """Through the training entry point: a cache made for another size, or with a shard
     whose header does not open, is refused in one line before the first step; a shard
     whose latent bytes were overwritten (same size) stops the run when the row is read,
@@ -239,17 +270,37 @@ def test_training_refuses_a_cache_made_for_other_settings_or_with_a_damaged_shar
     shutil.copytree(sampled_cache, cache)
 
     def train(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "training.taehv_train", "--config", TEST_CONFIG,
-                               *overrides(data, tiny_cogvideox_vae, f"--latent_cache_dir={cache}",
-                                          f"--output_dir={tmp_path / 'out'}", "--validation_every=100", *extra)],
-                              capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "training.taehv_train",
+                "--config",
+                TEST_CONFIG,
+                *overrides(
+                    data,
+                    tiny_cogvideox_vae,
+                    f"--latent_cache_dir={cache}",
+                    f"--output_dir={tmp_path / 'out'}",
+                    "--validation_every=100",
+                    *extra,
+                ),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=REPO_ROOT,
+        )
 
     assert "was made for other settings (width: cache 32, now 48)" in one_line_error(train("--width=48"))
     shard = cache / "epoch001" / "shard000002.safetensors"
     original = shard.read_bytes()
     shard.write_bytes(b"\xff" * 8 + original[8:])  # the header's length
     line = one_line_error(train())
-    assert f"has 1 damaged shard(s) (e.g. {shard} does not open" in line and "rerun `python -m training.cache_latents`" in line
+    assert (
+        f"has 1 damaged shard(s) (e.g. {shard} does not open" in line
+        and "rerun `python -m training.build_latent_cache`" in line
+    )
     shard.write_bytes(original)
 
     def damage_rows(shard: Path) -> bytes:
@@ -267,5 +318,8 @@ def test_training_refuses_a_cache_made_for_other_settings_or_with_a_damaged_shar
     shard = cache / "epoch000" / "shard000002.safetensors"  # read in the first epoch
     damage_rows(shard)
     line = one_line_error(train("--run_name=run", "--max_train_steps=8", "--checkpointing_steps=100"))
-    assert re.search(rf"the training data became unreadable at step \d+ \(latent cache shard {shard}, row [01] is "
-                     r"damaged \(checksum\): delete .*\); saved .*checkpoint-\d+\. .* resume with: ", line), line
+    assert re.search(
+        rf"the training data became unreadable at step \d+ \(latent cache shard {shard}, row [01] is "
+        r"damaged \(checksum\): delete .*\); saved .*checkpoint-\d+\. .* resume with: ",
+        line,
+    ), line

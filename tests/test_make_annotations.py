@@ -1,4 +1,5 @@
 """Annotation CLI: probing, skip report, grouped deterministic split, users' format."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from training.data.clips import VideoClipDataset
+from common.clips import VideoClipDataset
 from training.make_annotations import DEFAULT_GROUP_REGEX, group_key, main, split_train_val
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

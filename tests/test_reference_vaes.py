@@ -1,6 +1,7 @@
 """Every diffusers video VAE as the reference VAE: facts from its config, the matching TAE variant,
 and the whole path (two training steps, a one-clip latent cache, inference --use_ref_vae)
 with a tiny instance of each class saved by diffusers and loaded back."""
+
 from __future__ import annotations
 
 import json
@@ -13,18 +14,27 @@ import pytest
 import torch
 
 import inference
+from common.clips import frames_to_unit
+from common.config import TrainConfig, load_config
+from common.errors import UserError
+from common.reference_vae import ReferenceVAE
 from conftest import save_tiny_vae
 from models.taehv import TAEHV
+from models.vae_registry import (
+    REF_VAE_CLASSES,
+    LatentSpace,
+    auto_variant,
+    latent_space,
+    read_vae_config,
+    ref_vae_class_of,
+    ref_vae_problems,
+    video_model,
+)
+from models.variants import known_variants
 from models.weights import save_weights
 from train_runs import TEST_CONFIG, train_here
-from training.data.clips import frames_to_unit
-from training.data.latent_check import compare, diagnose
-from training.data.reference_vae import ReferenceVAE
-from models.reference_vaes import (REF_VAE_CLASSES, LatentSpace, auto_variant, latent_space, read_vae_config,
-                                   ref_vae_class_of, ref_vae_problems, video_model)
-from models.variants import known_variants
-from training import cache_latents
-from training.config import ConfigError, TrainConfig, load_config
+from training import build_latent_cache
+from training.data.latent_scale_check import compare, diagnose
 from training.preflight import check
 
 # tiny VAE, ref_vae_class, facts, the variant "auto" picks, size, an exact frame count
@@ -34,7 +44,7 @@ CASES = [
     ("ltx", "ltx", LatentSpace(128, 32, 8), "taeltx_2", 32, 9),
     ("ltx2", "ltx2", LatentSpace(128, 32, 8), "taeltx2_3", 64, 9),
     ("h3", "h3", LatentSpace(24, 16, 4, h3_chunks=True), "taeh3", 32, 22),
-    # no published TAE: variant=auto builds one (issue #28)
+    # no published TAE: variant=auto builds one
     ("allegro", "allegro", LatentSpace(4, 8, 4, causal=False), "tae_allegro", 32, 24),
     ("cosmos", "cosmos", LatentSpace(16, 8, 8), "tae_cosmos", 32, 9),
     ("kvae", "kvae", LatentSpace(16, 8, 4), "tae_kvae", 32, 9),
@@ -42,7 +52,14 @@ CASES = [
     ("vidtok", "vidtok", LatentSpace(4, 8, 4), "tae_vidtok", 32, 9),
     ("mochi", "mochi", LatentSpace(12, 8, 6), "tae_mochi", 32, 7),
     ("svd", "svd", LatentSpace(4, 8, 1), "tae_svd", 32, 3),
-    ("hunyuanimage_refiner", "hunyuanimage_refiner", LatentSpace(32, 16, 1, causal=False), "tae_hunyuanimage_refiner", 32, 3),
+    (
+        "hunyuanimage_refiner",
+        "hunyuanimage_refiner",
+        LatentSpace(32, 16, 1, causal=False),
+        "tae_hunyuanimage_refiner",
+        32,
+        3,
+    ),
     ("qwenimage21", "qwenimage21", LatentSpace(64, 16, 1, image_channels=4), "tae_qwenimage2_1", 32, 1),  # RGBA images
 ]
 IDS = [case[0] for case in CASES]
@@ -71,7 +88,9 @@ def rgba_images(tmp_path_factory) -> dict:
     annotations = {}
     for split, names in (("train", ["image0.png", "image1.png"]), ("val", ["image2.png"])):
         annotations[split] = root / f"{split}.json"
-        annotations[split].write_text(json.dumps({"total": len(names), "list": [{"path": n, "frames": 1} for n in names]}))
+        annotations[split].write_text(
+            json.dumps({"total": len(names), "list": [{"path": n, "frames": 1} for n in names]})
+        )
     return {"root": root, **annotations}
 
 
@@ -83,11 +102,18 @@ def test_facts_come_from_the_config_and_match_the_latents(tmp_path, tiny, ref_va
     assert latent_space(ref_vae_class, read_vae_config(root / "vae")) == facts
     assert auto_variant(ref_vae_class, root / "vae") == variant
     vae = ReferenceVAE(root, ref_vae_class, dtype="fp32", sample=False)
-    clip = frames_to_unit(torch.randint(0, 255, (1, frames, facts.image_channels, size, size), dtype=torch.uint8), "cpu")
+    clip = frames_to_unit(
+        torch.randint(0, 255, (1, frames, facts.image_channels, size, size), dtype=torch.uint8), "cpu"
+    )
     latents = vae.encode(clip)
     plan = TAEHV(variant=variant).plan(frames)
-    assert tuple(latents.shape) == (1, plan.latent_frames, facts.latent_channels, size // facts.spatial_compression,
-                                    size // facts.spatial_compression)
+    assert tuple(latents.shape) == (
+        1,
+        plan.latent_frames,
+        facts.latent_channels,
+        size // facts.spatial_compression,
+        size // facts.spatial_compression,
+    )
     decoded = vae.decode(latents)
     assert decoded.shape[1] == plan.decoded_frames == frames and 0 <= float(decoded.min()) <= float(decoded.max()) <= 1
     assert decoded.shape[2] == facts.image_channels
@@ -96,17 +122,27 @@ def test_facts_come_from_the_config_and_match_the_latents(tmp_path, tiny, ref_va
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tiny, ref_vae_class, facts, variant, size, frames", CASES, ids=IDS)
-def test_train_cache_and_evaluate_with_each_reference_vae(request, tmp_path, tiny, ref_vae_class, facts, variant, size,
-                                                    frames):
+def test_train_cache_and_evaluate_with_each_reference_vae(
+    request, tmp_path, tiny, ref_vae_class, facts, variant, size, frames
+):
     """An RGBA reference VAE (Qwen-Image 2.1) trains and evaluates on RGBA images: its alpha
     is learned, scored on its own, written into the stills PNG and shown beside the RGB
     video."""
     clips = request.getfixturevalue("rgba_images" if facts.image_channels == 4 else "long_clips")
     root = save_tiny_vae(tmp_path / "ref_vae", tiny)
-    ref_vae = [f"--ref_vae_path={root}", f"--ref_vae_class={ref_vae_class}", "--ref_vae_dtype=fp32", "--variant=auto",
-               f"--height={size}", f"--width={size}", f"--n_frames={frames}", "--stride_max=1"]
-    run = train_here(tmp_path / "out", clips, *ref_vae, "--max_train_steps=2", "--num_validation_samples=1",
-                     "--mixed_precision=no")
+    ref_vae = [
+        f"--ref_vae_path={root}",
+        f"--ref_vae_class={ref_vae_class}",
+        "--ref_vae_dtype=fp32",
+        "--variant=auto",
+        f"--height={size}",
+        f"--width={size}",
+        f"--n_frames={frames}",
+        "--stride_max=1",
+    ]
+    run = train_here(
+        tmp_path / "out", clips, *ref_vae, "--max_train_steps=2", "--num_validation_samples=1", "--mixed_precision=no"
+    )
     assert json.loads((run / "config.json").read_text())["variant"] == variant
     assert TAEHV(run / "final_model.safetensors").variant == variant
     assert TAEHV(run / "export" / f"{variant}.pth").variant == variant  # the export bundle, by its file name
@@ -117,17 +153,48 @@ def test_train_cache_and_evaluate_with_each_reference_vae(request, tmp_path, tin
     one_clip.write_text(json.dumps({"total": 1, "list": entries}))
     # training's, the cache builder's and inference's entry points in this process (a fresh
     # process's start-up, seconds of imports, is tested in test_train.py and test_inference.py)
-    cache_latents.main(["--config", TEST_CONFIG, *ref_vae, f"--data_root={clips['root']}",
-                        f"--annotation_file={one_clip}", f"--val_annotation_file={clips['val']}",
-                        "--output", str(tmp_path / "cache"), "--dtype", "fp32"])
-    assert json.loads((tmp_path / "cache" / "manifest.json").read_text())["valid_for"]["latent_channels"] == \
-        facts.latent_channels
+    build_latent_cache.main(
+        [
+            "--config",
+            TEST_CONFIG,
+            *ref_vae,
+            f"--data_root={clips['root']}",
+            f"--annotation_file={one_clip}",
+            f"--val_annotation_file={clips['val']}",
+            "--output",
+            str(tmp_path / "cache"),
+            "--dtype",
+            "fp32",
+        ]
+    )
+    assert (
+        json.loads((tmp_path / "cache" / "manifest.json").read_text())["valid_for"]["latent_channels"]
+        == facts.latent_channels
+    )
 
-    metrics = inference.main(["--model_path", str(run / "final_model.safetensors"), "--videos",
-                              str(Path(clips["root"]) / entries[0]["path"]), "--n_frames", str(frames),
-                              "--height", str(size), "--width", str(size), "--num_samples", "1", "--use_ref_vae",
-                              "--ref_vae_path", str(root), "--ref_vae_class", ref_vae_class,
-                              "--output_dir", str(tmp_path / "eval")])
+    metrics = inference.main(
+        [
+            "--model_path",
+            str(run / "final_model.safetensors"),
+            "--videos",
+            str(Path(clips["root"]) / entries[0]["path"]),
+            "--n_frames",
+            str(frames),
+            "--height",
+            str(size),
+            "--width",
+            str(size),
+            "--num_samples",
+            "1",
+            "--use_ref_vae",
+            "--ref_vae_path",
+            str(root),
+            "--ref_vae_class",
+            ref_vae_class,
+            "--output_dir",
+            str(tmp_path / "eval"),
+        ]
+    )
     assert metrics == json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert "reference" in metrics["samples"][0] and metrics["model"]["variant"] == variant
     assert metrics["summary"]["comparison"]["latent_rms_ratio"] == metrics["samples"][0]["latent_rms_ratio"] > 0
@@ -159,13 +226,21 @@ def test_the_latent_scale_check_names_normalised_latents_and_a_wrong_variant():
 
 
 @pytest.mark.slow
-def test_a_pretrained_model_off_the_reference_scale_is_a_loud_warning_at_start(tmp_path, demo_clips,
-                                                                               tiny_cogvideox_vae):
+def test_a_pretrained_model_off_the_reference_scale_is_a_loud_warning_at_start(
+    tmp_path, demo_clips, tiny_cogvideox_vae
+):
     """Weights that do not belong to this latent space (here: untrained ones given as
     pretrained weights) are reported before the first step, with the likely cause."""
     pretrained = save_weights(TAEHV(variant="taecvx"), tmp_path / "not_for_this_vae.pth")
-    run = train_here(tmp_path / "out", demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}", "--ref_vae_dtype=fp32",
-                     f"--pretrained_model_path={pretrained}", "--max_train_steps=1", "--num_validation_samples=1")
+    run = train_here(
+        tmp_path / "out",
+        demo_clips,
+        f"--ref_vae_path={tiny_cogvideox_vae}",
+        "--ref_vae_dtype=fp32",
+        f"--pretrained_model_path={pretrained}",
+        "--max_train_steps=1",
+        "--num_validation_samples=1",
+    )
     log = (run / "train.log").read_text()
     assert "WARNING latent scale check: the model's latents have RMS" in log and "likely cause" in log
 
@@ -191,9 +266,17 @@ def test_a_reference_vae_config_is_read_once_per_process(tmp_path, demo_clips, m
         return read_text(path, *args, **kwargs)
 
     monkeypatch.setattr(Path, "read_text", counting_read_text)
-    config = load_config(TEST_CONFIG, [f"--ref_vae_path={root}", "--variant=auto", "--n_frames=9",
-                                       f"--data_root={demo_clips['root']}", f"--annotation_file={demo_clips['train']}",
-                                       f"--val_annotation_file={demo_clips['val']}"])
+    config = load_config(
+        TEST_CONFIG,
+        [
+            f"--ref_vae_path={root}",
+            "--variant=auto",
+            "--n_frames=9",
+            f"--data_root={demo_clips['root']}",
+            f"--annotation_file={demo_clips['train']}",
+            f"--val_annotation_file={demo_clips['val']}",
+        ],
+    )
     assert config.variant == "taecvx"
     check(config)
     ReferenceVAE.from_config(config, "cpu")
@@ -205,12 +288,14 @@ def test_a_config_json_without_a_key_the_facts_need_is_one_problem(tmp_path):
     the file (it was a KeyError traceback in the launch script's pre-flight)."""
     root = save_tiny_vae(tmp_path / "vae_root", "cogvideox")
     config_file = root / "vae" / "config.json"
-    config_file.write_text(json.dumps({k: v for k, v in json.loads(config_file.read_text()).items()
-                                       if k != "block_out_channels"}))
+    config_file.write_text(
+        json.dumps({k: v for k, v in json.loads(config_file.read_text()).items() if k != "block_out_channels"})
+    )
     assert auto_variant("cogvideox", root / "vae") is None
     assert ref_vae_problems("cogvideox", root / "vae", "taecvx") == [
         f"{config_file} has no 'block_out_channels', which an AutoencoderKLCogVideoX config needs to tell its latent "
-        "space: is the file complete?"]
+        "space: is the file complete?"
+    ]
 
 
 def test_ref_vae_class_auto_reads_the_class_from_the_folder(tmp_path, demo_clips):
@@ -219,8 +304,12 @@ def test_ref_vae_class_auto_reads_the_class_from_the_folder(tmp_path, demo_clips
     entry of the table loads, is one problem that says what to do."""
     assert TrainConfig().ref_vae_class == "auto"
     cogvideox, wan = save_tiny_vae(tmp_path / "cogvideox", "cogvideox"), save_tiny_vae(tmp_path / "wan", "wan22")
-    data = [f"--data_root={demo_clips['root']}", f"--annotation_file={demo_clips['train']}",
-            f"--val_annotation_file={demo_clips['val']}", "--n_frames=9"]
+    data = [
+        f"--data_root={demo_clips['root']}",
+        f"--annotation_file={demo_clips['train']}",
+        f"--val_annotation_file={demo_clips['val']}",
+        "--n_frames=9",
+    ]
 
     def config_for(root: Path, *extra: str) -> TrainConfig:
         return load_config(TEST_CONFIG, [f"--ref_vae_path={root}", *data, *extra])
@@ -231,20 +320,26 @@ def test_ref_vae_class_auto_reads_the_class_from_the_folder(tmp_path, demo_clips
     assert config.ref_vae_class == "cogvideox" and check(config) is not None
     vae = ReferenceVAE(cogvideox, "auto", dtype="fp32")  # inference without --config: resolved when loading
     assert vae.latent_channels == 16
-    with pytest.raises(ConfigError, match=r"holds a AutoencoderKLCogVideoX, but ref_vae_class=wan loads "
-                                          r"AutoencoderKLWan: set ref_vae_class=cogvideox"):
+    with pytest.raises(
+        UserError,
+        match=r"holds a AutoencoderKLCogVideoX, but ref_vae_class=wan loads "
+        r"AutoencoderKLWan: set ref_vae_class=cogvideox",
+    ):
         check(config_for(cogvideox, "--ref_vae_class=wan", "--variant=taecvx"))
 
     config_file = wan / "vae" / "config.json"
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "_class_name": "AutoencoderDC"}))
     config = config_for(wan, "--ref_vae_class=auto", "--variant=auto")
     assert (config.ref_vae_class, config.variant) == ("auto", "auto")  # left for the check to explain
-    with pytest.raises(ConfigError, match=rf"ref_vae_class=auto: {config_file} holds a AutoencoderDC, which no "
-                                          r"ref_vae_class loads yet \(known: AutoencoderKLCogVideoX, "):
+    with pytest.raises(
+        UserError,
+        match=rf"ref_vae_class=auto: {config_file} holds a AutoencoderDC, which no "
+        r"ref_vae_class loads yet \(known: AutoencoderKLCogVideoX, ",
+    ):
         check(config)
 
 
 def test_a_reference_vae_that_cannot_run_here_says_why(tmp_path):
     """Cosmos's VAE has no bf16 average pooling on the CPU: one line, before any weights load."""
-    with pytest.raises(ConfigError, match=r"runs on the CPU in fp32 only .*: pass --ref_vae_dtype=fp32"):
+    with pytest.raises(UserError, match=r"runs on the CPU in fp32 only .*: pass --ref_vae_dtype=fp32"):
         ReferenceVAE(save_tiny_vae(tmp_path / "cosmos", "cosmos"), "auto", dtype="bf16", device="cpu")

@@ -1,5 +1,6 @@
 """One writer per run directory (training/state/run_lock.py); the refusal between real
 training processes is in test_fault_tolerance.py."""
+
 from __future__ import annotations
 
 import errno
@@ -8,13 +9,13 @@ import os
 
 import pytest
 
-from training.errors import ConfigError
+from common.errors import UserError
 from training.state import run_lock
 
 
 def test_a_held_run_directory_is_refused_with_its_holder_until_released(tmp_path):
     first = run_lock.lock_run_dir(tmp_path)
-    with pytest.raises(ConfigError, match=rf"is being written by another training run \(pid {os.getpid()} on "):
+    with pytest.raises(UserError, match=rf"is being written by another training run \(pid {os.getpid()} on "):
         run_lock.lock_run_dir(tmp_path)
     run_lock.release_run_dir(first)
     assert (tmp_path / run_lock.LOCK_NAME).read_text() == ""

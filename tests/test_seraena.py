@@ -1,5 +1,6 @@
 """Seraena: discriminator shapes, replay buffer, that its corrections point towards the real
 data, exact resume through safetensors, and identical discriminators across gloo ranks."""
+
 from __future__ import annotations
 
 import socket
@@ -25,7 +26,9 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def batch(g: int, channels: int, size: int, ctx_channels: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def batch(
+    g: int, channels: int, size: int, ctx_channels: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     real = torch.rand(g, channels, size, size, generator=gen)
     fake = torch.rand(g, channels, size, size, generator=gen)
@@ -46,7 +49,11 @@ def test_shapes_dtypes_and_parameter_count():
     for value in stats.values():
         assert value.ndim == 0 and value.is_floating_point() and torch.isfinite(value)
     assert stats["correction_norm"].item() == pytest.approx(1.0, abs=1e-3)  # unit std
-    assert seraena.buffer_bytes() == Seraena.estimate_buffer_bytes(16384, 9, 16, 32, 32, 4, 4) == 16384 * (9 * 1024 + 16 * 16) * 4
+    assert (
+        seraena.buffer_bytes()
+        == Seraena.estimate_buffer_bytes(16384, 9, 16, 32, 32, 4, 4)
+        == 16384 * (9 * 1024 + 16 * 16) * 4
+    )
 
 
 def test_buffer_estimate_matches_the_published_figures():

@@ -1,73 +1,104 @@
-"""The training step on its own (one CPU process, tiny clips): accumulation windows,
-skipping on a non-finite loss or an out-of-memory forward pass, the signal flag, and the
-source of reference latents. Multi-process agreement: tests/test_fault_tolerance.py."""
+"""The training step on its own (one CPU process, tiny clips): accumulation windows and
+the epochs they follow, skipping on a non-finite loss or an out-of-memory forward pass, a
+batch that cannot be loaded, the signal flag, and the source of reference latents.
+Multi-process agreement: tests/test_fault_tolerance.py."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState
+from accelerate.state import AcceleratorState, GradientState
+from torch.utils.data import DataLoader, Dataset
 
+from common.clips import VideoDataError
+from common.config import TrainConfig
 from models.taehv import TAEHV
-from training.config import TrainConfig
-from training.data.loading import ReferenceLatents
+from training.data.loading import ReferenceLatents, training_batches
 from training.loop.resilience import FaultPlan, StopRequest
 from training.loop.step import TrainStep
+from training.taehv_train import Progress
 
 FRAMES, SIZE = 5, 8
 
 
-def make_step(faults: str = "", stop: StopRequest | None = None, latents: ReferenceLatents | None = None,
-              **changes) -> TrainStep:
-    config = TrainConfig(variant="taehv", n_frames=FRAMES, height=SIZE, width=SIZE, train_batch_size=1,
-                         mixed_precision="no", lr_scheduler="constant", lr_warmup_steps=0, **changes)
+def make_step(
+    faults: str = "", stop: StopRequest | None = None, latents: ReferenceLatents | None = None, **changes
+) -> TrainStep:
+    config = TrainConfig(
+        variant="taehv",
+        n_frames=FRAMES,
+        height=SIZE,
+        width=SIZE,
+        train_batch_size=1,
+        mixed_precision="no",
+        lr_scheduler="constant",
+        lr_warmup_steps=0,
+        **changes,
+    )
     torch.manual_seed(0)
-    step, _ = TrainStep.build(config, Accelerator(cpu=True, gradient_accumulation_steps=config.gradient_accumulation_steps),
-                              TAEHV(variant="taehv"), latents or ReferenceLatents(None, cached=False),
-                              FaultPlan.parse(faults), stop)
-    step.model.train()
-    return step
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=config.gradient_accumulation_steps)
+    train_step, _ = TrainStep.build(
+        config,
+        accelerator,
+        TAEHV(variant="taehv"),
+        latents or ReferenceLatents(None, cached=False),
+        FaultPlan.parse(faults),
+        stop,
+    )
+    train_step.model.train()
+    return train_step
 
 
 def batch(**extra) -> dict:
     return {"frames": torch.randint(0, 256, (1, FRAMES, 3, SIZE, SIZE), dtype=torch.uint8), **extra}
 
 
-def weights(step: TrainStep) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in step.net.parameters()]
+def weights(train_step: TrainStep) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in train_step.net.parameters()]
 
 
-def changed(before: list[torch.Tensor], step: TrainStep) -> bool:
-    return any(not torch.equal(a, b) for a, b in zip(before, step.net.parameters()))
+def changed(before: list[torch.Tensor], train_step: TrainStep) -> bool:
+    return any(not torch.equal(a, b) for a, b in zip(before, train_step.net.parameters()))
 
 
 def test_a_window_of_two_micro_batches_steps_once():
-    step = make_step(gradient_accumulation_steps=2)
-    before, ema_before = weights(step), [p.clone() for p in step.ema.shadow_params]
-    first = step(batch(), window=1)
-    assert not first.window_done and first.losses is not None and not changed(before, step)
-    second = step(batch(), window=1)
-    assert second.window_done and second.applied and second.skip_reason is None
-    assert changed(before, step) and bool(torch.isfinite(torch.as_tensor(second.grad_norm)))
-    assert any(not torch.equal(a, b) for a, b in zip(ema_before, step.ema.shadow_params))
-    assert set(second.losses) == {"loss", "reconstruction_loss"} and not second.stop_requested
+    """One call takes the window's micro-batches one at a time, steps once at the end and
+    asks for no batch beyond the window."""
+    train_step = make_step(gradient_accumulation_steps=2)
+    before, ema_before = weights(train_step), [p.clone() for p in train_step.ema.shadow_params]
+    unchanged_between = []
+
+    def two_batches():
+        yield batch(failures=torch.tensor([1]))
+        unchanged_between.append(not changed(before, train_step))  # the first backward pass, no step yet
+        yield batch(failures=torch.tensor([0]))
+        raise AssertionError("a third micro-batch was asked for")
+
+    result = train_step(two_batches(), window=1)
+    assert unchanged_between == [True] and result.micro_batches == 2 and len(result.losses) == 2
+    assert result.applied and result.skip_reason is None and not result.data_failed
+    assert changed(before, train_step) and bool(torch.isfinite(torch.as_tensor(result.grad_norm)))
+    assert any(not torch.equal(a, b) for a, b in zip(ema_before, train_step.ema.shadow_params))
+    assert set(result.losses[1]) == {"loss", "reconstruction_loss"} and not result.stop_requested
+    assert int(result.failures) == 1 and result.data_wait >= 0
 
 
 def test_a_non_finite_loss_skips_the_window_and_leaves_the_weights():
-    step = make_step(faults="nan_loss@1")
-    before, ema_before = weights(step), [p.clone() for p in step.ema.shadow_params]
-    result = step(batch(), window=1)
-    assert result.window_done and not result.applied and result.skip_reason == "non-finite loss"
-    assert result.losses is None and not changed(before, step)
-    assert all(torch.equal(a, b) for a, b in zip(ema_before, step.ema.shadow_params))
-    assert all(p.grad is None for p in step.net.parameters())  # nothing leaks into the next window
-    assert step(batch(), window=2).applied
+    train_step = make_step(faults="nan_loss@1")
+    before, ema_before = weights(train_step), [p.clone() for p in train_step.ema.shadow_params]
+    result = train_step(iter([batch()]), window=1)
+    assert not result.applied and result.skip_reason == "non-finite loss"
+    assert result.losses == [] and not changed(before, train_step)
+    assert all(torch.equal(a, b) for a, b in zip(ema_before, train_step.ema.shadow_params))
+    assert all(p.grad is None for p in train_step.net.parameters())  # nothing leaks into the next window
+    assert train_step(iter([batch()]), window=2).applied
 
 
 def test_an_out_of_memory_forward_pass_runs_the_placeholder_and_skips(monkeypatch):
-    step = make_step()
+    train_step = make_step()
     calls = []
-    real_forward = step.forward
+    real_forward = train_step.forward
 
     def forward(frames, z_ref):
         calls.append(tuple(frames.shape))
@@ -75,28 +106,79 @@ def test_an_out_of_memory_forward_pass_runs_the_placeholder_and_skips(monkeypatc
             raise torch.OutOfMemoryError("simulated")
         return real_forward(frames, z_ref)
 
-    monkeypatch.setattr(step, "forward", forward)
-    before = weights(step)
-    result = step(batch(), window=1)
+    monkeypatch.setattr(train_step, "forward", forward)
+    before = weights(train_step)
+    result = train_step(iter([batch()]), window=1)
     assert calls == [(1, FRAMES, 3, SIZE, SIZE), (1, FRAMES, 3, 8, 8)]  # the batch, then the placeholder clip
-    assert not result.applied and result.skip_reason == "out of memory" and not changed(before, step)
+    assert not result.applied and result.skip_reason == "out of memory" and not changed(before, train_step)
 
 
 def test_a_signal_is_reported_at_the_step_boundary():
+    """A signal in the first micro-batch does not cut the window short: its step is taken."""
     stop = StopRequest()
-    step = make_step(stop=stop)
+    train_step = make_step(stop=stop, gradient_accumulation_steps=2)
     stop.signal_name = "SIGTERM"  # what the handler records
-    result = step(batch(), window=1)
-    assert result.applied and result.stop_requested  # the step finishes; the loop then saves and stops
+    result = train_step(iter([batch(), batch()]), window=1)
+    assert result.applied and result.micro_batches == 2 and result.stop_requested  # the loop then saves and stops
+
+
+def test_a_batch_that_cannot_be_loaded_drops_the_window():
+    """No backward pass for it and no optimizer step for the window; the loop saves the
+    last step and stops."""
+    train_step = make_step(gradient_accumulation_steps=3)
+    before, error = weights(train_step), VideoDataError("the clips are gone")
+    result = train_step(iter([batch(), error, batch()]), window=1)
+    assert result.data_failed and result.data_error is error and result.micro_batches == 2
+    assert not result.applied and result.skip_reason is None and result.grad_norm is None
+    assert not changed(before, train_step)
+
+
+class Clips(Dataset):
+    """Tiny clips in order; the clip at ``missing`` cannot be read, as when the files are deleted."""
+
+    def __init__(self, count: int):
+        self.count, self.missing = count, None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> dict:
+        if index == self.missing:
+            raise VideoDataError(f"clip {index} is gone")
+        return {"frames": torch.full((FRAMES, 3, SIZE, SIZE), index, dtype=torch.uint8), "failures": 0}
+
+
+def test_windows_follow_the_epochs_and_a_failed_one_is_given_back():
+    """Accelerate ends a window at its epoch's last batch: windows of 2 over 5 batches take
+    2, 2 and 1 of them, and the next epoch starts with the next window. The run's position
+    counts the batches taken; a window whose batch cannot be loaded gives them back."""
+    train_step = make_step(gradient_accumulation_steps=2)
+    clips, progress = Clips(5), Progress()
+    loader = train_step.accelerator.prepare(DataLoader(clips, batch_size=1))
+    batches = training_batches(loader, train_step.accelerator, progress)
+    try:
+        seen = []
+        for _ in range(4):
+            result = train_step(batches, progress.window)
+            progress.count(result)
+            seen.append((result.micro_batches, progress.epoch, progress.batch_in_epoch, progress.step))
+        assert seen == [(2, 0, 2, 1), (2, 0, 4, 2), (1, 0, 5, 3), (2, 1, 2, 4)]
+        clips.missing = 4  # the loader reads one batch ahead: clip 4 fails the window's second batch
+        result = train_step(batches, progress.window)
+        progress.count(result)
+        assert result.data_failed and result.micro_batches == 2
+        assert (progress.epoch, progress.batch_in_epoch, progress.step, progress.skipped_steps) == (1, 2, 4, 0)
+    finally:
+        GradientState._reset_state()  # the loader that failed is still registered as iterating
 
 
 def test_cached_reference_latents_come_from_the_batch():
-    step = make_step(latents=ReferenceLatents(None, cached=True))
+    train_step = make_step(latents=ReferenceLatents(None, cached=True))
     z_ref = torch.randn(1, TAEHV(variant="taehv").plan(FRAMES).latent_frames, 16, 1, 1)
-    result = step(batch(latents=z_ref), window=1)
-    assert {"encoder_loss", "decoder_loss", "reconstruction_loss"} <= set(result.losses)
+    result = train_step(iter([batch(latents=z_ref)]), window=1)
+    assert {"encoder_loss", "decoder_loss", "reconstruction_loss"} <= set(result.losses[0])
     with pytest.raises(KeyError):  # a cache-fed step never falls back to something else
-        step(batch(), window=2)
+        train_step(iter([batch()]), window=2)
 
 
 def test_validation_runs_the_model_in_bf16_and_the_metrics_in_fp32(demo_clips, monkeypatch):
@@ -105,21 +187,36 @@ def test_validation_runs_the_model_in_bf16_and_the_metrics_in_fp32(demo_clips, m
     from training.data.loading import build_datasets
     from training.loop import validation
 
-    config = TrainConfig(variant="taehv", n_frames=FRAMES, height=16, width=16, data_root=str(demo_clips["root"]),
-                         annotation_file=str(demo_clips["train"]), val_annotation_file=str(demo_clips["val"]),
-                         num_validation_samples=1, mixed_precision="bf16")
+    config = TrainConfig(
+        variant="taehv",
+        n_frames=FRAMES,
+        height=16,
+        width=16,
+        data_root=str(demo_clips["root"]),
+        annotation_file=str(demo_clips["train"]),
+        val_annotation_file=str(demo_clips["val"]),
+        num_validation_samples=1,
+        mixed_precision="bf16",
+    )
     autocast_during = {}
     for name in ("video_ssim", "video_sharpness", "video_psnr"):
         metric = getattr(validation, name)
-        monkeypatch.setattr(validation, name, lambda p, t, metric=metric, name=name: (
-            autocast_during.setdefault(name, torch.is_autocast_enabled("cpu")), metric(p, t))[1])
+        monkeypatch.setattr(
+            validation,
+            name,
+            lambda p, t, metric=metric, name=name: (
+                autocast_during.setdefault(name, torch.is_autocast_enabled("cpu")),
+                metric(p, t),
+            )[1],
+        )
     decoder_dtypes = []
     model = TAEHV(variant="taehv")
     model.decoder[-1].register_forward_hook(lambda module, args, out: decoder_dtypes.append(out.dtype))
     AcceleratorState._reset_state(reset_partial_state=True)  # a bf16 Accelerator after this file's fp32 ones
     try:
-        metrics = validation.validate(Accelerator(cpu=True, mixed_precision="bf16"), model, build_datasets(config)[1],
-                                      config, None, torch.float32)
+        metrics = validation.validate(
+            Accelerator(cpu=True, mixed_precision="bf16"), model, build_datasets(config)[1], config, None, torch.float32
+        )
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
     assert decoder_dtypes == [torch.bfloat16] and autocast_during == dict.fromkeys(autocast_during, False)

@@ -1,11 +1,13 @@
 """The pre-flight's estimate of one step's activations (training/loop/memory.py)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
+from common.config import load_config
+from common.errors import UserError
 from models.taehv import TAEHV
-from training.config import ConfigError, load_config
 from training.loop import memory
 
 
@@ -28,8 +30,9 @@ def saved_on_cpu(variant: str, frames: int, with_reference: bool, train_encoder:
     return sum(kept.values())
 
 
-@pytest.mark.parametrize("variant, with_reference, train_encoder", [
-    ("taehv", False, True), ("taehv", True, False), ("taeh3", True, True)])
+@pytest.mark.parametrize(
+    "variant, with_reference, train_encoder", [("taehv", False, True), ("taehv", True, False), ("taeh3", True, True)]
+)
 def test_the_estimate_is_what_a_real_forward_keeps(variant, with_reference, train_encoder):
     """The meta-device forward keeps the storages a real one does: both decodes with
     reference latents, no encoder activations when it is frozen. Within 1%: on a CPU,
@@ -47,16 +50,19 @@ def test_a_step_that_cannot_fit_is_refused_with_its_size_and_a_close_one_is_warn
     monkeypatch.setattr(memory, "device_memory", lambda: ("the test device", int(needed * 1.2)))
     assert "may run out of memory" in memory.check_fits(config)[0]
     monkeypatch.setattr(memory, "device_memory", lambda: ("the test device", needed - 1))
-    with pytest.raises(ConfigError, match=r"^one training step keeps about [0-9.]+ .iB of activations \(1 clip\(s\) "
-                                          r"of 9 frames at 32x32, taecvx, fp32\), more than the [0-9.]+ .iB of the "
-                                          r"test device: lower height and width"):
+    with pytest.raises(
+        UserError,
+        match=r"^one training step keeps about [0-9.]+ .iB of activations \(1 clip\(s\) "
+        r"of 9 frames at 32x32, taecvx, fp32\), more than the [0-9.]+ .iB of the "
+        r"test device: lower height and width",
+    ):
         memory.check_fits(config)
     monkeypatch.setattr(memory, "device_memory", lambda: ("the test device", needed * 2))
     assert "may run out of memory" not in memory.check_fits(config)[0]
 
 
 def test_the_h100_preset_needs_about_24_gib_of_activations(monkeypatch):
-    """The seeds' recipe (2 clips of 17 frames at 480x720, bf16), estimated as on the GPU it
+    """The H100 presets' recipe (2 clips of 17 frames at 480x720, bf16), estimated as on the GPU it
     is for (the published blocks; a CPU's training schedule keeps less): fits an 80 GB GPU,
     which is what the check compares it with there."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

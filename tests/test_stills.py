@@ -1,5 +1,6 @@
 """Pictures for the report: which frames, tile sizes, the difference heat map, the latent
 picture, and the labelled side-by-side comparison videos."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,7 +30,7 @@ def test_small_clips_are_upscaled_to_256_px_tiles_with_nearest_neighbour():
     assert shown == [0, 2, 4]  # the reference VAE decoded only 5 frames: stay within both
     tile = 48 * 6  # ceil(256 / 48) = 6
     assert picture.shape == (HEADER_HEIGHT + 3 * (32 * 6 + 4), 4 * tile + 3 * 4, 3)
-    first = picture[HEADER_HEIGHT:HEADER_HEIGHT + 32 * 6, :tile]
+    first = picture[HEADER_HEIGHT : HEADER_HEIGHT + 32 * 6, :tile]
     assert np.array_equal(first[::6, ::6][12:, 40:], video[0][12:, 40:])  # nearest-neighbour (label corner left out)
     without_reference, _ = comparison_stills(video, video)
     assert without_reference.shape[1] == 3 * tile + 2 * 4
@@ -66,10 +67,12 @@ def test_rgba_stills_keep_the_alpha_and_rgba_videos_show_it_beside_the_colours()
     picture, _ = comparison_stills(video, video)
     assert picture.shape[2] == 4
     tile = 32 * 8  # ceil(256 / 32) = 8
-    first = picture[HEADER_HEIGHT:HEADER_HEIGHT + tile]
-    assert (first[:tile // 2, :tile, 3] == 0).all()  # the original, above its opaque "frame 0" label
+    first = picture[HEADER_HEIGHT : HEADER_HEIGHT + tile]
+    assert (first[: tile // 2, :tile, 3] == 0).all()  # the original, above its opaque "frame 0" label
     assert (first[:, -tile:, 3] == 255).all()  # the heat map
-    assert (picture[:HEADER_HEIGHT, ..., 3] == 255).all() and (first[:, tile:tile + 4, 3] == 255).all()
+    assert (picture[:HEADER_HEIGHT, ..., 3] == 255).all() and (first[:, tile : tile + 4, 3] == 255).all()
     assert (rgb_beside_alpha(video[..., :3]) == video[..., :3]).all()  # RGB frames as they are
     shown = rgb_beside_alpha(video)
-    assert shown.shape == (3, 32, 64, 3) and (shown[:, :, :32] == video[..., :3]).all() and (shown[:, :, 32:] == 0).all()
+    assert (
+        shown.shape == (3, 32, 64, 3) and (shown[:, :, :32] == video[..., :3]).all() and (shown[:, :, 32:] == 0).all()
+    )

@@ -1,4 +1,5 @@
 """Variant selection, strict loading, saving, training forward and streaming."""
+
 from __future__ import annotations
 
 import json
@@ -9,11 +10,14 @@ import textwrap
 import pytest
 import torch
 
-from models.weights import CheckpointMismatchError, WeightsError, read_metadata, read_state_dict, save_weights
+import models.fast_paths as fast_paths
 import models.taehv as taehv_module
-from models.taehv import TAEHV, MemBlock, SuperMemBlock, fused_steps, with_past
-from models.variants import built_name, detect_variant, get_variant, known_variants, split_time
 from conftest import REPO_ROOT
+from models.blocks import Kind, MemBlock, SuperMemBlock, WideMemBlock
+from models.fast_paths import forward_stacked, fused_steps, with_past
+from models.taehv import TAEHV
+from models.variants import built_name, detect_variant, get_variant, known_variants, split_time
+from models.weights import CheckpointMismatchError, WeightsError, read_metadata, read_state_dict, save_weights
 
 
 @pytest.mark.parametrize(
@@ -48,9 +52,11 @@ def _time_axis(name: str) -> tuple:
 # the super and wide decoders share their base variant's time axis: the full tier checks them too; a
 # built TAE with a published one's time axis (Cosmos's is LTX's, KVAE's HunyuanVideo's, ...) adds nothing
 PUBLISHED_TIME_AXES = {_time_axis(name) for name in known_variants() if not name.startswith("tae_")}
-PLAN_VARIANTS = [pytest.param(name, marks=pytest.mark.slow) if name.endswith(("_super", "_wide")) else name
-                 for name in known_variants()
-                 if not name.startswith("tae_") or _time_axis(name) not in PUBLISHED_TIME_AXES or name == "tae_qwenimage2_1"]
+PLAN_VARIANTS = [
+    pytest.param(name, marks=pytest.mark.slow) if name.endswith(("_super", "_wide")) else name
+    for name in known_variants()
+    if not name.startswith("tae_") or _time_axis(name) not in PUBLISHED_TIME_AXES or name == "tae_qwenimage2_1"
+]
 
 
 @torch.no_grad()
@@ -74,12 +80,21 @@ def test_the_frame_plan_is_what_the_model_does_for_1_to_40_frames(variant):
 
 
 def test_frame_plans_of_the_new_variants():
-    """What README's table says: LTX takes 8k+1 frames, H3 17-frame chunks."""
+    """What docs/evaluation.md's frame-rule tables say: LTX takes 8k+1 frames, H3 17-frame chunks."""
     ltx, h3 = get_variant("taeltx2_3"), get_variant("taeh3")
-    assert [(ltx.plan(t).latent_frames, ltx.plan(t).decoded_frames) for t in (9, 16, 17, 121)] == \
-        [(2, 9), (2, 9), (3, 17), (16, 121)]
-    assert [(h3.plan(t).latent_frames, h3.plan(t).decoded_frames) for t in (5, 17, 20, 34, 51)] == \
-        [(2, 5), (2, 5), (7, 22), (7, 22), (12, 39)]
+    assert [(ltx.plan(t).latent_frames, ltx.plan(t).decoded_frames) for t in (9, 16, 17, 121)] == [
+        (2, 9),
+        (2, 9),
+        (3, 17),
+        (16, 121),
+    ]
+    assert [(h3.plan(t).latent_frames, h3.plan(t).decoded_frames) for t in (5, 17, 20, 34, 51)] == [
+        (2, 5),
+        (2, 5),
+        (7, 22),
+        (7, 22),
+        (12, 39),
+    ]
     with pytest.raises(NotImplementedError, match="taeh3 cannot stream"):
         TAEHV(variant="taeh3").stream()
 
@@ -243,8 +258,13 @@ MEMORY_PROBE = textwrap.dedent(
 
 
 def _decode_memory(tmp_path, latents: int, mode: str) -> dict:
-    result = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(latents), mode], capture_output=True, text=True,
-                            check=True, cwd=REPO_ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", MEMORY_PROBE, str(latents), mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO_ROOT,
+    )
     return json.loads(result.stdout)
 
 
@@ -278,14 +298,15 @@ def test_with_past_is_the_shifted_concatenation(channels_last):
 
 
 def test_parallel_memory_blocks_match_their_per_frame_form_with_gradients():
-    """run_parallel's one-copy input and in-place residual give the same values and gradients."""
+    """The fast paths' one-copy input and in-place residual give the same values and gradients."""
     torch.manual_seed(0)
-    for block in (MemBlock(8, 8), MemBlock(8, 4), SuperMemBlock(8)):
-        x = torch.randn(2 * 3, 8, 6, 6, requires_grad=True)
-        past = torch.cat([torch.zeros(2, 1, 8, 6, 6), x.view(2, 3, 8, 6, 6)[:, :-1]], 1).view(6, 8, 6, 6)
+    for block in (MemBlock(8, 8), MemBlock(8, 4), SuperMemBlock(8), WideMemBlock(64, 128)):
+        c = block.conv[0].in_channels // 2
+        x = torch.randn(2 * 3, c, 6, 6, requires_grad=True)
+        past = torch.cat([torch.zeros(2, 1, c, 6, 6), x.view(2, 3, c, 6, 6)[:, :-1]], 1).view(6, c, 6, 6)
         expected = block(x, past)
         (grad_expected,) = torch.autograd.grad(expected.square().sum(), x)
-        got = block.forward_stacked(x, with_past(x, 2))
+        got = forward_stacked(block, x, with_past(x, 2))
         (grad_got,) = torch.autograd.grad(got.square().sum(), x)
         assert torch.equal(got, expected)
         assert torch.allclose(grad_got, grad_expected, atol=1e-6)
@@ -324,10 +345,10 @@ def test_encoder_stem_in_bands_of_one_row_gives_the_same_latents(variant, monkey
     the borders); one output row per band gives what the whole frame gives."""
     torch.manual_seed(0)
     model = TAEHV(variant=variant).eval()
-    assert fused_steps(model.encoder)[1][0][1] == "stem"
+    assert fused_steps(model.encoder)[1][0].kind is Kind.STEM
     x = torch.rand(1, 9, 3, 16 * model.patch_size, 24 * model.patch_size)
     whole = model.encode_video(x)
-    monkeypatch.setattr(taehv_module, "BAND_BYTES", 1)
+    monkeypatch.setattr(fast_paths, "BAND_BYTES", 1)
     torch.testing.assert_close(model.encode_video(x), whole, atol=1e-5, rtol=1e-5)
 
 
@@ -362,6 +383,24 @@ def test_bf16_weights_and_autocast_run_the_plain_blocks():
         torch.testing.assert_close(out.float(), reference, atol=0.05, rtol=0)
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("variant", ["taehv", "taehv1_5_super"])
+def test_module_hooks_fire_on_the_published_path(variant):
+    """Where no fast path is taken (here float64 on CPU; GPUs, compiled inference), every
+    block and every convolution runs its ``forward``, so forward hooks see all of them."""
+    model = TAEHV(variant=variant).double().eval()
+    assert fast_paths.select(model.decoder, torch.zeros(1, 1, model.latent_channels, 2, 2, dtype=torch.double)) is None
+    modules = [m for m in model.modules() if isinstance(m, (torch.nn.Conv2d, MemBlock, SuperMemBlock))]
+    fired = set()
+    for m in modules:
+        m.register_forward_hook(lambda m, args, out: fired.add(m))
+    frames = torch.rand(1, 5, 3, 8 * model.patch_size, 8 * model.patch_size, dtype=torch.double)
+    for parallel in (True, False):
+        fired.clear()
+        model.decode_video(model.encode_video(frames, parallel=parallel), parallel=parallel)
+        assert len(fired) == len(modules), parallel
+
+
 @pytest.mark.parametrize("parallel", [True, False])
 @pytest.mark.parametrize("grad", [False, True])
 def test_trimmed_frames_are_never_decoded_in_full(parallel, grad, monkeypatch):
@@ -373,9 +412,15 @@ def test_trimmed_frames_are_never_decoded_in_full(parallel, grad, monkeypatch):
     z = torch.randn(1, 3, 16, 2, 2)
     last = model.decoder[-1]
     seen = []
-    conv2d_act = taehv_module.conv2d_act
-    monkeypatch.setattr(taehv_module, "conv2d_act", lambda x, w, b, conv, *a, **k: (
-        seen.append(x.shape[0]) if conv is last else None, conv2d_act(x, w, b, conv, *a, **k))[1])  # fused
+    conv2d_act = fast_paths.conv2d_act
+    monkeypatch.setattr(
+        fast_paths,
+        "conv2d_act",
+        lambda x, w, b, conv, *a, **k: (
+            seen.append(x.shape[0]) if conv is last else None,
+            conv2d_act(x, w, b, conv, *a, **k),
+        )[1],
+    )  # fused
     last.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[0]))  # plain blocks
     with torch.set_grad_enabled(grad):
         frames = model.decode_video(z, parallel=parallel)
@@ -407,31 +452,42 @@ def test_a_sequential_run_derives_each_weight_once(monkeypatch):
     torch.manual_seed(0)
     model = TAEHV(variant="taehv").eval()
     made = []
-    weight = taehv_module.OneDNN.weight
-    monkeypatch.setattr(taehv_module.OneDNN, "weight", lambda self, owner, name, make: weight(
-        self, owner, name, lambda: (made.append((id(owner), name)), make())[1]))
+    weight = fast_paths.OneDNN.weight
+    monkeypatch.setattr(
+        fast_paths.OneDNN,
+        "weight",
+        lambda self, owner, name, make: weight(self, owner, name, lambda: (made.append((id(owner), name)), make())[1]),
+    )
     z = torch.randn(1, 2, 16, 2, 2)
     assert model.latents_per_chunk(z) >= 2  # one chunk
     model.decode_video(z, parallel=False)
     assert made and len(made) == len(set(made)), made
 
 
-# -- TAEs built for reference VAEs with no published one (issue #28) -------------------------
+# -- TAEs built for reference VAEs with no published one --------------------------------------
+
 
 def test_built_variants_have_their_reference_vaes_frame_rules():
     """Mochi's 6x time (a 3x stage beside a 2x one), Allegro's non-causal 4L <-> L (no
     trim), image-only SVD and Qwen-Image 2.1 (RGBA), Cosmos's 8x."""
+
     def counts(name, frames):
         return [(get_variant(name).plan(t).latent_frames, get_variant(name).plan(t).decoded_frames) for t in frames]
 
-    assert counts("tae_mochi", (7, 13, 25)) == [(2, 7), (3, 13), (5, 25)] and get_variant("tae_mochi").exact_frame_counts(
-        20) == [1, 7, 13, 19]
-    assert counts("tae_allegro", (4, 8, 9)) == [(1, 4), (2, 8), (3, 12)] and get_variant("tae_allegro").exact_frame_counts(
-        12) == [4, 8, 12]
+    assert counts("tae_mochi", (7, 13, 25)) == [(2, 7), (3, 13), (5, 25)] and get_variant(
+        "tae_mochi"
+    ).exact_frame_counts(20) == [1, 7, 13, 19]
+    assert counts("tae_allegro", (4, 8, 9)) == [(1, 4), (2, 8), (3, 12)] and get_variant(
+        "tae_allegro"
+    ).exact_frame_counts(12) == [4, 8, 12]
     assert counts("tae_svd", (1, 5)) == [(1, 1), (5, 5)] and counts("tae_cosmos", (9, 17)) == [(2, 9), (3, 17)]
     qwen = get_variant("tae_qwenimage2_1")
-    assert (qwen.image_channels, qwen.patch_size, qwen.latent_channels, counts("tae_qwenimage2_1", (1,))) == \
-        (4, 2, 64, [(1, 1)])
+    assert (qwen.image_channels, qwen.patch_size, qwen.latent_channels, counts("tae_qwenimage2_1", (1,))) == (
+        4,
+        2,
+        64,
+        [(1, 1)],
+    )
     assert [split_time(f) for f in (1, 4, 6, 8)] == [(1, 1, 1), (2, 2, 1), (2, 3, 1), (2, 2, 2)]
     with pytest.raises(ValueError, match="5x time axis is not a product of at most three 2x or 3x stages"):
         split_time(5)
@@ -454,8 +510,13 @@ def test_built_variants_run_in_every_mode_alike(variant, frames):
     torch.testing.assert_close(model.encode_video(x, parallel=False), latents, atol=1e-5, rtol=0)
     torch.testing.assert_close(model.decode_video(latents, parallel=False), decoded, atol=1e-5, rtol=0)
     stream = model.stream()
-    streamed = [frame for latent in [stream.encode(f) for f in x.split(1, 1)] if latent is not None
-                for frame in [stream.decode(latent), *iter(stream.decode, None)] if frame is not None]
+    streamed = [
+        frame
+        for latent in [stream.encode(f) for f in x.split(1, 1)]
+        if latent is not None
+        for frame in [stream.decode(latent), *iter(stream.decode, None)]
+        if frame is not None
+    ]
     torch.testing.assert_close(torch.cat(streamed + stream.flush(), 1), decoded, atol=1e-5, rtol=0)
 
 
@@ -468,9 +529,14 @@ def test_a_built_architecture_loads_from_its_file_alone(tmp_path):
     model = TAEHV(variant="tae_mochi")
     path = save_weights(model, tmp_path / "model.safetensors")
     meta = read_metadata(path)
-    assert (json.loads(meta["encoder_time_downscale"]), meta["causal"], meta["image_channels"]) == ([2, 3, 1], "true", "3")
+    assert (json.loads(meta["encoder_time_downscale"]), meta["causal"], meta["image_channels"]) == (
+        [2, 3, 1],
+        "true",
+        "3",
+    )
     assert TAEHV(path).decoder_time_upscale == (1, 3, 2)
     from safetensors.torch import save_file
+
     renamed = tmp_path / "future.safetensors"
     save_file(read_state_dict(path), renamed, metadata={**meta, "variant": "tae_from_the_future"})
     loaded = TAEHV(renamed)

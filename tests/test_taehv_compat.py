@@ -5,6 +5,7 @@ Each variant's deterministic recipe weights are saved under the file name users 
 the published weights and loaded through the normal constructor, so file-name variant
 detection is exercised too; outputs must match the reference within 1e-4.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -22,8 +23,9 @@ FIXTURE_SETS = ("", "new_variants")  # the original six variants (and a preview)
 
 
 def _load(folder):
-    spec = importlib.util.spec_from_file_location("compat_recipe", folder.parent / "recipe.py"
-                                                  if folder.name == "new_variants" else folder / "recipe.py")
+    spec = importlib.util.spec_from_file_location(
+        "compat_recipe", folder.parent / "recipe.py" if folder.name == "new_variants" else folder / "recipe.py"
+    )
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -42,7 +44,9 @@ def pytest_generate_tests(metafunc):
         params = []
         for fixture_set in FIXTURE_SETS:
             path = shared_dir() / "compat" / fixture_set / "manifest.json"
-            names = [c["name"] for c in json.loads(path.read_text())["cases"]] if path.exists() else ["fixtures-missing"]
+            names = (
+                [c["name"] for c in json.loads(path.read_text())["cases"]] if path.exists() else ["fixtures-missing"]
+            )
             params += [(fixture_set, name) for name in names]
         metafunc.parametrize("fixture_set, case_name", params, ids=[name for _, name in params])
 
@@ -74,9 +78,15 @@ def test_case_matches_reference(fixture_set, case_name, fixture_sets, weight_fil
     variant = manifest["variants"][case["variant"]]
     model = _build(case["variant"], variant, weight_files[case["variant"]]).eval()
     assert (model.patch_size, model.latent_channels, model.is_cogvideox) == (
-        variant["patch_size"], variant["latent_channels"], variant["is_cogvideox"])
+        variant["patch_size"],
+        variant["latent_channels"],
+        variant["is_cogvideox"],
+    )
     assert (model.t_downscale, model.t_upscale, model.frames_to_trim) == (
-        variant["t_downscale"], variant["t_upscale"], variant["frames_to_trim"])
+        variant["t_downscale"],
+        variant["t_upscale"],
+        variant["frames_to_trim"],
+    )
     assert sum(p.numel() for p in model.parameters()) == variant["n_params"]
 
     x = recipe.video_input(**case["input"])

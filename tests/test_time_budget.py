@@ -1,4 +1,5 @@
 """The time budget (``max_train_time``) and the learning-rate schedules it adjusts."""
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,21 @@ from training.loop.optimisation import LearningRateSchedule, parse_duration
 from training.loop.time_budget import TimeBudget
 
 
-@pytest.mark.parametrize("text, seconds", [("8h", 28800), ("45m", 2700), ("1h30m", 5400), ("90s", 90), ("600", 600),
-                                           ("1.5h", 5400), ("", None), ("0", None), ("-3m", None), ("8 hours", None)])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("8h", 28800),
+        ("45m", 2700),
+        ("1h30m", 5400),
+        ("90s", 90),
+        ("600", 600),
+        ("1.5h", 5400),
+        ("", None),
+        ("0", None),
+        ("-3m", None),
+        ("8 hours", None),
+    ],
+)
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
 

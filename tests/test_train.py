@@ -5,6 +5,7 @@ Each run is real (in this process where only its outputs matter, `train_here`), 
 dataset made by the demo generator, with a tiny CogVideoX VAE saved by diffusers and loaded
 through the real reference-VAE path.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,14 +43,33 @@ def assert_exported(run_dir: Path, variant: str = "taecvx") -> None:
 
 
 def test_single_process_with_reference_vae_bf16(tmp_path, demo_clips, tiny_cogvideox_vae):
-    run = train_here(tmp_path, demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}", "--ref_vae_dtype=fp32",
-                     "--mixed_precision=bf16", "--max_train_steps=4", "--gradient_accumulation_steps=2")
+    run = train_here(
+        tmp_path,
+        demo_clips,
+        f"--ref_vae_path={tiny_cogvideox_vae}",
+        "--ref_vae_dtype=fp32",
+        "--mixed_precision=bf16",
+        "--max_train_steps=4",
+        "--gradient_accumulation_steps=2",
+    )
     assert_exported(run)
     logged = scalars(run)
-    for tag in ("train/loss", "train/encoder_loss", "train/decoder_loss", "train/reconstruction_loss",
-                "train/learning_rate", "train/gradient_norm", "train/gpu_memory_gb", "train/samples_per_second",
-                "train/data_failures", "train/latent_rms_ratio", "val/psnr", "val/ssim", "val/mse",
-                "val/psnr_from_reference_latents"):
+    for tag in (
+        "train/loss",
+        "train/encoder_loss",
+        "train/decoder_loss",
+        "train/reconstruction_loss",
+        "train/learning_rate",
+        "train/gradient_norm",
+        "train/gpu_memory_gb",
+        "train/samples_per_second",
+        "train/data_failures",
+        "train/latent_rms_ratio",
+        "val/psnr",
+        "val/ssim",
+        "val/mse",
+        "val/psnr_from_reference_latents",
+    ):
         assert tag in logged, tag
         assert all(v == v for v in logged[tag]), tag  # no NaN
     assert all(0 <= v <= 1 for v in logged["train/data_wait"])  # a share of each log interval's wall time
@@ -61,9 +81,21 @@ def test_single_process_with_reference_vae_bf16(tmp_path, demo_clips, tiny_cogvi
 
 def test_deepspeed_zero2_two_processes_bf16_with_seraena(tmp_path, demo_clips, tiny_cogvideox_vae):
     """ZeRO-2 keeps the module in bf16; without EMA the export must be its fp32 master weights."""
-    train(deepspeed_zero2(29531), tmp_path, demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}", "--use_seraena=true",
-          "--train_batch_size=2", "--n_seraena_frames=9", "--max_train_steps=2", "--ref_vae_dtype=fp32",
-          "--gradient_accumulation_steps=2", "--max_grad_norm=0.5", "--mixed_precision=bf16", "--use_ema=false")
+    train(
+        deepspeed_zero2(29531),
+        tmp_path,
+        demo_clips,
+        f"--ref_vae_path={tiny_cogvideox_vae}",
+        "--use_seraena=true",
+        "--train_batch_size=2",
+        "--n_seraena_frames=9",
+        "--max_train_steps=2",
+        "--ref_vae_dtype=fp32",
+        "--gradient_accumulation_steps=2",
+        "--max_grad_norm=0.5",
+        "--mixed_precision=bf16",
+        "--use_ema=false",
+    )
     run = run_dir(tmp_path)
     assert_exported(run)
     exported = load_file(str(run / "final_model.safetensors"))
@@ -76,34 +108,72 @@ def test_deepspeed_zero2_two_processes_bf16_with_seraena(tmp_path, demo_clips, t
         assert tag in logged and all(v == v for v in logged[tag]), tag
     assert "Seraena: 7.5M parameters" in (run / "train.log").read_text()
     checkpoint = run / "checkpoints" / "checkpoint-2"  # ZeRO-2: one optimizer shard per rank, no pickles
-    assert {p.name for p in checkpoint.iterdir()} >= {"optimizer_rank0.safetensors", "optimizer_rank1.safetensors",
-                                                      "rng_rank0.json", "rng_rank1.json", "model.safetensors",
-                                                      "seraena_rank0.safetensors", "seraena_rank1.safetensors"}
+    assert {p.name for p in checkpoint.iterdir()} >= {
+        "optimizer_rank0.safetensors",
+        "optimizer_rank1.safetensors",
+        "rng_rank0.json",
+        "rng_rank1.json",
+        "model.safetensors",
+        "seraena_rank0.safetensors",
+        "seraena_rank1.safetensors",
+    }
     assert not list(checkpoint.rglob("*.pkl")) and not list(checkpoint.rglob("*.pt"))
 
 
 def test_loss_falls_when_overfitting_one_clip(tmp_path):
     clip = make_demo_dataset(tmp_path / "one", num_clips=2, n_frames=12, height=48, width=64, seed=3)
     one = {"root": tmp_path / "one", **clip}
-    run = train_here(tmp_path / "out", one, "--max_train_steps=40", "--learning_rate=1e-3",
-                     "--hflip=false", "--stride_max=1", "--crop_scale_min=1.0", "--validation_every=40",
-                     "--checkpointing_steps=40", "--use_ema=false")
+    run = train_here(
+        tmp_path / "out",
+        one,
+        "--max_train_steps=40",
+        "--learning_rate=1e-3",
+        "--hflip=false",
+        "--stride_max=1",
+        "--crop_scale_min=1.0",
+        "--validation_every=40",
+        "--checkpointing_steps=40",
+        "--use_ema=false",
+    )
     losses = scalars(run)["train/reconstruction_loss"]
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:3]) / 3, losses
 
 
 def test_yaml_accumulation_conflict_is_an_error(tmp_path, demo_clips):
-    args = [sys.executable, *TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}",
-            f"--annotation_file={demo_clips['train']}", f"--val_annotation_file={demo_clips['val']}"]
-    result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
-                            env={**os.environ, "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "8"})
+    args = [
+        sys.executable,
+        *TRAIN,
+        "--config",
+        TEST_CONFIG,
+        f"--output_dir={tmp_path}",
+        f"--data_root={demo_clips['root']}",
+        f"--annotation_file={demo_clips['train']}",
+        f"--val_annotation_file={demo_clips['val']}",
+    ]
+    result = subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+        env={**os.environ, "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "8"},
+    )
     assert result.returncode == 2 and "remove it from the accelerate YAML" in result.stderr
 
 
 def test_missing_reference_vae_is_an_error_not_a_fallback(tmp_path, demo_clips):
     (tmp_path / "empty").mkdir()
-    args = [sys.executable, *TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}",
-            f"--annotation_file={demo_clips['train']}", f"--val_annotation_file={demo_clips['val']}", f"--ref_vae_path={tmp_path / 'empty'}"]
+    args = [
+        sys.executable,
+        *TRAIN,
+        "--config",
+        TEST_CONFIG,
+        f"--output_dir={tmp_path}",
+        f"--data_root={demo_clips['root']}",
+        f"--annotation_file={demo_clips['train']}",
+        f"--val_annotation_file={demo_clips['val']}",
+        f"--ref_vae_path={tmp_path / 'empty'}",
+    ]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 2 and "is not a diffusers model folder" in result.stderr
 
@@ -120,31 +190,62 @@ def test_a_spent_time_budget_ends_the_run_as_its_last_step_would(tmp_path, demo_
 
 
 def test_resume_of_missing_checkpoint_is_an_error(tmp_path, demo_clips):
-    args = [sys.executable, *TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}",
-            f"--annotation_file={demo_clips['train']}", f"--val_annotation_file={demo_clips['val']}", "--resume", str(tmp_path / "run" / "checkpoints" / "checkpoint-9")]
+    args = [
+        sys.executable,
+        *TRAIN,
+        "--config",
+        TEST_CONFIG,
+        f"--output_dir={tmp_path}",
+        f"--data_root={demo_clips['root']}",
+        f"--annotation_file={demo_clips['train']}",
+        f"--val_annotation_file={demo_clips['val']}",
+        "--resume",
+        str(tmp_path / "run" / "checkpoints" / "checkpoint-9"),
+    ]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 2 and "does not exist" in result.stderr
 
 
 def test_a_user_error_is_one_line_and_debug_keeps_the_traceback(tmp_path, demo_clips):
-    args = [sys.executable, *TRAIN, "--config", TEST_CONFIG, f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}",
-            f"--annotation_file={demo_clips['train']}", f"--val_annotation_file={demo_clips['val']}", "--height=0"]
+    args = [
+        sys.executable,
+        *TRAIN,
+        "--config",
+        TEST_CONFIG,
+        f"--output_dir={tmp_path}",
+        f"--data_root={demo_clips['root']}",
+        f"--annotation_file={demo_clips['train']}",
+        f"--val_annotation_file={demo_clips['val']}",
+        "--height=0",
+    ]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        "error: invalid config: height and width must be positive, got 0x32"]
+        "error: invalid config: height and width must be positive, got 0x32"
+    ]
     debug = subprocess.run([*args, "--debug"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
-    assert debug.returncode == 1 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "UserError" in debug.stderr
     assert not any(tmp_path.iterdir())  # no run folder for a configuration error
 
 
-@pytest.mark.parametrize("variant, size, frames", [
-    ("taeh3", 16, 5), ("taeltx2_3", 32, 9), ("taeltx2_3_wide", 32, 9), ("taew2_2_super", 16, 5)])
+@pytest.mark.parametrize(
+    "variant, size, frames",
+    [("taeh3", 16, 5), ("taeltx2_3", 32, 9), ("taeltx2_3_wide", 32, 9), ("taew2_2_super", 16, 5)],
+)
 def test_every_new_variant_trains_as_a_plain_autoencoder(tmp_path, demo_clips, variant, size, frames):
     """Two steps of each newer variant at its smallest valid size (8 * patch) and an exact
     frame count; the export loads into our model by its metadata, and by its published
     file name for the .pth."""
-    run = train_here(tmp_path, demo_clips, f"--variant={variant}", f"--height={size}", f"--width={size}",
-                     f"--n_frames={frames}", "--max_train_steps=2", "--num_validation_samples=1", "--use_ema=false")
+    run = train_here(
+        tmp_path,
+        demo_clips,
+        f"--variant={variant}",
+        f"--height={size}",
+        f"--width={size}",
+        f"--n_frames={frames}",
+        "--max_train_steps=2",
+        "--num_validation_samples=1",
+        "--use_ema=false",
+    )
     assert "val/psnr" in scalars(run)
     assert TAEHV(run / "final_model.safetensors").variant == variant
     published_name = tmp_path / f"{variant}.pth"
@@ -157,15 +258,29 @@ def test_the_export_bundle_of_a_run(tmp_path, demo_clips, tiny_cogvideox_vae):
     run folder (with an fp16 copy). Every weight file loads strictly into our model without
     naming the variant and into a freshly built published-format model; the model card says
     what the model is, what it was trained on and how it validated."""
-    run = train_here(tmp_path / "out", demo_clips, f"--ref_vae_path={tiny_cogvideox_vae}",
-                     "--ref_vae_dtype=fp32", "--max_train_steps=2")
+    run = train_here(
+        tmp_path / "out",
+        demo_clips,
+        f"--ref_vae_path={tiny_cogvideox_vae}",
+        "--ref_vae_dtype=fp32",
+        "--max_train_steps=2",
+    )
     bundle = run / "export"
     assert sorted(p.name for p in bundle.iterdir()) == ["README.md", "taecvx.pth", "taecvx.safetensors"]
-    result = subprocess.run([sys.executable, "-m", "training.export", str(run), "--out", str(tmp_path / "cli"), "--fp16"],
-                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "training.export", str(run), "--out", str(tmp_path / "cli"), "--fp16"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in (tmp_path / "cli").iterdir()) == [
-        "README.md", "taecvx.pth", "taecvx.safetensors", "taecvx_fp16.safetensors"]
+        "README.md",
+        "taecvx.pth",
+        "taecvx.safetensors",
+        "taecvx_fp16.safetensors",
+    ]
     for path in [*bundle.glob("taecvx*"), *(tmp_path / "cli").glob("taecvx*")]:
         ours = TAEHV(path)  # strict, variant from the file's name or metadata
         assert ours.variant == "taecvx"
@@ -174,15 +289,19 @@ def test_the_export_bundle_of_a_run(tmp_path, demo_clips, tiny_cogvideox_vae):
         published.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
     card = (bundle / "README.md").read_text()
     assert "# taecvx (TAE)" in card and "CogVideoX" in card and "Frame rule: T -> ceil(T/4)" in card
-    assert "## Validation" in card and "val/psnr" in card and "taehv_train.py" in card and "Training: 2 of 2 steps" in card
+    assert (
+        "## Validation" in card and "val/psnr" in card and "taehv_train.py" in card and "Training: 2 of 2 steps" in card
+    )
     assert "python -m training.export" in (tmp_path / "cli" / "README.md").read_text()
     # a checkpoint whose weights were damaged after saving: its manifest refuses it to both tools
     checkpoint = run / "checkpoints" / "checkpoint-2"
     data = bytearray((checkpoint / "weights.safetensors").read_bytes())
-    data[len(data) // 2:len(data) // 2 + 4096] = bytes(4096)
+    data[len(data) // 2 : len(data) // 2 + 4096] = bytes(4096)
     (checkpoint / "weights.safetensors").write_bytes(bytes(data))
-    for command in ([sys.executable, "-m", "training.export", str(checkpoint), "--out", str(tmp_path / "damaged")],
-                    [sys.executable, "inference.py", "--model_path", str(checkpoint), "--config", TEST_CONFIG]):
+    for command in (
+        [sys.executable, "-m", "training.export", str(checkpoint), "--out", str(tmp_path / "damaged")],
+        [sys.executable, "inference.py", "--model_path", str(checkpoint), "--config", TEST_CONFIG],
+    ):
         result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
         assert "checkpoint-2 is damaged (weights.safetensors checksum)" in result.stderr
@@ -194,18 +313,43 @@ def test_the_progressive_recipe_chains_two_stages_through_the_launch_script(tmp_
     export, as the presets say, at tiny sizes: stage 2 keeps stage 1's encoder exactly."""
     torch.manual_seed(0)
     published = save_weights(TAEHV(variant="taecvx"), tmp_path / "taecvx.pth")
-    tiny = [f"--output_dir={tmp_path}", f"--data_root={demo_clips['root']}", f"--annotation_file={demo_clips['train']}",
-            f"--val_annotation_file={demo_clips['val']}", f"--ref_vae_path={tiny_cogvideox_vae}", "--ref_vae_dtype=fp32",
-            "--mixed_precision=no", "--n_frames=9", "--max_train_steps=2", "--lr_warmup_steps=0",
-            "--num_validation_samples=1", "--validation_every=2", "--checkpointing_steps=2", "--dataloader_num_workers=0"]
+    tiny = [
+        f"--output_dir={tmp_path}",
+        f"--data_root={demo_clips['root']}",
+        f"--annotation_file={demo_clips['train']}",
+        f"--val_annotation_file={demo_clips['val']}",
+        f"--ref_vae_path={tiny_cogvideox_vae}",
+        "--ref_vae_dtype=fp32",
+        "--mixed_precision=no",
+        "--n_frames=9",
+        "--max_train_steps=2",
+        "--lr_warmup_steps=0",
+        "--num_validation_samples=1",
+        "--validation_every=2",
+        "--checkpointing_steps=2",
+        "--dataloader_num_workers=0",
+    ]
     script = ["bash", str(REPO_ROOT / "train_taehv_h100.sh"), "1"]
-    stage1 = subprocess.run([*script, "progressive_stage1", *tiny, f"--pretrained_model_path={published}",
-                             "--height=16", "--width=24"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    stage1 = subprocess.run(
+        [*script, "progressive_stage1", *tiny, f"--pretrained_model_path={published}", "--height=16", "--width=24"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
     assert stage1.returncode == 0, stage1.stderr[-3000:]
     export = tmp_path / "progressive_stage1" / "export" / "taecvx.pth"
-    stage2 = subprocess.run([*script, "progressive_stage2", *tiny, f"--pretrained_model_path={export}",
-                             "--height=32", "--width=48"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    stage2 = subprocess.run(
+        [*script, "progressive_stage2", *tiny, f"--pretrained_model_path={export}", "--height=32", "--width=48"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
     assert stage2.returncode == 0, stage2.stderr[-3000:]
-    before, after = torch.load(export, weights_only=True), load_file(str(tmp_path / "progressive_stage2" / "final_model.safetensors"))
+    before, after = (
+        torch.load(export, weights_only=True),
+        load_file(str(tmp_path / "progressive_stage2" / "final_model.safetensors")),
+    )
     assert all(torch.equal(before[k], after[k]) for k in before if k.startswith("encoder."))
     assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("decoder."))

@@ -1,4 +1,5 @@
 """Running real training processes in tests: launchers, runs, and what they leave behind."""
+
 from __future__ import annotations
 
 import logging
@@ -21,33 +22,73 @@ ONE_PROCESS = [sys.executable]
 
 
 def deepspeed_zero2(port: int) -> list[str]:
-    return [ACCELERATE, "launch", "--use_deepspeed", "--zero_stage", "2", "--num_machines", "1",
-            "--num_processes", "2", "--main_process_port", str(port)]
+    return [
+        ACCELERATE,
+        "launch",
+        "--use_deepspeed",
+        "--zero_stage",
+        "2",
+        "--num_machines",
+        "1",
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        str(port),
+    ]
 
 
 def ddp(port: int) -> list[str]:
     """Plain DDP over 2 CPU processes (needs ACCELERATE_USE_CPU=true in the environment)."""
-    return [ACCELERATE, "launch", "--multi_gpu", "--num_machines", "1", "--num_processes", "2",
-            "--main_process_port", str(port)]
+    return [
+        ACCELERATE,
+        "launch",
+        "--multi_gpu",
+        "--num_machines",
+        "1",
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        str(port),
+    ]
 
 
 DDP_ENV = {"ACCELERATE_USE_CPU": "true"}
 
 
 def training_options(out: Path, data: dict, *overrides: str) -> list[str]:
-    return ["--config", TEST_CONFIG, f"--output_dir={out}", f"--data_root={data['root']}",
-            f"--annotation_file={data['train']}", f"--val_annotation_file={data['val']}", *overrides]
+    return [
+        "--config",
+        TEST_CONFIG,
+        f"--output_dir={out}",
+        f"--data_root={data['root']}",
+        f"--annotation_file={data['train']}",
+        f"--val_annotation_file={data['val']}",
+        *overrides,
+    ]
 
 
 def train_args(launcher: list[str], out: Path, data: dict, *overrides: str) -> list[str]:
     return [*launcher, *TRAIN, *training_options(out, data, *overrides)]
 
 
-def train(launcher: list[str], out: Path, data: dict, *overrides: str, env: dict | None = None, timeout: int = 300,
-          expect: int = 0) -> subprocess.CompletedProcess:
+def train(
+    launcher: list[str],
+    out: Path,
+    data: dict,
+    *overrides: str,
+    env: dict | None = None,
+    timeout: int = 300,
+    expect: int = 0,
+) -> subprocess.CompletedProcess:
     """Run training to its end and check the exit status."""
-    result = subprocess.run(train_args(launcher, out, data, *overrides), capture_output=True, text=True,
-                            timeout=timeout, cwd=REPO_ROOT, env={**os.environ, **(env or {})})
+    result = subprocess.run(
+        train_args(launcher, out, data, *overrides),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO_ROOT,
+        env={**os.environ, **(env or {})},
+    )
     assert result.returncode == expect, f"exit {result.returncode}\n" + result.stdout[-3000:] + result.stderr[-6000:]
     return result
 
@@ -89,8 +130,14 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
 
 def start(args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
     """Start a process in its own session (so it can be signalled as a whole), output to ``log``."""
-    return subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
+    return subprocess.Popen(
+        args,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        cwd=REPO_ROOT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
 
 
 def wait_for(condition, timeout: float = 180, what: str = "condition", interval: float = 0.2) -> None:

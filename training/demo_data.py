@@ -11,24 +11,24 @@ the seed (clip ``i`` of seed ``s`` uses ``default_rng([s, i])``; held-out clips 
 ones, so they come from other seeds' streams), and the scenes keep fine structure (lane
 dashes, vehicle edges, texture) for the model to learn. The pixels repeat exactly; the
 H.264 bytes do not quite (libx264 varies between runs, docs/benchmarks.md). Clips are
-written as H.264 MP4 (``evaluation.videos.write_video``, which browsers play) to
+written as H.264 MP4 (``common.video_writer.write_video``, which browsers play) to
 ``OUT_DIR/videos`` with ``OUT_DIR/annotations_train.json`` and ``annotations_val.json`` in
 the users' format.
 """
+
 from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import cv2
 import numpy as np
 
-from evaluation.videos import write_video
-from training.flags import ArgumentParser
+from common.flags import ArgumentParser
+from common.video_writer import write_video
 from training.make_annotations import write_annotation
-
 
 SUPERSAMPLE = 2  # rendered at twice the size, then area-resized: smooth edges on lane dashes and cars
 
@@ -39,7 +39,7 @@ def _noise(rng: np.random.Generator, size: int, scales: Sequence[tuple[int, floa
     for cells, weight in scales:
         grid = rng.random((cells, cells), dtype=np.float32)
         tiled = np.tile(grid, (3, 3))  # wrap around so that the texture tiles
-        up = cv2.resize(tiled, (3 * size, 3 * size), interpolation=cv2.INTER_CUBIC)[size:2 * size, size:2 * size]
+        up = cv2.resize(tiled, (3 * size, 3 * size), interpolation=cv2.INTER_CUBIC)[size : 2 * size, size : 2 * size]
         out += weight * up
     return np.clip(out / sum(w for _, w in scales), 0, 1)
 
@@ -80,11 +80,18 @@ class _Scene:
 
     def _vehicle(self, rng: np.random.Generator) -> dict:
         oncoming = rng.random() < 0.4
-        return dict(lane=-self.LANE if oncoming else self.LANE, z0=rng.uniform(6, 45),
-                    speed=-rng.uniform(0.4, 1.2) if oncoming else self.speed + rng.uniform(-0.35, 0.35),
-                    colour=_colour(rng, rng.choice([(0.8, 0.1, 0.1), (0.1, 0.2, 0.7), (0.9, 0.9, 0.9),
-                                                    (0.15, 0.15, 0.15), (0.8, 0.7, 0.1)]), 0.08),
-                    size=(rng.uniform(1.7, 2.1), rng.uniform(1.3, 1.9)), oncoming=oncoming)
+        return dict(
+            lane=-self.LANE if oncoming else self.LANE,
+            z0=rng.uniform(6, 45),
+            speed=-rng.uniform(0.4, 1.2) if oncoming else self.speed + rng.uniform(-0.35, 0.35),
+            colour=_colour(
+                rng,
+                rng.choice([(0.8, 0.1, 0.1), (0.1, 0.2, 0.7), (0.9, 0.9, 0.9), (0.15, 0.15, 0.15), (0.8, 0.7, 0.1)]),
+                0.08,
+            ),
+            size=(rng.uniform(1.7, 2.1), rng.uniform(1.3, 1.9)),
+            oncoming=oncoming,
+        )
 
     def _road_offset(self, z: np.ndarray | float, t: int) -> np.ndarray | float:
         """Lateral position of the road centre at distance z, relative to the camera."""
@@ -115,8 +122,11 @@ class _Scene:
         grain = _sample(self.grain, u * 24, along * 24)
         patches = _sample(self.patches, u * 3, along * 3)
         on_road = np.abs(u) < self.ROAD_HALF
-        ground = np.where(on_road[..., None], self.asphalt * (0.8 + 0.4 * grain)[..., None],
-                          self.verge * (0.55 + 0.45 * patches + 0.3 * grain)[..., None])
+        ground = np.where(
+            on_road[..., None],
+            self.asphalt * (0.8 + 0.4 * grain)[..., None],
+            self.verge * (0.55 + 0.45 * patches + 0.3 * grain)[..., None],
+        )
         dashes = (np.abs(u) < 0.12) & (np.mod(along, self.DASH_PERIOD) < self.DASH_LENGTH)
         edges = np.abs(np.abs(u) - (self.ROAD_HALF - 0.25)) < 0.1
         ground[dashes | edges] = self.line_colour
@@ -128,8 +138,11 @@ class _Scene:
         image = np.ascontiguousarray((np.clip(image, 0, 1) * 255).astype(np.uint8))
 
         # roadside posts and vehicles, far to near
-        things = [(d, "post", side) for side in (-1, 1)
-                  for d in np.arange(self.posts - np.mod(travelled, self.posts), 80, self.posts)]
+        things = [
+            (d, "post", side)
+            for side in (-1, 1)
+            for d in np.arange(self.posts - np.mod(travelled, self.posts), 80, self.posts)
+        ]
         things += [(v["z0"] + (v["speed"] - self.speed) * t, "vehicle", v) for v in self.vehicles]
         for distance, kind, what in sorted(things, key=lambda thing: -thing[0]):
             if distance < 1.5:
@@ -153,14 +166,23 @@ class _Scene:
         left, right = int(round(x - width / 2)), int(round(x + width / 2))
         top = int(round(bottom - height))
         if right >= 0 and left < image.shape[1] and int(round(bottom)) >= 0 and top < image.shape[0]:
-            cv2.rectangle(image, (left, top), (max(right - 1, left), int(round(bottom)) - 1),
-                          tuple(int(c) for c in colour), -1)
+            cv2.rectangle(
+                image, (left, top), (max(right - 1, left), int(round(bottom)) - 1), tuple(int(c) for c in colour), -1
+            )
 
     def _vehicle_sprite(self, image: np.ndarray, vehicle: dict, x: float, bottom: float, scale: float) -> None:
         width, height = vehicle["size"][0] * scale, vehicle["size"][1] * scale
         body = vehicle["colour"] * 255
-        cv2.ellipse(image, (int(x), int(bottom)), (max(int(width * 0.6), 1), max(int(height * 0.12), 1)), 0, 0, 360,
-                    (25, 25, 25), -1)  # shadow
+        cv2.ellipse(
+            image,
+            (int(x), int(bottom)),
+            (max(int(width * 0.6), 1), max(int(height * 0.12), 1)),
+            0,
+            0,
+            360,
+            (25, 25, 25),
+            -1,
+        )  # shadow
         self._box(image, x, bottom - 0.1 * height, width, 0.6 * height, body)
         self._box(image, x, bottom - 0.65 * height, 0.8 * width, 0.35 * height, body * 0.8)
         self._box(image, x, bottom - 0.68 * height, 0.66 * width, 0.25 * height, (40, 50, 60))  # window

@@ -3,6 +3,7 @@
 A training run writes the same bundle into ``export/`` at its end: published-name weight
 files and a model card (what the model is, what it was trained on, how well it did).
 """
+
 from __future__ import annotations
 
 import json
@@ -10,29 +11,14 @@ from pathlib import Path
 
 from safetensors.torch import save
 
+from common.errors import UserError
+from common.run_files import run_folder_of, verified_weights
 from models.atomic import atomic_write
-from models.reference_vaes import video_model
+from models.vae_registry import video_model
 from models.weights import export_state_dict, save_weights, weights_metadata
-from training.errors import ConfigError
-from training.state.checkpoints import list_checkpoints, read_trainer_state, verified_weights
+from training.state.checkpoints import list_checkpoints, read_trainer_state
 
 BUNDLE_FOLDER = "export"  # where a training run writes its bundle
-
-
-def run_folder_of(weights: Path) -> Path | None:
-    """The training run that wrote ``weights`` (its folder holds ``config.json``): next to
-    ``final_model.*``, one level above ``best_model/``, two above ``checkpoints/checkpoint-N/``;
-    None for a file from elsewhere."""
-    folder = weights.parent
-    if weights.name.startswith("final_model"):
-        run = folder
-    elif folder.name == "best_model":
-        run = folder.parent
-    elif folder.parent.name == "checkpoints":
-        run = folder.parent.parent
-    else:
-        return None
-    return run if (run / "config.json").is_file() else None
 
 
 def training_length(run: Path, config: dict) -> str:
@@ -44,32 +30,41 @@ def training_length(run: Path, config: dict) -> str:
     if not config.get("max_train_time"):
         return f"{steps} of {config['max_train_steps']} steps"
     planned = progress.get("planned_steps") or config["max_train_steps"]
-    return (f"{steps} steps in {progress.get('train_seconds', 0):.0f} s (max_train_time={config['max_train_time']}, "
-            f"{planned} steps planned)")
+    return (
+        f"{steps} steps in {progress.get('train_seconds', 0):.0f} s (max_train_time={config['max_train_time']}, "
+        f"{planned} steps planned)"
+    )
 
 
 def _model_card(model, weights: Path, run: Path | None, files: list[str], command: str) -> str:
     """README.md of a bundle: what the model is, what it was trained on, how well it did."""
     metadata = weights_metadata(model)
-    lines = [f"# {model.variant} (TAE)", "",
-             f"A tiny video autoencoder in the latent space of {video_model(model.variant) or 'its reference VAE'}: "
-             f"{model.latent_channels} latent channels, patch {model.patch_size}, {model.t_downscale}x in time.", "",
-             f"- Frame rule: {metadata['frame_rule']}.",
-             f"- Parameters: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M.",
-             f"- Weights: {weights}."]
+    lines = [
+        f"# {model.variant} (TAE)",
+        "",
+        f"A tiny video autoencoder in the latent space of {video_model(model.variant) or 'its reference VAE'}: "
+        f"{model.latent_channels} latent channels, patch {model.patch_size}, {model.t_downscale}x in time.",
+        "",
+        f"- Frame rule: {metadata['frame_rule']}.",
+        f"- Parameters: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M.",
+        f"- Weights: {weights}.",
+    ]
     if run is not None:
         config = json.loads((run / "config.json").read_text())
-        lines += [f"- Reference VAE: {config.get('ref_vae_path') or 'none (trained as a plain autoencoder)'}"
-                  + (f" ({config['ref_vae_class']})" if config.get("ref_vae_path") else ""),
-                  f"- Training data: {config.get('annotation_file') or config.get('data_root')}, "
-                  f"{config['n_frames']} frames at {config['height']}x{config['width']}, stride "
-                  f"{config['stride_min']}-{config['stride_max']}.",
-                  f"- Training: {training_length(run, config)}, batch "
-                  f"{config['train_batch_size']} x {config['gradient_accumulation_steps']} per process, learning rate "
-                  f"{config['learning_rate']}.",
-                  "- Training command(s), every start of the run: " + "; ".join(
-                      f"`{line}`" for line in (run / "command.txt").read_text().splitlines())
-                  if (run / "command.txt").is_file() else "- Training command: not recorded"]
+        lines += [
+            f"- Reference VAE: {config.get('ref_vae_path') or 'none (trained as a plain autoencoder)'}"
+            + (f" ({config['ref_vae_class']})" if config.get("ref_vae_path") else ""),
+            f"- Training data: {config.get('annotation_file') or config.get('data_root')}, "
+            f"{config['n_frames']} frames at {config['height']}x{config['width']}, stride "
+            f"{config['stride_min']}-{config['stride_max']}.",
+            f"- Training: {training_length(run, config)}, batch "
+            f"{config['train_batch_size']} x {config['gradient_accumulation_steps']} per process, learning rate "
+            f"{config['learning_rate']}.",
+            "- Training command(s), every start of the run: "
+            + "; ".join(f"`{line}`" for line in (run / "command.txt").read_text().splitlines())
+            if (run / "command.txt").is_file()
+            else "- Training command: not recorded",
+        ]
         history_file = run / "validation_history.json"
         history = json.loads(history_file.read_text()) if history_file.is_file() else []
         if history:
@@ -80,26 +75,33 @@ def _model_card(model, weights: Path, run: Path | None, files: list[str], comman
     return "\n".join(lines)
 
 
-def write_bundle(weights: Path, out: Path, fp16: bool = False, command: str = "", overwrite: bool = False) -> list[Path]:
+def write_bundle(
+    weights: Path, out: Path, fp16: bool = False, command: str = "", overwrite: bool = False
+) -> list[Path]:
     """The files a user takes away: ``<variant>.pth`` (published key format, fp32; loads in
     the published implementation by its name), ``<variant>.safetensors`` (the name ComfyUI
     and stable-diffusion.cpp look for; published keys plus our metadata), optionally
     ``<variant>_fp16.safetensors``, and a model card ``README.md``. Files already in ``out``
-    are a ConfigError unless ``overwrite`` (a run rewrites its own ``export/``)."""
+    are a UserError unless ``overwrite`` (a run rewrites its own ``export/``)."""
     from models.taehv import TAEHV
 
     model = TAEHV(weights)
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file: name a folder for the bundle")
+        raise UserError(f"--out {out} is a file: name a folder for the bundle")
     names = [f"{model.variant}.pth", f"{model.variant}.safetensors", "README.md"]
     names += [f"{model.variant}_fp16.safetensors"] if fp16 else []
     if not overwrite and (there := [name for name in names if (out / name).exists()]):
-        raise ConfigError(f"{out} already holds {', '.join(there)}: pass --force to replace them, or another --out")
+        raise UserError(f"{out} already holds {', '.join(there)}: pass --force to replace them, or another --out")
     out.mkdir(parents=True, exist_ok=True)
-    written = [save_weights(model, out / f"{model.variant}.pth"), save_weights(model, out / f"{model.variant}.safetensors")]
+    written = [
+        save_weights(model, out / f"{model.variant}.pth"),
+        save_weights(model, out / f"{model.variant}.safetensors"),
+    ]
     if fp16:
         half = {k: v.half() for k, v in export_state_dict(model).items()}
-        written.append(atomic_write(out / f"{model.variant}_fp16.safetensors", save(half, metadata=weights_metadata(model))))
+        written.append(
+            atomic_write(out / f"{model.variant}_fp16.safetensors", save(half, metadata=weights_metadata(model)))
+        )
     card = _model_card(model, weights, run_folder_of(weights), [p.name for p in written], command)
     written.append(atomic_write(out / "README.md", card))
     return written
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     import shlex
     import sys
 
-    from training.flags import ArgumentParser
+    from common.flags import ArgumentParser
 
     parser = ArgumentParser(description="Write the export bundle of a training run or a weight file.")
     parser.add_argument("source", help="a run folder, a checkpoint or best_model folder, or a weight file")
@@ -121,12 +123,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         written = write_bundle(verified_weights(args.source), Path(args.out), args.fp16, command, overwrite=args.force)
     except OSError as err:  # read-only file system, no space, no permission: the user's to fix
-        raise ConfigError(f"cannot write the bundle into {args.out}: {err.strerror or err}") from None
+        raise UserError(f"cannot write the bundle into {args.out}: {err.strerror or err}") from None
     for path in written:
         print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-    from training.errors import exit_on_config_error
+    from common.errors import exit_on_user_error
 
-    exit_on_config_error(main)
+    exit_on_user_error(main)

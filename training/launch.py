@@ -10,6 +10,7 @@ writes its exit status to ``TAEHV_EXIT_STATUS_FILE``; this wrapper exits with th
 without the launcher's report. A process that crashed (wrote no status) keeps the full
 report.
 """
+
 from __future__ import annotations
 
 import os

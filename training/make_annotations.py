@@ -13,6 +13,7 @@ the first match of ``--group_regex`` on its path relative to DIR (by default its
 plus the file name up to the first "_" or "."), and the split is deterministic given
 ``--seed``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,14 +21,14 @@ import hashlib
 import json
 import re
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from multiprocessing import Pool
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from tqdm import tqdm
 
-from training.data.clips import BadClipError, find_videos, probe_video
-from training.flags import ArgumentParser
+from common.clips import BadClipError, find_videos, probe_video
+from common.flags import ArgumentParser
 
 DEFAULT_GROUP_REGEX = r"^(?:.*/)?[^_./]+"
 

@@ -6,30 +6,50 @@ whether a valid config fits this machine's memory is ``training.loop.memory.chec
 this module only asks them all, so a user sees every problem of a config at once. The
 launch script, training, the latent-cache builder and the tests call ``check``.
 """
+
 from __future__ import annotations
 
-from models.reference_vaes import AUTO_CLASS, REF_VAE_CLASSES
-from training.config import TrainConfig, invalid_config, missing_paths, spec_of, type_problems
-from training.data import latent_cache, loading, reference_vae
+from common import reference_vae
+from common.config import TrainConfig, invalid_config, missing_paths, spec_of, type_problems
+from models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES
+from training.data import latent_cache, loading
 from training.loop import adversarial, best_model, losses, monitoring, optimisation, resilience, validation
 from training.state import checkpoints
 
 
 def check(config: TrainConfig) -> list[str]:
-    """Validate a config before any heavy work. Raises ConfigError listing every problem;
+    """Validate a config before any heavy work. Raises UserError listing every problem;
     returns informational notes (e.g. frames the reconstruction loss does not cover)."""
     if problems := type_problems(config):
         raise invalid_config(problems)
     if config.variant == "auto":  # with_auto_variant could not tell: say why
-        folder_problems = (reference_vae.folder_problems(config, "auto")
-                           if config.ref_vae_path and config.ref_vae_class in (*REF_VAE_CLASSES, AUTO_CLASS) else [])
-        raise invalid_config(folder_problems or ["variant=auto takes the reference VAE's own TAE variant: set "
-                                                 "ref_vae_path (and ref_vae_class) to its diffusers folder, or name the variant"])
+        folder_problems = (
+            reference_vae.folder_problems(config, "auto")
+            if config.ref_vae_path and config.ref_vae_class in (*REF_VAE_CLASSES, AUTO_CLASS)
+            else []
+        )
+        raise invalid_config(
+            folder_problems
+            or [
+                "variant=auto takes the reference VAE's own TAE variant: set "
+                "ref_vae_path (and ref_vae_class) to its diffusers folder, or name the variant"
+            ]
+        )
     spec = spec_of(config)
-    problems = [*loading.problems(config, spec), *reference_vae.problems(config, spec), *losses.problems(config),
-                *adversarial.problems(config, spec), *optimisation.problems(config), *latent_cache.problems(config),
-                *monitoring.problems(config), *validation.problems(config), *checkpoints.problems(config),
-                *best_model.problems(config), *resilience.problems(config), *missing_paths(config)]
+    problems = [
+        *loading.problems(config, spec),
+        *reference_vae.problems(config, spec),
+        *losses.problems(config),
+        *adversarial.problems(config, spec),
+        *optimisation.problems(config),
+        *latent_cache.problems(config),
+        *monitoring.problems(config),
+        *validation.problems(config),
+        *checkpoints.problems(config),
+        *best_model.problems(config),
+        *resilience.problems(config),
+        *missing_paths(config),
+    ]
     if problems:
         raise invalid_config(problems)
     return losses.notes(config, spec)

@@ -6,10 +6,12 @@
     python -m training.taehv_train --config training/configs/taehv_config_demo.py   # one process
 
 Set-up, then one loop under Accelerate (1 process, DDP or DeepSpeed ZeRO-2; gloo on CPU):
-the data and its reference latents come from ``training.data.loading``, everything from a batch
-to the optimizer step is ``training.loop.step.TrainStep``, and beside it ``Cadence`` logs to
-TensorBoard, validates (best model, early stopping) and writes atomic checkpoints that
-resume bit-identically; the run ends with a final fp32 export in the published key format.
+the data and its reference latents come from ``training.data.loading``; each accumulation
+window, from its micro-batches to the optimizer step, is one call of
+``training.loop.step.TrainStep``; after it the loop in ``train`` logs to TensorBoard,
+validates (best model, early stopping), writes atomic checkpoints that resume
+bit-identically and decides whether to stop; the run ends with a final fp32 export in the
+published key format.
 
 Exit status: 0 when training finished, stopped early, or stopped on SIGTERM/SIGINT (after
 saving a checkpoint; during start-up there is nothing to save); 1 when it gave up after too
@@ -19,6 +21,7 @@ data gone mid-run, after a checkpoint); 130 when a second Ctrl+C interrupted it 
 The line ends with the exact command that resumes the run where there is one to resume;
 ``--debug`` keeps the traceback.
 """
+
 from __future__ import annotations
 
 import signal
@@ -42,28 +45,35 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, set_seed
 from tqdm.auto import tqdm
 
-from training.config import TrainConfig, describe, load_config
-from training.data.clips import VideoClipDataset, VideoDataError, frames_to_unit
-from training.data.latent_check import check_at_start
-from training.data.loading import TrainingData, batches_until_data_error, build_train_loader, build_training_data
-from training.data.reference_vae import ReferenceVAE
-from training.errors import EXIT_USER_ERROR, USER_ERRORS, ConfigError, debug_requested
+from common.clips import VideoClipDataset, VideoDataError, frames_to_unit
+from common.config import TrainConfig, describe, load_config
+from common.errors import EXIT_USER_ERROR, USER_ERRORS, UserError, debug_requested
+from common.flags import ArgumentParser
+from common.reference_vae import ReferenceVAE
+from training.data.latent_scale_check import check_at_start
+from training.data.loading import TrainingData, build_train_loader, build_training_data, training_batches
 from training.export import BUNDLE_FOLDER, write_bundle
-from training.flags import ArgumentParser
 from training.loop.best_model import BestTracker
 from training.loop.distributed import process_group_backend, process_state
 from training.loop.memory import check_fits
-from training.loop.monitoring import Monitor, timed
+from training.loop.monitoring import Monitor
 from training.loop.optimisation import parse_duration
 from training.loop.resilience import FaultPlan, StopRequest, agree, broadcast_flag
 from training.loop.step import StepResult, TrainStep, build_model
 from training.loop.time_budget import TimeBudget
 from training.loop.validation import ValidationDataError, validate
 from training.preflight import check
-from training.state.checkpoints import (DiskFullError, is_disk_full, list_checkpoints, load_training_state, new_run_dir,
-                                       remove_partial_checkpoints, resolve_resume, save_checkpoint)
+from training.state.checkpoints import (
+    DiskFullError,
+    is_disk_full,
+    list_checkpoints,
+    load_training_state,
+    new_run_dir,
+    remove_partial_checkpoints,
+    resolve_resume,
+)
 from training.state.run_lock import lock_run_dir, release_run_dir
-from training.state.weight_export import export_best_model, export_weights
+from training.state.trained_weights import export_best_model, export_weights, save_training_checkpoint
 
 logger = logging.getLogger("taehv_train")
 
@@ -75,7 +85,7 @@ class TrainingAborted(RuntimeError):
     """The run cannot go on (e.g. every step is non-finite); a checkpoint was saved first."""
 
 
-class DataGone(ConfigError):
+class DataGone(UserError):
     """The training or validation data became unreadable mid-run; a checkpoint was saved first."""
 
 
@@ -95,6 +105,19 @@ class Progress:
     def window(self) -> int:
         """The accumulation window being trained, counted from 1 (skipped ones included)."""
         return self.step + self.skipped_steps + 1
+
+    def count(self, result: StepResult) -> None:
+        """Count an accumulation window: a step taken, or a window skipped. A window whose
+        data failed is neither: its micro-batches are given back (a window never spans two
+        epochs, Accelerate ends one at an epoch's last batch), so a resumed run trains it whole."""
+        if result.data_failed:
+            self.batch_in_epoch -= result.micro_batches
+        elif result.applied:
+            self.step += 1
+            self.consecutive_skips = 0
+        else:
+            self.skipped_steps += 1
+            self.consecutive_skips += 1
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
@@ -134,13 +157,16 @@ def resume_command(checkpoint: Path | str = "latest") -> str:
 
 def make_accelerator(config: TrainConfig, run_dir: Path) -> Accelerator:
     """Accelerator whose accumulation and clipping come from the Python config only."""
-    for env, value in (("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", config.gradient_accumulation_steps),
-                       ("ACCELERATE_GRADIENT_CLIPPING", config.max_grad_norm)):
+    for env, value in (
+        ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", config.gradient_accumulation_steps),
+        ("ACCELERATE_GRADIENT_CLIPPING", config.max_grad_norm),
+    ):
         given = os.environ.get(env)
         if given not in (None, "auto") and float(given) != float(value):
-            raise ConfigError(
+            raise UserError(
                 f"the accelerate config sets {env.removeprefix('ACCELERATE_').lower()}={given} but the training "
-                f"config says {value}: remove it from the accelerate YAML (the Python config is the single source)")
+                f"config says {value}: remove it from the accelerate YAML (the Python config is the single source)"
+            )
         os.environ[env] = str(value)  # DeepSpeed's plugin reads these
     backend = process_group_backend()
     return Accelerator(
@@ -150,7 +176,9 @@ def make_accelerator(config: TrainConfig, run_dir: Path) -> Accelerator:
         project_dir=str(run_dir),
         kwargs_handlers=[InitProcessGroupKwargs(backend=backend)] if backend else [],
         # pinned batches copied asynchronously to the GPU (the loader pins them on CUDA)
-        dataloader_config=DataLoaderConfiguration(non_blocking=torch.cuda.is_available()),  # device is cuda iff available
+        dataloader_config=DataLoaderConfiguration(
+            non_blocking=torch.cuda.is_available()
+        ),  # device is cuda iff available
     )
 
 
@@ -167,15 +195,17 @@ def decide_run_dir(state: PartialState, config: TrainConfig) -> tuple[Path, Path
             run_dir.mkdir(parents=True, exist_ok=True)
             lock = lock_run_dir(run_dir)
             decision[0] = (str(run_dir), str(checkpoint) if checkpoint else None)
-        except ConfigError as err:
+        except UserError as err:
             decision[0] = str(err)
         except OSError as err:  # output_dir on a read-only or missing file system
-            decision[0] = (f"cannot write the run directory under {config.output_dir}: {err.strerror or err}; "
-                           "choose an output_dir you can write")
+            decision[0] = (
+                f"cannot write the run directory under {config.output_dir}: {err.strerror or err}; "
+                "choose an output_dir you can write"
+            )
     if torch.distributed.is_initialized():
         torch.distributed.broadcast_object_list(decision, src=0)
     if isinstance(decision[0], str):
-        raise ConfigError(decision[0])
+        raise UserError(decision[0])
     return Path(decision[0][0]), decision[0][1] and Path(decision[0][1]), lock
 
 
@@ -184,120 +214,80 @@ def setup_logging(run_dir: Path, accelerator: Accelerator) -> None:
     handlers = [logging.StreamHandler()]
     if accelerator.is_main_process:
         handlers.append(logging.FileHandler(run_dir / "train.log"))
-    logging.basicConfig(level=level, handlers=handlers, force=True,
-                        format=f"%(asctime)s [rank {accelerator.process_index}] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=level,
+        handlers=handlers,
+        force=True,
+        format=f"%(asctime)s [rank {accelerator.process_index}] %(levelname)s %(name)s: %(message)s",
+    )
 
 
-class Cadence:
-    """What happens beside the steps: the step count and skipped windows, TensorBoard
-    logging, validation with the best model and early stopping, and checkpoints, each at
-    its configured interval."""
+@dataclass
+class Run:
+    """What the loop and the end of the run share, and the two things done beside the
+    steps: validating (best model, early stopping) and checkpointing."""
 
-    def __init__(self, config: TrainConfig, step: TrainStep, progress: Progress, tracker: BestTracker,
-                 monitor: Monitor, run_dir: Path, val_set: VideoClipDataset | None, ref_vae: ReferenceVAE | None,
-                 faults: FaultPlan, budget: TimeBudget):
-        self.config, self.train_step, self.progress, self.tracker, self.monitor = config, step, progress, tracker, monitor
-        self.run_dir, self.val_set, self.ref_vae, self.faults, self.budget = run_dir, val_set, ref_vae, faults, budget
-        self.accelerator = step.accelerator
-        self.samples_per_step = config.train_batch_size * config.gradient_accumulation_steps * self.accelerator.num_processes
-        self.data_error: ValidationDataError | None = None  # why validation stopped the run
-        self.progress_bar = tqdm(total=budget.last_step, initial=progress.step, desc="train", dynamic_ncols=True,
-                                 disable=not self.accelerator.is_local_main_process)
-        self.profiler = monitor.profiler()
-
-    def after_micro_batch(self, batch: dict, result: StepResult) -> str | None:
-        """Count the batch; at the end of a window, the step or the skip. Returns why
-        training stops now ("finished", "early_stop", "skipped", "signal"), or None."""
-        self.monitor.count_failures(batch["failures"])
-        if result.losses is not None:
-            self.monitor.accumulate(result.losses)
-        if not result.window_done:
-            return None
-        progress, stop_reason = self.progress, None
-        if result.applied:
-            progress.step += 1
-            progress.consecutive_skips = 0
-            if self.profiler is not None:
-                self.profiler.step()
-            self.progress_bar.update(1)
-            stop_reason = self.after_step(result.grad_norm)
-        else:
-            progress.skipped_steps += 1
-            progress.consecutive_skips += 1
-            logger.warning("step %d skipped on every rank: %s (%d in a row, %d in total)", progress.step + 1,
-                           result.skip_reason, progress.consecutive_skips, progress.skipped_steps)
-            self.monitor.log_skipped(progress.step, progress.skipped_steps)
-            if progress.consecutive_skips >= self.config.max_consecutive_skipped_steps:
-                stop_reason = "skipped"
-        if result.stop_requested and stop_reason is None:
-            stop_reason = "signal"
-        return stop_reason
-
-    def close(self) -> None:
-        if self.profiler is not None:
-            self.profiler.stop()
-        self.progress_bar.close()
+    config: TrainConfig
+    run_dir: Path
+    train_step: TrainStep
+    progress: Progress
+    tracker: BestTracker
+    monitor: Monitor
+    faults: FaultPlan
+    val_set: VideoClipDataset | None
+    ref_vae: ReferenceVAE | None
 
     def checkpoint(self) -> Path:
-        """Save the full training state (every rank calls it)."""
-        step, progress, acc = self.train_step, self.progress, self.accelerator
-        trainer_state = {"progress": asdict(progress), "validation_history": self.tracker.history,
-                         "config": self.config.to_dict()}
-        def export(directory: Path) -> None:
-            self.faults.maybe_fill_disk(progress.step, acc.process_index)
-            export_weights(acc, step.model, step.ema, directory, "weights", (".safetensors",), step.objects.frozen)
+        """Save the full training state at the current step (every rank calls it)."""
+        trainer_state = {
+            "progress": asdict(self.progress),
+            "validation_history": self.tracker.history,
+            "config": self.config.to_dict(),
+        }
+        return save_training_checkpoint(
+            self.train_step.objects,
+            self.run_dir / "checkpoints",
+            self.progress.step,
+            self.config.checkpoints_total_limit,
+            trainer_state,
+            self.faults,
+        )
 
-        return save_checkpoint(
-            step.objects, self.run_dir / "checkpoints", progress.step, self.config.checkpoints_total_limit,
-            trainer_state, export=export,
-            before_commit=lambda: self.faults.maybe_crash_in_save(progress.step, acc.process_index))
-
-    def after_step(self, grad_norm) -> str | None:
-        """Logging, validation and checkpointing after an applied step; returns why
-        training stops now ("finished", "early_stop", "data" when validation clips went away), or None."""
-        config, step, budget = self.config, self.progress.step, self.budget
-        budget.account()
-        out_of_time = budget.exhausted()
-        last = step >= budget.last_step or out_of_time
-        if step % config.log_every == 0 or last:
-            logs = self.monitor.log_train(step, self.train_step.scheduler.get_last_lr()[0], grad_norm, self.samples_per_step)
-            psnr = self.monitor.last_psnr  # shown from the first validation on
-            self.progress_bar.set_postfix(loss=f"{logs['train/loss']:.4f}", **({} if psnr is None else {"psnr": f"{psnr:.2f}"}))
-        early_stop = False
-        if self.val_set is not None and (step % config.validation_every == 0 or last):
-            try:
-                early_stop = self.validate(step, last)
-            except ValidationDataError as err:  # raised on every rank together
-                self.data_error = err
-                return "data"
-        if step % config.checkpointing_steps == 0 or last:
-            self.checkpoint()
-        if last:
-            logger.info("training ends at step %d: %s", step,
-                        f"the time budget max_train_time={config.max_train_time} is spent" if out_of_time else
-                        f"the {'planned' if self.progress.planned_steps else 'max_train_steps'} step count is reached")
-            return "finished"
-        if (planned := budget.plan()) is not None:
-            self.progress_bar.total = planned
-            self.progress_bar.refresh()
-        return "early_stop" if early_stop else None
-
-    def validate(self, step: int, last: bool) -> bool:
-        """Validate the EMA weights, keep the best model; True when early stopping says stop
-        (decided on rank 0, obeyed by all)."""
-        config, trainer, acc = self.config, self.train_step, self.accelerator
-        with trainer.averaged_weights():
-            metrics = validate(acc, trainer.net, self.val_set, config, self.ref_vae, trainer.input_dtype)
+    def validate(self, last: bool) -> bool:
+        """Validate the EMA weights at the current step, keep the best model; True when
+        early stopping says stop (decided on rank 0, obeyed by all). ValidationDataError,
+        on every rank together, when the validation clips went away."""
+        config, train_step, step = self.config, self.train_step, self.progress.step
+        acc = train_step.accelerator
+        with train_step.averaged_weights():
+            metrics = validate(acc, train_step.net, self.val_set, config, self.ref_vae, train_step.input_dtype)
         self.monitor.log_validation(step, metrics, last)
-        trainer.model.train()
+        train_step.model.train()
         scalars = {k: v for k, v in metrics.items() if isinstance(v, float)}
         if self.tracker.update(step, scalars):
-            export_best_model(acc, trainer.model, trainer.ema, self.run_dir, {
-                "step": step, "metric": config.best_metric, "value": scalars[config.best_metric], "metrics": scalars,
-                "variant": trainer.net.variant, "ema": trainer.ema is not None, "config_file": config.config_file},
-                trainer.objects.frozen)
-            logger.info("new best %s=%.4f at step %d: saved %s", config.best_metric, scalars[config.best_metric],
-                        step, self.run_dir / "best_model")
+            export_best_model(
+                acc,
+                train_step.model,
+                train_step.ema,
+                self.run_dir,
+                {
+                    "step": step,
+                    "metric": config.best_metric,
+                    "value": scalars[config.best_metric],
+                    "metrics": scalars,
+                    "variant": train_step.net.variant,
+                    "ema": train_step.ema is not None,
+                    "config_file": config.config_file,
+                },
+                train_step.objects.frozen,
+            )
+            logger.info(
+                "new best %s=%.4f at step %d: saved %s",
+                config.best_metric,
+                scalars[config.best_metric],
+                step,
+                self.run_dir / "best_model",
+            )
         if acc.is_main_process:
             self.tracker.write_history(self.run_dir)
         return broadcast_flag(self.tracker.should_stop, acc.device)
@@ -316,8 +306,13 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path
     setup_logging(run_dir, accelerator)
     for note in notes:
         logger.info(note)
-    logger.info("run directory %s; %d process(es), %s, mixed precision %s", run_dir, accelerator.num_processes,
-                accelerator.distributed_type, config.mixed_precision)
+    logger.info(
+        "run directory %s; %d process(es), %s, mixed precision %s",
+        run_dir,
+        accelerator.num_processes,
+        accelerator.distributed_type,
+        config.mixed_precision,
+    )
     if accelerator.is_main_process:
         remove_partial_checkpoints(run_dir / "checkpoints")
     set_seed(config.seed)  # identical initial weights on every rank
@@ -342,117 +337,220 @@ def next_command(run_dir: Path) -> str:
     return f"start again with: {shlex.join(launch_command())} (nothing to resume yet)"
 
 
-def train(config: TrainConfig, accelerator: Accelerator, run_dir: Path, resume_from: Path | None,
-          faults: FaultPlan, stop: StopRequest, started: float) -> Path:
-    """Build the model, data and step, restore ``resume_from``, and run the loop to its end."""
+def train(
+    config: TrainConfig,
+    accelerator: Accelerator,
+    run_dir: Path,
+    resume_from: Path | None,
+    faults: FaultPlan,
+    stop: StopRequest,
+    started: float,
+) -> Path:
+    """Build the model, data and step, restore ``resume_from``, and run the loop to its end:
+    each pass trains one accumulation window, then logs, validates and checkpoints at
+    their intervals and decides whether to stop."""
     model = build_model(config, resumed=resume_from is not None)
     ref_vae = ReferenceVAE.from_config(config, accelerator.device) if config.ref_vae_path else None
     data = build_training_data(config, ref_vae)
-    step, loader = TrainStep.build(config, accelerator, model, data.latents, faults, stop,
-                                   loader=build_train_loader(data.train, config, accelerator.device))
+    train_step, loader = TrainStep.build(
+        config,
+        accelerator,
+        model,
+        data.latents,
+        faults,
+        stop,
+        loader=build_train_loader(data.train, config, accelerator.device),
+    )
     progress = Progress()
     tracker = BestTracker(config.best_metric, config.early_stopping_patience, config.early_stopping_min_delta)
     if resume_from is not None:
-        saved = load_training_state(step.objects, resume_from)
+        saved = load_training_state(train_step.objects, resume_from)
         progress = Progress(**saved["progress"])
-        tracker = BestTracker.replay(saved["validation_history"], config.best_metric,
-                                     config.early_stopping_patience, config.early_stopping_min_delta)
-        logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume_from, progress.step, progress.epoch,
-                    progress.batch_in_epoch)
+        tracker = BestTracker.replay(
+            saved["validation_history"],
+            config.best_metric,
+            config.early_stopping_patience,
+            config.early_stopping_min_delta,
+        )
+        logger.info(
+            "resumed from %s at step %d (epoch %d, batch %d)",
+            resume_from,
+            progress.step,
+            progress.epoch,
+            progress.batch_in_epoch,
+        )
     # the schedule's horizon: the step count a time budget fixed, else this start's max_train_steps
-    step.schedule.total = (progress.planned_steps or config.max_train_steps) * accelerator.num_processes
-    budget = TimeBudget(parse_duration(config.max_train_time) if config.max_train_time else None,
-                        config.max_train_steps, config.validation_every, progress, step.schedule,
-                        accelerator.num_processes, started)
+    train_step.schedule.total = (progress.planned_steps or config.max_train_steps) * accelerator.num_processes
+    budget = TimeBudget(
+        parse_duration(config.max_train_time) if config.max_train_time else None,
+        config.max_train_steps,
+        config.validation_every,
+        progress,
+        train_step.schedule,
+        accelerator.num_processes,
+        started,
+    )
     if data.latents.available:  # a run from published or earlier weights must already be on the reference scale
-        check_latent_scale(step, data, pretrained=bool(config.pretrained_model_path))
+        check_latent_scale(train_step, data, pretrained=bool(config.pretrained_model_path))
     if accelerator.is_main_process:  # only once the start-up worked: a failed resume leaves the run as it was
         (run_dir / "config.json").write_text(describe(config))
         with open(run_dir / "command.txt", "a") as commands:  # every start of the run, for the model card
             commands.write(shlex.join(launch_command()) + "\n")
     if agree([stop.requested], accelerator.device)[0]:
-        logger.info("stopped on %s during start-up, before the first step: nothing new to save",
-                    stop.signal_name or "a signal received by another rank")
+        logger.info(
+            "stopped on %s during start-up, before the first step: nothing new to save",
+            stop.signal_name or "a signal received by another rank",
+        )
         accelerator.end_training()
         return run_dir
     monitor = Monitor(accelerator, config, run_dir, progress.step)
-    cadence = Cadence(config, step, progress, tracker, monitor, run_dir, data.val, ref_vae, faults, budget)
+    run = Run(config, run_dir, train_step, progress, tracker, monitor, faults, data.val, ref_vae)
+    samples_per_step = config.train_batch_size * config.gradient_accumulation_steps * accelerator.num_processes
+    progress_bar = tqdm(
+        total=budget.last_step,
+        initial=progress.step,
+        desc="train",
+        dynamic_ncols=True,
+        disable=not accelerator.is_local_main_process,
+    )
+    profiler = monitor.profiler()
+    batches = training_batches(loader, accelerator, progress)  # from where the run is, epoch after epoch
 
     stop_reason = "finished" if progress.step >= budget.last_step else None
     data_error: VideoDataError | None = None
-    step.model.train()
+    train_step.model.train()
     while stop_reason is None:
-        loader.set_epoch(progress.epoch)  # the sampler's permutation and the dataset's draws follow the epoch
-        epoch_loader = accelerator.skip_first_batches(loader, progress.batch_in_epoch) if progress.batch_in_epoch else loader
-        window_start = progress.batch_in_epoch  # micro-batches of the epoch consumed before this window
-        for batch, waited in timed(batches_until_data_error(epoch_loader)):
-            monitor.add_data_wait(waited)
-            if isinstance(batch, VideoDataError):
-                data_error = batch
-            progress.batch_in_epoch += 1
-            result = step(batch, progress.window)
-            if result.data_failed:  # on some rank: every rank drops the unfinished window and stops
-                progress.batch_in_epoch = window_start
-                stop_reason = "data"
+        result = train_step(batches, progress.window)  # one accumulation window: its step taken, or skipped
+        progress.count(result)
+        monitor.add_window(result)
+        if result.data_failed:  # on some rank: every rank dropped the unfinished window
+            stop_reason, data_error = "data", result.data_error
+            break
+        if not result.applied:
+            logger.warning(
+                "step %d skipped on every rank: %s (%d in a row, %d in total)",
+                progress.step + 1,
+                result.skip_reason,
+                progress.consecutive_skips,
+                progress.skipped_steps,
+            )
+            monitor.log_skipped(progress.step, progress.skipped_steps)
+            too_many = progress.consecutive_skips >= config.max_consecutive_skipped_steps
+            stop_reason = "skipped" if too_many else "signal" if result.stop_requested else None
+            continue
+        step = progress.step
+        if profiler is not None:
+            profiler.step()
+        progress_bar.update(1)
+        budget.account()
+        out_of_time = budget.exhausted()
+        last = step >= budget.last_step or out_of_time
+
+        if step % config.log_every == 0 or last:
+            logs = monitor.log_train(step, train_step.scheduler.get_last_lr()[0], result.grad_norm, samples_per_step)
+            psnr = monitor.last_psnr  # shown from the first validation on
+            progress_bar.set_postfix(
+                loss=f"{logs['train/loss']:.4f}", **({} if psnr is None else {"psnr": f"{psnr:.2f}"})
+            )
+        early_stop = False
+        if data.val is not None and (step % config.validation_every == 0 or last):
+            try:
+                early_stop = run.validate(last)
+            except ValidationDataError as err:  # raised on every rank together; the step is saved by finish
+                stop_reason, data_error = "data", err
                 break
-            stop_reason = cadence.after_micro_batch(batch, result)
-            if result.window_done:
-                window_start = progress.batch_in_epoch
-            if stop_reason is not None:
-                break
-        else:
-            progress.epoch += 1
-            progress.batch_in_epoch = 0
-    cadence.close()
-    return finish(stop_reason, cadence, stop, data_error or cadence.data_error)
+        if step % config.checkpointing_steps == 0 or last:
+            run.checkpoint()
+
+        if last:
+            logger.info(
+                "training ends at step %d: %s",
+                step,
+                f"the time budget max_train_time={config.max_train_time} is spent"
+                if out_of_time
+                else f"the {'planned' if progress.planned_steps else 'max_train_steps'} step count is reached",
+            )
+            stop_reason = "finished"
+            break
+        if (planned := budget.plan()) is not None:  # the time budget has just fixed the run's step count
+            progress_bar.total = planned
+            progress_bar.refresh()
+        stop_reason = "early_stop" if early_stop else "signal" if result.stop_requested else None
+    if profiler is not None:
+        profiler.stop()
+    progress_bar.close()
+    return finish(stop_reason, run, stop, data_error)
 
 
 @torch.no_grad()
-def check_latent_scale(step: TrainStep, data: TrainingData, pretrained: bool, clips: int = 2) -> None:
+def check_latent_scale(train_step: TrainStep, data: TrainingData, pretrained: bool, clips: int = 2) -> None:
     """The model's latents of a few training clips against their reference latents
-    (``training.data.latent_check``); draws nothing from the run's random streams."""
-    device = step.accelerator.device
+    (``training.data.latent_scale_check``); draws nothing from the run's random streams."""
+    device = train_step.accelerator.device
     items = [data.train[i] for i in range(min(clips, len(data.train)))]
     batch = {key: torch.stack([item[key] for item in items]) for key in ("frames", "latents") if key in items[0]}
     frames = frames_to_unit(batch["frames"], device)
     reference = data.latents(batch, frames, torch.Generator(device).manual_seed(0))
-    check_at_start(step.net.encode_video(frames.to(step.input_dtype)), reference, pretrained)
+    check_at_start(train_step.net.encode_video(frames.to(train_step.input_dtype)), reference, pretrained)
 
 
-def finish(stop_reason: str, cadence: Cadence, stop: StopRequest, data_error: VideoDataError | None) -> Path:
+def finish(stop_reason: str, run: Run, stop: StopRequest, data_error: VideoDataError | None) -> Path:
     """Save what the way the run stopped calls for: a checkpoint after a signal, too many
     skipped steps (then exit 1) or the training or validation data going away (then exit 2), a checkpoint and the
     final export after early stopping, the final export when it finished."""
-    accelerator, progress, run_dir, step = cadence.accelerator, cadence.progress, cadence.run_dir, cadence.train_step
+    progress, run_dir, train_step = run.progress, run.run_dir, run.train_step
+    accelerator = train_step.accelerator
     if stop_reason in ("signal", "skipped", "data"):
-        path = cadence.checkpoint()
+        path = run.checkpoint()
         accelerator.end_training()
         if stop_reason == "skipped":
             raise TrainingAborted(
                 f"{progress.consecutive_skips} steps in a row were skipped (non-finite loss or gradient, or out of "
                 f"memory); saved {path}. Lower learning_rate, enable max_grad_norm, use bf16 instead of fp16, or "
-                f"check the data and the reference VAE, then resume with: {resume_command(path)}")
+                f"check the data and the reference VAE, then resume with: {resume_command(path)}"
+            )
         if stop_reason == "data":
             # the first sentence of the dataset's message (from a worker, it ends a traceback)
-            cause = str(data_error).strip().splitlines()[-1].split("Error: ")[-1].split(". ")[0] if data_error else \
-                "on another rank"
+            cause = (
+                str(data_error).strip().splitlines()[-1].split("Error: ")[-1].split(". ")[0]
+                if data_error
+                else "on another rank"
+            )
             which = "validation" if isinstance(data_error, ValidationDataError) else "training"
-            raise DataGone(f"the {which} data became unreadable at step {progress.step} ({cause}); "
-                           f"saved {path}. Restore the data, then resume with: {resume_command(path)}")
-        logger.info("stopped on %s at step %d; saved %s. Resume with: %s",
-                    stop.signal_name or "a signal received by another rank", progress.step, path, resume_command(path))
+            raise DataGone(
+                f"the {which} data became unreadable at step {progress.step} ({cause}); "
+                f"saved {path}. Restore the data, then resume with: {resume_command(path)}"
+            )
+        logger.info(
+            "stopped on %s at step %d; saved %s. Resume with: %s",
+            stop.signal_name or "a signal received by another rank",
+            progress.step,
+            path,
+            resume_command(path),
+        )
         return run_dir
     if stop_reason == "early_stop":
-        tracker = cadence.tracker
-        logger.info("early stopping at step %d: %s did not improve for %d validations (best %.4f at step %s)",
-                    progress.step, cadence.config.best_metric, tracker.bad_validations, tracker.best_value,
-                    tracker.best_step)
-        cadence.checkpoint()
-    export_weights(accelerator, step.model, step.ema, run_dir, "final_model", frozen=step.objects.frozen)
+        tracker = run.tracker
+        logger.info(
+            "early stopping at step %d: %s did not improve for %d validations (best %.4f at step %s)",
+            progress.step,
+            run.config.best_metric,
+            tracker.bad_validations,
+            tracker.best_value,
+            tracker.best_step,
+        )
+        run.checkpoint()
+    export_weights(
+        accelerator, train_step.model, train_step.ema, run_dir, "final_model", frozen=train_step.objects.frozen
+    )
     if accelerator.is_main_process:
         logger.info("saved %s and %s", run_dir / "final_model.pth", run_dir / "final_model.safetensors")
-        bundle = write_bundle(run_dir / "final_model.safetensors", run_dir / BUNDLE_FOLDER,
-                              command="training/taehv_train.py at the end of the run", overwrite=True)
+        bundle = write_bundle(
+            run_dir / "final_model.safetensors",
+            run_dir / BUNDLE_FOLDER,
+            command="training/taehv_train.py at the end of the run",
+            overwrite=True,
+        )
         logger.info("wrote the export bundle %s (%s)", run_dir / BUNDLE_FOLDER, ", ".join(p.name for p in bundle))
     accelerator.end_training()
     return run_dir

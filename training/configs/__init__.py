@@ -1,7 +1,8 @@
 """Training presets: ``taehv_config.py`` is the base, ``taehv_config_<name>.py`` replace its fields."""
+
 from __future__ import annotations
 
-from training.config import TrainConfig
+from common.config import TrainConfig
 
 
 def from_scratch_for(variant: str, ref_vae_class: str, ref_vae_path: str, n_frames: int, **fields) -> TrainConfig:
@@ -11,5 +12,12 @@ def from_scratch_for(variant: str, ref_vae_class: str, ref_vae_path: str, n_fram
     from-scratch learning rate, 3e-4 (the base's 1e-4 fine-tunes published weights)."""
     from training.configs.taehv_config import config as base
 
-    return base.replace(n_frames=n_frames, variant=variant, pretrained_model_path="", ref_vae_path=ref_vae_path,
-                        ref_vae_class=ref_vae_class, learning_rate=3e-4, **fields)
+    return base.replace(
+        n_frames=n_frames,
+        variant=variant,
+        pretrained_model_path="",
+        ref_vae_path=ref_vae_path,
+        ref_vae_class=ref_vae_class,
+        learning_rate=3e-4,
+        **fields,
+    )

@@ -1,7 +1,7 @@
 """Base training config. It sets only the fields below (data, model, reference VAE, loss
 weights and optimisation of the production recipe); every other field keeps its default.
 All fields, with their defaults and meaning, are in the TrainConfig dataclass in
-training/config.py.
+common/config.py.
 
 Presets (taehv_config_<name>.py) `replace` fields of this one; any field can also be
 overridden on the command line: `--n_frames=9 --learning_rate=3e-4`.
@@ -10,7 +10,8 @@ This base fine-tunes the published taecvx.pth in CogVideoX-2b's latent space on 
 users' driving clips at 480x720, with the distillation recipe: encoder MSE to the
 reference latents, decoder MSE on the reference latents, end-to-end reconstruction MSE.
 """
-from training.config import TrainConfig
+
+from common.config import TrainConfig
 
 config = TrainConfig(
     data_root="data/MiniDataset",

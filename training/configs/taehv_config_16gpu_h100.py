@@ -1,4 +1,5 @@
 """2 nodes x 8 H100 (16 GPUs, effective batch 16 x 2 x 2 = 64)."""
+
 from training.configs.taehv_config import config as base
 
 config = base.replace(

@@ -1,4 +1,5 @@
 """1 x H100 80GB: quick iteration at full resolution (effective batch 16)."""
+
 from training.configs.taehv_config import config as base
 
 config = base.replace(

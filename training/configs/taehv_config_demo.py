@@ -9,6 +9,7 @@ and vehicles as large as in the held-out clips, which are validated whole at 96x
 makes more optimizer steps per minute than batch 4 and learns more per minute from scratch;
 lr 6e-4 beats 3e-4 and 1e-3; over 2000-2600 steps cosine decay (50 warm-up steps) ends 0.3-0.4 dB
 above the from-scratch preset's constant rate, which wins in runs of a few hundred steps."""
+
 from training.configs.taehv_config_scratch import config as scratch
 
 config = scratch.replace(

@@ -3,6 +3,7 @@ time in 17-frame chunks (docs/h3_alignment.md). H3's VAE decodes nothing up to 1
 and taeh3 decodes 17c - 12 frames of c chunks exactly, so clips are 22 frames (or 39,
 56, ...) at multiples of 16. The VAE folder is a local copy of the MiniMax H3 model with
 its vae/ subfolder."""
+
 from training.configs.taehv_config import config as base
 
 config = base.replace(

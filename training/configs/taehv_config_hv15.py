@@ -1,6 +1,7 @@
 """Fine-tune the published taehv1_5 in HunyuanVideo 1.5's latent space: 32 channels, 16x in
 space, 4x in time; clips are 4k+1 frames at multiples of 16. The VAE folder is a local copy
 of HunyuanVideo-1.5 (diffusers format) with its vae/ subfolder."""
+
 from training.configs.taehv_config import config as base
 
 config = base.replace(

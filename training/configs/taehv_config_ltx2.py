@@ -4,6 +4,7 @@ LTX's VAE compresses 32x in space and 8x in time: clips are 8k+1 frames (25 here
 LTX-2's own length) at multiples of 32 (480x704 keeps the driving clips' 720x480 framing
 nearly whole). The VAE folder is a local copy of the LTX-2.3 model with its vae/ subfolder.
 """
+
 from training.configs.taehv_config import config as base
 
 config = base.replace(

@@ -8,6 +8,7 @@ writing output/progressive_stage1/export/taecvx.pth, which stage 2 starts from:
     ./train_taehv_h100.sh 8 progressive_stage1
     ./train_taehv_h100.sh 8 progressive_stage2
 """
+
 from training.configs.taehv_config import config as base
 
 config = base.replace(

@@ -1,6 +1,7 @@
 """Progressive recipe, stage 2 of 2: the decoder only, at the target resolution (480x720),
 from stage 1's export; the encoder, and so the latent space, stays as stage 1 left it
 (train_encoder=False). See taehv_config_progressive_stage1.py."""
+
 from training.configs.taehv_config import config as base
 
 config = base.replace(

@@ -13,7 +13,8 @@ decoded and downscaled in memory (``frame_cache_mb``: no step waits for seeking 
 720p video for a 32x48 crop), and bf16 autocast where the hardware computes it natively
 (GPUs, CPUs with AVX512-BF16 or AMX: 1.8x the steps per second of fp32 here), else fp32.
 ``--max_train_time=8m`` gives a run a wall-clock budget."""
-from training.config import native_bf16
+
+from common.config import native_bf16
 from training.configs.taehv_config import config as base
 
 config = base.replace(

@@ -1,4 +1,4 @@
-"""Reading the reference-latent cache that ``python -m training.cache_latents`` builds.
+"""Reading the reference-latent cache that ``python -m training.build_latent_cache`` builds.
 
 The dataset draws every sample from ``(seed, epoch, index)``, so the latents of
 ``dataset[index]`` at ``epoch`` are a fixed tensor: the cache stores them for epochs
@@ -14,6 +14,7 @@ with each latent row's CRC-32 in the metadata: a damaged row is an error when it
 (the run saves and stops, like any data gone bad), a shard whose header does not open is
 refused at start-up.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,21 +29,25 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
+from common.clips import EpochDataset, VideoClipDataset, VideoDataError, shared_epoch
+from common.config import TrainConfig, below
+from common.errors import UserError
 from models.variants import get_variant
-from training.config import TrainConfig, below
-from training.data.clips import EpochDataset, VideoClipDataset, VideoDataError, shared_epoch
-from training.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 CACHE_MANIFEST = "manifest.json"
 SAMPLING_STREAM = 0x1A7E  # keeps the latent noise stream apart from the dataset's (seed, epoch, index) draws
-REBUILD_SHARDS = ("delete the damaged shard(s) and rerun `python -m training.cache_latents` with the same settings "
-                  "(it computes only the missing shards)")
+REBUILD_SHARDS = (
+    "delete the damaged shard(s) and rerun `python -m training.build_latent_cache` with the same "
+    "settings (it computes only the missing shards)"
+)
 ROW_CRC32 = "row_crc32"  # shard metadata: the CRC-32 of every latent row, comma-separated
-VALIDITY_HELP = ("rebuild it with `python -m training.cache_latents --config <this config>`, or set "
-                 "latent_cache_dir='' to compute reference latents online")
+VALIDITY_HELP = (
+    "rebuild it with `python -m training.build_latent_cache --config <this config>`, or set "
+    "latent_cache_dir='' to compute reference latents online"
+)
 
 
 def latent_sample_generator(seed: int, epoch: int, index: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -108,8 +113,11 @@ def row_crc32(row: torch.Tensor) -> int:
 
 def differences(cached: dict, wanted: dict) -> list[str]:
     """``key: cache X, now Y`` for every key whose value differs."""
-    return [f"{key}: cache {cached.get(key)!r}, now {wanted.get(key)!r}"
-            for key in sorted(set(cached) | set(wanted)) if cached.get(key) != wanted.get(key)]
+    return [
+        f"{key}: cache {cached.get(key)!r}, now {wanted.get(key)!r}"
+        for key in sorted(set(cached) | set(wanted))
+        if cached.get(key) != wanted.get(key)
+    ]
 
 
 def read_cache_manifest(directory: Path) -> dict | None:
@@ -128,11 +136,15 @@ class LatentCache:
         self.directory = Path(directory)
         manifest = read_cache_manifest(self.directory)
         if manifest is None:
-            raise ConfigError(f"{self.directory} is not a latent cache (no {CACHE_MANIFEST}); build it with "
-                              "`python -m training.cache_latents --config <config> --output DIR`")
+            raise UserError(
+                f"{self.directory} is not a latent cache (no {CACHE_MANIFEST}); build it with "
+                "`python -m training.build_latent_cache --config <config> --output DIR`"
+            )
         if manifest.get("format") != FORMAT_VERSION:
-            raise ConfigError(f"latent cache {self.directory} has format {manifest.get('format')}, this code reads "
-                              f"format {FORMAT_VERSION}: {VALIDITY_HELP}")
+            raise UserError(
+                f"latent cache {self.directory} has format {manifest.get('format')}, this code reads "
+                f"format {FORMAT_VERSION}: {VALIDITY_HELP}"
+            )
         self.manifest = manifest
         self.epochs: int = manifest["valid_for"]["epochs"]
         self.n_clips: int = manifest["valid_for"]["n_clips"]
@@ -144,7 +156,9 @@ class LatentCache:
         return math.ceil(self.n_clips / self.shard_size)
 
     def shard_paths(self) -> list[Path]:
-        return [shard_path(self.directory, epoch, shard) for epoch in range(self.epochs) for shard in range(self.n_shards)]
+        return [
+            shard_path(self.directory, epoch, shard) for epoch in range(self.epochs) for shard in range(self.n_shards)
+        ]
 
     def missing_shards(self) -> list[Path]:
         return [path for path in self.shard_paths() if not path.is_file()]
@@ -167,26 +181,35 @@ class LatentCache:
                 found.append(f"{path} holds {rows} rows, the manifest says {expected}")
         self._open.clear()
         if unchecked:
-            logger.warning("latent cache %s: %d shard(s) were built before row checksums, so bytes damaged inside "
-                           "them go undetected; rebuild the cache to add them", self.directory, unchecked)
+            logger.warning(
+                "latent cache %s: %d shard(s) were built before row checksums, so bytes damaged inside "
+                "them go undetected; rebuild the cache to add them",
+                self.directory,
+                unchecked,
+            )
         return found
 
     def check(self, config: TrainConfig, n_clips: int) -> None:
-        """Raise ConfigError unless this cache holds the latents ``config`` would compute
+        """Raise UserError unless this cache holds the latents ``config`` would compute
         for a dataset of ``n_clips`` clips, for every cached epoch, in shards that open."""
         mismatches = differences(self.manifest["valid_for"], validity(config, n_clips))
         if mismatches:
-            raise ConfigError(f"latent cache {self.directory} was made for other settings ({'; '.join(mismatches)}): "
-                              f"{VALIDITY_HELP}")
+            raise UserError(
+                f"latent cache {self.directory} was made for other settings ({'; '.join(mismatches)}): {VALIDITY_HELP}"
+            )
         missing = self.missing_shards()
         if missing:
-            raise ConfigError(f"latent cache {self.directory} is incomplete: {len(missing)} shard(s) missing "
-                              f"(e.g. {missing[0]}); rerun `python -m training.cache_latents` with the same "
-                              "settings to finish it")
+            raise UserError(
+                f"latent cache {self.directory} is incomplete: {len(missing)} shard(s) missing "
+                f"(e.g. {missing[0]}); rerun `python -m training.build_latent_cache` with the same "
+                "settings to finish it"
+            )
         damaged = self.damaged_shards()
         if damaged:
-            raise ConfigError(f"latent cache {self.directory} has {len(damaged)} damaged shard(s) (e.g. {damaged[0]}): "
-                              f"{REBUILD_SHARDS}")
+            raise UserError(
+                f"latent cache {self.directory} has {len(damaged)} damaged shard(s) (e.g. {damaged[0]}): "
+                f"{REBUILD_SHARDS}"
+            )
 
     def _open_shard(self, path: Path) -> tuple[object, dict[str, tuple], list[int] | None]:
         """(handle, shapes by name, row CRCs or None for a cache built before checksums),
@@ -241,8 +264,10 @@ class CachedLatentDataset(EpochDataset):
 
     def __init__(self, dataset: VideoClipDataset, cache: LatentCache):
         if len(dataset) != cache.n_clips:
-            raise ConfigError(f"the dataset has {len(dataset)} clips, latent cache {cache.directory} has "
-                              f"{cache.n_clips}: {VALIDITY_HELP}")
+            raise UserError(
+                f"the dataset has {len(dataset)} clips, latent cache {cache.directory} has "
+                f"{cache.n_clips}: {VALIDITY_HELP}"
+            )
         self.dataset = dataset
         self.cache = cache
         self._epoch = shared_epoch()  # the full count (the shuffle order), seen by workers
@@ -265,12 +290,15 @@ class CachedLatentDataset(EpochDataset):
     def __getitem__(self, index: int) -> dict:
         epoch = self.dataset.epoch
         if epoch >= self.cache.epochs:
-            raise ValueError(f"the dataset draws epoch {epoch} but the cache holds epochs 0..{self.cache.epochs - 1}: "
-                             "set the epoch through CachedLatentDataset.set_epoch, not on the wrapped dataset")
+            raise ValueError(
+                f"the dataset draws epoch {epoch} but the cache holds epochs 0..{self.cache.epochs - 1}: "
+                "set the epoch through CachedLatentDataset.set_epoch, not on the wrapped dataset"
+            )
         item = self.dataset[index]
         cached_clip = self.cache.clip(epoch, index)
         if item["index"] != cached_clip:
             raise VideoDataError(
                 f"sample {index} used clip {item['index']} but the cache encoded clip {cached_clip}: the videos "
-                f"changed since the cache was built (a file became unreadable or was repaired); {VALIDITY_HELP}")
+                f"changed since the cache was built (a file became unreadable or was repaired); {VALIDITY_HELP}"
+            )
         return {**item, "latents": self.cache.latents(epoch, index)}

@@ -3,26 +3,30 @@ reference latents come from.
 
     data = build_training_data(config, ref_vae)   # probes the clips, opens the latent cache
     loader = build_train_loader(data.train, config, device)
+    batches = training_batches(loader, accelerator, progress)  # epoch after epoch, from where the run is
     z_ref = data.latents(batch, frames, generator)  # in the training step
 
 The latents come from exactly one source, decided here once: the latent cache (its
 dataset items carry them), the frozen reference VAE run on the batch, or nowhere (plain
 autoencoder training without a reference VAE).
 """
+
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+from accelerate import Accelerator
 from torch.utils.data import DataLoader, Dataset
 
+from common.clips import VideoClipDataset, VideoDataError, build_dataloader
+from common.config import TrainConfig, below, spec_of
+from common.reference_vae import ReferenceVAE
 from models.variants import VariantSpec
-from training.config import TrainConfig, below, spec_of
-from training.data.clips import VideoClipDataset, VideoDataError, build_dataloader
 from training.data.latent_cache import CachedLatentDataset
-from training.data.reference_vae import ReferenceVAE
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +37,19 @@ def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
     if config.height <= 0 or config.width <= 0:
         found.append(f"height and width must be positive, got {config.height}x{config.width}")
     if config.height % multiple or config.width % multiple:
-        found.append(f"height and width must be multiples of {multiple} (8 * patch_size of {spec.name}), "
-                     f"got {config.height}x{config.width}")
+        found.append(
+            f"height and width must be multiples of {multiple} (8 * patch_size of {spec.name}), "
+            f"got {config.height}x{config.width}"
+        )
     if config.val_height < 0 or config.val_width < 0 or (config.val_height == 0) != (config.val_width == 0):
-        found.append(f"set both val_height and val_width (positive), or neither, got {config.val_height}x{config.val_width}")
+        found.append(
+            f"set both val_height and val_width (positive), or neither, got {config.val_height}x{config.val_width}"
+        )
     if config.val_height % multiple or config.val_width % multiple:
-        found.append(f"val_height and val_width must be multiples of {multiple} (8 * patch_size of {spec.name}), "
-                     f"got {config.val_height}x{config.val_width}")
+        found.append(
+            f"val_height and val_width must be multiples of {multiple} (8 * patch_size of {spec.name}), "
+            f"got {config.val_height}x{config.val_width}"
+        )
     if config.n_frames < 1:
         found.append("n_frames must be >= 1")
     if not 1 <= config.stride_min <= config.stride_max:
@@ -56,19 +66,32 @@ def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
 def build_datasets(config: TrainConfig) -> tuple[VideoClipDataset, VideoClipDataset | None]:
     """The training clips (random windows, crops and flips) and the held-out clips (None
     without ``val_annotation_file`` or with ``num_validation_samples=0``)."""
-    common = dict(n_frames=config.n_frames, height=config.height, width=config.width, seed=config.seed,
-                  short_clip_policy=config.short_clip_policy, max_failure_fraction=config.max_failure_fraction,
-                  stride_range=(config.stride_min, config.stride_max), channels=spec_of(config).image_channels)
+    common = dict(
+        n_frames=config.n_frames,
+        height=config.height,
+        width=config.width,
+        seed=config.seed,
+        short_clip_policy=config.short_clip_policy,
+        max_failure_fraction=config.max_failure_fraction,
+        stride_range=(config.stride_min, config.stride_max),
+        channels=spec_of(config).image_channels,
+    )
     data_root = config.data_root or None
     train = VideoClipDataset(
-        data_root, config.annotation_file or None, mode="train",
-        crop_scale=(config.crop_scale_min, config.crop_scale_max), hflip=config.hflip,
-        frame_cache_mb=config.frame_cache_mb, **common)
+        data_root,
+        config.annotation_file or None,
+        mode="train",
+        crop_scale=(config.crop_scale_min, config.crop_scale_max),
+        hflip=config.hflip,
+        frame_cache_mb=config.frame_cache_mb,
+        **common,
+    )
     val = None
     if config.val_annotation_file and config.num_validation_samples > 0:
         height, width = config.validation_size
-        val = VideoClipDataset(data_root, config.val_annotation_file, mode="val",
-                               **(common | dict(height=height, width=width)))
+        val = VideoClipDataset(
+            data_root, config.val_annotation_file, mode="val", **(common | dict(height=height, width=width))
+        )
     return train, val
 
 
@@ -115,9 +138,17 @@ def build_training_data(config: TrainConfig, ref_vae: ReferenceVAE | None) -> Tr
 
 def build_train_loader(dataset: Dataset, config: TrainConfig, device: torch.device) -> DataLoader:
     """The shuffled, epoch-seeded training loader (pinned batches on CUDA)."""
-    return build_dataloader(dataset, config.train_batch_size, config.dataloader_num_workers, shuffle=True,
-                            seed=config.seed, drop_last=True, prefetch_factor=config.prefetch_factor,
-                            persistent_workers=config.persistent_workers, pin_memory=device.type == "cuda")
+    return build_dataloader(
+        dataset,
+        config.train_batch_size,
+        config.dataloader_num_workers,
+        shuffle=True,
+        seed=config.seed,
+        drop_last=True,
+        prefetch_factor=config.prefetch_factor,
+        persistent_workers=config.persistent_workers,
+        pin_memory=device.type == "cuda",
+    )
 
 
 def batches_until_data_error(loader: Iterable[dict]) -> Iterator[dict | VideoDataError]:
@@ -134,3 +165,30 @@ def batches_until_data_error(loader: Iterable[dict]) -> Iterator[dict | VideoDat
             yield err
             return
         yield batch
+
+
+class DataPosition(Protocol):
+    """Where a run is in its training data (saved with its progress)."""
+
+    epoch: int
+    batch_in_epoch: int  # micro-batches of this epoch already taken (per process)
+
+
+def training_batches(
+    loader: DataLoader, accelerator: Accelerator, position: DataPosition
+) -> Iterator[dict | VideoDataError]:
+    """The prepared training loader's batches from ``position`` on, epoch after epoch, with
+    ``position`` kept up to date: a batch counts once it is taken, and the next epoch starts
+    only when a batch after the epoch's last one is asked for (a run saved after the last
+    window of an epoch resumes at its end). The iteration ends after a VideoDataError
+    (``batches_until_data_error``)."""
+    while True:
+        loader.set_epoch(position.epoch)  # the sampler's permutation and the dataset's draws follow the epoch
+        epoch = accelerator.skip_first_batches(loader, position.batch_in_epoch) if position.batch_in_epoch else loader
+        for batch in batches_until_data_error(epoch):
+            position.batch_in_epoch += 1
+            yield batch
+            if isinstance(batch, VideoDataError):
+                return
+        position.epoch += 1
+        position.batch_in_epoch = 0

@@ -7,6 +7,7 @@ counter) lives in every checkpoint, so a resumed run stops exactly where an unin
 one would. Only the history is stored: the best value and the patience counter are
 replayed from it, so they always agree with it (also when the metric is changed on resume).
 """
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training.config import TrainConfig, below
+from common.config import TrainConfig, below
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,9 @@ def problems(config: TrainConfig) -> list[str]:
     if config.best_metric == "val/psnr_from_reference_latents" and not config.ref_vae_path:
         found.append("best_metric=val/psnr_from_reference_latents needs a reference VAE (ref_vae_path)")
     if config.early_stopping_patience and not (config.val_annotation_file and config.num_validation_samples):
-        found.append("early_stopping_patience > 0 needs validation: set val_annotation_file and num_validation_samples > 0")
+        found.append(
+            "early_stopping_patience > 0 needs validation: set val_annotation_file and num_validation_samples > 0"
+        )
     return found
 
 
@@ -66,7 +69,8 @@ class BestTracker:
         value = metrics[self.metric]
         sign = 1.0 if self.higher_is_better else -1.0
         improved = math.isfinite(value) and (
-            self.best_value is None or sign * (value - self.best_value) > self.min_delta)
+            self.best_value is None or sign * (value - self.best_value) > self.min_delta
+        )
         if improved:
             self.best_value, self.best_step, self.bad_validations = value, step, 0
         else:
@@ -78,7 +82,7 @@ class BestTracker:
         return self.patience > 0 and self.bad_validations >= self.patience
 
     @classmethod
-    def replay(cls, history: list[dict], metric: str, patience: int, min_delta: float) -> "BestTracker":
+    def replay(cls, history: list[dict], metric: str, patience: int, min_delta: float) -> BestTracker:
         """The tracker a run with this history would have now."""
         tracker = cls(metric=metric, patience=patience, min_delta=min_delta, history=list(history))
         for entry in history:

@@ -1,4 +1,5 @@
 """Process-group set-up shared by training and the latent cache (CPU runs use gloo)."""
+
 from __future__ import annotations
 
 import os

@@ -5,28 +5,32 @@
 - reconstruction: MSE(decode(encode(x)), x)       -> end-to-end consistency
 - lpips (optional) on decode(encode(x)).
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from evaluation.metrics import lpips_unavailable_reason
+from common.config import TrainConfig, below
+from common.metrics import lpips_unavailable_reason, rms_ratio
 from models.taehv import AutoencoderOutput
 from models.variants import VariantSpec
-from training.config import TrainConfig, below
-from training.data.latent_check import rms_ratio
-
 
 
 def problems(config: TrainConfig) -> list[str]:
     """What is wrong with the loss weights: the recipe needs at least one loss that trains."""
-    found = below(config, ("encoder_loss_weight", "decoder_loss_weight", "reconstruction_loss_weight",
-                           "lpips_loss_weight"), 0)
-    if config.ref_vae_path and config.encoder_loss_weight + config.decoder_loss_weight + config.reconstruction_loss_weight <= 0:
+    found = below(
+        config, ("encoder_loss_weight", "decoder_loss_weight", "reconstruction_loss_weight", "lpips_loss_weight"), 0
+    )
+    if (
+        config.ref_vae_path
+        and config.encoder_loss_weight + config.decoder_loss_weight + config.reconstruction_loss_weight <= 0
+    ):
         found.append("all loss weights are 0")
     if not config.ref_vae_path and config.reconstruction_loss_weight <= 0:
-        found.append("without a reference VAE only the reconstruction loss trains the model: set "
-                     "reconstruction_loss_weight > 0")
+        found.append(
+            "without a reference VAE only the reconstruction loss trains the model: set reconstruction_loss_weight > 0"
+        )
     if config.lpips_loss_weight > 0 or config.best_metric == "val/lpips":
         if (reason := lpips_unavailable_reason()) is not None:
             found.append(f"lpips_loss_weight > 0 or best_metric=val/lpips, but LPIPS is unusable: {reason}")
@@ -39,9 +43,11 @@ def notes(config: TrainConfig, spec: VariantSpec) -> list[str]:
     if not config.ref_vae_path:
         if not plan.exact:
             exact = spec.exact_frame_counts(64)
-            found.append(f"n_frames={config.n_frames}: {spec.name} decodes {plan.decoded_frames} frames, so the "
-                         f"reconstruction loss covers input frames 0..{plan.aligned_frames - 1}; exact values: "
-                         f"{', '.join(map(str, exact[:8]))}, ...")
+            found.append(
+                f"n_frames={config.n_frames}: {spec.name} decodes {plan.decoded_frames} frames, so the "
+                f"reconstruction loss covers input frames 0..{plan.aligned_frames - 1}; exact values: "
+                f"{', '.join(map(str, exact[:8]))}, ..."
+            )
         found.append("no reference VAE: plain autoencoder training (encoder/decoder distillation losses off)")
     if not config.train_encoder and config.ref_vae_path and config.encoder_loss_weight > 0:
         found.append("train_encoder=false: the encoder loss is logged but trains nothing (the encoder is frozen)")
@@ -50,8 +56,10 @@ def notes(config: TrainConfig, spec: VariantSpec) -> list[str]:
 
 def _mse(pred: torch.Tensor, target: torch.Tensor, what: str) -> torch.Tensor:
     if pred.shape != target.shape:
-        raise RuntimeError(f"{what}: prediction {tuple(pred.shape)} and target {tuple(target.shape)} differ "
-                           "(frame arithmetic mismatch; this is a bug, please report it)")
+        raise RuntimeError(
+            f"{what}: prediction {tuple(pred.shape)} and target {tuple(target.shape)} differ "
+            "(frame arithmetic mismatch; this is a bug, please report it)"
+        )
     return F.mse_loss(pred.float(), target.float())
 
 
@@ -65,7 +73,7 @@ def compute_losses(
     lpips_weight: float = 0.0,
 ) -> dict[str, torch.Tensor]:
     """Weighted total ``loss`` plus each term that was computed (unweighted, for logging),
-    and the latent RMS ratio to the reference (``training.data.latent_check``) when there is one."""
+    and the latent RMS ratio to the reference (``common.metrics.rms_ratio``) when there is one."""
     terms: dict[str, tuple[torch.Tensor, float]] = {}
     if reference_latents is not None:
         terms["encoder_loss"] = (_mse(out.latents, reference_latents, "encoder loss"), encoder_weight)
@@ -73,7 +81,7 @@ def compute_losses(
     if out.decoded is not None:
         terms["reconstruction_loss"] = (_mse(out.decoded, targets, "reconstruction loss"), reconstruction_weight)
         if lpips_weight > 0:
-            from evaluation.metrics import video_lpips
+            from common.metrics import video_lpips
 
             terms["lpips_loss"] = (video_lpips(out.decoded, targets).mean(), lpips_weight)
     if not terms:

@@ -10,6 +10,7 @@ Seraena and LPIPS are not counted. A run whose activations alone exceed the devi
 memory is refused before the run starts (the launch script's pre-flight, then training on
 each node), with the number, instead of hanging in start-up or dying in its first step.
 """
+
 from __future__ import annotations
 
 import functools
@@ -18,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from common.config import TrainConfig
+from common.errors import UserError, readable_size
 from models.taehv import TAEHV
-from training.config import TrainConfig
-from training.errors import ConfigError, readable_size
 
 _HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 CGROUP_MEMORY_LIMIT = Path("/sys/fs/cgroup/memory.max")
@@ -29,8 +30,17 @@ BACKWARD_PEAK = 1.4
 
 
 @functools.lru_cache(maxsize=8)
-def activation_bytes(variant: str, batch: int, frames: int, height: int, width: int, dtype: torch.dtype,
-                     with_reference: bool, decode_own: bool, train_encoder: bool) -> int:
+def activation_bytes(
+    variant: str,
+    batch: int,
+    frames: int,
+    height: int,
+    width: int,
+    dtype: torch.dtype,
+    with_reference: bool,
+    decode_own: bool,
+    train_encoder: bool,
+) -> int:
     """Bytes the training forward of ``batch`` clips keeps for the backward pass."""
     with torch.device("meta"):
         net = TAEHV(variant=variant).to(dtype)
@@ -55,9 +65,17 @@ def activation_bytes(variant: str, batch: int, frames: int, height: int, width: 
 def step_bytes(config: TrainConfig) -> int:
     """The activations of one micro-batch of ``config``'s training."""
     with_reference = bool(config.ref_vae_path or config.latent_cache_dir)
-    return activation_bytes(config.variant, config.train_batch_size, config.n_frames, config.height, config.width,
-                            _HALF.get(config.mixed_precision, torch.float32), with_reference,
-                            not with_reference or config.reconstruction_loss_weight > 0, config.train_encoder)
+    return activation_bytes(
+        config.variant,
+        config.train_batch_size,
+        config.n_frames,
+        config.height,
+        config.width,
+        _HALF.get(config.mixed_precision, torch.float32),
+        with_reference,
+        not with_reference or config.reconstruction_loss_weight > 0,
+        config.train_encoder,
+    )
 
 
 def device_memory() -> tuple[str, int]:
@@ -70,26 +88,36 @@ def device_memory() -> tuple[str, int]:
     if CGROUP_MEMORY_LIMIT.is_file() and (limit := CGROUP_MEMORY_LIMIT.read_text().strip()).isdigit():
         total = min(total, int(limit))
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return ("this machine's RAM" if processes == 1 else f"this machine's RAM / {processes} processes"), total // processes
+    return (
+        "this machine's RAM" if processes == 1 else f"this machine's RAM / {processes} processes"
+    ), total // processes
 
 
 def _describe(config: TrainConfig, needed: int) -> str:
-    return (f"one training step keeps about {readable_size(needed)} of activations ({config.train_batch_size} "
-            f"clip(s) of {config.n_frames} frames at {config.height}x{config.width}, {config.variant}, "
-            f"{config.mixed_precision if config.mixed_precision in _HALF else 'fp32'})")
+    return (
+        f"one training step keeps about {readable_size(needed)} of activations ({config.train_batch_size} "
+        f"clip(s) of {config.n_frames} frames at {config.height}x{config.width}, {config.variant}, "
+        f"{config.mixed_precision if config.mixed_precision in _HALF else 'fp32'})"
+    )
 
 
 def check_fits(config: TrainConfig) -> list[str]:
-    """Raise ConfigError when one step's activations alone exceed the device's memory;
+    """Raise UserError when one step's activations alone exceed the device's memory;
     else the estimate as a note for the log (a warning when the backward pass's peak may
     not fit). The launch script's pre-flight and training call it on the machine that
     trains; ``training.preflight.check`` stays a property of the config alone."""
     where, available = device_memory()
     needed = step_bytes(config)
     if needed > available:
-        raise ConfigError(f"{_describe(config, needed)}, more than the {readable_size(available)} of {where}: lower "
-                          "height and width (the training crop), n_frames or train_batch_size "
-                          "(gradient_accumulation_steps keeps the effective batch)")
-    warning = (f"; the backward pass peaks about {BACKWARD_PEAK:g}x higher, so it may run out of memory: consider a "
-               "smaller crop, fewer frames or a smaller batch" if needed * BACKWARD_PEAK > available else "")
+        raise UserError(
+            f"{_describe(config, needed)}, more than the {readable_size(available)} of {where}: lower "
+            "height and width (the training crop), n_frames or train_batch_size "
+            "(gradient_accumulation_steps keeps the effective batch)"
+        )
+    warning = (
+        f"; the backward pass peaks about {BACKWARD_PEAK:g}x higher, so it may run out of memory: consider a "
+        "smaller crop, fewer frames or a smaller batch"
+        if needed * BACKWARD_PEAK > available
+        else ""
+    )
     return [f"{_describe(config, needed)}; {where} has {readable_size(available)}{warning}"]

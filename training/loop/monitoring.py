@@ -3,23 +3,25 @@
 Loss terms are summed as tensors between log steps (no host sync per step) and averaged
 across ranks only when logged.
 """
+
 from __future__ import annotations
 
 import logging
 import resource
 import time
-from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING
 
 import torch
 from accelerate import Accelerator
 
-from training.config import TrainConfig, below
+from common.config import TrainConfig, below
+
+if TYPE_CHECKING:
+    from training.loop.step import StepResult
 
 logger = logging.getLogger(__name__)
 HPARAM_TYPES = (int, float, str, bool)
-T = TypeVar("T")
 
 
 def problems(config: TrainConfig) -> list[str]:
@@ -28,7 +30,7 @@ def problems(config: TrainConfig) -> list[str]:
 
 
 def tensorboard_hparams(config: TrainConfig) -> dict:
-    """Only the value types TensorBoard's hparams accept (the seeds' error 3)."""
+    """Only the value types TensorBoard's hparams accept (others raise ValueError there)."""
     return {k: v for k, v in config.to_dict().items() if isinstance(v, HPARAM_TYPES)}
 
 
@@ -53,19 +55,6 @@ def memory_gb(device: torch.device) -> float:
     return peak_rss_bytes() / 2**30
 
 
-def timed(items: Iterable[T]) -> Iterator[tuple[T, float]]:
-    """Each item with the seconds its consumer waited for it (for a DataLoader: the time a
-    step waits for data, which the workers' prefetching should make ~0)."""
-    iterator = iter(items)
-    while True:
-        start = time.perf_counter()
-        try:
-            item = next(iterator)
-        except StopIteration:
-            return
-        yield item, time.perf_counter() - start
-
-
 class Monitor:
     def __init__(self, accelerator: Accelerator, config: TrainConfig, run_dir: Path, start_step: int = 0):
         self.accelerator, self.config, self.run_dir = accelerator, config, run_dir
@@ -78,19 +67,16 @@ class Monitor:
         self.total_failures = 0
         self.last_psnr: float | None = None  # none before the first validation
 
-    def accumulate(self, losses: dict[str, torch.Tensor]) -> None:
-        """Add one micro-batch's (finite) loss terms."""
-        for name, value in losses.items():
-            self._sums[name] = self._sums.get(name, 0) + value.detach().float()
-        self._count += 1
-
-    def add_data_wait(self, seconds: float) -> None:
-        """Add the seconds this rank waited for a batch."""
-        self._data_wait += seconds
-
-    def count_failures(self, failures: torch.Tensor) -> None:
-        """Add the clips a batch had to replace (bad files)."""
-        self._failures += failures.sum().cpu()
+    def add_window(self, result: StepResult) -> None:
+        """Add an accumulation window (``training.loop.step``): the (finite) loss terms of
+        its micro-batches, the seconds this rank waited for them (the workers' prefetching
+        should make that ~0) and the clips they had to replace (bad files)."""
+        for losses in result.losses:
+            for name, value in losses.items():
+                self._sums[name] = self._sums.get(name, 0) + value.detach().float()
+            self._count += 1
+        self._data_wait += result.data_wait
+        self._failures += result.failures.sum().cpu()
 
     def log_skipped(self, step: int, total: int) -> None:
         """``train/skipped_steps``: steps skipped on every rank so far."""
@@ -107,13 +93,15 @@ class Monitor:
         failures = int(acc.reduce(self._failures.to(acc.device), reduction="sum").item())
         self.total_failures += failures
         logs = {f"train/{n}": float(v) for n, v in zip(names, means)}
-        logs.update({
-            "train/data_wait": data_wait,
-            "train/learning_rate": lr,
-            "train/samples_per_second": (step - self._last_step) * samples_per_step / max(elapsed, 1e-9),
-            "train/gpu_memory_gb": memory_gb(acc.device),
-            "train/data_failures": float(self.total_failures),
-        })
+        logs.update(
+            {
+                "train/data_wait": data_wait,
+                "train/learning_rate": lr,
+                "train/samples_per_second": (step - self._last_step) * samples_per_step / max(elapsed, 1e-9),
+                "train/gpu_memory_gb": memory_gb(acc.device),
+                "train/data_failures": float(self.total_failures),
+            }
+        )
         if grad_norm is not None:
             logs["train/gradient_norm"] = float(grad_norm)
         acc.log(logs, step=step)
@@ -122,7 +110,8 @@ class Monitor:
         return logs
 
     def log_validation(self, step: int, metrics: dict, last: bool) -> None:
-        """The validation's scalars; its reconstruction strip every ``image_log_every`` steps and at the ``last`` step."""
+        """The validation's scalars; its reconstruction strip every ``image_log_every`` steps and at the ``last``
+        step."""
         strip = metrics.pop("strip", None)
         self.last_psnr = metrics.get("val/psnr")
         self.accelerator.log(metrics, step=step)
@@ -145,7 +134,9 @@ class Monitor:
             activities=activities,
             schedule=torch.profiler.schedule(wait=1, warmup=1, active=self.config.profile_steps, repeat=1),
             on_trace_ready=torch.profiler.tensorboard_trace_handler(str(trace_dir)),
-            record_shapes=True, profile_memory=True)
+            record_shapes=True,
+            profile_memory=True,
+        )
         prof.start()
         logger.info("profiling %d steps into %s", self.config.profile_steps, trace_dir)
         return prof

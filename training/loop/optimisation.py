@@ -4,12 +4,13 @@ the time budget's durations; the learning-rate schedules themselves.
 Kept apart from ``step.py`` (which builds the optimizer, scheduler and the EMA weights
 with diffusers) so that the config check stays light: importing diffusers takes over a second.
 """
+
 from __future__ import annotations
 
 import math
 import re
 
-from training.config import TrainConfig, below
+from common.config import TrainConfig, below
 
 MIXED_PRECISION = ("no", "fp16", "bf16")
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
@@ -30,10 +31,14 @@ def problems(config: TrainConfig) -> list[str]:
     if not 0 < config.ema_decay < 1:
         found.append("ema_decay must be in (0, 1)")
     if config.compile and config.compile_backend not in (known := compile_backends()):
-        found.append(f"compile_backend={config.compile_backend!r} is not a torch.compile backend; known: "
-                     f"{', '.join(name for name in known if 'TESTING' not in name)}")
+        found.append(
+            f"compile_backend={config.compile_backend!r} is not a torch.compile backend; known: "
+            f"{', '.join(name for name in known if 'TESTING' not in name)}"
+        )
     if not (config.train_encoder or config.pretrained_model_path):
-        found.append("train_encoder=false keeps the encoder as loaded: set pretrained_model_path (e.g. stage 1's export)")
+        found.append(
+            "train_encoder=false keeps the encoder as loaded: set pretrained_model_path (e.g. stage 1's export)"
+        )
     return found
 
 

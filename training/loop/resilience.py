@@ -1,7 +1,7 @@
 """Stopping and skipping the same way on every rank.
 
 A rank that skips a backward pass or leaves the loop on its own hangs the others in the
-next collective (the seeds' errors 5 and 8). So every decision here is taken together:
+next collective (an NCCL timeout). So every decision here is taken together:
 each rank contributes its local flags (a signal arrived, the loss is not finite, the
 forward pass ran out of memory) and all ranks act on the maximum.
 
@@ -11,6 +11,7 @@ reduce-scatter) happen in the same order everywhere; the resulting non-finite gr
 norm then makes every rank skip the optimizer step (DeepSpeed's own overflow check does
 the same inside its step).
 """
+
 from __future__ import annotations
 
 import errno
@@ -23,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from training.config import TrainConfig, below
-from training.errors import ConfigError
+from common.config import TrainConfig, below
+from common.errors import UserError
 
 logger = logging.getLogger(__name__)
 FAULT_KINDS = ("nan_loss", "oom", "crash_in_save", "sigterm", "disk_full")
@@ -46,7 +47,7 @@ class StopRequest:
         self.signal_name: str | None = None
         self._first_at = 0.0
 
-    def install(self) -> "StopRequest":
+    def install(self) -> StopRequest:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: self.receive(signum))
         return self
@@ -59,8 +60,11 @@ class StopRequest:
             return
         self.signal_name = signal.Signals(signum).name
         self._first_at = time.monotonic()
-        logger.warning("received %s: will stop at the next step boundary (saving a checkpoint once training has "
-                       "started); Ctrl+C again to interrupt at once", self.signal_name)
+        logger.warning(
+            "received %s: will stop at the next step boundary (saving a checkpoint once training has "
+            "started); Ctrl+C again to interrupt at once",
+            self.signal_name,
+        )
 
     @property
     def requested(self) -> bool:
@@ -86,7 +90,7 @@ def broadcast_flag(flag: bool, device: torch.device) -> bool:
 
 
 def is_finite_number(value) -> bool:
-    """True for a finite float or 0-dim tensor (grad norms come as either; the seeds' error 6)."""
+    """True for a finite float or 0-dim tensor (grad norms come as either)."""
     if value is None:
         return True
     return math.isfinite(float(value))
@@ -102,7 +106,7 @@ def problems(config: TrainConfig) -> list[str]:
     found = below(config, ("max_consecutive_skipped_steps",), 1)
     try:
         FaultPlan.parse(config.fault_injection)
-    except ConfigError as err:
+    except UserError as err:
         found.append(str(err))
     return found
 
@@ -123,7 +127,7 @@ class FaultPlan:
     faults: set[tuple[str, int, int | None]] = field(default_factory=set)
 
     @classmethod
-    def parse(cls, spec: str) -> "FaultPlan":
+    def parse(cls, spec: str) -> FaultPlan:
         faults = set()
         for item in filter(None, (part.strip() for part in spec.split(","))):
             try:
@@ -132,9 +136,9 @@ class FaultPlan:
                 first, _, last = steps.partition("-")
                 faults.update((kind, n, int(rank) if rank else None) for n in range(int(first), int(last or first) + 1))
             except ValueError:
-                raise ConfigError(f"fault_injection item {item!r}: expected kind@N, kind@N-M or kind@N:rank") from None
+                raise UserError(f"fault_injection item {item!r}: expected kind@N, kind@N-M or kind@N:rank") from None
             if kind not in FAULT_KINDS:
-                raise ConfigError(f"fault_injection kind {kind!r}: expected one of {FAULT_KINDS}")
+                raise UserError(f"fault_injection kind {kind!r}: expected one of {FAULT_KINDS}")
         return cls(faults)
 
     def fires(self, kind: str, step: int, rank: int) -> bool:

@@ -1,27 +1,31 @@
-"""The training step: everything from a batch to the optimizer step, in one object.
+"""The training step: one accumulation window, from its micro-batches to the optimizer step, in one object.
 
-    step = TrainStep.build(config, accelerator, model, data.latents, faults, stop)
-    step, loader = TrainStep.build(..., loader=loader)   # the loader is prepared with the model
-    result = step(batch, window)                           # one micro-batch
+    train_step = TrainStep.build(config, accelerator, model, data.latents, faults, stop)
+    train_step, loader = TrainStep.build(..., loader=loader)   # the loader is prepared with the model
+    result = train_step(batches, window)                       # one accumulation window
 
-A call normalises the frames, gets the reference latents from the one source the data
-module chose (cache, frozen VAE or none), runs the model's forward pass and the recipe's
-losses on frames aligned by the model's FramePlan, adds Seraena's loss, and runs the
-backward pass; at the end of an accumulation window it clips the gradients and steps the
-optimizer, the scheduler and the EMA weights, or skips the window on every rank.
+A call takes the window's micro-batches from ``batches``. For each it normalises the
+frames, gets the reference latents from the one source the data module chose (cache,
+frozen VAE or none), runs the model's forward pass and the recipe's losses on frames
+aligned by the model's FramePlan, adds Seraena's loss, and runs the backward pass; at the
+end of the window it clips the gradients and steps the optimizer, the scheduler and the
+EMA weights, or skips the window on every rank. It returns what the loop counts and logs.
 
-Skipping is decided together (``training.loop.resilience``): each rank contributes whether its
-forward pass ran out of memory, whether its loss is non-finite and whether a signal
-arrived, in one all-reduce. A rank whose forward pass failed runs a placeholder clip so
-that its backward pass joins the same gradient collectives, every rank back-propagates a
-NaN-poisoned loss, and the non-finite gradient norm makes every rank skip the optimizer
-step. Logging, validation and checkpoint cadence are the loop's business, not the step's.
+Skipping is decided together (``training.loop.resilience``): for every micro-batch, each
+rank contributes whether its forward pass ran out of memory, whether its loss is
+non-finite, whether a signal arrived and whether its batch could not be loaded, in one
+all-reduce. A rank whose forward pass failed runs a placeholder clip so that its backward
+pass joins the same gradient collectives, every rank back-propagates a NaN-poisoned loss,
+and the non-finite gradient norm makes every rank skip the optimizer step. Logging,
+validation and checkpoint cadence are the loop's business, not the step's.
 """
+
 from __future__ import annotations
 
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -30,10 +34,10 @@ from accelerate import Accelerator
 from diffusers.training_utils import EMAModel
 from torch.utils.data import DataLoader
 
+from common.clips import VideoDataError, frames_to_unit
+from common.config import TrainConfig
 from models.seraena import Seraena
 from models.taehv import TAEHV, AutoencoderOutput
-from training.config import TrainConfig
-from training.data.clips import VideoDataError, frames_to_unit
 from training.data.loading import ReferenceLatents
 from training.loop.adversarial import build_seraena, seraena_loss
 from training.loop.losses import compute_losses
@@ -70,141 +74,269 @@ class Forward(NamedTuple):
     losses: dict[str, torch.Tensor]
 
 
-def training_forward(accelerator: Accelerator, model: torch.nn.Module, frames: torch.Tensor,
-                     z_ref: torch.Tensor | None, config: TrainConfig, input_dtype: torch.dtype) -> Forward:
+def training_forward(
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    frames: torch.Tensor,
+    z_ref: torch.Tensor | None,
+    config: TrainConfig,
+    input_dtype: torch.dtype,
+) -> Forward:
     """The model's forward pass and the recipe's losses; inputs are cast to the weights'
-    dtype here, once (DeepSpeed bf16 keeps the module in bf16: the seeds' error 4)."""
+    dtype here, once (DeepSpeed bf16 keeps the module in bf16)."""
     targets = accelerator.unwrap_model(model).plan(frames.shape[1]).target(frames)
     with accelerator.autocast():
-        out = model(frames.to(input_dtype), None if z_ref is None else z_ref.to(input_dtype),
-                    decode_own=z_ref is None or config.reconstruction_loss_weight > 0)
-    losses = compute_losses(out, targets, z_ref, config.encoder_loss_weight, config.decoder_loss_weight,
-                            config.reconstruction_loss_weight, config.lpips_loss_weight)
+        out = model(
+            frames.to(input_dtype),
+            None if z_ref is None else z_ref.to(input_dtype),
+            decode_own=z_ref is None or config.reconstruction_loss_weight > 0,
+        )
+    losses = compute_losses(
+        out,
+        targets,
+        z_ref,
+        config.encoder_loss_weight,
+        config.decoder_loss_weight,
+        config.reconstruction_loss_weight,
+        config.lpips_loss_weight,
+    )
     return Forward(out, targets, losses)
 
 
-class StepResult(NamedTuple):
-    """What one micro-batch did."""
+class MicroBatch(NamedTuple):
+    """What one micro-batch's forward and backward pass did, as every rank agreed."""
 
-    window_done: bool  # it ended an accumulation window (the optimizer was stepped or skipped)
+    losses: dict[str, torch.Tensor] | None  # its detached loss terms; None when it made its window a skip
+    problem: str | None  # why its window must be skipped on every rank ("out of memory", "non-finite loss")
+    stop_requested: bool  # SIGTERM/SIGINT arrived on some rank
+    data_failed: bool  # some rank could not load its batch: no rank ran a backward pass
+
+
+class StepResult(NamedTuple):
+    """What one accumulation window did: what the loop counts and logs."""
+
     applied: bool  # the window's optimizer step was taken, on every rank
-    skip_reason: str | None  # why the window was skipped on every rank (window_done and not applied)
-    losses: dict[str, torch.Tensor] | None  # its loss terms; None when its window is being skipped
-    grad_norm: torch.Tensor | float | None  # the window's gradient norm (at window_done)
+    skip_reason: str | None  # why the window was skipped on every rank (not applied, data intact)
+    losses: list[dict[str, torch.Tensor]]  # the detached loss terms of each micro-batch that made no skip
+    grad_norm: torch.Tensor | float | None  # the window's gradient norm (None when the data failed)
     stop_requested: bool  # SIGTERM/SIGINT arrived on some rank: stop at this step boundary
-    data_failed: bool = False  # some rank could not load its batch: every rank stops now, without a backward pass
+    micro_batches: int  # how many micro-batches the window took from ``batches`` (a failed one included)
+    data_wait: float  # seconds this rank waited for them
+    failures: torch.Tensor  # clips the dataset had to replace in them (bad files)
+    data_failed: bool = False  # some rank could not load its batch: the window was dropped on every rank
+    data_error: VideoDataError | None = None  # why, when it was this rank's batch
 
 
 class TrainStep:
     """Owns the model, optimizer, scheduler, EMA weights, Seraena and the source of
-    reference latents; ``step(batch, window)`` trains on one micro-batch."""
+    reference latents; ``train_step(batches, window)`` trains one accumulation window."""
 
-    def __init__(self, config: TrainConfig, accelerator: Accelerator, model: torch.nn.Module, optimizer, scheduler,
-                 latents: ReferenceLatents, faults: FaultPlan, stop: StopRequest,
-                 frozen: dict[str, torch.Tensor] | None = None):
+    def __init__(
+        self,
+        config: TrainConfig,
+        accelerator: Accelerator,
+        model: torch.nn.Module,
+        optimizer,
+        scheduler,
+        latents: ReferenceLatents,
+        faults: FaultPlan,
+        stop: StopRequest,
+        frozen: dict[str, torch.Tensor] | None = None,
+    ):
         self.config, self.accelerator = config, accelerator
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.latents, self.faults, self.stop = latents, faults, stop
         self.net: TAEHV = accelerator.unwrap_model(model)
         self.trainable = [p for p in self.net.parameters() if p.requires_grad]  # all but a frozen encoder
         # fp32 shadow weights even when DeepSpeed keeps the model itself in bf16/fp16
-        self.ema = (EMAModel([p.detach().float() for p in self.trainable], decay=config.ema_decay)
-                    if config.use_ema else None)
+        self.ema = (
+            EMAModel([p.detach().float() for p in self.trainable], decay=config.ema_decay) if config.use_ema else None
+        )
         if self.ema is not None:
             self.ema.to(accelerator.device)
         # per-rank stream for sampling reference latents (latent_dist.sample)
         self.generator = torch.Generator(accelerator.device).manual_seed(config.seed * 1000 + accelerator.process_index)
         # kept out of accelerator.prepare: it synchronises itself across ranks (models/seraena.py)
-        self.seraena: Seraena | None = build_seraena(config, self.net, accelerator.device) if config.use_seraena else None
-        self.objects = TrainingObjects(accelerator, model, optimizer, scheduler, self.ema, self.generator,
-                                       {"seraena": self.seraena} if self.seraena is not None else {}, frozen)
+        self.seraena: Seraena | None = (
+            build_seraena(config, self.net, accelerator.device) if config.use_seraena else None
+        )
+        self.objects = TrainingObjects(
+            accelerator,
+            model,
+            optimizer,
+            scheduler,
+            self.ema,
+            self.generator,
+            {"seraena": self.seraena} if self.seraena is not None else {},
+            frozen,
+        )
         self.input_dtype = next(self.net.parameters()).dtype  # DeepSpeed bf16/fp16 casts the weights themselves
-        self._window_problem: str | None = None  # why the current accumulation window must be skipped
 
     @classmethod
-    def build(cls, config: TrainConfig, accelerator: Accelerator, model: TAEHV, latents: ReferenceLatents,
-              faults: FaultPlan | None = None, stop: StopRequest | None = None,
-              loader: DataLoader | None = None) -> tuple[TrainStep, DataLoader | None]:
+    def build(
+        cls,
+        config: TrainConfig,
+        accelerator: Accelerator,
+        model: TAEHV,
+        latents: ReferenceLatents,
+        faults: FaultPlan | None = None,
+        stop: StopRequest | None = None,
+        loader: DataLoader | None = None,
+    ) -> tuple[TrainStep, DataLoader | None]:
         """AdamW and the LR schedule for ``model``, prepared by Accelerate together with the
         training ``loader`` (DeepSpeed reads its batch size from it); returns the step and
         the prepared loader."""
         # the frozen weights as loaded, in fp32 (DeepSpeed casts the module): what exports keep of them
-        frozen = {name: p.detach().to("cpu", torch.float32, copy=True) for name, p in model.named_parameters()
-                  if not p.requires_grad}
+        frozen = {
+            name: p.detach().to("cpu", torch.float32, copy=True)
+            for name, p in model.named_parameters()
+            if not p.requires_grad
+        }
         # fused: one kernel for all parameters (5x faster than foreach on CPU at 11M parameters)
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate,
-                                      betas=(config.adam_beta1, config.adam_beta2),
-                                      weight_decay=config.weight_decay, fused=True)
+        optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=config.learning_rate,
+            betas=(config.adam_beta1, config.adam_beta2),
+            weight_decay=config.weight_decay,
+            fused=True,
+        )
         processes = accelerator.num_processes  # a prepared scheduler steps once per process
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, LearningRateSchedule(
-            config.lr_scheduler, config.lr_warmup_steps * processes, config.max_train_steps * processes))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            LearningRateSchedule(
+                config.lr_scheduler, config.lr_warmup_steps * processes, config.max_train_steps * processes
+            ),
+        )
         if config.compile:  # before prepare: wrappers (DDP, DeepSpeed) call forward, which runs the compiled chunks
             model.compile(backend=config.compile_backend)
-            logger.info("torch.compile (backend %s): the first steps and the first validation pay compilation",
-                        config.compile_backend)
+            logger.info(
+                "torch.compile (backend %s): the first steps and the first validation pay compilation",
+                config.compile_backend,
+            )
         if loader is None:
             model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
         else:
             model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-        step = cls(config, accelerator, model, optimizer, scheduler, latents, faults or FaultPlan(), stop or StopRequest(),
-                   frozen)
-        return step, loader
+        train_step = cls(
+            config,
+            accelerator,
+            model,
+            optimizer,
+            scheduler,
+            latents,
+            faults or FaultPlan(),
+            stop or StopRequest(),
+            frozen,
+        )
+        return train_step, loader
 
-    def __call__(self, batch: dict | VideoDataError, window: int) -> StepResult:
-        """Train on one micro-batch of accumulation window ``window`` (counted from 1,
-        skipped windows included). ``batch`` is the VideoDataError instead when this rank
-        could not load its batch (the data went away: ``batches_until_data_error``)."""
+    def __call__(self, batches: Iterator[dict | VideoDataError], window: int) -> StepResult:
+        """Train accumulation window ``window`` (counted from 1, skipped windows included) on
+        micro-batches taken from ``batches`` until Accelerate syncs the gradients: after
+        ``gradient_accumulation_steps`` of them, or at the last batch of the loader's epoch.
+        A batch is the VideoDataError instead when this rank could not load it (the data went
+        away: ``batches_until_data_error``).
+
+        The micro-batches are taken one at a time, as the window trains: Accelerate learns of
+        the epoch's end from the loader as its last batch is taken, each wait for data is
+        measured on its own, and one batch is held at a time. A batch that some rank could
+        not load ends the window there on every rank, before its backward pass and with no
+        optimizer step (the loop then saves the last step and stops). A SIGTERM/SIGINT does
+        not cut a window short: agreed with each micro-batch's flags, it is reported with the
+        window's end (``stop_requested``), so the loop saves at a step boundary."""
+        acc = self.accelerator
+        losses: list[dict[str, torch.Tensor]] = []
+        failures, data_wait, taken = torch.zeros((), dtype=torch.long), 0.0, 0
+        problem: str | None = None  # why this window must be skipped on every rank
+        while True:
+            started = time.perf_counter()
+            batch = next(batches, None)
+            data_wait += time.perf_counter() - started
+            if batch is None:
+                raise RuntimeError(f"the micro-batches ran out inside accumulation window {window}")
+            taken += 1
+            data_error = batch if isinstance(batch, VideoDataError) else None
+            if data_error is None and "failures" in batch:  # hand-made batches (benchmarks, tests) have no count
+                failures = failures + batch["failures"].sum()
+            self.faults.maybe_signal(window, acc.process_index)
+            with acc.accumulate(self.model):
+                micro = self.micro_batch(batch, window)
+                if micro.data_failed:  # no rank ran a backward pass, so no rank waits in its collectives
+                    return StepResult(
+                        False,
+                        None,
+                        losses,
+                        None,
+                        micro.stop_requested,
+                        taken,
+                        data_wait,
+                        failures,
+                        data_failed=True,
+                        data_error=data_error,
+                    )
+                problem = micro.problem or problem
+                if micro.losses is not None:
+                    losses.append(micro.losses)
+                window_done = acc.sync_gradients
+                if window_done:
+                    grad_norm, applied = self.optimizer_step(problem)
+            if window_done:
+                if applied and self.ema is not None:
+                    self.ema.step(self.trainable)
+                skip_reason = None if applied else problem or "non-finite gradient"
+                return StepResult(
+                    applied, skip_reason, losses, grad_norm, micro.stop_requested, taken, data_wait, failures
+                )
+
+    def micro_batch(self, batch: dict | VideoDataError, window: int) -> MicroBatch:
+        """One micro-batch inside ``accelerator.accumulate``: the forward pass, the agreement
+        of every rank's flags, and the backward pass (NaN-poisoned when some rank's forward
+        pass ran out of memory or its loss is not finite; none when some rank's batch failed)."""
         acc, rank = self.accelerator, self.accelerator.process_index
-        self.faults.maybe_signal(window, rank)
         data_failed = isinstance(batch, VideoDataError)
-        with acc.accumulate(self.model):
-            forward, z_ref, losses, out_of_memory = None, None, None, False
-            try:
-                if not data_failed:
-                    frames = frames_to_unit(batch["frames"], acc.device)
-                    z_ref = self.latents(batch, frames, self.generator)
-                    forward = self.forward(frames, z_ref)
-                    losses = forward.losses
-                    losses["loss"] = self.faults.inject_forward(window, rank, losses["loss"])
-            except torch.OutOfMemoryError as err:
-                logger.error("out of memory in the forward pass of window %d: %s", window, err)
-                out_of_memory = True
-            if out_of_memory and torch.cuda.is_available():
-                torch.cuda.empty_cache()  # outside the except block, whose traceback holds the activations
-            local_nonfinite = losses is not None and not bool(torch.isfinite(losses["loss"]))
-            any_oom, any_nonfinite, any_signal, any_data_failed = agree(
-                [out_of_memory, local_nonfinite, self.stop.requested, data_failed], acc.device)
-            if any_data_failed:  # no rank runs a backward pass, so no rank waits in its collectives
-                self._window_problem = None
-                return StepResult(False, False, None, None, None, any_signal, data_failed=True)
-            if any_oom or any_nonfinite:
-                self._window_problem = "out of memory" if any_oom else "non-finite loss"
-                if losses is None:
-                    losses = self.forward(*self.placeholder_batch()).losses
-                acc.backward(poisoned(losses["loss"]))
-                losses = None
-            else:
-                if self.seraena is not None:  # after the agreement: every rank takes the discriminator step
-                    self.add_seraena_loss(forward, z_ref)
-                acc.backward(losses["loss"])
-            grad_norm, applied = None, False
-            if acc.sync_gradients:
-                grad_norm = acc.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm or math.inf)
-                applied = self._window_problem is None and is_finite_number(grad_norm)
-                if applied:
-                    self.optimizer.step()
-                    self.scheduler.step()
-                elif acc.scaler is not None:
-                    acc.scaler.update()  # fp16: lower the loss scale as the scaler's own skip would
-                self.optimizer.zero_grad(set_to_none=True)
-        skip_reason = None
-        if acc.sync_gradients:
-            if applied and self.ema is not None:
-                self.ema.step(self.trainable)
-            if not applied:
-                skip_reason = self._window_problem or "non-finite gradient"
-            self._window_problem = None
-        return StepResult(acc.sync_gradients, applied, skip_reason, losses, grad_norm, any_signal)
+        forward, z_ref, losses, out_of_memory = None, None, None, False
+        try:
+            if not data_failed:
+                frames = frames_to_unit(batch["frames"], acc.device)
+                z_ref = self.latents(batch, frames, self.generator)
+                forward = self.forward(frames, z_ref)
+                losses = forward.losses
+                losses["loss"] = self.faults.inject_forward(window, rank, losses["loss"])
+        except torch.OutOfMemoryError as err:
+            logger.error("out of memory in the forward pass of window %d: %s", window, err)
+            out_of_memory = True
+        if out_of_memory and torch.cuda.is_available():
+            torch.cuda.empty_cache()  # outside the except block, whose traceback holds the activations
+        local_nonfinite = losses is not None and not bool(torch.isfinite(losses["loss"]))
+        any_oom, any_nonfinite, any_signal, any_data_failed = agree(
+            [out_of_memory, local_nonfinite, self.stop.requested, data_failed], acc.device
+        )
+        if any_data_failed:
+            return MicroBatch(None, None, any_signal, data_failed=True)
+        if any_oom or any_nonfinite:
+            if losses is None:
+                losses = self.forward(*self.placeholder_batch()).losses
+            acc.backward(poisoned(losses["loss"]))
+            return MicroBatch(None, "out of memory" if any_oom else "non-finite loss", any_signal, data_failed=False)
+        if self.seraena is not None:  # after the agreement: every rank takes the discriminator step
+            self.add_seraena_loss(forward, z_ref)
+        acc.backward(losses["loss"])
+        return MicroBatch({name: value.detach() for name, value in losses.items()}, None, any_signal, data_failed=False)
+
+    def optimizer_step(self, problem: str | None) -> tuple[torch.Tensor | float, bool]:
+        """At the end of a window, inside ``accelerator.accumulate``: clip the gradients and
+        step the optimizer and the scheduler unless ``problem`` or a non-finite gradient norm
+        skips the window; clear the gradients either way. Returns (gradient norm, applied)."""
+        acc = self.accelerator
+        grad_norm = acc.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm or math.inf)
+        applied = problem is None and is_finite_number(grad_norm)
+        if applied:
+            self.optimizer.step()
+            self.scheduler.step()
+        elif acc.scaler is not None:
+            acc.scaler.update()  # fp16: lower the loss scale as the scaler's own skip would
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, applied
 
     @property
     def schedule(self) -> LearningRateSchedule:

@@ -11,6 +11,7 @@ runs out before the planned step (a slower machine, costly checkpoints), the run
 there all the same. Either way the run ends as at ``max_train_steps``: a last
 validation, a checkpoint and the final export.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,8 +34,16 @@ class RunProgress(Protocol):
 class TimeBudget:
     """Wall-clock accounting of a run and the step it ends at."""
 
-    def __init__(self, budget_seconds: float | None, max_train_steps: int, measure_until: int,
-                 progress: RunProgress, schedule: LearningRateSchedule, processes: int, started: float):
+    def __init__(
+        self,
+        budget_seconds: float | None,
+        max_train_steps: int,
+        measure_until: int,
+        progress: RunProgress,
+        schedule: LearningRateSchedule,
+        processes: int,
+        started: float,
+    ):
         """``started``: ``time.perf_counter()`` when this process began working on the run
         (its start-up counts against the budget); ``measure_until``: the step whose end
         fixes the plan (the first validation step)."""
@@ -78,8 +87,15 @@ class TimeBudget:
         fitting = progress.step + math.floor(max(self.budget - progress.train_seconds, 0) / per_step)
         progress.planned_steps = max(progress.step, min(fitting, self.max_train_steps))
         self.schedule.total = progress.planned_steps * self.processes
-        logger.info("time budget %.0f s: %.3f s per step over steps %d-%d (validation included), %.0f s left: "
-                    "the run ends at step %d%s", self.budget, per_step, mark_step + 1, progress.step,
-                    self.budget - progress.train_seconds, progress.planned_steps,
-                    " (max_train_steps)" if progress.planned_steps == self.max_train_steps else "")
+        logger.info(
+            "time budget %.0f s: %.3f s per step over steps %d-%d (validation included), %.0f s left: "
+            "the run ends at step %d%s",
+            self.budget,
+            per_step,
+            mark_step + 1,
+            progress.step,
+            self.budget - progress.train_seconds,
+            progress.planned_steps,
+            " (max_train_steps)" if progress.planned_steps == self.max_train_steps else "",
+        )
         return progress.planned_steps

@@ -4,6 +4,7 @@ Samples are split across ranks and the per-sample metrics gathered, so every ran
 part in the same collectives (no rank waits on another that skipped work); when a rank
 cannot read its clips, the ranks agree on it first and all raise ValidationDataError.
 """
+
 from __future__ import annotations
 
 import logging
@@ -11,12 +12,19 @@ import logging
 import torch
 from accelerate import Accelerator
 
-from evaluation.metrics import (lpips_unavailable_reason, video_alpha_psnr, video_lpips, video_mse, video_psnr,
-                                video_sharpness, video_ssim)
+from common.clips import VideoClipDataset, VideoDataError, frames_to_unit
+from common.config import TrainConfig, below
+from common.metrics import (
+    lpips_unavailable_reason,
+    video_alpha_psnr,
+    video_lpips,
+    video_mse,
+    video_psnr,
+    video_sharpness,
+    video_ssim,
+)
+from common.reference_vae import ReferenceVAE
 from models.taehv import TAEHV
-from training.config import TrainConfig, below
-from training.data.clips import VideoClipDataset, VideoDataError, frames_to_unit
-from training.data.reference_vae import ReferenceVAE
 from training.loop.resilience import agree
 
 logger = logging.getLogger(__name__)
@@ -42,8 +50,14 @@ def reconstruction_strip(original: torch.Tensor, decoded: torch.Tensor, frames: 
 
 
 @torch.no_grad()
-def validate(accelerator: Accelerator, model: TAEHV, dataset: VideoClipDataset, config: TrainConfig,
-             ref_vae: ReferenceVAE | None, dtype: torch.dtype) -> dict:
+def validate(
+    accelerator: Accelerator,
+    model: TAEHV,
+    dataset: VideoClipDataset,
+    config: TrainConfig,
+    ref_vae: ReferenceVAE | None,
+    dtype: torch.dtype,
+) -> dict:
     model.eval()
     n = min(config.num_validation_samples, len(dataset))
     mine = list(range(accelerator.process_index, n, accelerator.num_processes))
@@ -51,7 +65,7 @@ def validate(accelerator: Accelerator, model: TAEHV, dataset: VideoClipDataset, 
     rows, strip, unreadable = [], None, None
     for start in range(0, len(mine), config.validation_batch_size):
         try:
-            items = [dataset[i] for i in mine[start:start + config.validation_batch_size]]
+            items = [dataset[i] for i in mine[start : start + config.validation_batch_size]]
         except VideoDataError as err:  # every replacement failed too: the data went away
             unreadable = err
             break
@@ -61,8 +75,12 @@ def validate(accelerator: Accelerator, model: TAEHV, dataset: VideoClipDataset, 
             decoded, target = plan.aligned(model.decode_video(model.encode_video(frames.to(dtype))).float(), frames)
             if ref_vae is not None:
                 from_ref, _ = plan.aligned(model.decode_video(ref_vae.encode(frames).to(dtype)).float(), frames)
-        columns = [video_mse(decoded, target), video_psnr(decoded, target), video_ssim(decoded, target),
-                   video_sharpness(decoded, target)]
+        columns = [
+            video_mse(decoded, target),
+            video_psnr(decoded, target),
+            video_ssim(decoded, target),
+            video_sharpness(decoded, target),
+        ]
         if rgba:  # the metrics above cover all four channels; the alpha alone too
             columns.append(video_alpha_psnr(decoded, target))
         if use_lpips:
@@ -74,9 +92,12 @@ def validate(accelerator: Accelerator, model: TAEHV, dataset: VideoClipDataset, 
             strip = reconstruction_strip(target[0], decoded[0])
     if agree([unreadable is not None], accelerator.device)[0]:  # before the gather, which would wait forever
         raise ValidationDataError(str(unreadable) if unreadable else "validation clips unreadable on another rank")
-    names = ["val/mse", "val/psnr", "val/ssim", "val/sharpness"] + (["val/alpha_psnr"] if rgba else []) + (
-        ["val/lpips"] if use_lpips else []) + (
-        ["val/psnr_from_reference_latents"] if ref_vae is not None else [])
+    names = (
+        ["val/mse", "val/psnr", "val/ssim", "val/sharpness"]
+        + (["val/alpha_psnr"] if rgba else [])
+        + (["val/lpips"] if use_lpips else [])
+        + (["val/psnr_from_reference_latents"] if ref_vae is not None else [])
+    )
     per_rank = -(-n // accelerator.num_processes)
     local = torch.full((per_rank, len(names)), float("nan"), device=accelerator.device)
     if rows:

@@ -14,6 +14,7 @@ and "latest" names the newest checkpoint that is complete and intact.
 Nothing here unpickles: weights are safetensors, every other state goes through
 ``training.state.serialisation`` (safetensors + JSON).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -25,7 +26,6 @@ import random
 import re
 import shutil
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,15 +37,14 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, broadcast_object_list, gather_object
 from safetensors.torch import load_file, save_file
 
+from common.config import TrainConfig, below, resolve_path, run_prefix
+from common.errors import UserError, readable_size
+from common.run_files import CHECKPOINT_MANIFEST, DamagedCheckpointError, file_checksum, read_checkpoint_manifest
 from models.atomic import TMP_PREFIX, atomic_write, fsync_directory, temporary_name
-from models.weights import find_weights
-from training.config import TrainConfig, below, resolve_path, run_prefix
-from training.errors import ConfigError, readable_size
 from training.state.serialisation import load_tree, save_tree, tensor_bytes
 
 logger = logging.getLogger(__name__)
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-CHECKPOINT_MANIFEST = "checkpoint.json"
 
 
 class Stateful(Protocol):
@@ -69,58 +68,8 @@ def problems(config: TrainConfig) -> list[str]:
 def checkpoint_step(path: Path) -> int:
     match = CHECKPOINT_RE.match(path.name)
     if not match:
-        raise ConfigError(f"{path} is not a checkpoint folder (expected a name like checkpoint-1000)")
+        raise UserError(f"{path} is not a checkpoint folder (expected a name like checkpoint-1000)")
     return int(match.group(1))
-
-
-class DamagedCheckpointError(ConfigError):
-    """A checkpoint whose files are missing, of the wrong size or fail their checksum."""
-
-
-def file_checksum(path: Path, chunk: int = 8 << 20) -> str:
-    """CRC-32 of a file as 8 hex digits: catches damaged bytes at several GB/s, so that
-    verifying a checkpoint costs little next to writing it (see docs/fault_tolerance.md)."""
-    crc = 0
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            crc = zlib.crc32(block, crc)
-    return f"{crc:08x}"
-
-
-def read_checkpoint_manifest(path: Path, verify_checksums: bool = False) -> dict:
-    """The manifest of a complete checkpoint; DamagedCheckpointError (a ConfigError) if it
-    is missing, a file is absent or of the wrong size, or (``verify_checksums``) a file's
-    content differs from what was saved."""
-    manifest_file = path / CHECKPOINT_MANIFEST
-    if not manifest_file.is_file():
-        raise DamagedCheckpointError(
-            f"checkpoint {path} is incomplete (no {CHECKPOINT_MANIFEST}): it was being written when the run "
-            "stopped, or comes from an older version")
-    manifest = json.loads(manifest_file.read_text())
-    entries = {name: entry if isinstance(entry, dict) else {"size": entry}  # older manifests: sizes only
-               for name, entry in manifest["files"].items()}
-    missing = [name for name, entry in entries.items()
-               if not (path / name).is_file() or (path / name).stat().st_size != entry["size"]]
-    if missing:
-        raise DamagedCheckpointError(f"{path.name} is damaged ({', '.join(missing[:3])} missing or of the wrong size)")
-    if verify_checksums:
-        changed = [name for name, entry in entries.items()
-                   if "crc32" in entry and file_checksum(path / name) != entry["crc32"]]
-        if changed:
-            raise DamagedCheckpointError(f"{path.name} is damaged ({', '.join(changed[:3])} checksum)")
-    return manifest
-
-
-def verified_weights(path: str | Path) -> Path:
-    """The weight file behind ``path`` (``models.weights.find_weights``); inside a checkpoint
-    or ``best_model`` folder, only once its manifest's checksums vouch for the folder's files."""
-    weights = find_weights(path)
-    if (weights.parent / CHECKPOINT_MANIFEST).is_file():
-        try:
-            read_checkpoint_manifest(weights.parent, verify_checksums=True)
-        except DamagedCheckpointError as err:
-            raise DamagedCheckpointError(f"{err}: {weights} cannot be trusted; use another checkpoint") from None
-    return weights
 
 
 def is_complete(path: Path) -> bool:
@@ -181,8 +130,10 @@ def _checkpoint_named(config: TrainConfig, name: str) -> Path:
     for run in _runs_of(config):
         if (run / "checkpoints" / name).is_dir():
             return run / "checkpoints" / name
-    raise ConfigError(f"--resume {name}: no run of this config under {Path(config.output_dir)} holds "
-                      f"{name} (runs searched: {', '.join(p.name for p in _runs_of(config)) or 'none'})")
+    raise UserError(
+        f"--resume {name}: no run of this config under {Path(config.output_dir)} holds "
+        f"{name} (runs searched: {', '.join(p.name for p in _runs_of(config)) or 'none'})"
+    )
 
 
 def verify_intact(path: Path) -> None:
@@ -191,16 +142,19 @@ def verify_intact(path: Path) -> None:
         read_checkpoint_manifest(path, verify_checksums=True)
     except DamagedCheckpointError as err:
         older = _intact([p for p in list_checkpoints(path.parent) if checkpoint_step(p) < checkpoint_step(path)])
-        raise DamagedCheckpointError(f"{err}; " + (f"resume from {older.name}" if older else
-                                                   "no intact checkpoint before it: start a fresh run")) from None
+        raise DamagedCheckpointError(
+            f"{err}; " + (f"resume from {older.name}" if older else "no intact checkpoint before it: start a fresh run")
+        ) from None
 
 
 def check_variant(config: TrainConfig, path: Path) -> None:
     """A checkpoint of another TAE variant is refused before anything is written."""
     saved = read_trainer_state(path)["config"]["variant"]
     if saved != config.variant:
-        raise ConfigError(f"{path} holds a {saved} model but this run is configured for {config.variant}: resume "
-                          f"with --variant={saved} (or the config that started it), or start a fresh run")
+        raise UserError(
+            f"{path} holds a {saved} model but this run is configured for {config.variant}: resume "
+            f"with --variant={saved} (or the config that started it), or start a fresh run"
+        )
 
 
 def resolve_resume(config: TrainConfig) -> tuple[Path | None, Path | None]:
@@ -218,14 +172,16 @@ def resolve_resume(config: TrainConfig) -> tuple[Path | None, Path | None]:
     if spec == "latest" or (not spec and config.auto_resume):
         found = _latest(config)
         if found is None and spec:
-            raise ConfigError(f"--resume latest: no complete checkpoint in any {run_prefix(config)}* run under "
-                              f"{Path(config.output_dir)}; start without --resume or give a checkpoint path")
+            raise UserError(
+                f"--resume latest: no complete checkpoint in any {run_prefix(config)}* run under "
+                f"{Path(config.output_dir)}; start without --resume or give a checkpoint path"
+            )
     elif spec:
         path = resolve_path(spec)
         if "/" not in spec and not path.exists():  # a bare name
             path = _checkpoint_named(config, spec)
         if not path.is_dir():
-            raise ConfigError(f"--resume {spec}: checkpoint {path} does not exist")
+            raise UserError(f"--resume {spec}: checkpoint {path} does not exist")
         checkpoint_step(path)
         verify_intact(path)
         found = path.parent.parent, path
@@ -255,7 +211,7 @@ def remove_partial_checkpoints(directory: Path) -> None:
             shutil.rmtree(leftover)
 
 
-class DiskFullError(ConfigError):
+class DiskFullError(UserError):
     """A save failed for lack of space; the previous checkpoints are untouched."""
 
 
@@ -287,14 +243,17 @@ def _disk_full_message(final: Path, needed: int) -> str:
         needed = _folder_bytes(max(previous, key=lambda p: p.stat().st_mtime))
     free = shutil.disk_usage(final.parent).free
     kept = [p.name for p in previous if p.name != final.name]
-    return (f"no space left to save {final.name} in {final.parent}: it needs about {readable_size(needed)} and "
-            f"{readable_size(free)} are free; " + (f"{', '.join(sorted(kept))} kept intact" if kept else
-                                           "nothing was saved") +
-            ". Free some space (or lower checkpoints_total_limit, or move output_dir)")
+    return (
+        f"no space left to save {final.name} in {final.parent}: it needs about {readable_size(needed)} and "
+        f"{readable_size(free)} are free; "
+        + (f"{', '.join(sorted(kept))} kept intact" if kept else "nothing was saved")
+        + ". Free some space (or lower checkpoints_total_limit, or move output_dir)"
+    )
 
 
-def _write_on_every_rank(accelerator: Accelerator, final: Path, tmp: Path, write: Callable[[Path], None],
-                         expected_bytes: Callable[[], int]) -> None:
+def _write_on_every_rank(
+    accelerator: Accelerator, final: Path, tmp: Path, write: Callable[[Path], None], expected_bytes: Callable[[], int]
+) -> None:
     """Run ``write(tmp)`` on every rank and act on failures together, so that no rank waits
     in a collective for one that failed: a full disk is a DiskFullError on every rank
     (the partial folder is removed; ``expected_bytes()``, summed over the ranks, says what
@@ -305,8 +264,12 @@ def _write_on_every_rank(accelerator: Accelerator, final: Path, tmp: Path, write
         write(tmp)
     except Exception as error:  # shared with the other ranks below, then raised
         failure = error
-    described = None if failure is None else ("disk full" if is_disk_full(failure) else f"{type(failure).__name__}: {failure}")
-    failed = [(rank, what) for rank, what in gather_object([(accelerator.process_index, described)]) if what is not None]
+    described = (
+        None if failure is None else ("disk full" if is_disk_full(failure) else f"{type(failure).__name__}: {failure}")
+    )
+    failed = [
+        (rank, what) for rank, what in gather_object([(accelerator.process_index, described)]) if what is not None
+    ]
     if not failed:
         return
     message = None
@@ -325,13 +288,20 @@ def _checksums(accelerator: Accelerator, tmp: Path) -> dict[str, str]:
     """CRC-32 of every file in ``tmp``, the files shared out among the ranks."""
     names = [[p.relative_to(tmp).as_posix() for p in sorted(tmp.rglob("*")) if p.is_file()]]
     broadcast_object_list(names)  # the main process's listing is the one that counts
-    mine = {name: file_checksum(tmp / name) for name in names[0][accelerator.process_index::accelerator.num_processes]}
+    mine = {
+        name: file_checksum(tmp / name) for name in names[0][accelerator.process_index :: accelerator.num_processes]
+    }
     return {name: crc for part in gather_object([mine]) for name, crc in part.items()}
 
 
-def write_atomically(accelerator: Accelerator, final: Path, write: Callable[[Path], None],
-                     info: dict[str, Any], before_commit: Callable[[], None] = lambda: None,
-                     expected_bytes: Callable[[], int] = lambda: 0) -> Path:
+def write_atomically(
+    accelerator: Accelerator,
+    final: Path,
+    write: Callable[[Path], None],
+    info: dict[str, Any],
+    before_commit: Callable[[], None] = lambda: None,
+    expected_bytes: Callable[[], int] = lambda: 0,
+) -> Path:
     """Every rank calls ``write(tmp)``; then the ranks checksum the files, the main process
     writes the manifest and renames ``tmp`` to ``final``. ``before_commit`` runs on every
     rank just before the manifest (the test hook for a crash during saving);
@@ -386,8 +356,12 @@ class TrainingObjects:
 
 
 def rng_state(generator: torch.Generator) -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-             "generator": generator.get_state()}
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "generator": generator.get_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -472,17 +446,22 @@ def load_training_state(objects: TrainingObjects, path: Path) -> dict:
     acc, rank = objects.accelerator, objects.accelerator.process_index
     manifest = read_checkpoint_manifest(path)
     if manifest["world_size"] != acc.num_processes:
-        raise ConfigError(f"{path} was saved by {manifest['world_size']} process(es) but this run has "
-                          f"{acc.num_processes}: resume with the same number of GPUs/processes (the optimizer "
-                          "state, random streams and data shards are per process)")
+        raise UserError(
+            f"{path} was saved by {manifest['world_size']} process(es) but this run has "
+            f"{acc.num_processes}: resume with the same number of GPUs/processes (the optimizer "
+            "state, random streams and data shards are per process)"
+        )
     if manifest["distributed_type"] != str(acc.distributed_type):
-        raise ConfigError(f"{path} was saved under {manifest['distributed_type']} but this run uses "
-                          f"{acc.distributed_type}: resume with the same launcher (DeepSpeed or not)")
+        raise UserError(
+            f"{path} was saved under {manifest['distributed_type']} but this run uses "
+            f"{acc.distributed_type}: resume with the same launcher (DeepSpeed or not)"
+        )
     # everything is read to the CPU; load_state_dict copies it into the live tensors on their device
     objects.module.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
     if objects.deepspeed:
-        _load_deepspeed_optimizer_state(objects.model.optimizer, load_tree(path / f"optimizer_rank{rank}"),
-                                        rank, acc.num_processes)
+        _load_deepspeed_optimizer_state(
+            objects.model.optimizer, load_tree(path / f"optimizer_rank{rank}"), rank, acc.num_processes
+        )
     else:
         objects.optimizer.load_state_dict(load_tree(path / "optimizer"))
     objects.scheduler.load_state_dict(load_tree(path / "scheduler"))
@@ -497,8 +476,15 @@ def load_training_state(objects: TrainingObjects, path: Path) -> dict:
     return read_trainer_state(path)
 
 
-def save_checkpoint(objects: TrainingObjects, directory: Path, step: int, keep: int, trainer_state: dict,
-                    export: Callable[[Path], None], before_commit: Callable[[], None] = lambda: None) -> Path:
+def save_checkpoint(
+    objects: TrainingObjects,
+    directory: Path,
+    step: int,
+    keep: int,
+    trainer_state: dict,
+    export: Callable[[Path], None],
+    before_commit: Callable[[], None] = lambda: None,
+) -> Path:
     """Atomically write ``checkpoint-<step>`` (full training state, plus ``export(tmp)`` of
     the fp32 weights inference loads, run on every rank), then keep the newest ``keep``.
 
@@ -520,7 +506,11 @@ def save_checkpoint(objects: TrainingObjects, directory: Path, step: int, keep: 
         for old in list_checkpoints(directory)[:-keep]:
             shutil.rmtree(old)
         manifest = read_checkpoint_manifest(final)
-        logger.info("saved checkpoint %s (%.0f MB; checksums took %.2f s)", final,
-                    sum(entry["size"] for entry in manifest["files"].values()) / 2**20, manifest["checksum_seconds"])
+        logger.info(
+            "saved checkpoint %s (%.0f MB; checksums took %.2f s)",
+            final,
+            sum(entry["size"] for entry in manifest["files"].values()) / 2**20,
+            manifest["checksum_seconds"],
+        )
     acc.wait_for_everyone()
     return final

@@ -7,6 +7,7 @@ are tensors, numbers, strings, booleans or None. ``save_tree`` writes the tensor
 checkpoint cannot run code. Dict keys keep their type (optimizer state is keyed by int)
 and tuples stay tuples; any other type is refused when saving, so nothing is silently lost.
 """
+
 from __future__ import annotations
 
 import json

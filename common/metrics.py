@@ -1,13 +1,16 @@
-"""Reconstruction metrics on aligned frames, shared by validation and inference.
+"""Reconstruction metrics on aligned frames, shared by validation and inference, and the
+latent RMS ratio (the model's latents against the reference VAE's: training logs it,
+inference reports it).
 
 Inputs are NTCHW videos in [0, 1] whose frame i already corresponds (see
 ``models.frames.FramePlan.target``); metrics average over all frames of a video.
 
 Every metric is computed over chunks of frames (with torchmetrics where it has the metric)
-and combined exactly (sums of squared errors, frame-weighted means of per-frame averages), so its temporaries are bounded by one
-chunk, not by the clip's length: long or large clips cost no more than the video tensors
-themselves. ``chunk_frames=None`` sizes chunks to about ``CHUNK_ELEMENTS`` values.
+and combined exactly (sums of squared errors, frame-weighted means of per-frame averages),
+so its temporaries are bounded by one chunk, not by the clip's length: long or large clips
+cost no more than the video tensors themselves. ``chunk_frames=None`` sizes chunks to about ``CHUNK_ELEMENTS`` values.
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,8 +42,12 @@ def _frame_squared_errors(p: torch.Tensor, t: torch.Tensor, chunk_frames: int | 
     return torch.cat([(p[s].float() - t[s].float()).square_().flatten(1).sum(1) for s in frame_chunks(p, chunk_frames)])
 
 
-def _frame_weighted_mean(metric: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], p: torch.Tensor,
-                         t: torch.Tensor, chunk_frames: int | None) -> torch.Tensor:
+def _frame_weighted_mean(
+    metric: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    p: torch.Tensor,
+    t: torch.Tensor,
+    chunk_frames: int | None,
+) -> torch.Tensor:
     """Mean over the frames of one TCHW video of a ``metric`` that returns the mean of its
     per-frame values for a batch of frames: chunk means weighted by their frame counts."""
     total = sum(metric(p[s].float(), t[s].float()) * (s.stop - s.start) for s in frame_chunks(p, chunk_frames))
@@ -72,9 +79,17 @@ def video_alpha_psnr(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def frame_psnr(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | None = None) -> torch.Tensor:
     """Per-frame PSNR in dB (N, T), data range 1: where in a clip reconstruction fails."""
-    return torch.stack([torch.cat([peak_signal_noise_ratio(p[s].float(), t[s].float(), data_range=1.0, reduction="none",
-                                                           dim=(1, 2, 3)) for s in frame_chunks(p, chunk_frames)])
-                        for p, t in zip(pred, target)])
+    return torch.stack(
+        [
+            torch.cat(
+                [
+                    peak_signal_noise_ratio(p[s].float(), t[s].float(), data_range=1.0, reduction="none", dim=(1, 2, 3))
+                    for s in frame_chunks(p, chunk_frames)
+                ]
+            )
+            for p, t in zip(pred, target)
+        ]
+    )
 
 
 def _ssim(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -122,8 +137,21 @@ def video_temporal_error(pred: torch.Tensor, target: torch.Tensor, chunk_frames:
     motion errors that per-frame metrics miss. Zero for a single frame."""
     if pred.shape[1] < 2:
         return pred.new_zeros(pred.shape[0], dtype=torch.float32)
-    return torch.stack([sum(_temporal_abs_error(p, t, s) for s in frame_chunks(p, chunk_frames)) / p[1:].numel()
-                        for p, t in zip(pred, target)])
+    return torch.stack(
+        [
+            sum(_temporal_abs_error(p, t, s) for s in frame_chunks(p, chunk_frames)) / p[1:].numel()
+            for p, t in zip(pred, target)
+        ]
+    )
+
+
+def rms(latents: torch.Tensor) -> torch.Tensor:
+    return latents.detach().float().square().mean().sqrt()
+
+
+def rms_ratio(model_latents: torch.Tensor, reference_latents: torch.Tensor) -> torch.Tensor:
+    """RMS of the model's latents over the reference VAE's (1 when on the same scale)."""
+    return rms(model_latents) / rms(reference_latents).clamp_min(1e-12)
 
 
 @functools.cache

@@ -5,8 +5,10 @@ by ``replace``-ing the documented base in ``training/configs/taehv_config.py``. 
 on the command line are parsed to each field's type; an unknown key is an error that
 names the closest valid key. Paths are made absolute here, once. This is the ground floor:
 each component checks its own keys (``problems(config)`` next to its code), and
-``training.preflight.check`` asks them all before heavy work starts.
+``training.preflight.check`` asks them all before heavy work starts. ``inference.py
+--config`` reads the same files for its data, sizes and reference VAE.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from models.reference_vaes import AUTO_CLASS, auto_variant, resolve_ref_vae_class
+from common.errors import UserError
+from models.vae_registry import AUTO_CLASS, auto_variant, resolve_ref_vae_class
 from models.variants import VariantSpec, get_variant
-from training.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # dtype names users type (ref_vae_dtype, inference --dtype) -> torch dtypes
@@ -34,8 +36,9 @@ def native_bf16() -> bool:
     """Whether this machine computes bf16 natively (a CUDA GPU, or a CPU with AVX512-BF16
     or AMX), where bf16 autocast trains faster than fp32 (presets choose their precision by it)."""
     cpu = torch.cpu
-    return torch.cuda.is_available() or any(getattr(cpu, name, lambda: False)()
-                                            for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return torch.cuda.is_available() or any(
+        getattr(cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    )
 
 
 @dataclass(frozen=True)
@@ -73,15 +76,17 @@ class TrainConfig:
     train_encoder: bool = True  # False: decoder-only fine-tuning; the encoder (and so the latent space) stays as loaded
     decoder_bias_init: float = 0.5  # final decoder conv bias when training from scratch
     compile: bool = False  # torch.compile the blocks (TAEHV.compile); the first steps and validations pay compilation
-    compile_backend: str = "inductor"  # torch.compile backend when compile=true ("aot_eager": tracing only, for debugging)
+    compile_backend: str = (
+        "inductor"  # torch.compile backend when compile=true ("aot_eager": tracing only, for debugging)
+    )
 
     # -- reference VAE (empty path: plain autoencoder training) ------------------------
     ref_vae_path: str = ""  # diffusers model folder, e.g. a local copy of CogVideoX-2b
-    ref_vae_class: str = "auto"  # auto: from the folder's config.json; or one of models.reference_vaes.REF_VAE_CLASSES
+    ref_vae_class: str = "auto"  # auto: from the folder's config.json; or one of models.vae_registry.REF_VAE_CLASSES
     ref_vae_subfolder: str = "vae"
     ref_vae_dtype: str = "bf16"  # "fp32", "bf16" or "fp16"
     ref_latent_sample: bool = True  # latent_dist.sample() (recipe); False: the mode
-    latent_cache_dir: str = ""  # reference latents precomputed by `python -m training.cache_latents`; empty: online
+    latent_cache_dir: str = ""  # latents precomputed by `python -m training.build_latent_cache`; empty: online
     latent_cache_epochs: int = 1  # epochs of random draws (clip window, crop, flip) the cache holds
 
     # -- Seraena adversarial targets (models/seraena.py) --------------------------------
@@ -101,7 +106,8 @@ class TrainConfig:
     train_batch_size: int = 2  # per process
     gradient_accumulation_steps: int = 1  # the only source: accelerate YAMLs must not set it
     max_train_steps: int = 100_000  # optimizer steps
-    max_train_time: str = ""  # wall-clock budget ("8h", "45m", "1h30m", "600s"): fixed as a step count early on (training/loop/time_budget.py)
+    # wall-clock budget ("8h", "45m", "1h30m", "600s"): fixed as a step count early on (training/loop/time_budget.py)
+    max_train_time: str = ""
     learning_rate: float = 1e-4
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
@@ -118,7 +124,9 @@ class TrainConfig:
     validation_every: int = 1000
     num_validation_samples: int = 20
     validation_batch_size: int = 2
-    image_log_every: int = 1000  # reconstruction strips in TensorBoard, written at validation steps that are multiples of this (and the last); 0 disables
+    # reconstruction strips in TensorBoard, written at validation steps that are multiples of this (and the last);
+    # 0 disables
+    image_log_every: int = 1000
     checkpointing_steps: int = 1000  # also saved at the end and when SIGTERM/SIGINT arrives
     checkpoints_total_limit: int = 3  # newest complete checkpoints kept (best_model/ is separate)
     resume_from_checkpoint: str = ""  # "latest", a checkpoint name or a path
@@ -140,12 +148,12 @@ class TrainConfig:
         """(height, width) of the held-out clips: val_height x val_width, else the training size."""
         return self.val_height or self.height, self.val_width or self.width
 
-    def replace(self, **changes) -> "TrainConfig":
-        """A copy with ``changes``; an unknown key is a ConfigError that names the closest one
+    def replace(self, **changes) -> TrainConfig:
+        """A copy with ``changes``; an unknown key is a UserError that names the closest one
         (config files call this: ``load_config`` adds the file and line)."""
         for key in changes:
             if key not in _TYPES:
-                raise ConfigError(unknown_key_message(key))
+                raise UserError(unknown_key_message(key))
         return replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -165,7 +173,7 @@ def _parse_value(key: str, text: str):
             return lowered in ("true", "1", "yes")
         return kind(text)
     except ValueError:
-        raise ConfigError(f"--{key}={text!r}: expected a {kind.__name__}") from None
+        raise UserError(f"--{key}={text!r}: expected a {kind.__name__}") from None
 
 
 def unknown_key_message(key: str) -> str:
@@ -179,11 +187,11 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
     for item in overrides:
         body = item[2:] if item.startswith("--") else item
         if "=" not in body:
-            raise ConfigError(f"override {item!r} must look like --key=value")
+            raise UserError(f"override {item!r} must look like --key=value")
         key, value = body.split("=", 1)
         key = key.replace("-", "_")
         if key not in _TYPES:
-            raise ConfigError(unknown_key_message(key))
+            raise UserError(unknown_key_message(key))
         changes[key] = _parse_value(key, value)
     return replace(config, **changes)
 
@@ -192,18 +200,21 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     """Run a Python config file, take its ``config`` and apply overrides."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} not found")
+        raise UserError(f"config file {path} not found")
     try:
         namespace = runpy.run_path(str(path))
     except SyntaxError as err:
-        raise ConfigError(f"{path}:{err.lineno}: syntax error: {err.msg}") from None
-    except ConfigError as err:  # e.g. config.replace(lerning_rate=...): where in the file
-        lines = [frame.lineno for frame in traceback.extract_tb(err.__traceback__)
-                 if Path(frame.filename).resolve() == path.resolve()]
-        raise ConfigError(f"{path}:{lines[-1]}: {err}" if lines else str(err)) from None
+        raise UserError(f"{path}:{err.lineno}: syntax error: {err.msg}") from None
+    except UserError as err:  # e.g. config.replace(lerning_rate=...): where in the file
+        lines = [
+            frame.lineno
+            for frame in traceback.extract_tb(err.__traceback__)
+            if Path(frame.filename).resolve() == path.resolve()
+        ]
+        raise UserError(f"{path}:{lines[-1]}: {err}" if lines else str(err)) from None
     config = namespace.get("config")
     if not isinstance(config, TrainConfig):
-        raise ConfigError(f"{path} must define `config = TrainConfig(...)` (got {type(config).__name__})")
+        raise UserError(f"{path} must define `config = TrainConfig(...)` (got {type(config).__name__})")
     return with_auto_variant(resolve_paths(apply_overrides(replace(config, config_file=str(path)), list(overrides))))
 
 
@@ -240,18 +251,32 @@ def resolve_path(path: str) -> Path:
 
 
 # the keys that name files or folders: load_config makes them absolute, once
-PATH_KEYS = ("output_dir", "data_root", "annotation_file", "val_annotation_file", "pretrained_model_path", "ref_vae_path",
-             "latent_cache_dir")
+PATH_KEYS = (
+    "output_dir",
+    "data_root",
+    "annotation_file",
+    "val_annotation_file",
+    "pretrained_model_path",
+    "ref_vae_path",
+    "latent_cache_dir",
+)
 
 
 def resolve_paths(config: TrainConfig) -> TrainConfig:
     """Every path key made absolute (relative ones are relative to the repository root), so
     the rest of the code uses them as they are."""
-    return replace(config, **{key: str(resolve_path(value)) for key in PATH_KEYS
-                              if isinstance(value := getattr(config, key), str) and value})  # others: type_problems
+    return replace(
+        config,
+        **{
+            key: str(resolve_path(value))
+            for key in PATH_KEYS
+            if isinstance(value := getattr(config, key), str) and value
+        },
+    )  # others: type_problems
 
 
 # -- the config's own problems (each component checks its keys: training/preflight.py) ----
+
 
 def type_problems(config: TrainConfig) -> list[str]:
     """Values of the wrong type, and numbers that are not finite."""
@@ -279,9 +304,16 @@ def missing_paths(config: TrainConfig) -> list[str]:
     for key in PATH_KEYS[1:]:
         if (value := getattr(config, key)) and not (path := resolve_path(value)).exists():
             demo = path.is_relative_to(DEMO_DATA) and not hinted
-            found.append(f"{key}: {path} does not exist" + (": `make demo` makes the built-in clips there (or "
-                                                             "`python -m training.demo_data demo_output/data` alone)" if demo else "")
-                         + made_by_preset(path))
+            found.append(
+                f"{key}: {path} does not exist"
+                + (
+                    ": `make demo` makes the built-in clips there (or "
+                    "`python -m training.demo_data demo_output/data` alone)"
+                    if demo
+                    else ""
+                )
+                + made_by_preset(path)
+            )
             hinted = hinted or demo
     return found
 
@@ -296,19 +328,19 @@ def made_by_preset(path: Path) -> str:
 
 
 def spec_of(config: TrainConfig) -> VariantSpec:
-    """The config's TAE variant (ConfigError for an unknown name)."""
+    """The config's TAE variant (UserError for an unknown name)."""
     try:
         return get_variant(config.variant)
     except ValueError as err:
-        raise ConfigError(str(err)) from None
+        raise UserError(str(err)) from None
 
 
-def invalid_config(problems: list[str]) -> ConfigError:
+def invalid_config(problems: list[str]) -> UserError:
     """One line for one problem, one line each for several."""
-    return ConfigError(f"invalid config: {problems[0]}" if len(problems) == 1 else
-                       "invalid config:\n  " + "\n  ".join(problems))
+    return UserError(
+        f"invalid config: {problems[0]}" if len(problems) == 1 else "invalid config:\n  " + "\n  ".join(problems)
+    )
 
 
 def describe(config: TrainConfig) -> str:
     return json.dumps(config.to_dict(), indent=2)
-

@@ -1,12 +1,14 @@
-"""The frozen reference VAE: any diffusers video VAE of ``models.reference_vaes.REF_VAE_CLASSES``.
+"""The frozen reference VAE: any diffusers video VAE of ``models.vae_registry.REF_VAE_CLASSES``.
 
 TAEHV lives in the reference VAE's latent space, so its latents are what the TAE learns: encoder
-targets, and decoder inputs. Training, the latent-cache builder and ``inference.py
---use_ref_vae`` all build it with ``ReferenceVAE.from_config``: loaded once, frozen, kept
-out of ``accelerator.prepare`` (DeepSpeed would demand an optimizer for it). A missing or
+targets, and decoder inputs. Training and the latent-cache builder build it from a config's
+``ref_vae_*`` keys (``ReferenceVAE.from_config``), ``inference.py --use_ref_vae`` from its
+options (``ReferenceVAE.for_variant``): loaded once, frozen, kept out of
+``accelerator.prepare`` (DeepSpeed would demand an optimizer for it). A missing or
 broken model, or one whose latent space does not fit the TAE variant, is an error at
 start-up, never a silent fallback to another VAE or to random latents.
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,11 +16,19 @@ from pathlib import Path
 
 import torch
 
-from models.reference_vaes import (AUTO_CLASS, REF_VAE_CLASSES, latent_space, read_vae_config, ref_vae_problems,
-                                   reference_vae_frames, reference_vae_rule, resolve_ref_vae_class)
+from common.config import DTYPES, TrainConfig
+from common.errors import UserError
+from models.vae_registry import (
+    AUTO_CLASS,
+    REF_VAE_CLASSES,
+    latent_space,
+    read_vae_config,
+    ref_vae_problems,
+    reference_vae_frames,
+    reference_vae_rule,
+    resolve_ref_vae_class,
+)
 from models.variants import VariantSpec
-from training.config import DTYPES, TrainConfig
-from training.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -28,7 +38,9 @@ def to_diffusers(frames: torch.Tensor, pixels: str = "signed") -> torch.Tensor:
     """NTCHW in [0, 1] -> diffusers' NCTHW: in [-1, 1], or ImageNet-normalised (MiniMax H3)."""
     x = frames.permute(0, 2, 1, 3, 4)
     if pixels == "imagenet":
-        mean, std = (torch.tensor(v, device=x.device, dtype=x.dtype).view(1, 3, 1, 1, 1) for v in (IMAGENET_MEAN, IMAGENET_STD))
+        mean, std = (
+            torch.tensor(v, device=x.device, dtype=x.dtype).view(1, 3, 1, 1, 1) for v in (IMAGENET_MEAN, IMAGENET_STD)
+        )
         return (x - mean) / std
     return x.mul(2).sub(1)
 
@@ -36,7 +48,9 @@ def to_diffusers(frames: torch.Tensor, pixels: str = "signed") -> torch.Tensor:
 def from_diffusers_pixels(x: torch.Tensor, pixels: str = "signed") -> torch.Tensor:
     """diffusers' NCTHW decoded pixels -> NTCHW frames in [0, 1] (the inverse of ``to_diffusers``)."""
     if pixels == "imagenet":
-        mean, std = (torch.tensor(v, device=x.device, dtype=x.dtype).view(1, 3, 1, 1, 1) for v in (IMAGENET_MEAN, IMAGENET_STD))
+        mean, std = (
+            torch.tensor(v, device=x.device, dtype=x.dtype).view(1, 3, 1, 1, 1) for v in (IMAGENET_MEAN, IMAGENET_STD)
+        )
         x = x * std + mean
     else:
         x = x.add(1).div(2)
@@ -69,9 +83,11 @@ def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
     if not (plan.exact and reference_vae_frames(config.n_frames, spec)):
         exact = spec.exact_frame_counts(64)
         valid = [t for t in exact if reference_vae_frames(t, spec)][:8]  # for the message; the rule has no limit
-        found.append(f"n_frames={config.n_frames} does not work with a reference VAE and {spec.name}: the reference "
-                     f"VAE {reference_vae_rule(spec)} and the decoder must return exactly the input frames "
-                     f"(here {plan.decoded_frames} from {plan.latent_frames} latents). Valid: {', '.join(map(str, valid))}, ...")
+        found.append(
+            f"n_frames={config.n_frames} does not work with a reference VAE and {spec.name}: the reference "
+            f"VAE {reference_vae_rule(spec)} and the decoder must return exactly the input frames "
+            f"(here {plan.decoded_frames} from {plan.latent_frames} latents). Valid: {', '.join(map(str, valid))}, ..."
+        )
     if Path(config.ref_vae_path).exists() and known:
         found.extend(folder_problems(config, config.variant))
     return found
@@ -80,29 +96,40 @@ def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
 class ReferenceVAE:
     """Frozen diffusers VAE that returns raw (unscaled) NTCHW latents for NTCHW frames."""
 
-    def __init__(self, path: str | Path, vae_class: str = AUTO_CLASS, subfolder: str = "vae",
-                 dtype: str = "bf16", device: torch.device | str = "cpu", sample: bool = True):
+    def __init__(
+        self,
+        path: str | Path,
+        vae_class: str = AUTO_CLASS,
+        subfolder: str = "vae",
+        dtype: str = "bf16",
+        device: torch.device | str = "cpu",
+        sample: bool = True,
+    ):
         import diffusers
 
         if vae_class not in REF_VAE_CLASSES and vae_class != AUTO_CLASS:
-            raise ConfigError(f"ref_vae_class must be {AUTO_CLASS} or one of {', '.join(REF_VAE_CLASSES)}, got "
-                              f"{vae_class!r}")
+            raise UserError(
+                f"ref_vae_class must be {AUTO_CLASS} or one of {', '.join(REF_VAE_CLASSES)}, got {vae_class!r}"
+            )
         path = Path(path)
         try:
             read_vae_config(path / subfolder)
         except ValueError as err:
-            raise ConfigError(f"reference VAE: {err}; point at a local copy of the video model with its "
-                              f"'{subfolder}' subfolder") from None
+            raise UserError(
+                f"reference VAE: {err}; point at a local copy of the video model with its '{subfolder}' subfolder"
+            ) from None
         try:
             vae_class = resolve_ref_vae_class(vae_class, path / subfolder)
         except ValueError as err:
-            raise ConfigError(f"ref_vae_class=auto: {err}") from None
+            raise UserError(f"ref_vae_class=auto: {err}") from None
         self.ref = REF_VAE_CLASSES[vae_class]
         if self.ref.refused:
-            raise ConfigError(f"reference VAE {path / subfolder}: {self.ref.refused}")
+            raise UserError(f"reference VAE {path / subfolder}: {self.ref.refused}")
         if self.ref.fp32_on_cpu and dtype != "fp32" and torch.device(device).type == "cpu":
-            raise ConfigError(f"reference VAE {path / subfolder}: a {self.ref.diffusers_class} runs on the CPU in fp32 "
-                              f"only (its {dtype} average pooling is missing there): pass --ref_vae_dtype=fp32")
+            raise UserError(
+                f"reference VAE {path / subfolder}: a {self.ref.diffusers_class} runs on the CPU in fp32 "
+                f"only (its {dtype} average pooling is missing there): pass --ref_vae_dtype=fp32"
+            )
         cls = getattr(diffusers, self.ref.diffusers_class)
         self.vae = cls.from_pretrained(path, subfolder=subfolder, torch_dtype=DTYPES[dtype]).to(device).eval()
         self.vae.requires_grad_(False)
@@ -115,21 +142,51 @@ class ReferenceVAE:
         self.latent_channels = self.latent_space.latent_channels
         # LTX VAEs with timestep conditioning decode at a timestep; 0 is the clean video
         self.decode_timestep = bool(getattr(self.vae.config, "timestep_conditioning", False))
-        logger.info("reference VAE %s from %s (%s, %.1fM parameters, %s)", self.ref.diffusers_class,
-                    path, dtype, sum(p.numel() for p in self.vae.parameters()) / 1e6, self.latent_space.describe())
+        logger.info(
+            "reference VAE %s from %s (%s, %.1fM parameters, %s)",
+            self.ref.diffusers_class,
+            path,
+            dtype,
+            sum(p.numel() for p in self.vae.parameters()) / 1e6,
+            self.latent_space.describe(),
+        )
+
+    @classmethod
+    def for_variant(
+        cls,
+        variant: str,
+        path: str | Path,
+        vae_class: str = AUTO_CLASS,
+        subfolder: str = "vae",
+        dtype: str = "bf16",
+        device: torch.device | str = "cpu",
+        sample: bool = True,
+    ) -> ReferenceVAE:
+        """The reference VAE in ``path``, checked (before loading it) against the TAE
+        ``variant`` it teaches or is compared with."""
+        found = ref_vae_problems(vae_class, Path(path) / subfolder, variant)
+        if found:
+            raise UserError("; ".join(found))
+        return cls(path, vae_class, subfolder, dtype, device, sample)
 
     @classmethod
     def from_config(cls, config: TrainConfig, device: torch.device | str) -> ReferenceVAE:
         """The reference VAE a config names (``ref_vae_*`` keys), checked (before loading it)
         against the TAE variant it teaches."""
-        found = folder_problems(config, config.variant)
-        if found:
-            raise ConfigError("; ".join(found))
-        return cls(config.ref_vae_path, config.ref_vae_class, config.ref_vae_subfolder,
-                   config.ref_vae_dtype, device, config.ref_latent_sample)
+        return cls.for_variant(
+            config.variant,
+            config.ref_vae_path,
+            config.ref_vae_class,
+            config.ref_vae_subfolder,
+            config.ref_vae_dtype,
+            device,
+            config.ref_latent_sample,
+        )
 
     @torch.no_grad()
-    def encode(self, frames: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None = None) -> torch.Tensor:
+    def encode(
+        self, frames: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None = None
+    ) -> torch.Tensor:
         """Raw latents (NTCHW, float32) of NTCHW frames in [0, 1]; no scaling factor applied."""
         if self.one_clip_at_a_time and frames.shape[0] > 1:
             generators = generator if isinstance(generator, list) else [generator] * frames.shape[0]

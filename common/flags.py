@@ -1,5 +1,6 @@
 """Command-line flags: every tool documents them in snake_case (``--n_frames``, like the
 config keys) and accepts the kebab-case spelling too (``--n-frames``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None):
         args = list(sys.argv[1:] if args is None else args)
-        known = {_normal(flag): flag for action in self._actions for flag in action.option_strings
-                 if flag.startswith("--")}
+        known = {
+            _normal(flag): flag for action in self._actions for flag in action.option_strings if flag.startswith("--")
+        }
         spelled = []
         for i, arg in enumerate(args):
             if arg == "--":  # everything after it is positional

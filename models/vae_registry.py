@@ -1,5 +1,6 @@
-"""The reference VAEs a TAE lives next to: every diffusers video VAE class, its TAEs, and
-what its ``config.json`` says about its latent space.
+"""The registry of reference VAE classes a TAE lives next to: every diffusers video VAE
+class, its TAEs, and what its ``config.json`` says about its latent space (loading and
+running one is ``common.reference_vae``).
 
 ``REF_VAE_CLASSES`` is the one table of which TAE variant belongs to which reference VAE:
 ``variant="auto"``, the diffusers wrapper's config lookup and the exported model card all
@@ -11,8 +12,9 @@ temporal compression (hence the frame rule), and which TAE variants fit its late
 The latents are the raw ones ``vae.encode(...).latent_dist`` gives: every pipeline
 un-scales (``scaling_factor``) or un-normalises (``latents_mean``/``latents_std``) its
 latents before ``vae.decode``, so a TAE trained on raw latents decodes what the pipeline
-passes to ``vae.decode`` (checked per pipeline in docs/teachers.md).
+passes to ``vae.decode`` (checked per pipeline in docs/reference_vaes.md).
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,7 +43,9 @@ class RefVAEClass:
     variants: dict[str, str]  # its TAEs -> the video model each belongs to; variant="auto" takes the first that fits
     pixels: str = "signed"  # "signed": [-1, 1]; "imagenet": ImageNet-normalised [0, 1] (MiniMax H3)
     one_clip_at_a_time: bool = False  # diffusers 0.42's HunyuanVideo 1.5 attention mask breaks on batches > 1
-    family: str | None = None  # the TAE this package builds for it (models.variants.BUILT_FAMILIES), if none is published
+    family: str | None = (
+        None  # the TAE this package builds for it (models.variants.BUILT_FAMILIES), if none is published
+    )
     latents: str = "sample"  # "mode": the posterior's mean (KVAE's has unit variance; Cosmos's none)
     frames_in_front: bool = False  # VidTok: t_downscale - 1 copies of the first frame before encoding (its forward's)
     image_encoder: bool = False  # SVD: a 2-D encoder over frames, decode(z, num_frames)
@@ -58,33 +62,61 @@ REF_VAE_CLASSES = {
     "hunyuan15": RefVAEClass("AutoencoderKLHunyuanVideo15", {"taehv1_5": "HunyuanVideo 1.5"}, one_clip_at_a_time=True),
     "wan": RefVAEClass("AutoencoderKLWan", {"taew2_1": "Wan 2.1", "taew2_2": "Wan 2.2"}),
     "ltx": RefVAEClass("AutoencoderKLLTXVideo", {"taeltx_2": "LTX-2"}),
-    "ltx2": RefVAEClass("AutoencoderKLLTX2Video", {"taeltx2_3": "LTX-2.3 and LTX-2.5", "taeltx_2": "LTX-2",
-                                                   "taeltx2_3_wide": "LTX-2.3 and LTX-2.5"}),
+    "ltx2": RefVAEClass(
+        "AutoencoderKLLTX2Video",
+        {"taeltx2_3": "LTX-2.3 and LTX-2.5", "taeltx_2": "LTX-2", "taeltx2_3_wide": "LTX-2.3 and LTX-2.5"},
+    ),
     "h3": RefVAEClass("AutoencoderKLMiniMaxH3", {"taeh3": "MiniMax H3"}, pixels="imagenet"),
     # no published TAE: the package builds one (models.variants.BUILT_FAMILIES)
-    "allegro": RefVAEClass("AutoencoderKLAllegro", {"tae_allegro": "Allegro"}, family="tae_allegro",
-                           one_clip_at_a_time=True, time_tiles=(24, 16),
-                           frame_rule=FrameRule(lambda t: t >= 24 and (t - 24) % 16 == 0,
-                                                "encodes clips of 24 + 16m frames (24, 40, 56, ...: its tiles of 24 "
-                                                "frames, 8 shared)")),
-    "cosmos": RefVAEClass("AutoencoderKLCosmos", {"tae_cosmos": "Cosmos 1.0"}, family="tae_cosmos", latents="mode",
-                          fp32_on_cpu=True),
-    "kvae": RefVAEClass("AutoencoderKLKVAEVideo", {"tae_kvae": "KVAE"}, family="tae_kvae", latents="mode",
-                        frame_rule=FrameRule(lambda t: (t - 1) % 4 == 0 and not (t > 17 and t % 16 == 5),
-                                             "encodes 4k+1 frames, but not 21, 37, 53, ... (its 16-frame segments "
-                                             "would end in one latent, which decodes to one frame)")),
+    "allegro": RefVAEClass(
+        "AutoencoderKLAllegro",
+        {"tae_allegro": "Allegro"},
+        family="tae_allegro",
+        one_clip_at_a_time=True,
+        time_tiles=(24, 16),
+        frame_rule=FrameRule(
+            lambda t: t >= 24 and (t - 24) % 16 == 0,
+            "encodes clips of 24 + 16m frames (24, 40, 56, ...: its tiles of 24 frames, 8 shared)",
+        ),
+    ),
+    "cosmos": RefVAEClass(
+        "AutoencoderKLCosmos", {"tae_cosmos": "Cosmos 1.0"}, family="tae_cosmos", latents="mode", fp32_on_cpu=True
+    ),
+    "kvae": RefVAEClass(
+        "AutoencoderKLKVAEVideo",
+        {"tae_kvae": "KVAE"},
+        family="tae_kvae",
+        latents="mode",
+        frame_rule=FrameRule(
+            lambda t: (t - 1) % 4 == 0 and not (t > 17 and t % 16 == 5),
+            "encodes 4k+1 frames, but not 21, 37, 53, ... (its 16-frame segments "
+            "would end in one latent, which decodes to one frame)",
+        ),
+    ),
     "easyanimate": RefVAEClass("AutoencoderKLMagvit", {"tae_easyanimate": "EasyAnimate"}, family="tae_easyanimate"),
-    "vidtok": RefVAEClass("AutoencoderVidTok", {"tae_vidtok": "VidTok"}, family="tae_vidtok", latents="mode",
-                          frames_in_front=True),
+    "vidtok": RefVAEClass(
+        "AutoencoderVidTok", {"tae_vidtok": "VidTok"}, family="tae_vidtok", latents="mode", frames_in_front=True
+    ),
     "mochi": RefVAEClass("AutoencoderKLMochi", {"tae_mochi": "Mochi 1"}, family="tae_mochi"),
-    "qwenimage21": RefVAEClass("AutoencoderKLQwenImage21", {"tae_qwenimage2_1": "Qwen-Image 2.1"},
-                               family="tae_qwenimage2_1", latents="mode",
-                               frame_rule=FrameRule(lambda t: t == 1, "encodes single RGBA images (T = 1)")),
-    "svd": RefVAEClass("AutoencoderKLTemporalDecoder", {"tae_svd": "Stable Video Diffusion"}, family="tae_svd",
-                       latents="mode", image_encoder=True),
-    "hunyuanimage_refiner": RefVAEClass("AutoencoderKLHunyuanImageRefiner",
-                                        {"tae_hunyuanimage_refiner": "HunyuanImage 2.1's refiner"},
-                                        family="tae_hunyuanimage_refiner"),
+    "qwenimage21": RefVAEClass(
+        "AutoencoderKLQwenImage21",
+        {"tae_qwenimage2_1": "Qwen-Image 2.1"},
+        family="tae_qwenimage2_1",
+        latents="mode",
+        frame_rule=FrameRule(lambda t: t == 1, "encodes single RGBA images (T = 1)"),
+    ),
+    "svd": RefVAEClass(
+        "AutoencoderKLTemporalDecoder",
+        {"tae_svd": "Stable Video Diffusion"},
+        family="tae_svd",
+        latents="mode",
+        image_encoder=True,
+    ),
+    "hunyuanimage_refiner": RefVAEClass(
+        "AutoencoderKLHunyuanImageRefiner",
+        {"tae_hunyuanimage_refiner": "HunyuanImage 2.1's refiner"},
+        family="tae_hunyuanimage_refiner",
+    ),
 }
 
 
@@ -100,8 +132,10 @@ def resolve_ref_vae_class(ref_vae_class: str, folder: Path) -> str:
     for name, ref in REF_VAE_CLASSES.items():
         if ref.diffusers_class == found:
             return name
-    raise ValueError(f"{Path(folder) / 'config.json'} holds a {found or 'model without _class_name'}, which no "
-                     f"ref_vae_class loads yet (known: {', '.join(ref.diffusers_class for ref in REF_VAE_CLASSES.values())})")
+    raise ValueError(
+        f"{Path(folder) / 'config.json'} holds a {found or 'model without _class_name'}, which no "
+        f"ref_vae_class loads yet (known: {', '.join(ref.diffusers_class for ref in REF_VAE_CLASSES.values())})"
+    )
 
 
 def ref_vae_class_of(variant: str) -> str | None:
@@ -130,17 +164,33 @@ class LatentSpace:
 
     def fits(self, spec: VariantSpec) -> bool:
         """``spec`` lives in this latent space: same channels, compression, time axis and pixels."""
-        return (spec.latent_channels, 8 * spec.patch_size, spec.t_downscale, spec.h3_chunks, spec.image_channels,
-                spec.causal) == (self.latent_channels, self.spatial_compression, self.temporal_compression,
-                                 self.h3_chunks, self.image_channels, self.causal)
+        return (
+            spec.latent_channels,
+            8 * spec.patch_size,
+            spec.t_downscale,
+            spec.h3_chunks,
+            spec.image_channels,
+            spec.causal,
+        ) == (
+            self.latent_channels,
+            self.spatial_compression,
+            self.temporal_compression,
+            self.h3_chunks,
+            self.image_channels,
+            self.causal,
+        )
 
     def describe(self) -> str:
-        return (f"{self.latent_channels} latent channels, {self.spatial_compression}x space, "
-                f"{self.temporal_compression}x time" + (", 17-frame chunks" if self.h3_chunks else "")
-                + ("" if self.causal else ", not causal") + (", RGBA" if self.image_channels == 4 else ""))
+        return (
+            f"{self.latent_channels} latent channels, {self.spatial_compression}x space, "
+            f"{self.temporal_compression}x time"
+            + (", 17-frame chunks" if self.h3_chunks else "")
+            + ("" if self.causal else ", not causal")
+            + (", RGBA" if self.image_channels == 4 else "")
+        )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _config_text(config_file: Path, mtime_ns: int, size: int) -> str:
     return config_file.read_text()  # once per process and file version (the stat keys the cache)
 
@@ -166,44 +216,69 @@ def _ratio(config: dict, key: str, derived: int) -> int:
 
 def latent_space(ref_vae_class: str, config: dict) -> LatentSpace:
     """Latent channels and compression of a VAE of class ``ref_vae_class`` from its config,
-    the way the diffusers class itself derives them (docs/teachers.md)."""
+    the way the diffusers class itself derives them (docs/reference_vaes.md)."""
     if ref_vae_class == "cogvideox":  # no spatial key: one 2x downsample between blocks
-        return LatentSpace(config["latent_channels"], 2 ** (len(config["block_out_channels"]) - 1),
-                           int(config.get("temporal_compression_ratio") or 4))
+        return LatentSpace(
+            config["latent_channels"],
+            2 ** (len(config["block_out_channels"]) - 1),
+            int(config.get("temporal_compression_ratio") or 4),
+        )
     if ref_vae_class in ("hunyuan", "hunyuan15"):
-        return LatentSpace(config["latent_channels"], int(config["spatial_compression_ratio"]),
-                           int(config["temporal_compression_ratio"]))
+        return LatentSpace(
+            config["latent_channels"],
+            int(config["spatial_compression_ratio"]),
+            int(config["temporal_compression_ratio"]),
+        )
     if ref_vae_class == "wan":  # the scale_factor_* keys are labels; the blocks decide
         spatial = 2 ** (len(config["dim_mult"]) - 1) * (config.get("patch_size") or 1)
         return LatentSpace(config["z_dim"], spatial, 2 ** sum(config.get("temperal_downsample", [False, True, True])))
     if ref_vae_class in ("ltx", "ltx2"):
         scaling = sum(config["spatio_temporal_scaling"])
-        return LatentSpace(config["latent_channels"],
-                           _ratio(config, "spatial_compression_ratio", config["patch_size"] * 2 ** scaling),
-                           _ratio(config, "temporal_compression_ratio", config["patch_size_t"] * 2 ** scaling))
+        return LatentSpace(
+            config["latent_channels"],
+            _ratio(config, "spatial_compression_ratio", config["patch_size"] * 2**scaling),
+            _ratio(config, "temporal_compression_ratio", config["patch_size_t"] * 2**scaling),
+        )
     if ref_vae_class == "h3":
-        return LatentSpace(config["latent_channels"], math.prod(config["spatial_downsample_factors"]),
-                           math.prod(config["temporal_downsample_factors"]), h3_chunks=True)
+        return LatentSpace(
+            config["latent_channels"],
+            math.prod(config["spatial_downsample_factors"]),
+            math.prod(config["temporal_downsample_factors"]),
+            h3_chunks=True,
+        )
     if ref_vae_class == "allegro":  # one 2x downsample between blocks; its tiles use the time ratio
-        return LatentSpace(config["latent_channels"], 2 ** (len(config["block_out_channels"]) - 1),
-                           int(config["temporal_compression_ratio"]), causal=False)
+        return LatentSpace(
+            config["latent_channels"],
+            2 ** (len(config["block_out_channels"]) - 1),
+            int(config["temporal_compression_ratio"]),
+            causal=False,
+        )
     if ref_vae_class == "easyanimate":  # the ratios the class itself derives from its blocks
         levels = len(config["block_out_channels"])
         return LatentSpace(config["latent_channels"], 2 ** (levels - 1), 2 ** (levels - 2))
     if ref_vae_class == "svd":  # a 2-D encoder
         return LatentSpace(config["latent_channels"], 2 ** (len(config["block_out_channels"]) - 1), 1)
     if ref_vae_class == "cosmos":
-        return LatentSpace(config["latent_channels"], int(config["spatial_compression_ratio"]),
-                           int(config["temporal_compression_ratio"]))
+        return LatentSpace(
+            config["latent_channels"],
+            int(config["spatial_compression_ratio"]),
+            int(config["temporal_compression_ratio"]),
+        )
     if ref_vae_class == "kvae":
-        return LatentSpace(config["z_channels"], 2 ** (len(config["ch_mult"]) - 1), int(config["temporal_compress_times"]))
+        return LatentSpace(
+            config["z_channels"], 2 ** (len(config["ch_mult"]) - 1), int(config["temporal_compress_times"])
+        )
     if ref_vae_class == "vidtok":  # None: the class's defaults, range(levels - 1) and [levels - 2, levels - 3]
         levels = len(config["ch_mult"])
-        spatial, temporal = config.get("spatial_ds") or range(levels - 1), config.get("tempo_ds") or [levels - 2, levels - 3]
+        spatial, temporal = (
+            config.get("spatial_ds") or range(levels - 1),
+            config.get("tempo_ds") or [levels - 2, levels - 3],
+        )
         return LatentSpace(config["z_channels"], 2 ** len(spatial), 2 ** len(temporal))
     if ref_vae_class == "mochi":
-        return LatentSpace(config["latent_channels"], math.prod(config["spatial_expansions"]),
-                           math.prod(config["temporal_expansions"]))
+        return LatentSpace(
+            config["latent_channels"], math.prod(config["spatial_expansions"]), math.prod(config["temporal_expansions"])
+        )
     if ref_vae_class == "hunyuanimage_refiner":  # measured: its "temporal" stages keep every frame (1x time),
         # and every frame reaches every latent (not causal)
         return LatentSpace(config["latent_channels"], int(config["spatial_compression_ratio"]), 1, causal=False)
@@ -230,8 +305,10 @@ def ref_vae_problems(ref_vae_class: str, folder: Path, variant: str) -> list[str
     try:
         config = read_vae_config(folder)
     except ValueError as err:
-        return [f"ref_vae_path: {err}: point ref_vae_path at a local copy of the video model, whose VAE "
-                "subfolder (ref_vae_subfolder) holds it"]
+        return [
+            f"ref_vae_path: {err}: point ref_vae_path at a local copy of the video model, whose VAE "
+            "subfolder (ref_vae_subfolder) holds it"
+        ]
     try:
         ref_vae_class = resolve_ref_vae_class(ref_vae_class, folder)
     except ValueError as err:
@@ -239,30 +316,41 @@ def ref_vae_problems(ref_vae_class: str, folder: Path, variant: str) -> list[str
     found, ref = config.get("_class_name"), REF_VAE_CLASSES[ref_vae_class]
     if found != ref.diffusers_class:
         matching = [name for name, r in REF_VAE_CLASSES.items() if r.diffusers_class == found]
-        return [f"{folder / 'config.json'} holds a {found}, but ref_vae_class={ref_vae_class} loads "
-                f"{ref.diffusers_class}" + (f": set ref_vae_class={matching[0]}" if matching else "")]
+        return [
+            f"{folder / 'config.json'} holds a {found}, but ref_vae_class={ref_vae_class} loads "
+            f"{ref.diffusers_class}" + (f": set ref_vae_class={matching[0]}" if matching else "")
+        ]
     if ref.refused:
         return [f"{folder / 'config.json'} holds a {found}: {ref.refused}"]
     try:
         space = latent_space(ref_vae_class, config)
     except KeyError as err:
-        return [f"{folder / 'config.json'} has no {err.args[0]!r}, which an {ref.diffusers_class} config needs to tell "
-                "its latent space: is the file complete?"]
+        return [
+            f"{folder / 'config.json'} has no {err.args[0]!r}, which an {ref.diffusers_class} config needs to tell "
+            "its latent space: is the file complete?"
+        ]
     if ref_vae_class == "vidtok" and (config.get("regularizer") != "kl" or not config.get("is_causal")):
-        return [f"{folder / 'config.json'}: only the causal VidTok with the KL regularizer has continuous latents in "
-                f"TAE frames (this one: regularizer {config.get('regularizer')!r}, is_causal {config.get('is_causal')})"]
+        return [
+            f"{folder / 'config.json'}: only the causal VidTok with the KL regularizer has continuous latents in "
+            f"TAE frames (this one: regularizer {config.get('regularizer')!r}, is_causal {config.get('is_causal')})"
+        ]
     try:
         fitting = variants_for(ref_vae_class, space)
     except ValueError as err:  # a latent space the TAE structure cannot express
-        return [f"{folder / 'config.json'}: no TAE can be built for this {ref.diffusers_class} ({space.describe()}): {err}"]
+        return [
+            f"{folder / 'config.json'}: no TAE can be built for this {ref.diffusers_class} ({space.describe()}): {err}"
+        ]
     if variant == "auto":
         return [] if fitting else [f"no TAE variant fits the reference VAE ({space.describe()})"]
     if space.fits(get_variant(variant)):
         return []
     spec = get_variant(variant)
-    return [f"the reference VAE has {space.describe()} but {variant} has {spec.latent_channels} latent channels, "
-            f"{8 * spec.patch_size}x space, {spec.t_downscale}x time" + (", 17-frame chunks" if spec.h3_chunks else "")
-            + (f": pick the matching variant ({', '.join(fitting)})" if fitting else ": no TAE variant fits it")]
+    return [
+        f"the reference VAE has {space.describe()} but {variant} has {spec.latent_channels} latent channels, "
+        f"{8 * spec.patch_size}x space, {spec.t_downscale}x time"
+        + (", 17-frame chunks" if spec.h3_chunks else "")
+        + (f": pick the matching variant ({', '.join(fitting)})" if fitting else ": no TAE variant fits it")
+    ]
 
 
 def auto_variant(ref_vae_class: str, folder: Path) -> str | None:
@@ -273,7 +361,10 @@ def auto_variant(ref_vae_class: str, folder: Path) -> str | None:
         ref_vae_class = resolve_ref_vae_class(ref_vae_class, folder)
     except ValueError:
         return None
-    if ref_vae_class not in REF_VAE_CLASSES or config.get("_class_name") != REF_VAE_CLASSES[ref_vae_class].diffusers_class:
+    if (
+        ref_vae_class not in REF_VAE_CLASSES
+        or config.get("_class_name") != REF_VAE_CLASSES[ref_vae_class].diffusers_class
+    ):
         return None
     try:
         fitting = variants_for(ref_vae_class, latent_space(ref_vae_class, config))
@@ -306,7 +397,9 @@ def reference_vae_rule(spec: VariantSpec) -> str:
     if (rule := _own_frame_rule(spec)) is not None:
         return rule.says
     if spec.h3_chunks:
-        return f"pads clips to {H3_CHUNK_FRAMES}-frame chunks and decodes only clips of more than {H3_CHUNK_FRAMES} frames"
+        return (
+            f"pads clips to {H3_CHUNK_FRAMES}-frame chunks and decodes only clips of more than {H3_CHUNK_FRAMES} frames"
+        )
     if spec.t_downscale == 1:
         return "keeps every frame (no temporal compression)"
     return f"encodes {spec.t_downscale}k+1 frames to k+1 latents"

@@ -1,6 +1,7 @@
 """Problems the user fixes (configuration, data, paths, checkpoints, weight files, a full
 disk): one line on stderr and exit status 2, no traceback. ``--debug`` on the command line
 keeps the traceback for a bug report."""
+
 from __future__ import annotations
 
 import logging
@@ -13,12 +14,12 @@ EXIT_USER_ERROR = 2
 logger = logging.getLogger(__name__)
 
 
-class ConfigError(ValueError):
-    """A problem the user fixes (configuration, data, paths, checkpoints), with a message
-    that says what to change."""
+class UserError(ValueError):
+    """A problem the user fixes (configuration, data, paths, checkpoints, a full disk), with
+    a message that says what to change."""
 
 
-USER_ERRORS = (ConfigError, WeightsError)
+USER_ERRORS = (UserError, WeightsError)
 
 
 def readable_size(size: float) -> str:
@@ -31,7 +32,7 @@ def debug_requested(argv: list[str] | None = None) -> bool:
     return "--debug" in (sys.argv[1:] if argv is None else argv)
 
 
-def exit_on_config_error(main: Callable[[list[str] | None], object], argv: list[str] | None = None) -> None:
+def exit_on_user_error(main: Callable[[list[str] | None], object], argv: list[str] | None = None) -> None:
     """Run a CLI entry point on ``argv`` (None: the command line); a user's problem exits
     with status 2 and its message, without a traceback (it is the user's to fix, not a
     crash), unless ``--debug`` was given."""

@@ -4,12 +4,14 @@ A TAE decodes the raw latents a pipeline passes to ``vae.decode``; diffusers pip
 apply ``scaling_factor`` or ``latents_mean``/``latents_std`` around the diffusion model,
 and a TAE trained or used on the wrong side of that scaling produces washed-out or
 saturated video. The published TAEs' author advises comparing the latent RMS at training
-and test time: this module does it. ``compare`` gives the RMS ratio and per-channel
-statistics; ``diagnose`` names the likely cause when the ratio is far from 1. Training
-checks a few clips at start-up (a loud warning when the model starts from published or
-earlier weights) and logs ``train/latent_rms_ratio``; ``inference.py --use_ref_vae``
-reports it in metrics.json and the report.
+and test time: this module does it. ``compare`` gives the RMS ratio
+(``common.metrics.rms_ratio``) and per-channel statistics; ``diagnose`` names the likely
+cause when the ratio is far from 1. Training checks a few clips at start-up (a loud
+warning when the model starts from published or earlier weights) and logs
+``train/latent_rms_ratio``; ``inference.py --use_ref_vae`` reports it in metrics.json and
+the report.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,17 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
+from common.metrics import rms, rms_ratio
+
 logger = logging.getLogger(__name__)
 TOLERANCE = 2.0  # a ratio beyond [1/2, 2] is "far from 1"
-
-
-def rms(latents: torch.Tensor) -> torch.Tensor:
-    return latents.detach().float().square().mean().sqrt()
-
-
-def rms_ratio(model_latents: torch.Tensor, reference_latents: torch.Tensor) -> torch.Tensor:
-    """RMS of the model's latents over the reference VAE's (1 when on the same scale)."""
-    return rms(model_latents) / rms(reference_latents).clamp_min(1e-12)
 
 
 @dataclass(frozen=True)
@@ -55,8 +50,15 @@ def compare(model_latents: torch.Tensor, reference_latents: torch.Tensor) -> Lat
 
     model_mean, model_std = per_channel(model_latents)
     reference_mean, reference_std = per_channel(reference_latents)
-    return LatentScale(float(rms_ratio(model_latents, reference_latents)), float(rms(model_latents)),
-                       float(rms(reference_latents)), model_mean, model_std, reference_mean, reference_std)
+    return LatentScale(
+        float(rms_ratio(model_latents, reference_latents)),
+        float(rms(model_latents)),
+        float(rms(reference_latents)),
+        model_mean,
+        model_std,
+        reference_mean,
+        reference_std,
+    )
 
 
 def diagnose(scale: LatentScale) -> str | None:
@@ -64,16 +66,23 @@ def diagnose(scale: LatentScale) -> str | None:
     if not scale.far_from_one:
         return None
     channels = len(scale.reference_mean)
-    normalised = (all(abs(m) < 0.15 for m in scale.reference_mean)
-                  and all(0.75 < s < 1.33 for s in scale.reference_std)
-                  and not all(abs(m) < 0.15 for m in scale.model_mean))
-    cause = ("the reference latents look normalised (every channel mean ~0, std ~1): a pipeline's latents_mean/"
-             "latents_std or scaling_factor was applied to them, but a TAE works on the raw latents of "
-             "vae.encode(...).latent_dist" if normalised else
-             "the weights belong to another variant or another VAE's latent space (check variant, ref_vae_class "
-             "and ref_vae_path), or were trained on scaled or normalised latents")
-    return (f"latent scale check: the model's latents have RMS {scale.model_rms:.3g}, the reference VAE's "
-            f"{scale.reference_rms:.3g} (ratio {scale.rms_ratio:.3g}, {channels} channels); likely cause: {cause}")
+    normalised = (
+        all(abs(m) < 0.15 for m in scale.reference_mean)
+        and all(0.75 < s < 1.33 for s in scale.reference_std)
+        and not all(abs(m) < 0.15 for m in scale.model_mean)
+    )
+    cause = (
+        "the reference latents look normalised (every channel mean ~0, std ~1): a pipeline's latents_mean/"
+        "latents_std or scaling_factor was applied to them, but a TAE works on the raw latents of "
+        "vae.encode(...).latent_dist"
+        if normalised
+        else "the weights belong to another variant or another VAE's latent space (check variant, ref_vae_class "
+        "and ref_vae_path), or were trained on scaled or normalised latents"
+    )
+    return (
+        f"latent scale check: the model's latents have RMS {scale.model_rms:.3g}, the reference VAE's "
+        f"{scale.reference_rms:.3g} (ratio {scale.rms_ratio:.3g}, {channels} channels); likely cause: {cause}"
+    )
 
 
 def check_at_start(model_latents: torch.Tensor, reference_latents: torch.Tensor, pretrained: bool) -> LatentScale:
@@ -85,8 +94,13 @@ def check_at_start(model_latents: torch.Tensor, reference_latents: torch.Tensor,
     if problem is not None and pretrained:
         logger.warning("WARNING %s", problem)
     else:
-        logger.info("latent scale check: RMS ratio %.3g (model %.3g, reference VAE %.3g)%s", scale.rms_ratio,
-                    scale.model_rms, scale.reference_rms, "" if pretrained else "; the model starts from scratch")
+        logger.info(
+            "latent scale check: RMS ratio %.3g (model %.3g, reference VAE %.3g)%s",
+            scale.rms_ratio,
+            scale.model_rms,
+            scale.reference_rms,
+            "" if pretrained else "; the model starts from scratch",
+        )
     if not math.isfinite(scale.rms_ratio):
         logger.warning("latent scale check: a non-finite RMS ratio; the reference latents may be all zeros")
     return scale

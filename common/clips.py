@@ -1,4 +1,4 @@
-"""Video clip dataset for TAEHV training: annotation or folder in, uint8 clips out.
+"""Video clip dataset for TAEHV training and evaluation: annotation or folder in, uint8 clips out.
 
 Each sample is ``{"frames": uint8 [T, C, H, W], "index": int, "failures": int}``: RGB (C = 3),
 or RGBA (C = 4) for a TAE with 4 image channels, where a still image (PNG, WebP) is a
@@ -13,6 +13,7 @@ worker count or Accelerate's rank sharding all see the same clips for the same i
 See docs/data.md for the policies (short clips, bad files, seeking) and how to point
 training at real videos.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,16 +23,17 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Literal, Sequence
+from typing import Literal
 
 import cv2
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from training.errors import ConfigError
+from common.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +42,7 @@ IMAGE_EXTENSIONS = (".png", ".webp")  # still images, one frame each, read with 
 ShortClipPolicy = Literal["lower_stride", "skip"]
 
 
-class VideoDataError(ConfigError):
+class VideoDataError(UserError):
     """The data cannot feed training (empty, too many bad files); the message says what to do
     (a user's problem: one line and exit status 2 from the command-line tools)."""
 
@@ -56,7 +58,9 @@ class BadClipError(Exception):
         self.kind = kind
 
 
-def frames_to_unit(frames: torch.Tensor, device: torch.device | str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def frames_to_unit(
+    frames: torch.Tensor, device: torch.device | str, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """uint8 frames as the dataset delivers them -> ``dtype`` in [0, 1] on ``device``: the one
     normalisation used by training, validation, the latent cache and inference."""
     return frames.to(device, non_blocking=True).to(dtype).div_(255)
@@ -100,8 +104,9 @@ class ClipTable:
     refused: tuple[tuple[str, str], ...] = ()  # annotation entries left out: (path as written, why)
 
     @classmethod
-    def from_lists(cls, root: str | Path, paths: Sequence[str], frames: Sequence[int],
-                   refused: Sequence[tuple[str, str]] = ()) -> "ClipTable":
+    def from_lists(
+        cls, root: str | Path, paths: Sequence[str], frames: Sequence[int], refused: Sequence[tuple[str, str]] = ()
+    ) -> ClipTable:
         encoded = [p.encode("utf-8") for p in paths]
         offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
         np.cumsum([len(e) for e in encoded], out=offsets[1:])
@@ -109,14 +114,14 @@ class ClipTable:
         return cls(str(root), path_bytes, offsets, np.asarray(frames, dtype=np.int32), tuple(refused))
 
     @classmethod
-    def from_directory(cls, directory: str | Path, images: bool = False) -> "ClipTable":
+    def from_directory(cls, directory: str | Path, images: bool = False) -> ClipTable:
         """All videos (and with ``images`` still images) under ``directory``, frame counts
         unknown (read from the container)."""
         paths = find_videos(directory, images)
         return cls.from_lists(directory, paths, [-1] * len(paths))
 
     @classmethod
-    def from_annotation(cls, annotation_file: str | Path, data_root: str | Path | None = None) -> "ClipTable":
+    def from_annotation(cls, annotation_file: str | Path, data_root: str | Path | None = None) -> ClipTable:
         """Users' format ``{"total": N, "list": [{"path" | "full_path", "frames", ...}]}``.
 
         With ``data_root``, ``path`` is taken relative to it (``full_path`` when there is
@@ -155,9 +160,9 @@ class ClipTable:
     def __len__(self) -> int:
         return len(self.frames)
 
-    def subset(self, indices: Sequence[int]) -> "ClipTable":
+    def subset(self, indices: Sequence[int]) -> ClipTable:
         """The clips at ``indices``, in that order."""
-        relative = [self.path_bytes[self.offsets[i]: self.offsets[i + 1]].tobytes().decode("utf-8") for i in indices]
+        relative = [self.path_bytes[self.offsets[i] : self.offsets[i + 1]].tobytes().decode("utf-8") for i in indices]
         return ClipTable.from_lists(self.root, relative, self.frames[np.asarray(indices, dtype=np.int64)])
 
     def path(self, i: int) -> str:
@@ -201,7 +206,7 @@ class VideoReader:
         self._cap = self._open()
         self._pos = 0
 
-    def __enter__(self) -> "VideoReader":
+    def __enter__(self) -> VideoReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -289,7 +294,7 @@ class ImageReader:
         self.image = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR) if image.ndim == 2 else image
         self.path = path
 
-    def __enter__(self) -> "ImageReader":
+    def __enter__(self) -> ImageReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -326,7 +331,7 @@ class DecodedVideo:
         self.frames = frames  # (T, H, W, 3) BGR uint8: every frame that decodes
 
     @classmethod
-    def decode(cls, path: str, scale_for: Callable[[int, int], float], threads: int = 1) -> "DecodedVideo":
+    def decode(cls, path: str, scale_for: Callable[[int, int], float], threads: int = 1) -> DecodedVideo:
         """Every decodable frame of ``path``, area-resized by ``scale_for(height, width)`` of
         the first frame (at most 1); raises BadClipError as ``VideoReader`` does."""
         resize: AreaResizer | None = None
@@ -342,7 +347,7 @@ class DecodedVideo:
             frames, _ = reader.read(0, 1, sys.maxsize, shrink)  # to the end of the stream
         return cls(np.stack(frames) if frames else np.empty((0, 0, 0, 3), np.uint8))
 
-    def __enter__(self) -> "DecodedVideo":
+    def __enter__(self) -> DecodedVideo:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -352,8 +357,9 @@ class DecodedVideo:
     def container_frame_count(self) -> int:
         return len(self.frames)
 
-    def read(self, start: int, stride: int, count: int,
-             transform: Callable[[np.ndarray, int], np.ndarray] | None = None) -> tuple[list[np.ndarray], int | None]:
+    def read(
+        self, start: int, stride: int, count: int, transform: Callable[[np.ndarray, int], np.ndarray] | None = None
+    ) -> tuple[list[np.ndarray], int | None]:
         """As ``VideoReader.read``: ``(frames, None)``, or the frames read and the true length."""
         out = []
         for k in range(count):
@@ -473,8 +479,9 @@ class _ClipWriter:
     ``permute().contiguous()`` copy.
     """
 
-    def __init__(self, n_frames: int, height: int, width: int, area: float, u_y: float, u_x: float, flip: bool,
-                 channels: int = 3):
+    def __init__(
+        self, n_frames: int, height: int, width: int, area: float, u_y: float, u_x: float, flip: bool, channels: int = 3
+    ):
         self.frames = np.empty((n_frames, channels, height, width), np.uint8)
         self.height, self.width = height, width
         self.area, self.u_y, self.u_x, self.flip = area, u_y, u_x, flip
@@ -610,12 +617,20 @@ class VideoClipDataset(EpochDataset):
             raise ValueError("give annotation_file (a JSON annotation or a folder) or data_root (a folder of videos)")
         self.refused_entries = list(self.clips.refused)
         if self.refused_entries:
-            logger.warning("%d annotation entries in %s are refused and left out, e.g. %s", len(self.refused_entries),
-                           source, self.refused_entries[0][1])
+            logger.warning(
+                "%d annotation entries in %s are refused and left out, e.g. %s",
+                len(self.refused_entries),
+                source,
+                self.refused_entries[0][1],
+            )
         if len(self.clips) == 0:
             raise VideoDataError(
-                f"no clips in {source}" + (f" ({len(self.refused_entries)} entries refused, e.g. "
-                                           f"{self.refused_entries[0][1]})" if self.refused_entries else "")
+                f"no clips in {source}"
+                + (
+                    f" ({len(self.refused_entries)} entries refused, e.g. {self.refused_entries[0][1]})"
+                    if self.refused_entries
+                    else ""
+                )
                 + ": point data_root/annotation_file at your videos, write an "
                 "annotation with `python -m training.make_annotations DIR -o annotations.json`, or "
                 "generate demo data with `python -m training.demo_data OUT_DIR`"
@@ -650,13 +665,24 @@ class VideoClipDataset(EpochDataset):
         short = (self.clips.frames >= 0) & (self.clips.frames < need)
         if not short.any():
             return []
-        advice = (f"`python -m training.make_annotations DIR -o annotations.json --min_frames {need}` writes an "
-                  "annotation without them")
+        advice = (
+            f"`python -m training.make_annotations DIR -o annotations.json --min_frames {need}` writes an "
+            "annotation without them"
+        )
         if short.all():
-            raise VideoDataError(f"all {len(short)} clips in {source} have fewer than the {need} frames a sample needs "
-                                 f"(n_frames={self.n_frames}): lower n_frames or use longer clips; {advice}")
-        logger.warning("%d of %d clips in %s have fewer than the %d frames a sample needs (n_frames=%d) and are left "
-                       "out; %s", short.sum(), len(short), source, need, self.n_frames, advice)
+            raise VideoDataError(
+                f"all {len(short)} clips in {source} have fewer than the {need} frames a sample needs "
+                f"(n_frames={self.n_frames}): lower n_frames or use longer clips; {advice}"
+            )
+        logger.warning(
+            "%d of %d clips in %s have fewer than the %d frames a sample needs (n_frames=%d) and are left out; %s",
+            short.sum(),
+            len(short),
+            source,
+            need,
+            self.n_frames,
+            advice,
+        )
         left_out = [self.clips.path(i) for i in np.flatnonzero(short)]
         self.clips = self.clips.subset(np.flatnonzero(~short))
         return left_out
@@ -718,8 +744,9 @@ class VideoClipDataset(EpochDataset):
     def _load(self, clip: int, rng: np.random.Generator) -> torch.Tensor:
         path = self.clips.path(clip)
         if self.mode == "val":
-            writer = _ClipWriter(self.n_frames, self.height, self.width, self.crop_scale[1], 0.5, 0.5, False,
-                                 self.channels)
+            writer = _ClipWriter(
+                self.n_frames, self.height, self.width, self.crop_scale[1], 0.5, 0.5, False, self.channels
+            )
         else:
             area = float(rng.uniform(*self.crop_scale))
             u_y, u_x = (float(u) for u in rng.random(2))
@@ -792,7 +819,9 @@ class VideoClipDataset(EpochDataset):
                 f"max_failure_fraction={self.max_failure_fraction:.0%}); reasons: {reasons}; e.g. "
                 f"{examples[:3]}. Check data_root/annotation_file, regenerate the annotation with "
                 f"`python -m training.make_annotations DIR -o annotations.json{min_frames}` (it drops unusable "
-                "files" + (" and clips shorter than n_frames" if min_frames else "") + "), or raise max_failure_fraction."
+                "files"
+                + (" and clips shorter than n_frames" if min_frames else "")
+                + "), or raise max_failure_fraction."
             )
         return report
 
@@ -834,8 +863,9 @@ def leave_stop_signals_to_parent(worker_id: int) -> None:
     itself): it is blocked and taken by a thread that checks the sender."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    threading.Thread(target=_exit_on_sigterm_from, args=(os.getppid(),), daemon=True,
-                     name="sigterm-from-parent").start()
+    threading.Thread(
+        target=_exit_on_sigterm_from, args=(os.getppid(),), daemon=True, name="sigterm-from-parent"
+    ).start()
 
 
 def _exit_on_sigterm_from(parent: int) -> None:
