@@ -154,9 +154,9 @@ def free(device: torch.device) -> None:
 
 def check_variant(name: str) -> None:
     spec = get_variant(name)
-    if spec.arch == "wide" or spec.h3_chunks:
+    if spec.arch_variant == "wide" or spec.h3_chunks:
         raise ValueError(
-            f"{name}: the published taehv.py has no {'wide decoder' if spec.arch == 'wide' else 'H3 stream'}; "
+            f"{name}: the published taehv.py has no {'wide decoder' if spec.arch_variant == 'wide' else 'H3 stream'}; "
             "compare base or super variants"
         )
 

@@ -304,7 +304,7 @@ class TAEHV(nn.Module):
         self.variant = spec.name
         self.patch_size = spec.patch_size
         self.latent_channels = spec.latent_channels
-        self.arch_variant = spec.arch
+        self.arch_variant = spec.arch_variant
         self.is_cogvideox = spec.is_cogvideox
         self.h3_chunks = self.is_h3 = spec.h3_chunks
         self.image_channels = spec.image_channels
@@ -316,13 +316,17 @@ class TAEHV(nn.Module):
 
         pixels = self.image_channels * self.patch_size**2
         self.encoder = build_encoder(pixels, self.latent_channels, encoder_strides)
-        if spec.arch == "super":
+        if spec.arch_variant == "super":
             self.decoder = build_super_decoder(
                 self.latent_channels, pixels, decoder_strides, self.decoder_space_upscale
             )
         else:
             self.decoder = build_decoder(
-                self.latent_channels, pixels, decoder_strides, self.decoder_space_upscale, wide=spec.arch == "wide"
+                self.latent_channels,
+                pixels,
+                decoder_strides,
+                self.decoder_space_upscale,
+                wide=spec.arch_variant == "wide",
             )
 
         self.t_downscale = math.prod(encoder_strides)

@@ -21,7 +21,7 @@ from pathlib import Path
 from .frames import FramePlan, exact_frame_counts, plan_frames
 
 logger = logging.getLogger(__name__)
-ARCHES = ("base", "super", "wide")
+ARCH_VARIANTS = ("base", "super", "wide")
 FOUR_X, EIGHT_X = ((True, True, False), (False, True, True)), ((True, True, True), (True, True, True))
 
 
@@ -44,7 +44,7 @@ class VariantSpec:
     name: str
     patch_size: int
     latent_channels: int
-    arch: str = "base"  # decoder: "base", "super" (512..64, ConvNeXt-style blocks) or "wide" (1024..64)
+    arch_variant: str = "base"  # decoder: "base", "super" (512..64, ConvNeXt-style blocks) or "wide" (1024..64)
     is_cogvideox: bool = False
     encoder_time_downscale: tuple[bool | int, ...] = FOUR_X[0]  # per stage: True/False (2x/1x) or a stride
     decoder_time_upscale: tuple[bool | int, ...] = FOUR_X[1]
@@ -87,7 +87,12 @@ OTHER_VARIANTS = {
     "taeltx_2": VariantSpec("taeltx_2", 4, 128, encoder_time_downscale=EIGHT_X[0], decoder_time_upscale=EIGHT_X[1]),
     "taeltx2_3": VariantSpec("taeltx2_3", 4, 128, encoder_time_downscale=EIGHT_X[0], decoder_time_upscale=EIGHT_X[1]),
     "taeltx2_3_wide": VariantSpec(
-        "taeltx2_3_wide", 4, 128, arch="wide", encoder_time_downscale=EIGHT_X[0], decoder_time_upscale=EIGHT_X[1]
+        "taeltx2_3_wide",
+        4,
+        128,
+        arch_variant="wide",
+        encoder_time_downscale=EIGHT_X[0],
+        decoder_time_upscale=EIGHT_X[1],
     ),
 }
 
@@ -207,7 +212,7 @@ def get_variant(name: str) -> VariantSpec:
     if base not in BASE_VARIANTS:
         raise ValueError(f"unknown TAE variant {name!r}; known variants: {', '.join(known_variants())}")
     spec = BASE_VARIANTS[base]
-    return replace(spec, name=key, arch="super") if key.endswith(SUPER_SUFFIX) else spec
+    return replace(spec, name=key, arch_variant="super") if key.endswith(SUPER_SUFFIX) else spec
 
 
 def detect_variant(path: str | os.PathLike) -> str | None:
@@ -246,14 +251,14 @@ def resolve_variant(
     checkpoint_path: str | os.PathLike | None,
     patch_size: int,
     latent_channels: int,
-    arch: str | None,
+    arch_variant: str | None,
     metadata: dict[str, str] | None = None,
 ) -> VariantSpec:
     """Pick the architecture: explicit ``variant`` > file metadata > file name > arguments.
-    ``arch`` "super" with a base variant's file name gives that variant's super decoder
+    ``arch_variant`` "super" with a base variant's file name gives that variant's super decoder
     (as the published constructor's ``arch_variant="super"`` does); None means "base"."""
-    if arch is not None and arch not in ARCHES:
-        raise ValueError(f"arch_variant must be one of {', '.join(ARCHES)}, got {arch!r}")
+    if arch_variant is not None and arch_variant not in ARCH_VARIANTS:
+        raise ValueError(f"arch_variant must be one of {', '.join(ARCH_VARIANTS)}, got {arch_variant!r}")
     if variant is not None:
         return get_variant(variant)
     if metadata and metadata.get("variant"):
@@ -261,8 +266,8 @@ def resolve_variant(
         known = name != "custom" and (name in known_variants() or built_spec(name) is not None)
         return get_variant(name) if known else custom_spec(metadata, name)
     if checkpoint_path is not None and (detected := detect_variant(checkpoint_path)):
-        if arch == "super" and detected in BASE_VARIANTS:
+        if arch_variant == "super" and detected in BASE_VARIANTS:
             detected += SUPER_SUFFIX
         logger.info("variant %s selected from file name %s", detected, Path(checkpoint_path).name)
         return get_variant(detected)
-    return VariantSpec("custom", patch_size, latent_channels, arch or "base")
+    return VariantSpec("custom", patch_size, latent_channels, arch_variant or "base")
