@@ -16,6 +16,7 @@ training at real videos.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -866,6 +867,19 @@ def leave_stop_signals_to_parent(worker_id: int) -> None:
     threading.Thread(
         target=_exit_on_sigterm_from, args=(os.getppid(),), daemon=True, name="sigterm-from-parent"
     ).start()
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Hold SIGTERM and SIGINT in this thread while DataLoader workers start: a worker
+    inherits the mask when it is forked, so a stop signal sent to the whole job before its
+    ``worker_init_fn`` runs stays pending (and is then ignored there) instead of killing
+    it; this process takes its own signal once the workers are up."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _exit_on_sigterm_from(parent: int) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,8 +29,10 @@ from common.clips import (
     build_dataloader,
     crop_box,
     fit_stride,
+    leave_stop_signals_to_parent,
     probe_video,
 )
+from training.data.loading import batches_until_data_error
 from training.demo_data import make_demo_dataset
 from training.make_annotations import write_annotation
 
@@ -706,3 +710,18 @@ def test_a_million_entries_are_held_in_flat_arrays_and_the_start_up_probes_64(in
     table = ds.clips
     assert table.path_bytes.nbytes + table.offsets.nbytes + table.frames.nbytes <= 21 * 1_000_000  # path + 12 bytes
     assert ds.probe().probed == 64
+
+
+def test_a_stop_signal_before_a_workers_init_leaves_it_running():
+    """A job-wide SIGTERM can reach a DataLoader worker between its fork and its
+    ``worker_init_fn``; the loader starts its workers with stop signals held, so the
+    signal waits for the init (which ignores any SIGTERM not sent by the parent)."""
+
+    def signalled_before_init(worker_id: int) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # not from the parent: must be ignored, not fatal
+        leave_stop_signals_to_parent(worker_id)
+
+    loader = torch.utils.data.DataLoader(
+        list(range(6)), batch_size=2, num_workers=1, worker_init_fn=signalled_before_init
+    )
+    assert [batch.tolist() for batch in batches_until_data_error(loader)] == [[0, 1], [2, 3], [4, 5]]

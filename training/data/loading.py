@@ -22,7 +22,7 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader, Dataset
 
-from common.clips import VideoClipDataset, VideoDataError, build_dataloader
+from common.clips import VideoClipDataset, VideoDataError, build_dataloader, stop_signals_held
 from common.config import TrainConfig, below, spec_of
 from common.reference_vae import ReferenceVAE
 from models.variants import VariantSpec
@@ -155,7 +155,8 @@ def batches_until_data_error(loader: Iterable[dict]) -> Iterator[dict | VideoDat
     """The loader's batches; when the data can no longer produce one (files deleted or a
     storage mount gone mid-run), the VideoDataError takes that batch's place and ends the
     iteration, so the training step can tell every rank and the run can save and stop."""
-    batches = iter(loader)
+    with stop_signals_held():  # the workers start here
+        batches = iter(loader)
     while True:
         try:
             batch = next(batches)
