@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Evaluate a TAEHV: aligned PSNR/SSIM/MSE (LPIPS when installed), temporal error, speed and
+r"""Evaluate a TAEHV: aligned PSNR/SSIM/MSE (LPIPS when installed), temporal error, speed and
 memory, optionally next to the reference VAE; writes metrics.json, comparison videos,
 latent pictures and summary_report.html.
 
@@ -13,15 +13,24 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from common.clips import BadClipError, VideoClipDataset, VideoDataError, clip_extensions, find_videos, probe_video
+from common.clips import (
+    BadClipError,
+    ClipTable,
+    VideoClipDataset,
+    VideoDataError,
+    clip_extensions,
+    find_videos,
+    open_clip,
+)
 from common.config import DTYPES, TrainConfig, load_config
-from common.errors import UserError, exit_on_user_error
+from common.errors import USER_ERRORS, UserError, exit_on_user_error
 from common.flags import ArgumentParser
 from common.metrics import lpips_unavailable_reason
 from common.reference_vae import ReferenceVAE
@@ -50,7 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src.add_argument("--videos", nargs="+", default=None, help="video files or folders")
     src.add_argument("--data_root", default=None)
     src.add_argument("--annotation_file", default=None)
-    p.add_argument("--num_samples", type=int, default=10)
+    p.add_argument(
+        "--num_samples",
+        type=int,
+        default=10,
+        help="how many clips to evaluate (default: %(default)s; all when there are fewer)",
+    )
     p.add_argument("--n_frames", type=int, default=None, help="frames per sample (default: config or 17)")
     p.add_argument(
         "--stride",
@@ -155,19 +169,20 @@ def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtyp
     return model, path
 
 
-def video_files(paths: list[str], images: bool = False) -> list[str]:
-    """The video files named by ``--videos`` (files, or folders scanned for videos, and for
-    an RGBA model, ``images``, still images too), absolute."""
+def video_files(paths: list[str]) -> list[str]:
+    """The clips named by ``--videos``: files, or folders scanned for videos and images,
+    absolute. A name that is not there is an error; one that is there but cannot be read (a
+    FIFO or a device too) is left to the evaluation, which skips and reports it."""
     files = []
     for v in paths:
         if Path(v).is_dir():
-            found = [str(Path(v, f).resolve()) for f in find_videos(v, images)]
+            found = [str(Path(v, f).resolve()) for f in find_videos(v, images=True)]
             if not found:
-                raise UserError(f"no videos ({', '.join(clip_extensions(images))}) in folder {v}")
+                raise UserError(f"no videos or images ({', '.join(clip_extensions(images=True))}) in folder {v}")
             files += found
         else:
             files.append(str(Path(v).resolve()))
-    missing = [f for f in files if not Path(f).is_file()]
+    missing = [f for f in files if not Path(f).exists()]
     if missing:
         raise UserError(f"video file(s) not found: {', '.join(missing)}")
     return files
@@ -189,7 +204,7 @@ def build_dataset(args: argparse.Namespace, model: TAEHV, output_dir: Path) -> V
     data_root, annotation = args.data_root, args.annotation_file
     if args.videos:
         annotation = output_dir / "inputs.json"
-        files = video_files(args.videos, images=model.image_channels == 4)
+        files = video_files(args.videos)
         annotation.write_text(json.dumps({"total": len(files), "list": [{"full_path": f} for f in files]}, indent=1))
         data_root = None
     elif annotation is None and data_root is None:
@@ -203,11 +218,11 @@ def build_dataset(args: argparse.Namespace, model: TAEHV, output_dir: Path) -> V
     try:
         height, width = frame_size(args, config, model, data_root, annotation)
         multiple = 8 * model.patch_size
-        if height % multiple or width % multiple:
+        if min(height, width) < multiple or height % multiple or width % multiple:
             raise UserError(
                 f"--height/--width {height}x{width}: {model.variant} needs multiples of {multiple} "
-                f"(8 * its patch size {model.patch_size}), e.g. {height // multiple * multiple or multiple}x"
-                f"{width // multiple * multiple or multiple}"
+                f"(8 * its patch size {model.patch_size}), e.g. {max(height // multiple * multiple, multiple)}x"
+                f"{max(width // multiple * multiple, multiple)}"
             )
         stride = default_stride(args, config)
         return VideoClipDataset(
@@ -234,22 +249,42 @@ def frame_size(
     data_root: str | Path | None,
     annotation: str | Path | None,
 ) -> tuple[int, int]:
-    """(height, width): the options, else the config's validation size, else the first
-    clip's native size cropped to a multiple of 8 * patch."""
+    """(height, width): the options, else the config's validation size, else the native
+    size of the first clip that can be read, cropped to a multiple of 8 * patch. Clips
+    before it that cannot be read are left to the evaluation, which skips and reports them;
+    a first readable clip smaller than one multiple is an error that asks for the size."""
     height, width = args.height, args.width
     if height is not None and width is not None:
         return height, width
     if config is not None:
         return height or config.validation_size[0], width or config.validation_size[1]
-    first = VideoClipDataset(
+    clips = VideoClipDataset(
         data_root, annotation, n_frames=1, height=8, width=8, mode="val", channels=model.image_channels
-    ).clips.path(0)
-    try:
-        info = probe_video(first)
-    except BadClipError as err:
-        raise UserError(f"cannot read {first} to learn the frame size ({err}): give --height and --width") from err
+    ).clips
+    path, (native_width, native_height) = first_readable_size(clips)
     step = 8 * model.patch_size
-    return height or info.height // step * step, width or info.width // step * step
+    if (height is None and native_height < step) or (width is None and native_width < step):
+        raise UserError(
+            f"{path} is {native_width}x{native_height} pixels, smaller than the {step}x{step} {model.variant} "
+            f"needs at least (multiples of {step}, 8 * its patch size {model.patch_size}): give --height and "
+            f"--width (multiples of {step}) to evaluate it resized"
+        )
+    return height or native_height // step * step, width or native_width // step * step
+
+
+def first_readable_size(clips: ClipTable) -> tuple[str, tuple[int, int]]:
+    """The path and (width, height) of the first clip that opens; an error naming the first
+    clip's problem when none does."""
+    problem: BadClipError | None = None
+    for i in range(len(clips)):
+        try:
+            with open_clip(clips.path(i)) as reader:
+                return clips.path(i), reader.size
+        except BadClipError as err:
+            logger.info("no frame size from %s (%s)", clips.path(i), err)
+            problem = problem or err
+    which = "the clip cannot" if len(clips) == 1 else f"none of the {len(clips)} clips can"
+    raise UserError(f"{which} be read (e.g. {Path(clips.path(0)).name}: {problem}); check the videos or the annotation")
 
 
 def reference_vae(args: argparse.Namespace, model: TAEHV, device: torch.device) -> ReferenceVAE:
@@ -284,17 +319,24 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    output_dir = prepare_output_dir(Path(args.output_dir))
 
+    # the models first: a wrong weight file or reference VAE folder leaves no output folder behind
     with out_of_memory_hint(args, f"loading the model onto {device}"):
         model, weights = load_model(args, device, dtype)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"✅ Model loaded: {weights} ({model.variant}, {n_params / 1e6:.2f}M parameters, {device}, {args.dtype})")
-    dataset = build_dataset(args, model, output_dir)
     ref_vae = None
     if args.use_ref_vae:
         with out_of_memory_hint(args, f"loading the reference VAE onto {device}"):
             ref_vae = reference_vae(args, model, device)
+    output_dir, new_folder = Path(args.output_dir), not Path(args.output_dir).exists()
+    prepare_output_dir(output_dir)
+    try:
+        dataset = build_dataset(args, model, output_dir)
+    except USER_ERRORS:  # clips that cannot be evaluated: leave no empty output folder behind
+        if new_folder:
+            shutil.rmtree(output_dir)
+        raise
     use_lpips = lpips_unavailable_reason() is None  # metrics logs why not
     evaluator = Evaluator(args, model, ref_vae, dataset, device, dtype, use_lpips, output_dir)
     plan, stride = evaluator.plan, dataset.stride_range[0]

@@ -8,7 +8,8 @@ if [[ -t 1 ]]; then RED=$'\e[31m'; GREEN=$'\e[32m'; YELLOW=$'\e[33m'; BOLD=$'\e[
 else RED=""; GREEN=""; YELLOW=""; BOLD=""; RESET=""; fi
 ok()   { echo "${GREEN}[ok]${RESET} $*"; }
 warn() { echo "${YELLOW}[warn]${RESET} $*"; }
-die()  { echo "${RED}[error]${RESET} $*" >&2; exit 2; }
+# a problem the user fixes: one line "error: ..." on stderr, exit status 2 (docs/training.md)
+die()  { if [[ -t 2 ]]; then echo $'\e[31m'"error:"$'\e[0m'" $*"; else echo "error: $*"; fi >&2; exit 2; }
 
 # the presets: training/configs/taehv_config_<name>.py
 PRESETS=()
@@ -84,7 +85,9 @@ done
 # -- pre-flight -------------------------------------------------------------------------
 if [[ -n "${PYTHON:-}" ]]; then :; elif [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 # One Python start-up for every check (imports take seconds): exit 3 = packages missing;
-# the line "gpus=N" = the visible CUDA devices; exit 1 = a config error.
+# the line "gpus=N" = the visible CUDA devices; exit 2 = a problem the user fixes (the
+# config, its paths, the resume), its message from the line "error: ..." on; another
+# status = a crash (its traceback is the report).
 CHECK_OUT=$("$PYTHON" - "$CONFIG" "${EXTRA[@]}" 2>&1 <<'EOF'
 import importlib.util
 import sys
@@ -93,7 +96,7 @@ if any(importlib.util.find_spec(name) is None for name in ("torch", "accelerate"
 import torch
 print(f"gpus={torch.cuda.device_count()}", flush=True)
 from common.config import load_config
-from common.errors import UserError
+from common.errors import EXIT_USER_ERROR, USER_ERRORS
 from training.loop.memory import check_fits
 from training.preflight import check
 try:
@@ -104,13 +107,14 @@ try:
     _, checkpoint = resolve_resume(config)  # a damaged checkpoint or one of another variant stops here
     if checkpoint is not None:
         print(f"  resuming from {checkpoint}")
-except UserError as err:
-    print(f"  {err}")
-    sys.exit(1)
+except USER_ERRORS as err:
+    print(f"error: {err}", flush=True)
+    sys.exit(EXIT_USER_ERROR)
 print(f"  data: {config.annotation_file or config.data_root}; reference VAE: {config.ref_vae_path or 'none (plain autoencoder)'}")
 EOF
 ) && CHECK_STATUS=0 || CHECK_STATUS=$?
 LOCAL_GPUS=$(sed -n 's/^gpus=//p' <<<"$CHECK_OUT")
+(( CHECK_STATUS == 126 || CHECK_STATUS == 127 )) && die "cannot run the Python interpreter $PYTHON (set PYTHON to one, or run 'make setup')"
 if (( CHECK_STATUS == 3 )) || [[ -z "$LOCAL_GPUS" ]]; then
   (( CHECK_STATUS == 3 )) || echo "$CHECK_OUT" >&2
   die "the Python environment ($PYTHON) lacks torch/accelerate/deepspeed/diffusers: run 'make setup' or 'pip install -r requirements.txt'"
@@ -135,8 +139,16 @@ else
   ok "$LOCAL_GPUS GPU(s) visible, using $PER_NODE on this node ($NNODES node(s))"
 fi
 
-grep -v '^gpus=' <<<"$CHECK_OUT" >&$(( CHECK_STATUS == 0 ? 1 : 2 )) || true
-(( CHECK_STATUS == 0 )) || die "configuration check failed (see above)"
+if (( CHECK_STATUS == 2 )); then   # the notes before it on stdout, the error alone on stderr
+  grep -v '^gpus=' <<<"$CHECK_OUT" | sed '/^error: /,$d' || true
+  sed -n '/^error: /,$p' <<<"$CHECK_OUT" >&2
+  exit 2
+elif (( CHECK_STATUS != 0 )); then
+  grep -v '^gpus=' <<<"$CHECK_OUT" >&2 || true
+  echo "the configuration check crashed (exit status $CHECK_STATUS; the traceback above): please report it" >&2
+  exit "$CHECK_STATUS"
+fi
+grep -v '^gpus=' <<<"$CHECK_OUT" || true
 ok "config $CONFIG (data, reference VAE, frame counts and resume checked)"
 
 # -- launch -----------------------------------------------------------------------------

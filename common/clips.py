@@ -1,8 +1,9 @@
 """Video clip dataset for TAEHV training and evaluation: annotation or folder in, uint8 clips out.
 
 Each sample is ``{"frames": uint8 [T, C, H, W], "index": int, "failures": int}``: RGB (C = 3),
-or RGBA (C = 4) for a TAE with 4 image channels, where a still image (PNG, WebP) is a
-one-frame clip with its alpha and a video's frames are opaque.
+or RGBA (C = 4) for a TAE with 4 image channels. A still image (PNG, WebP) is a one-frame
+clip and an animated one a clip of all its frames, with their alpha for RGBA (dropped for
+RGB); a video's frames are opaque.
 ``index`` is the clip actually used (a bad clip is replaced by another one) and
 ``failures`` counts the clips that had to be replaced while producing the sample, so the
 training loop can sum it over batches even when samples come from worker processes.
@@ -22,6 +23,7 @@ import logging
 import math
 import os
 import signal
+import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -39,7 +41,7 @@ from common.errors import UserError
 logger = logging.getLogger(__name__)
 
 VIDEO_EXTENSIONS = (".mp4", ".avi", ".mov", ".mkv", ".webm")
-IMAGE_EXTENSIONS = (".png", ".webp")  # still images, one frame each, read with their alpha channel
+IMAGE_EXTENSIONS = (".png", ".webp")  # images, read with their alpha channel: one frame, or an animation's frames
 ShortClipPolicy = Literal["lower_stride", "skip"]
 
 
@@ -68,13 +70,18 @@ def frames_to_unit(
 
 
 def clip_extensions(images: bool = False) -> tuple[str, ...]:
-    """What a folder is scanned for: videos, and with ``images`` (RGBA data) still images."""
+    """What a folder is scanned for: videos, and with ``images`` still images too."""
     return VIDEO_EXTENSIONS + IMAGE_EXTENSIONS if images else VIDEO_EXTENSIONS
 
 
 def find_videos(directory: str | Path, images: bool = False) -> list[str]:
     """Video files under ``directory`` (recursive), and still images with ``images``, as
-    sorted POSIX paths relative to it."""
+    sorted POSIX paths relative to it.
+
+    Everything with such a name that is not a folder is listed, FIFOs, sockets and devices
+    included: the readers refuse those unopened (``BadClipError("not a regular file")``), so
+    the caller reports them with the other unusable clips instead of dropping them unseen.
+    """
     directory = Path(directory)
     extensions = clip_extensions(images)
     return sorted(
@@ -175,6 +182,65 @@ class ClipTable:
 # Decoding
 # ----------------------------------------------------------------------------------------
 
+_SPECIAL_FILES = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a folder"),
+)
+
+
+def special_file_kind(path: str | Path) -> str | None:
+    """What ``path`` is when it is not a regular file (``"a FIFO (named pipe)"``, a socket,
+    a device, a folder), else None; from ``os.stat`` (links followed), which never blocks,
+    whereas opening a FIFO waits for a writer forever. Raises OSError as ``os.stat`` does."""
+    mode = os.stat(path).st_mode
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _SPECIAL_FILES if test(mode)), "another kind of file")
+
+
+def check_regular_file(path: str | Path) -> None:
+    """Raise BadClipError unless ``path`` is a regular file (or a link to one): "missing", or
+    "not a regular file" for a FIFO, socket, device or folder, decided before anything opens
+    it; a file ``stat`` cannot reach for another reason (permissions, a link loop) is
+    "unreadable"."""
+    try:
+        kind = special_file_kind(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise BadClipError("missing") from None
+    except OSError as err:
+        raise BadClipError("unreadable", err.strerror or str(err)) from err
+    if kind is not None:
+        raise BadClipError("not a regular file", kind)
+
+
+def opencv_failure(err: cv2.error) -> BadClipError:
+    """The BadClipError for an OpenCV exception raised while reading a file (an image whose
+    header claims more pixels than OpenCV decodes raises rather than returning None)."""
+    if "CV_IO_MAX_IMAGE_PIXELS" in str(err):
+        return BadClipError("too large", "its header claims more pixels than OpenCV reads (CV_IO_MAX_IMAGE_PIXELS)")
+    return BadClipError("unreadable", f"OpenCV: {getattr(err, 'err', '') or str(err).strip().splitlines()[-1]}")
+
+
+def why_not_a_video(path: str) -> BadClipError:
+    """Why OpenCV cannot open ``path`` as a video, from the streams PyAV finds in it: none is
+    a video stream (an audio-only MP4), or the file is no container FFmpeg reads, or its
+    video stream does not decode."""
+    import av  # only for files OpenCV cannot open
+
+    try:
+        with av.open(path) as container:
+            kinds = sorted({stream.type for stream in container.streams})
+    except av.FFmpegError:
+        return BadClipError("unreadable", "not a video, unsupported codec or truncated container")
+    if "video" not in kinds:
+        return BadClipError(
+            "no video stream", f"it has only {' and '.join(kinds)} streams" if kinds else "it has no streams"
+        )
+    return BadClipError("unreadable", "its video stream does not decode (unsupported codec or damaged)")
+
 
 class VideoReader:
     """One opened video, read forward; seeks only when that beats reading on.
@@ -195,11 +261,14 @@ class VideoReader:
         self._pos = 0  # index of the frame the next read() returns
 
     def _open(self) -> cv2.VideoCapture:
-        if not os.path.exists(self.path):
-            raise BadClipError("missing")
-        cap = cv2.VideoCapture(self.path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, self.threads])
-        if not cap.isOpened():
-            raise BadClipError("unreadable", "not a video, unsupported codec or truncated container")
+        check_regular_file(self.path)
+        try:
+            cap = cv2.VideoCapture(self.path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, self.threads])
+        except cv2.error as err:
+            raise opencv_failure(err) from err
+        if not cap.isOpened() or min(cap.get(cv2.CAP_PROP_FRAME_WIDTH), cap.get(cv2.CAP_PROP_FRAME_HEIGHT)) <= 0:
+            cap.release()
+            raise why_not_a_video(self.path)
         return cap
 
     def _restart(self) -> None:
@@ -218,8 +287,11 @@ class VideoReader:
 
     @property
     def container_frame_count(self) -> int:
-        """What the container claims; may be wrong (the shadow clip says 162, 160 decode)."""
-        return int(self._cap.get(cv2.CAP_PROP_FRAME_COUNT))
+        """What the container claims, or -1 where it claims no positive count (FFmpeg reads
+        a still image named like a video with a count of -2**63); may be wrong (the shadow
+        clip says 162, 160 decode)."""
+        count = self._cap.get(cv2.CAP_PROP_FRAME_COUNT)
+        return int(count) if math.isfinite(count) and count >= 1 else -1
 
     @property
     def fps(self) -> float:
@@ -277,59 +349,12 @@ class VideoReader:
         return self._pos
 
 
-class ImageReader:
-    """A still image read as a one-frame clip, with its alpha channel when it has one (BGRA;
-    grey images come as BGR), behind ``VideoReader``'s interface."""
-
-    fps = 0.0
-    container_frame_count = 1
-
-    def __init__(self, path: str, **_: object):
-        if not os.path.exists(path):
-            raise BadClipError("missing")
-        image = cv2.imread(path, cv2.IMREAD_UNCHANGED)
-        if image is None:
-            raise BadClipError("unreadable", "not an image OpenCV decodes, or truncated")
-        if image.dtype != np.uint8:  # 16-bit PNGs: the 8 bits the clips of videos have
-            image = (image // 257).astype(np.uint8)
-        self.image = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR) if image.ndim == 2 else image
-        self.path = path
-
-    def __enter__(self) -> ImageReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        pass
-
-    @property
-    def size(self) -> tuple[int, int]:
-        return self.image.shape[1], self.image.shape[0]
-
-    def read(
-        self, start: int, stride: int, count: int, transform: Callable[[np.ndarray, int], np.ndarray] | None = None
-    ) -> tuple[list[np.ndarray], int | None]:
-        """As ``VideoReader.read``: the image is frame 0 and the clip ends after it."""
-        frames = [self.image if transform is None else transform(self.image, 0)] if start == 0 else []
-        return frames, None if (start, count) == (0, 1) else 1
-
-    def count_frames(self) -> int:
-        return 1
-
-
-def open_clip(path: str, **options: object) -> VideoReader | ImageReader:
-    """The reader for ``path``: still images by their extension, anything else as a video."""
-    return (ImageReader if Path(path).suffix.lower() in IMAGE_EXTENSIONS else VideoReader)(path, **options)
-
-
 class DecodedVideo:
     """A whole video decoded once, downscaled, and held in memory (``VideoClipDataset``'s
     frame cache); read like a ``VideoReader``."""
 
     def __init__(self, frames: np.ndarray):
-        self.frames = frames  # (T, H, W, 3) BGR uint8: every frame that decodes
+        self.frames = frames  # (T, H, W, C) BGR or BGRA uint8: every frame that decodes
 
     @classmethod
     def decode(cls, path: str, scale_for: Callable[[int, int], float], threads: int = 1) -> DecodedVideo:
@@ -352,6 +377,9 @@ class DecodedVideo:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
         pass
 
     @property
@@ -370,6 +398,56 @@ class DecodedVideo:
             out.append(self.frames[index] if transform is None else transform(self.frames[index], k))
         return out, None
 
+    def count_frames(self) -> int:
+        return len(self.frames)
+
+
+class ImageReader(DecodedVideo):
+    """An image file behind ``VideoReader``'s interface: a still image is a one-frame clip,
+    an animated one (WebP, APNG) a clip of all its frames, at the rate its frame durations
+    give. Frames keep their alpha channel when they have one (BGRA); grey images come as
+    BGR and 16-bit ones as 8 bits, as video frames do."""
+
+    fps = 0.0  # a still image has no frame rate
+
+    def __init__(self, path: str, **_: object):
+        check_regular_file(path)
+        frames, durations_ms = _image_frames(path)
+        super().__init__(np.stack([_as_8_bit_bgr(frame) for frame in frames]))
+        self.path = path
+        if len(frames) > 1 and sum(durations_ms) > 0:
+            self.fps = 1000 * len(durations_ms) / sum(durations_ms)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.frames.shape[2], self.frames.shape[1]
+
+
+def _image_frames(path: str) -> tuple[list[np.ndarray], list[int]]:
+    """The frames of an image file as OpenCV decodes them (``IMREAD_UNCHANGED``), all of
+    an animation's, and their durations in ms (empty for a still image, read with ``imread``)."""
+    try:
+        ok, animation = cv2.imreadanimation(path)
+        if ok and animation.frames:
+            return list(animation.frames), [int(d) for d in animation.durations]
+        image = cv2.imread(path, cv2.IMREAD_UNCHANGED)  # raises where imreadanimation only logged why
+    except cv2.error as err:
+        raise opencv_failure(err) from err
+    if image is None:
+        raise BadClipError("unreadable", "not an image OpenCV decodes, or truncated")
+    return [image], []
+
+
+def _as_8_bit_bgr(image: np.ndarray) -> np.ndarray:
+    if image.dtype != np.uint8:  # 16-bit PNGs: the 8 bits the clips of videos have
+        image = (image // 257).astype(np.uint8)
+    return cv2.cvtColor(image, cv2.COLOR_GRAY2BGR) if image.ndim == 2 else image
+
+
+def open_clip(path: str, **options: object) -> VideoReader | ImageReader:
+    """The reader for ``path``: images by their extension, anything else as a video."""
+    return (ImageReader if Path(path).suffix.lower() in IMAGE_EXTENSIONS else VideoReader)(path, **options)
+
 
 @dataclass(frozen=True)
 class VideoInfo:
@@ -380,7 +458,8 @@ class VideoInfo:
 
 
 def probe_video(path: str | Path, threads: int = 1) -> VideoInfo:
-    """Decode a whole video to learn its true length; raises BadClipError if unusable."""
+    """Decode a whole video (or image file) to learn its true length; raises BadClipError
+    if unusable, without opening a FIFO, socket or device."""
     with open_clip(str(path), threads=threads) as reader:
         fps, (width, height) = reader.fps, reader.size
         frames = reader.count_frames()
@@ -550,10 +629,11 @@ class VideoClipDataset(EpochDataset):
 
     Args:
         data_root: folder that annotation paths are relative to; scanned recursively for
-            videos when there is no ``annotation_file``.
+            videos and images when there is no ``annotation_file``.
         annotation_file: users' JSON annotation, or a folder to scan.
         n_frames, height, width: output clip shape (T, C, H, W).
-        channels: 3 (RGB) or 4 (RGBA: still images are clips too, with their alpha).
+        channels: 3 (RGB: an image's alpha is dropped) or 4 (RGBA: images keep their alpha,
+            videos are opaque).
         stride_range: inclusive (min, max) of the random temporal stride.
         crop_scale: (min, max) area fraction of the largest crop with the output aspect.
         hflip: random horizontal flips (train mode only).
@@ -612,8 +692,8 @@ class VideoClipDataset(EpochDataset):
             source = str(annotation_file)
         elif annotation_file is not None or data_root is not None:
             folder = annotation_file if annotation_file is not None else data_root
-            self.clips = ClipTable.from_directory(folder, images=channels == 4)
-            source = f"{folder} (scanned for {', '.join(clip_extensions(images=channels == 4))})"
+            self.clips = ClipTable.from_directory(folder, images=True)
+            source = f"{folder} (scanned for {', '.join(clip_extensions(images=True))})"
         else:
             raise ValueError("give annotation_file (a JSON annotation or a folder) or data_root (a folder of videos)")
         self.refused_entries = list(self.clips.refused)
@@ -757,8 +837,11 @@ class VideoClipDataset(EpochDataset):
             length = int(self.clips.frames[clip])
             if length < 0:
                 length = reader.container_frame_count
+            if length < 0:  # the container does not say: count what decodes
+                length = reader.count_frames()
+                self._log_once(clip, logging.INFO, f"states no frame count; {length} frames decode")
             if length == 0:
-                raise BadClipError("no decodable frames", "the annotation or container says 0 frames")
+                raise BadClipError("no decodable frames")
             start, stride = self._draw_window(length, rng)
             _, decoded = reader.read(start, stride, self.n_frames, writer)
             if decoded is not None:

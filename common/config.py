@@ -244,6 +244,37 @@ def run_prefix(config: TrainConfig) -> str:
     return stem.removeprefix("taehv_config").lstrip("_") or "base"
 
 
+def config_file_label(config_file: str) -> str:
+    """How messages name the config a run came from: "the test preset" for
+    training/configs/taehv_config_test.py, else "the config file <path>"."""
+    path = resolve_path(config_file)
+    if path.parent == REPO_ROOT / "training" / "configs" and path.stem.startswith("taehv_config_"):
+        return f"the {path.stem.removeprefix('taehv_config_')} preset"
+    return f"the config file {config_file}"
+
+
+def same_config_file(recorded: str, current: str) -> bool:
+    """Whether two recorded ``config_file`` values name the same config: the same file name,
+    and the same file where both are absolute paths (a relative one was relative to the
+    directory training started in, which is not recorded). A run that recorded none is
+    given the benefit of the doubt."""
+    if not recorded or not current:
+        return True
+    first, second = Path(recorded), Path(current)
+    if first.name != second.name:
+        return False
+    return not (first.is_absolute() and second.is_absolute()) or first.resolve() == second.resolve()
+
+
+def changed_from_file(config: TrainConfig, keys: tuple[str, ...]) -> list[str]:
+    """Those of ``keys`` whose value differs from what the config file itself says, that
+    is, set on the command line; none for a config that did not come from a file."""
+    if not config.config_file or not Path(config.config_file).is_file():
+        return []
+    own = load_config(config.config_file)
+    return [key for key in keys if getattr(own, key) != getattr(config, key)]
+
+
 def resolve_path(path: str) -> Path:
     """Config paths are relative to the repository root, wherever training is launched."""
     p = Path(path).expanduser()

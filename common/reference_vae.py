@@ -11,6 +11,7 @@ start-up, never a silent fallback to another VAE or to random latents.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -64,8 +65,137 @@ def from_diffusers(latents: torch.Tensor) -> torch.Tensor:
 
 def folder_problems(config: TrainConfig, variant: str) -> list[str]:
     """What makes ``ref_vae_path`` unfit to teach ``variant``, read from the model folder's
-    ``config.json`` alone: checked before launch, and before the weights are loaded."""
-    return ref_vae_problems(config.ref_vae_class, Path(config.ref_vae_path) / config.ref_vae_subfolder, variant)
+    ``config.json`` and its weight files' headers (``weight_problems``): checked before
+    launch, and before the weights are loaded."""
+    folder = Path(config.ref_vae_path) / config.ref_vae_subfolder
+    return ref_vae_problems(config.ref_vae_class, folder, variant) or weight_problems(config.ref_vae_class, folder)
+
+
+# the files diffusers' from_pretrained reads the weights from (no variant), in its order
+SHARDED_WEIGHTS, SAFETENSORS_WEIGHTS, PICKLED_WEIGHTS = (
+    "diffusion_pytorch_model.safetensors.index.json",
+    "diffusion_pytorch_model.safetensors",
+    "diffusion_pytorch_model.bin",
+)
+LFS_POINTER = b"version https://git-lfs"
+LOAD_ADVICE = "are its config.json and weights complete and from the same model?"
+
+
+def weight_problems(ref_vae_class: str, folder: Path) -> list[str]:
+    """What keeps diffusers from loading the weights in ``folder`` into the model its
+    ``config.json`` describes: no weight file, an unreadable one, or tensors of other shapes
+    than the model's, or missing ones (diffusers would leave those random). Read from the
+    safetensors headers and the model built on the meta device, so no weights are loaded
+    (milliseconds); a ``.bin`` file is only found, its shapes are checked when it loads.
+    Call it on a folder whose ``config.json`` passed ``ref_vae_problems``."""
+    folder = Path(folder)
+    try:
+        saved, weights = _saved_shapes(folder)
+    except ValueError as err:
+        return [f"reference VAE {folder}: {err}"]
+    if saved is None:
+        return []
+    diffusers_class = REF_VAE_CLASSES[resolve_ref_vae_class(ref_vae_class, folder)].diffusers_class
+    try:
+        expected = _model_shapes(diffusers_class, read_vae_config(folder))
+    except (TypeError, ValueError, KeyError) as err:
+        return [
+            f"reference VAE {folder}: diffusers cannot build an {diffusers_class} from its config.json "
+            f"({type(err).__name__}: {err}): {LOAD_ADVICE}"
+        ]
+    differ = [(key, saved[key], shape) for key, shape in expected.items() if key in saved and saved[key] != shape]
+    if differ:
+        key, in_file, in_model = differ[0]
+        return [
+            f"reference VAE {folder}: {len(differ)} of the {len(expected)} tensors in {weights} do not fit the "
+            f"{diffusers_class} its config.json describes; the first, {key}, is {list(in_file)} there and "
+            f"{list(in_model)} in the model: {LOAD_ADVICE}"
+        ]
+    missing = [key for key in expected if key not in saved]
+    if missing:
+        return [
+            f"reference VAE {folder}: {weights} lacks {len(missing)} of the {len(expected)} tensors of the "
+            f"{diffusers_class} its config.json describes (the first: {missing[0]}), which diffusers would leave "
+            f"random: {LOAD_ADVICE}"
+        ]
+    return []
+
+
+def _saved_shapes(folder: Path) -> tuple[dict[str, tuple[int, ...]] | None, str]:
+    """The shape of every tensor in the weights diffusers would load from ``folder``, and
+    their file name for messages; None for the shapes of a ``.bin`` file. ValueError saying
+    what is missing or unreadable."""
+    if (folder / SHARDED_WEIGHTS).is_file():
+        shards = _shard_files(folder / SHARDED_WEIGHTS)
+        shapes = {}
+        for shard in shards:
+            shapes.update(_header_shapes(folder / shard))
+        return shapes, f"the {len(shards)} shards of {SHARDED_WEIGHTS}"
+    if (folder / SAFETENSORS_WEIGHTS).is_file():
+        return _header_shapes(folder / SAFETENSORS_WEIGHTS), SAFETENSORS_WEIGHTS
+    if (folder / PICKLED_WEIGHTS).is_file():
+        return None, PICKLED_WEIGHTS
+    others = sorted(
+        p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
+    )
+    raise ValueError(
+        f"no weights next to its config.json: diffusers looks for {SAFETENSORS_WEIGHTS}, "
+        f"{SHARDED_WEIGHTS} (sharded) or {PICKLED_WEIGHTS}"
+        + (f", and the folder holds only {', '.join(others)}" if others else "")
+        + ": copy the VAE's weights there"
+    )
+
+
+def _shard_files(index_file: Path) -> list[str]:
+    """The shard file names a safetensors index lists, each checked to be in its folder."""
+    try:
+        index = json.loads(index_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{index_file.name} is not valid JSON ({err})") from None
+    if not (isinstance(index, dict) and isinstance(index.get("weight_map"), dict) and "metadata" in index):
+        raise ValueError(
+            f"{index_file.name} is not a safetensors index (a JSON object with 'metadata' and 'weight_map')"
+        )
+    shards = sorted({str(name) for name in index["weight_map"].values()})
+    absent = [name for name in shards if Path(name).name != name or not (index_file.parent / name).is_file()]
+    if absent:
+        raise ValueError(
+            f"{index_file.name} lists {len(absent)} shard(s) not in the folder ({', '.join(absent[:3])}"
+            + (", ..." if len(absent) > 3 else "")
+            + "): copy every shard there"
+        )
+    return shards
+
+
+def _header_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes from a safetensors file's header (its tensors are not read)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with file.open("rb") as head:
+            start = head.read(len(LFS_POINTER))
+    except OSError as err:
+        raise ValueError(f"cannot read {file.name} ({err.strerror or err}): check its permissions") from None
+    if start == LFS_POINTER:
+        raise ValueError(
+            f"{file.name} is a git-lfs pointer, not the weights: run `git lfs pull` in the model's repository"
+        )
+    try:
+        with safe_open(str(file), framework="pt") as weights:
+            return {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}
+    except SafetensorError as err:
+        raise ValueError(f"{file.name} is not a readable safetensors file ({err}): copy it again") from None
+
+
+def _model_shapes(diffusers_class: str, config: dict) -> dict[str, tuple[int, ...]]:
+    """The state dict shapes of the diffusers model ``config`` describes, built on the meta
+    device (no memory, no initialisation), as ``from_pretrained`` builds it."""
+    import diffusers
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=True):
+        model = getattr(diffusers, diffusers_class).from_config(dict(config))
+    return {key: tuple(value.shape) for key, value in model.state_dict().items()}
 
 
 def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
@@ -91,6 +221,13 @@ def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
     if Path(config.ref_vae_path).exists() and known:
         found.extend(folder_problems(config, config.variant))
     return found
+
+
+def _diffusers_reason(err: BaseException) -> str:
+    """diffusers' message for a folder it cannot load, without its advice about its own
+    loading arguments: the first sentence."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text.split(". ", 1)[0].rstrip(".")
 
 
 class ReferenceVAE:
@@ -130,8 +267,9 @@ class ReferenceVAE:
                 f"reference VAE {path / subfolder}: a {self.ref.diffusers_class} runs on the CPU in fp32 "
                 f"only (its {dtype} average pooling is missing there): pass --ref_vae_dtype=fp32"
             )
-        cls = getattr(diffusers, self.ref.diffusers_class)
-        self.vae = cls.from_pretrained(path, subfolder=subfolder, torch_dtype=DTYPES[dtype]).to(device).eval()
+        if found := weight_problems(vae_class, path / subfolder):
+            raise UserError(found[0])
+        self.vae = self._load(getattr(diffusers, self.ref.diffusers_class), path, subfolder, dtype).to(device).eval()
         self.vae.requires_grad_(False)
         if self.ref.time_tiles:  # it has no untiled path
             self.vae.enable_tiling()
@@ -150,6 +288,30 @@ class ReferenceVAE:
             sum(p.numel() for p in self.vae.parameters()) / 1e6,
             self.latent_space.describe(),
         )
+
+    @staticmethod
+    def _load(cls: type, path: Path, subfolder: str, dtype: str) -> torch.nn.Module:
+        """``cls.from_pretrained`` of the folder; what diffusers cannot load (a missing or
+        unreadable file, tensors of other shapes, tensors it would leave random) is a
+        UserError naming the folder."""
+        folder = path / subfolder
+        try:
+            vae, info = cls.from_pretrained(
+                path, subfolder=subfolder, torch_dtype=DTYPES[dtype], output_loading_info=True
+            )
+        except (OSError, ValueError) as err:  # missing or unreadable files, other shapes (its meta load)
+            raise UserError(f"reference VAE {folder}: {_diffusers_reason(err)}: {LOAD_ADVICE}") from err
+        except RuntimeError as err:  # other shapes, when diffusers loads into initialised weights
+            if "Error(s) in loading state_dict" not in str(err):
+                raise
+            raise UserError(f"reference VAE {folder}: {_diffusers_reason(err)}: {LOAD_ADVICE}") from err
+        if info["missing_keys"]:
+            missing = sorted(info["missing_keys"])
+            raise UserError(
+                f"reference VAE {folder}: its weights lack {len(missing)} tensors of the {cls.__name__} its "
+                f"config.json describes (the first: {missing[0]}), which diffusers left random: {LOAD_ADVICE}"
+            )
+        return vae
 
     @classmethod
     def for_variant(

@@ -30,7 +30,7 @@ def side_by_side(
     factor = -(-min_height // left.shape[1])
     if factor > 1:
         left, right = (np.repeat(np.repeat(v, factor, axis=1), factor, axis=2) for v in (left, right))
-    out = np.concatenate([left, right], axis=2)
+    out = np.ascontiguousarray(np.concatenate([left, right], axis=2))  # OpenCV draws into C-ordered frames only
     width = left.shape[2]
     font_scale = left.shape[1] / 400  # text ~5% of the height
     for frame in out:

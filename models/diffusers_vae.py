@@ -158,6 +158,7 @@ class TAEVideoVAE(torch.nn.Module):
     def encode(self, x: torch.Tensor, return_dict: bool = True) -> TAEEncoderOutput | tuple:
         """NCTHW video in [-1, 1] -> raw NCTHW latents; for SVD, (N, 3, H, W) images -> (N, 4, h, w)
         latents, each image a one-frame clip (its encoder is 2-D: images never mix)."""
+        self._check_layout(x, "encode", f"{'images' if self.images else 'videos'} in [-1, 1]", self.tae.image_channels)
         frames = x.unsqueeze(1) if self.images else x.permute(0, 2, 1, 3, 4)  # NTCHW
         latents = self.tae.encode_video(frames.to(self.dtype).add(1).div(2), parallel=self.parallel)
         latents = latents.squeeze(1) if self.images else latents.permute(0, 2, 1, 3, 4)
@@ -177,10 +178,25 @@ class TAEVideoVAE(torch.nn.Module):
         ``temb``, LTX's decode timestep, is accepted and not used: a TAE decodes the clean video.
         For SVD, (B*T, 4, h, w) frame latents -> (B*T, 3, H, W) frames, each ``num_frames``
         latents decoded as one clip (None: all of them)."""
+        self._check_layout(z, "decode", "frame latents" if self.images else "latents", self.tae.latent_channels)
         z = z.unflatten(0, (-1, num_frames or z.shape[0])) if self.images else z.permute(0, 2, 1, 3, 4)  # NTCHW
         frames = self.tae.decode_video(z.to(self.dtype), parallel=self.parallel).mul(2).sub(1)
         video = frames.flatten(0, 1) if self.images else frames if self.frames_first else frames.permute(0, 2, 1, 3, 4)
         return DecoderOutput(sample=video) if return_dict else (video,)
+
+    def _check_layout(self, x: torch.Tensor, method: str, what: str, channels: int) -> None:
+        """ValueError for a tensor of another layout than ``method`` takes (NCTHW; NCHW frames
+        for SVD), or with other than ``channels`` channels, showing the shape as passed."""
+        layout = "NCHW" if self.images else "NCTHW"
+        if x.ndim == len(layout) and x.shape[1] == channels:
+            return
+        hint = ""
+        if not self.images and x.ndim == 5 and x.shape[2] == channels:
+            hint = " (this looks like NTCHW: pass x.permute(0, 2, 1, 3, 4))"
+        raise ValueError(
+            f"{type(self).__name__}.{method} takes {layout} {what} with {channels} channels in dim 1 "
+            f"({self.tae.variant}), got shape {tuple(x.shape)}{hint}"
+        )
 
     def forward(
         self,

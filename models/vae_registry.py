@@ -197,15 +197,30 @@ def _config_text(config_file: Path, mtime_ns: int, size: int) -> str:
 
 def read_vae_config(folder: Path) -> dict:
     """The ``config.json`` of a diffusers model folder (read once per process); ValueError
-    naming the folder when it is missing or not JSON."""
+    naming the folder when it is missing, not JSON, or JSON other than an object."""
     config_file = Path(folder).resolve() / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{folder} is not a diffusers model folder (no config.json)")
     stat = config_file.stat()
     try:
-        return json.loads(_config_text(config_file, stat.st_mtime_ns, stat.st_size))
+        config = json.loads(_config_text(config_file, stat.st_mtime_ns, stat.st_size))
     except json.JSONDecodeError as err:
         raise ValueError(f"{config_file} is not valid JSON ({err})") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{config_file} is not a text file ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise ValueError(f"cannot read {config_file} ({err.strerror or err}): check its permissions") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_file} is not a diffusers config (a JSON object); it holds {_json_kind(config)}")
+    return config
+
+
+def _json_kind(value: object) -> str:
+    """What a JSON value is, for messages: "a list", "a string", "null", ..."""
+    if value is None:
+        return "null"
+    kinds = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 def _ratio(config: dict, key: str, derived: int) -> int:
@@ -328,6 +343,11 @@ def ref_vae_problems(ref_vae_class: str, folder: Path, variant: str) -> list[str
         return [
             f"{folder / 'config.json'} has no {err.args[0]!r}, which an {ref.diffusers_class} config needs to tell "
             "its latent space: is the file complete?"
+        ]
+    except (TypeError, ValueError) as err:  # a value of the wrong kind: a number where a list belongs, ...
+        return [
+            f"{folder / 'config.json'}: a value there is of the wrong kind for an {ref.diffusers_class} config "
+            f"({err}): is the file complete and from this model?"
         ]
     if ref_vae_class == "vidtok" and (config.get("regularizer") != "kl" or not config.get("is_causal")):
         return [

@@ -14,9 +14,10 @@ import torch
 from accelerate import Accelerator
 from safetensors.torch import save_file
 
-from common.config import TrainConfig
+from common.config import TrainConfig, load_config
 from common.errors import UserError
 from common.run_files import CHECKPOINT_MANIFEST
+from conftest import REPO_ROOT
 from training.loop.best_model import BestTracker
 from training.loop.resilience import FaultPlan, agree
 from training.state.checkpoints import (
@@ -70,10 +71,13 @@ def _accelerator() -> Accelerator:
     return Accelerator(cpu=True)
 
 
-def _complete(directory: Path, step: int, variant: str = "taecvx") -> Path:
+def _complete(directory: Path, step: int, variant: str = "taecvx", config_file: str | None = None) -> Path:
+    """A complete checkpoint; ``config_file``: the config its run recorded (None: none recorded)."""
+    recorded = {"variant": variant} if config_file is None else {"variant": variant, "config_file": config_file}
+
     def write(tmp: Path) -> None:
         (tmp / "model.safetensors").write_bytes(b"x" * step)
-        (tmp / "trainer_state.json").write_text(json.dumps({"config": {"variant": variant}}))
+        (tmp / "trainer_state.json").write_text(json.dumps({"config": recorded}))
 
     return write_atomically(_accelerator(), directory / f"checkpoint-{step}", write, {"step": step})
 
@@ -255,3 +259,81 @@ def test_fault_plan():
         with pytest.raises(UserError, match="fault_injection"):
             FaultPlan.parse(bad)
     assert agree([True, False], torch.device("cpu")) == [True, False]  # one process: its own flags
+
+
+def _preset(name: str, *overrides: str) -> TrainConfig:
+    """A preset as the command line loads it (its config_file as the launch script gives it)."""
+    return load_config(REPO_ROOT / "training" / "configs" / f"taehv_config_{name}.py", list(overrides))
+
+
+def test_a_resume_continues_its_run_under_its_own_preset_in_its_own_folder(tmp_path):
+    """Key=value changes on the same preset resume (an output_dir/run_name that names the
+    run's own folder included); another preset, or an output_dir/run_name given for
+    another folder, is refused naming the run, its preset and both ways on."""
+    run = tmp_path / "base"
+    checkpoint = _complete(run / "checkpoints", 4, config_file="training/configs/taehv_config_test.py")
+    resume = f"--resume_from_checkpoint={checkpoint}"
+    for same in (
+        [resume, "--max_train_steps=6", "--learning_rate=1e-4"],
+        [resume, f"--output_dir={tmp_path}"],
+        [resume, f"--output_dir={tmp_path}", "--run_name=base"],
+        [f"--output_dir={tmp_path}", "--run_name=base", "--resume_from_checkpoint=latest"],
+        [f"--output_dir={tmp_path}", "--run_name=base", "--auto_resume=true"],
+    ):
+        assert resolve_resume(_preset("test", *same)) == (run, checkpoint)
+    ways_on = (
+        r"Resume with the test preset \(--key=value changes allowed\) and no other --output_dir/--run_name, or "
+        rf"start a new run from its weights with --pretrained_model_path={checkpoint}$"
+    )
+    for preset, overrides, conflict in (
+        ("demo", [resume], "uses the demo preset"),
+        ("test", [resume, f"--output_dir={tmp_path / 'new'}"], f"gives --output_dir={tmp_path / 'new'}"),
+        ("test", [resume, "--run_name=other"], "gives --run_name=other"),
+        ("demo", [f"--output_dir={tmp_path}", "--run_name=base", "--auto_resume=true"], "uses the demo preset"),
+    ):
+        with pytest.raises(UserError, match=rf"^{checkpoint} belongs to the run {run}, started with the test preset, "):
+            resolve_resume(_preset(preset, *overrides))
+        with pytest.raises(UserError, match=rf"but this command {conflict}: .*{ways_on}"):
+            resolve_resume(_preset(preset, *overrides))
+
+
+def test_a_checkpoint_that_recorded_no_config_file_resumes_under_any_preset(tmp_path):
+    checkpoint = _complete(tmp_path / "old" / "checkpoints", 2)
+    assert resolve_resume(_preset("demo", f"--resume_from_checkpoint={checkpoint}"))[1] == checkpoint
+
+
+def test_a_file_given_to_resume_is_named_for_what_it_is_with_what_to_give_instead(tmp_path):
+    """A weight file (the run's final model, a checkpoint's weights) or any other file is not
+    a checkpoint: the message says so, how to start from the weights and which checkpoint
+    folder continues the run."""
+    run = tmp_path / "run"
+    checkpoint = _complete(run / "checkpoints", 4)
+    for name in ("final_model.safetensors", "final_model.pth", "config.json"):
+        (run / name).write_text("{}")
+    (checkpoint / "weights.safetensors").write_bytes(b"w")
+    (tmp_path / "published.pth").write_bytes(b"w")
+
+    def refusal(path: Path) -> str:
+        with pytest.raises(UserError) as refused:
+            resolve_resume(_config(tmp_path, resume_from_checkpoint=str(path)))
+        return str(refused.value)
+
+    for weights in (run / "final_model.safetensors", run / "final_model.pth"):
+        assert refusal(weights) == (
+            f"--resume {weights}: {weights} is a weight file, not a checkpoint folder: start a new run from these "
+            f"weights with --pretrained_model_path={weights}, or continue its run with --resume {checkpoint}"
+        )
+    inside = checkpoint / "weights.safetensors"
+    assert refusal(inside).endswith(
+        f"is a weight file, not a checkpoint folder: start a new run from these weights with "
+        f"--pretrained_model_path={inside}, or continue its run with --resume {checkpoint}"
+    )
+    for other in (run / "config.json", checkpoint / "trainer_state.json"):
+        assert refusal(other) == (
+            f"--resume {other}: {other} is a file, not a checkpoint folder: continue its run with --resume {checkpoint}"
+        )
+    assert refusal(tmp_path / "published.pth").endswith(
+        "start a new run from these weights with "
+        f"--pretrained_model_path={tmp_path / 'published.pth'}, or continue a run with "
+        "--resume <run>/checkpoints/checkpoint-<step> (a checkpoint folder)"
+    )

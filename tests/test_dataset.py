@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
+import struct
 import subprocess
 import sys
+import threading
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import av
@@ -28,6 +33,7 @@ from common.clips import (
     area_resize,
     build_dataloader,
     crop_box,
+    find_videos,
     fit_stride,
     leave_stop_signals_to_parent,
     probe_video,
@@ -66,6 +72,50 @@ def frame_indices(frames: torch.Tensor) -> list[int]:
 def annotate(path: Path, entries: list[dict]) -> Path:
     write_annotation(path, entries)
     return path
+
+
+def write_huge_header_png(path: Path) -> Path:
+    """A 2x2 PNG whose header (IHDR, CRC fixed) claims 100000x100000 pixels."""
+    cv2.imwrite(str(path), np.zeros((2, 2, 3), np.uint8))
+    data = bytearray(path.read_bytes())
+    data[16:24] = struct.pack(">II", 100_000, 100_000)
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    path.write_bytes(bytes(data))
+    return path
+
+
+def write_audio_only_mp4(path: Path) -> Path:
+    """An MP4 with one short AAC stream and no video stream."""
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("aac", rate=8000)
+        for i in range(3):
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 8000, i * 1024
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return path
+
+
+@contextlib.contextmanager
+def fifos(*paths: Path, seconds: float = 20) -> Iterator[list[Path]]:
+    """FIFOs at ``paths``. Code that opened one for reading would wait for a writer forever:
+    every ``seconds`` a writer opens and closes each, so such code fails instead of hanging."""
+    for path in paths:
+        os.mkfifo(path)
+    stop = threading.Event()
+
+    def unblock_readers() -> None:
+        while not stop.wait(seconds):
+            for path in paths:
+                os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK))  # never blocks, wakes a waiting reader
+
+    thread = threading.Thread(target=unblock_readers, daemon=True)
+    thread.start()
+    try:
+        yield list(paths)
+    finally:
+        stop.set()
+        thread.join()
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +186,7 @@ def write_rgba(path: Path, height: int = 48, width: int = 64) -> np.ndarray:
 def test_rgba_images_are_one_frame_clips_with_their_alpha(tmp_path):
     """channels=4: a PNG keeps its alpha through the crop and resize (and the flip), a video
     is opaque; channels=3 drops the alpha; a still image gives no two-frame clip; a folder
-    is scanned for images only for RGBA."""
+    scan takes images for RGB and RGBA alike."""
     (tmp_path / "images").mkdir(), (tmp_path / "videos").mkdir()
     rgba = write_rgba(tmp_path / "images" / "ramp.png")
     write_index_video(tmp_path / "videos" / "clip.mp4", 4)
@@ -161,8 +211,23 @@ def test_rgba_images_are_one_frame_clips_with_their_alpha(tmp_path):
     with pytest.raises(BadClipError, match="too short"):
         VideoClipDataset(tmp_path, unknown, n_frames=2, height=24, width=32, mode="val", channels=4).load_clip(0)
     assert len(VideoClipDataset(tmp_path, n_frames=1, height=8, width=8, channels=4)) == 2
-    assert len(VideoClipDataset(tmp_path, n_frames=1, height=8, width=8)) == 1  # RGB: videos only
+    assert len(VideoClipDataset(tmp_path, n_frames=1, height=8, width=8)) == 2  # RGB too
     assert probe_video(tmp_path / "images" / "ramp.png").frames == 1
+
+
+@pytest.mark.skipif(not hasattr(cv2, "imreadanimation"), reason="OpenCV < 4.11 reads an animation's first frame")
+@pytest.mark.parametrize("name", ["anim.webp", "anim.png"])
+def test_an_animated_image_is_a_clip_of_all_its_frames(tmp_path, name):
+    """An animated WebP or PNG (APNG) gives all its frames, at the rate of their durations."""
+    animation = cv2.Animation()
+    animation.frames = [np.full((16, 24, 3), 20 + 40 * i, np.uint8) for i in range(5)]
+    animation.durations = [40] * 5
+    assert cv2.imwriteanimation(str(tmp_path / name), animation, [cv2.IMWRITE_WEBP_QUALITY, 100])
+    info = probe_video(tmp_path / name)
+    assert (info.frames, info.fps, info.width, info.height) == (5, 25.0, 24, 16)
+    ds = VideoClipDataset(tmp_path, n_frames=3, height=8, width=12, stride_range=(2, 2), mode="val")
+    levels = ds[0]["frames"].float().mean(dim=(1, 2, 3))
+    assert torch.allclose(levels, torch.tensor([20.0, 100.0, 180.0]), atol=3), levels
 
 
 @pytest.mark.parametrize("height,width,tolerance", [(240, 360, 0.0), (64, 96, 3.0)])
@@ -551,6 +616,48 @@ def test_bad_files_replaced_deterministically_and_logged_once(index_dir, bad_fil
     for path in bad_files.values():
         assert sum(str(path) in r.getMessage() for r in caplog.records) == 1, path
     assert "missing" in caplog.text and "unreadable" in caplog.text
+
+
+def test_special_files_are_listed_and_refused_without_being_opened(tmp_path):
+    """A FIFO or a device named like a clip is listed by a folder scan and refused, unopened,
+    as "not a regular file" wherever it is read: the start-up probe of a folder or of an
+    annotation, and probe_video. Opening a FIFO would wait for a writer forever."""
+    write_index_video(tmp_path / "clip.mp4", 6)
+    (tmp_path / "null.webm").symlink_to(os.devnull)
+    with fifos(tmp_path / "pipe.mp4", tmp_path / "pipe.png") as (pipe, _):
+        assert find_videos(tmp_path, images=True) == ["clip.mp4", "null.webm", "pipe.mp4", "pipe.png"]
+        folder = VideoClipDataset(tmp_path, n_frames=4, height=16, width=24, max_failure_fraction=0.5)
+        with pytest.raises(VideoDataError, match=r"3 of 4 probed clips are unusable .*'not a regular file': 3"):
+            folder.probe()
+        listed = index_dataset(
+            tmp_path, tmp_path, [{"path": "clip.mp4"}, {"path": "pipe.mp4"}], max_failure_fraction=0.5
+        )
+        assert listed.probe().reasons == {"not a regular file": 1}
+        with pytest.raises(BadClipError, match="not a regular file: a FIFO"):
+            probe_video(pipe)
+    with pytest.raises(BadClipError, match="not a regular file: a character device"):
+        probe_video(tmp_path / "null.webm")
+
+
+@pytest.mark.parametrize(
+    "name, write, reason",
+    [
+        ("huge.png", write_huge_header_png, "too large: its header claims more pixels than OpenCV reads"),
+        ("audio.mp4", write_audio_only_mp4, "no video stream: it has only audio streams"),
+        # FFmpeg reads this text as a 2x2 image stating a frame count of -2**63: what decodes counts
+        ("netpbm.mp4", lambda p: p.write_text("P3\n2 2\n255\n" + "0 0 0 " * 4), "too short: 1 frames for 4"),
+    ],
+    ids=["huge-png-header", "audio-only-mp4", "text-read-as-an-image"],
+)
+def test_hostile_files_are_skipped_with_what_is_wrong(tmp_path, caplog, name, write, reason):
+    """The start-up probe counts a file that cannot give a clip under its reason and logs
+    what is wrong, with no OpenCV exception escaping."""
+    write_index_video(tmp_path / "clip.mp4", 6)
+    write(tmp_path / name)
+    ds = index_dataset(tmp_path, tmp_path, [{"path": "clip.mp4"}, {"path": name}], max_failure_fraction=0.5)
+    caplog.set_level(logging.WARNING, logger="common.clips")
+    assert ds.probe().reasons == {reason.split(":")[0]: 1}
+    assert f"({tmp_path / name}) skipped: {reason}" in caplog.text
 
 
 def test_truncated_file_with_intact_index_uses_its_decodable_prefix(videos_dir, tmp_path):

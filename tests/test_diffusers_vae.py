@@ -614,3 +614,34 @@ def test_a_like_vae_of_another_latent_space_is_refused(tmp_path):
     like = diffusers.AutoencoderKLWan(base_dim=4, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1)
     with pytest.raises(ValueError, match="like= is a VAE with 4 latent channels, but taew2_1 has 16"):
         wrapped("taew2_1", tmp_path, like=like)
+
+
+def test_a_tensor_of_another_layout_is_refused_with_the_shape_as_passed(tmp_path):
+    """encode takes NCTHW videos and decode NCTHW latents (SVD: NCHW frames), as the diffusers
+    VAE they stand in for: a tensor in another layout or with other channels is refused
+    with the shape the caller passed, the layout and the channels expected."""
+    vae = wrapped("taecvx", tmp_path)
+    video = torch.zeros(1, 3, 9, 32, 32)
+    with pytest.raises(
+        ValueError,
+        match=r"^TAEVideoVAE.encode takes NCTHW videos in \[-1, 1\] with 3 channels in dim 1 \(taecvx\), got shape "
+        r"\(1, 9, 3, 32, 32\) \(this looks like NTCHW: pass x.permute\(0, 2, 1, 3, 4\)\)$",
+    ):
+        vae.encode(video.transpose(1, 2))
+    with pytest.raises(ValueError, match=r"with 3 channels in dim 1 \(taecvx\), got shape \(1, 4, 9, 32, 32\)$"):
+        vae.encode(torch.zeros(1, 4, 9, 32, 32))
+    latents = vae.encode(video).latents
+    assert latents.shape == (1, 16, 3, 4, 4) and vae.decode(latents).sample.shape == (1, 3, 9, 32, 32)
+    with pytest.raises(
+        ValueError,
+        match=r"^TAEVideoVAE.decode takes NCTHW latents with 16 channels in dim 1 \(taecvx\), got shape "
+        r"\(1, 3, 16, 4, 4\) \(this looks like NTCHW",
+    ):
+        vae.decode(latents.transpose(1, 2))
+    images = wrapped("tae_svd", tmp_path)
+    with pytest.raises(
+        ValueError,
+        match=r"encode takes NCHW images in \[-1, 1\] with 3 channels in dim 1 \(tae_svd\), "
+        r"got shape \(1, 3, 1, 32, 32\)$",
+    ):
+        images.encode(torch.zeros(1, 3, 1, 32, 32))

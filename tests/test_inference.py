@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_dataset import fifos, write_audio_only_mp4, write_huge_header_png, write_index_video, write_rgba
 
 from common.clips import VideoClipDataset, frames_to_unit
 from common.metrics import frame_psnr, video_mse, video_psnr, video_sharpness, video_ssim, video_temporal_error
@@ -608,3 +609,75 @@ def test_file_names_with_html_are_escaped_in_the_report(weights, tmp_path, video
     assert "&lt;img src=x onerror=alert(1)&gt;.mp4" in report and "&lt;b onmouseover=alert(2)&gt;short.mp4" in report
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert [s["source"] for s in metrics["samples"]] == [str(kept)] and metrics["skipped"][0]["source"] == str(short)
+
+
+def test_hostile_clips_are_skipped_and_reported_and_images_are_clips(weights, tmp_path, run_inference):
+    """A folder holding an audio-only MP4, a PNG whose header claims 100000x100000 pixels and
+    a FIFO beside a video and a PNG, without --height/--width: the frame size comes from the
+    first clip that can be read (the video), the PNG is a clip for an RGB model too (its
+    alpha dropped), and the other three are skipped with their reasons, the FIFO unopened."""
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    write_audio_only_mp4(folder / "a_audio.mp4")
+    write_huge_header_png(folder / "b_huge.png")
+    write_index_video(folder / "d_clip.mp4", 4, height=24, width=40)
+    write_rgba(folder / "e_still.png")
+    with fifos(folder / "c_pipe.mp4"):
+        result = run_inference(
+            "--model_path",
+            str(weights),
+            "--videos",
+            str(folder),
+            "--n_frames",
+            "1",
+            "--output_dir",
+            str(tmp_path / "out"),
+        )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert (metrics["settings"]["height"], metrics["settings"]["width"]) == (24, 40)
+    assert [Path(s["source"]).name for s in metrics["samples"]] == ["d_clip.mp4", "e_still.png"]
+    assert [(Path(s["source"]).name, s["reason"]) for s in metrics["skipped"]] == [
+        ("a_audio.mp4", "no video stream: it has only audio streams"),
+        ("b_huge.png", "too large: its header claims more pixels than OpenCV reads (CV_IO_MAX_IMAGE_PIXELS)"),
+        ("c_pipe.mp4", "not a regular file: a FIFO (named pipe)"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "write, message",
+    [
+        (
+            lambda p: write_index_video(p, 9, height=2, width=2),
+            "clip.mp4 is 2x2 pixels, smaller than the 8x8 taecvx needs at least (multiples of 8, 8 * its patch "
+            "size 1): give --height and --width (multiples of 8) to evaluate it resized",
+        ),
+        (
+            write_audio_only_mp4,
+            "error: the clip cannot be read (e.g. clip.mp4: no video stream: it has only audio streams); check the "
+            "videos or the annotation",
+        ),
+    ],
+    ids=["2x2-video", "audio-only"],
+)
+def test_a_clip_that_gives_no_frame_size_is_one_line(write, message, weights, tmp_path, run_inference):
+    """Without --height/--width the first readable clip gives the size: one smaller than the
+    model's multiple, or no readable clip at all, ends in one line saying what to do."""
+    write(tmp_path / "clip.mp4")
+    result = run_inference(
+        "--model_path", str(weights), "--videos", str(tmp_path / "clip.mp4"), "--output_dir", str(tmp_path / "out")
+    )
+    assert_user_error(result, message)
+    assert result.stderr.rstrip().endswith(message)  # no advice beyond it
+    assert not (tmp_path / "out").exists()  # no empty output folder left behind
+
+
+def test_help_keeps_the_examples_lines_and_shows_num_samples_default(capsys):
+    import inference
+
+    with pytest.raises(SystemExit) as exit_info:
+        inference.parse_args(["--help"])
+    assert exit_info.value.code == 0
+    help_text = capsys.readouterr().out
+    assert "--use_ref_vae \\\n        --ref_vae_path checkpoints/CogVideoX-2b" in help_text  # copyable, on two lines
+    assert re.search(r"--num_samples NUM_SAMPLES\s+how many clips to evaluate \(default: 10;", help_text)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import REPO_ROOT
+from train_runs import one_line_error
 from training.demo_data import make_demo_dataset
 
 pytestmark = pytest.mark.slow  # the launch script starts training
@@ -21,6 +23,21 @@ def launch(*args: str, env: dict | None = None, timeout: int = 180) -> subproces
     return subprocess.run(
         ["bash", SCRIPT, *args], capture_output=True, text=True, cwd=REPO_ROOT, env=environment, timeout=timeout
     )
+
+
+def data_options(clips: dict) -> list[str]:
+    return [
+        f"--data_root={clips['root']}",
+        f"--annotation_file={clips['train']}",
+        f"--val_annotation_file={clips['val']}",
+    ]
+
+
+def only_error_line(result: subprocess.CompletedProcess) -> str:
+    """A refusal: exit 2, no traceback, and stderr is the one line ``error: ...``."""
+    line = one_line_error(result)
+    assert result.stderr.splitlines() == [line] and line.startswith("error: "), result.stderr
+    return line
 
 
 def test_help():
@@ -46,8 +63,10 @@ def test_help():
 )
 def test_argument_errors(args, message):
     result = launch(*args)
-    assert result.returncode == 2
-    assert message in result.stdout + result.stderr
+    if args:
+        assert message in only_error_line(result)
+    else:
+        assert result.returncode == 2 and message in result.stdout
 
 
 def test_rank_without_nnodes_is_refused():
@@ -79,7 +98,7 @@ def test_custom_config_path(tmp_path):
         "config = base.replace(data_root='/definitely/missing')\n"
     )
     result = launch("1", "custom", str(config))
-    assert result.returncode == 2 and "/definitely/missing does not exist" in result.stderr
+    assert "/definitely/missing does not exist" in only_error_line(result)
 
 
 def test_a_key_typo_in_a_custom_config_file_is_one_line(tmp_path):
@@ -88,8 +107,81 @@ def test_a_key_typo_in_a_custom_config_file_is_one_line(tmp_path):
         "from training.configs.taehv_config_test import config as base\nconfig = base.replace(lerning_rate=3e-4)\n"
     )
     result = launch("1", "custom", str(config))
-    assert result.returncode == 2 and "Traceback" not in result.stdout + result.stderr
-    assert (
+    assert only_error_line(result).endswith(
         "my_config.py:2: unknown config key 'lerning_rate'; did you mean 'learning_rate'?"
-        in result.stdout + result.stderr
     )
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (("--height=0",), "error: invalid config: height and width must be positive, got 0x32"),
+        (("--height=0", "--width=4"), "error: invalid config:"),  # several problems: one line each below it
+        (("--resume", "checkpoint-3"), "error: --resume checkpoint-3: no run of this config under"),
+    ],
+)
+def test_a_pre_flight_refusal_is_one_error_line_on_stderr(tmp_path, demo_clips, overrides, message):
+    result = launch("1", "test", f"--output_dir={tmp_path / 'out'}", *data_options(demo_clips), *overrides)
+    assert result.returncode == 2 and "Traceback" not in result.stdout + result.stderr
+    first, *more = result.stderr.splitlines()
+    assert first.startswith(message) and all(line.startswith("  ") for line in more), result.stderr
+    assert len(more) == (2 if "--width=4" in overrides else 0)
+    assert "launch:" not in result.stdout and not (tmp_path / "out").exists()
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``folder`` with its size and modification time."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+def test_a_resume_under_another_preset_or_into_another_folder_is_refused_before_anything_is_written(
+    tmp_path, demo_clips
+):
+    """A checkpoint continues its own run, in its folder, under the preset that started it:
+    another preset or an --output_dir elsewhere is one error line (exit 2) that names both
+    ways on, and so is a weight file given to --resume; no new folder is made and the run
+    (final model, config.json, lock, checkpoints) is as it was. The same preset with a
+    key=value change resumes, and the weights the message names start a new run."""
+    data, out, new = data_options(demo_clips), tmp_path / "out", tmp_path / "new"
+    started = launch("1", "test", *data, f"--output_dir={out}", "--run_name=base")
+    assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-4000:]
+    run = out / "base"
+    checkpoint, weights = (
+        run / "checkpoints" / "checkpoint-4",
+        run / "checkpoints" / "checkpoint-4" / "weights.safetensors",
+    )
+    before = snapshot(run)
+    ways_on = (
+        "Resume with the test preset (--key=value changes allowed) and no other --output_dir/--run_name, or start "
+        f"a new run from its weights with --pretrained_model_path={weights}"
+    )
+    for preset, overrides, conflict in (
+        ("demo", [f"--output_dir={new}"], f"uses the demo preset and gives --output_dir={new}"),
+        ("test", [f"--output_dir={new}"], f"gives --output_dir={new}"),
+    ):
+        line = only_error_line(
+            launch("1", preset, *data, *overrides, "--max_train_steps=6", "--resume", str(checkpoint))
+        )
+        assert line.startswith(
+            f"error: {checkpoint} belongs to the run {run}, started with the test preset, but this command {conflict}: "
+        )
+        assert line.endswith(ways_on)
+        assert not new.exists() and snapshot(run) == before
+    final_model = run / "final_model.safetensors"
+    line = only_error_line(launch("1", "test", *data, "--resume", str(final_model)))
+    assert line == (
+        f"error: --resume {final_model}: {final_model} is a weight file, not a checkpoint folder: start a new run "
+        f"from these weights with --pretrained_model_path={final_model}, or continue its run with --resume {checkpoint}"
+    )
+    assert snapshot(run) == before
+
+    resumed = launch("1", "test", *data, "--max_train_steps=6", "--resume", str(checkpoint))
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
+    assert f"resumed from {checkpoint} at step 4" in (run / "train.log").read_text()
+    assert (run / "checkpoints" / "checkpoint-6").is_dir()
+    fresh = launch(
+        "1", "test", *data, f"--output_dir={new}", f"--pretrained_model_path={weights}", "--max_train_steps=2"
+    )
+    assert fresh.returncode == 0, fresh.stdout[-2000:] + fresh.stderr[-4000:]
+    (new_run,) = new.iterdir()
+    assert f"initialised from {weights}" in (new_run / "train.log").read_text()

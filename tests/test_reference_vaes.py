@@ -5,6 +5,9 @@ with a tiny instance of each class saved by diffusers and loaded back."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import av
@@ -16,9 +19,9 @@ import torch
 import inference
 from common.clips import frames_to_unit
 from common.config import TrainConfig, load_config
-from common.errors import UserError
-from common.reference_vae import ReferenceVAE
-from conftest import save_tiny_vae
+from common.errors import EXIT_USER_ERROR, UserError, exit_on_user_error
+from common.reference_vae import ReferenceVAE, weight_problems
+from conftest import REPO_ROOT, save_tiny_vae
 from models.taehv import TAEHV
 from models.vae_registry import (
     REF_VAE_CLASSES,
@@ -32,7 +35,7 @@ from models.vae_registry import (
 )
 from models.variants import known_variants
 from models.weights import save_weights
-from train_runs import TEST_CONFIG, train_here
+from train_runs import TEST_CONFIG, TRAIN, train_here
 from training import build_latent_cache
 from training.data.latent_scale_check import compare, diagnose
 from training.preflight import check
@@ -118,6 +121,7 @@ def test_facts_come_from_the_config_and_match_the_latents(tmp_path, tiny, ref_va
     assert decoded.shape[1] == plan.decoded_frames == frames and 0 <= float(decoded.min()) <= float(decoded.max()) <= 1
     assert decoded.shape[2] == facts.image_channels
     assert float((vae.encode(clip.flip(-1)) - latents).abs().max()) > 0  # latents of the pixels, not of padding
+    assert weight_problems(ref_vae_class, root / "vae") == []  # the weights fit the model its config describes
 
 
 @pytest.mark.slow
@@ -343,3 +347,235 @@ def test_a_reference_vae_that_cannot_run_here_says_why(tmp_path):
     """Cosmos's VAE has no bf16 average pooling on the CPU: one line, before any weights load."""
     with pytest.raises(UserError, match=r"runs on the CPU in fp32 only .*: pass --ref_vae_dtype=fp32"):
         ReferenceVAE(save_tiny_vae(tmp_path / "cosmos", "cosmos"), "auto", dtype="bf16", device="cpu")
+
+
+def broken_reference_vae(root: Path, breakage: str) -> Path:
+    """A tiny CogVideoX VAE saved by diffusers into ``root/vae``, then broken as a copy of a
+    model can be; returns ``root`` (what ``ref_vae_path`` names)."""
+    from diffusers import AutoencoderKLCogVideoX
+    from safetensors.torch import load_file, save_file
+
+    save_tiny_vae(root, "cogvideox")
+    folder = root / "vae"
+    weights = folder / "diffusion_pytorch_model.safetensors"
+    if breakage == "no weights":
+        weights.unlink()
+    elif breakage == "a variant's weights only":
+        weights.rename(folder / "diffusion_pytorch_model.fp16.safetensors")
+    elif breakage in ("wrong shapes", "a missing tensor"):
+        tensors = load_file(weights)
+        if breakage == "wrong shapes":
+            tensors["decoder.conv_in.conv.bias"] = torch.zeros(5)
+        else:
+            del tensors["decoder.conv_in.conv.bias"]
+        save_file(tensors, weights)
+    elif breakage == "a missing shard":
+        AutoencoderKLCogVideoX.from_pretrained(root, subfolder="vae").save_pretrained(folder, max_shard_size="20KB")
+        weights.unlink(missing_ok=True)
+        next(folder.glob("diffusion_pytorch_model-00002-of-*.safetensors")).unlink()
+    elif breakage == "a git-lfs pointer":
+        weights.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0123\nsize 1234\n")
+    elif breakage == "a truncated file":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    else:
+        raise AssertionError(breakage)
+    return root
+
+
+UNLOADABLE = [
+    (
+        "no weights",
+        r"no weights next to its config.json: diffusers looks for diffusion_pytorch_model.safetensors, "
+        r"diffusion_pytorch_model.safetensors.index.json \(sharded\) or diffusion_pytorch_model.bin: copy the VAE's "
+        r"weights there$",
+    ),
+    (
+        "a variant's weights only",
+        r"no weights next to its config.json: .*, and the folder holds only diffusion_pytorch_model.fp16.safetensors: "
+        r"copy the VAE's weights there$",
+    ),
+    (
+        "wrong shapes",
+        r"1 of the \d+ tensors in diffusion_pytorch_model.safetensors do not fit the AutoencoderKLCogVideoX its "
+        r"config.json describes; the first, decoder.conv_in.conv.bias, is \[5\] there and \[4\] in the model: "
+        r"are its config.json and weights complete and from the same model\?",
+    ),
+    (
+        "a missing tensor",
+        r"diffusion_pytorch_model.safetensors lacks 1 of the \d+ tensors of the AutoencoderKLCogVideoX its "
+        r"config.json describes \(the first: decoder.conv_in.conv.bias\), which diffusers would leave random",
+    ),
+    (
+        "a missing shard",
+        r"diffusion_pytorch_model.safetensors.index.json lists 1 shard\(s\) not in the folder "
+        r"\(diffusion_pytorch_model-00002-of-\d+.safetensors\): copy every shard there",
+    ),
+    (
+        "a git-lfs pointer",
+        r"diffusion_pytorch_model.safetensors is a git-lfs pointer, not the weights: run `git lfs pull` in the "
+        r"model's repository$",
+    ),
+    ("a truncated file", r"diffusion_pytorch_model.safetensors is not a readable safetensors file \(.*\): copy it"),
+]
+
+
+def reference_vae_options(root: Path, demo_clips: dict) -> list[str]:
+    return [
+        f"--ref_vae_path={root}",
+        "--n_frames=9",
+        f"--data_root={demo_clips['root']}",
+        f"--annotation_file={demo_clips['train']}",
+        f"--val_annotation_file={demo_clips['val']}",
+    ]
+
+
+@pytest.mark.parametrize("breakage, message", UNLOADABLE, ids=[case[0] for case in UNLOADABLE])
+def test_weights_diffusers_cannot_load_are_one_problem_before_launch(tmp_path, demo_clips, breakage, message):
+    """No weight file, an unreadable one, tensors of other shapes or missing ones: the
+    config check names the folder and what is wrong, from the safetensors headers and the
+    model built on the meta device (before any weights load or any run folder exists)."""
+    root = broken_reference_vae(tmp_path / "ref_vae", breakage)
+    config = load_config(TEST_CONFIG, reference_vae_options(root, demo_clips))
+    with pytest.raises(
+        UserError, match=rf"^invalid config: reference VAE {re.escape(str(root / 'vae'))}: {message}"
+    ) as err:
+        check(config)
+    assert "\n" not in str(err.value)
+    with pytest.raises(UserError, match=message):  # loading it directly says the same
+        ReferenceVAE(root, "cogvideox", dtype="fp32")
+
+
+@pytest.mark.parametrize(
+    "text, holds",
+    [("[1]", "a list"), ('"x"', "a string"), ("null", "null"), ("3", "a number")],
+    ids=["list", "string", "null", "number"],
+)
+def test_a_config_json_that_is_not_an_object_is_one_problem(tmp_path, demo_clips, text, holds):
+    """Valid JSON that is not an object is no diffusers config: one problem that says what it holds."""
+    root = save_tiny_vae(tmp_path / "ref_vae", "cogvideox")
+    config_file = root / "vae" / "config.json"
+    config_file.write_text(text)
+    assert auto_variant("auto", root / "vae") is None
+    config = load_config(TEST_CONFIG, reference_vae_options(root, demo_clips))
+    with pytest.raises(
+        UserError,
+        match=rf"^invalid config: ref_vae_path: {re.escape(str(config_file.resolve()))} is not a diffusers "
+        rf"config \(a JSON object\); it holds {holds}: point ref_vae_path at",
+    ):
+        check(config)
+
+
+def test_a_config_json_that_is_not_json_text_is_one_problem(tmp_path):
+    root = save_tiny_vae(tmp_path / "ref_vae", "cogvideox")
+    config_file = root / "vae" / "config.json"
+    config_file.write_bytes(b"\xff\xfe{")
+    assert ref_vae_problems("auto", root / "vae", "taecvx") == [
+        f"ref_vae_path: {config_file.resolve()} is not a text file (invalid start byte at byte 0): point "
+        "ref_vae_path at a local copy of the video model, whose VAE subfolder (ref_vae_subfolder) holds it"
+    ]
+
+
+def test_a_config_json_value_of_the_wrong_kind_is_one_problem(tmp_path):
+    """A number where the class's config has a list: one problem naming the file."""
+    root = save_tiny_vae(tmp_path / "ref_vae", "cogvideox")
+    config_file = root / "vae" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "block_out_channels": 5}))
+    assert ref_vae_problems("auto", root / "vae", "taecvx") == [
+        f"{config_file}: a value there is of the wrong kind for an AutoencoderKLCogVideoX config (object of type "
+        "'int' has no len()): is the file complete and from this model?"
+    ]
+
+
+@pytest.mark.parametrize("breakage", ["wrong shapes", "a missing tensor"])
+def test_pickled_weights_diffusers_cannot_load_are_one_line_when_loading(tmp_path, breakage):
+    """A .bin weight file (whose shapes need the file loaded): what diffusers refuses or
+    would leave random is a UserError naming the folder when it loads."""
+    from diffusers import AutoencoderKLCogVideoX
+
+    root = save_tiny_vae(tmp_path / "ref_vae", "cogvideox")
+    folder = root / "vae"
+    (folder / "diffusion_pytorch_model.safetensors").unlink()
+    vae = AutoencoderKLCogVideoX.from_pretrained(save_tiny_vae(tmp_path / "good", "cogvideox"), subfolder="vae")
+    vae.save_pretrained(folder, safe_serialization=False)
+    tensors = torch.load(folder / "diffusion_pytorch_model.bin", weights_only=True)
+    if breakage == "wrong shapes":
+        tensors["decoder.conv_in.conv.bias"] = torch.zeros(5)
+    else:
+        del tensors["decoder.conv_in.conv.bias"]
+    torch.save(tensors, folder / "diffusion_pytorch_model.bin")
+    assert weight_problems("cogvideox", folder) == []  # its shapes are not read before loading
+    message = (
+        r"decoder.conv_in.conv.bias expected shape torch.Size\(\[4\]\), but got torch.Size\(\[5\]\)"
+        if breakage == "wrong shapes"
+        else r"its weights lack 1 tensors of the AutoencoderKLCogVideoX .* \(the first: decoder.conv_in.conv.bias\), "
+        r"which diffusers left random"
+    )
+    with pytest.raises(
+        UserError, match=rf"^reference VAE {re.escape(str(folder))}: .*{message}.*: are its config.json and weights"
+    ):
+        ReferenceVAE(root, "cogvideox", dtype="fp32")
+
+
+def test_training_refuses_unloadable_weights_in_one_line_before_the_run_folder(tmp_path, demo_clips):
+    """``python -m training.taehv_train`` with weights of other shapes: exit 2, one error
+    line naming the folder and the tensor, and no run folder."""
+    root = broken_reference_vae(tmp_path / "ref_vae", "wrong shapes")
+    result = subprocess.run(
+        [
+            sys.executable,
+            *TRAIN,
+            "--config",
+            TEST_CONFIG,
+            f"--output_dir={tmp_path / 'out'}",
+            *reference_vae_options(root, demo_clips),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and f"reference VAE {root / 'vae'}: 1 of the" in errors[0]
+    assert "decoder.conv_in.conv.bias, is [5] there and [4] in the model" in errors[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        ("no weights", "no weights next to its config.json"),
+        ("wrong shapes", "decoder.conv_in.conv.bias, is [5] there and [4] in the model"),
+        ("config list", "config.json is not a diffusers config (a JSON object); it holds a list"),
+    ],
+)
+def test_inference_refuses_an_unloadable_reference_vae_in_one_line(tmp_path, demo_clips, capsys, breakage, message):
+    """``inference.py --use_ref_vae`` (its ``__main__``: ``exit_on_user_error(main)``) with a
+    folder diffusers cannot load: exit 2 and one line naming the folder."""
+    if breakage == "config list":
+        root = save_tiny_vae(tmp_path / "ref_vae", "cogvideox")
+        (root / "vae" / "config.json").write_text("[1]")
+    else:
+        root = broken_reference_vae(tmp_path / "ref_vae", breakage)
+    clip = Path(demo_clips["root"]) / json.loads(Path(demo_clips["train"]).read_text())["list"][0]["path"]
+    args = [
+        "--model_path",
+        str(save_weights(TAEHV(variant="taecvx"), tmp_path / "taecvx.pth")),
+        "--videos",
+        str(clip),
+        "--n_frames=9",
+        "--height=32",
+        "--width=32",
+        "--num_samples=1",
+        "--use_ref_vae",
+        f"--ref_vae_path={root}",
+        f"--output_dir={tmp_path / 'eval'}",
+    ]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        exit_on_user_error(inference.main, args)
+    stderr = capsys.readouterr().err
+    assert exit_info.value.code == EXIT_USER_ERROR
+    assert stderr.startswith("error: ") and stderr.count("\n") == 1
+    assert str(root / "vae") in stderr and message in stderr
+    assert not (tmp_path / "eval").exists()  # no empty output folder left behind

@@ -47,6 +47,14 @@ def test_small_comparison_videos_are_enlarged_with_sharp_pixels_and_labels():
     assert side_by_side(left.repeat(8, axis=1), right.repeat(8, axis=1)).shape == (2, 320, 120, 3)
 
 
+def test_comparison_videos_of_full_size_frames_in_any_memory_layout_get_their_labels():
+    # decoded frames arrive as a permuted (T, C, H, W) tensor's view: not C-ordered
+    planar = np.random.default_rng(0).integers(0, 200, (2, 3, 256, 32), dtype=np.uint8)
+    frames = planar.transpose(0, 2, 3, 1)
+    video = side_by_side(frames, frames)
+    assert video.shape == (2, 256, 64, 3) and (video[:, :40] == 255).any()
+
+
 def test_the_latent_picture_is_the_same_in_every_run():
     """Exact PCA with fixed signs: the same latents give the same picture whatever the global
     RNG holds (a randomised PCA made it vary from run to run), one tile per latent frame."""

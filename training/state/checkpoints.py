@@ -37,7 +37,15 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, broadcast_object_list, gather_object
 from safetensors.torch import load_file, save_file
 
-from common.config import TrainConfig, below, resolve_path, run_prefix
+from common.config import (
+    TrainConfig,
+    below,
+    changed_from_file,
+    config_file_label,
+    resolve_path,
+    run_prefix,
+    same_config_file,
+)
 from common.errors import UserError, readable_size
 from common.run_files import CHECKPOINT_MANIFEST, DamagedCheckpointError, file_checksum, read_checkpoint_manifest
 from models.atomic import TMP_PREFIX, atomic_write, fsync_directory, temporary_name
@@ -157,15 +165,81 @@ def check_variant(config: TrainConfig, path: Path) -> None:
         )
 
 
+def check_own_run(config: TrainConfig, run: Path, checkpoint: Path) -> None:
+    """A resume continues the checkpoint's own run, in its folder, under the config that
+    started it. Another preset or config file than the one the checkpoint records, or an
+    ``output_dir``/``run_name`` set on the command line that names another folder, is
+    refused before anything is written (``--key=value`` changes of other keys stay allowed)."""
+    started_with = read_trainer_state(checkpoint).get("config", {}).get("config_file", "")
+    conflicts = []
+    if not same_config_file(started_with, config.config_file):
+        conflicts.append(f"uses {config_file_label(config.config_file)}")
+    given = changed_from_file(config, ("output_dir", "run_name"))
+    elsewhere = [
+        f"--{key}={getattr(config, key)}"
+        for key, differs in (
+            ("output_dir", Path(config.output_dir).resolve() != run.resolve().parent),
+            ("run_name", config.run_name != run.name),
+        )
+        if key in given and differs
+    ]
+    if elsewhere:
+        conflicts.append(f"gives {' '.join(elsewhere)}")
+    if not conflicts:
+        return
+    origin = config_file_label(started_with) if started_with else "its own config"
+    weights = checkpoint / "weights.safetensors"
+    raise UserError(
+        f"{checkpoint} belongs to the run {run}, started with {origin}, but this command {' and '.join(conflicts)}: "
+        f"a resume continues its run in its own folder under the config that started it. Resume with {origin} "
+        "(--key=value changes allowed) and no other --output_dir/--run_name, or start a new run from its "
+        f"weights with --pretrained_model_path={weights if weights.is_file() else checkpoint}"
+    )
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".pth")
+
+
+def _checkpoint_near(path: Path) -> Path | None:
+    """For a file given to ``--resume``: the checkpoint folder it sits in, else the newest
+    checkpoint of the run folder it sits in (or of the run above: best_model/, export/)."""
+    if CHECKPOINT_RE.match(path.parent.name) and (path.parent / CHECKPOINT_MANIFEST).is_file():
+        return path.parent
+    for run in (path.parent, path.parent.parent):
+        if found := list_checkpoints(run / "checkpoints"):
+            return found[-1]
+    return None
+
+
+def not_a_checkpoint(spec: str, path: Path) -> UserError:
+    """``--resume`` given a file (a weight file, a manifest, a config): what it is and what
+    to give instead."""
+    near = _checkpoint_near(path)
+    ways = []
+    if path.suffix in WEIGHT_SUFFIXES:
+        exported = near / "weights.safetensors" if near == path.parent else None
+        weights = exported if exported is not None and exported.is_file() else path
+        ways.append(f"start a new run from these weights with --pretrained_model_path={weights}")
+    ways.append(
+        f"continue its run with --resume {near}"
+        if near is not None
+        else "continue a run with --resume <run>/checkpoints/checkpoint-<step> (a checkpoint folder)"
+    )
+    what = "a weight file" if path.suffix in WEIGHT_SUFFIXES else "a file"
+    return UserError(f"--resume {spec}: {path} is {what}, not a checkpoint folder: {', or '.join(ways)}")
+
+
 def resolve_resume(config: TrainConfig) -> tuple[Path | None, Path | None]:
     """(run directory, checkpoint) to continue; (None, None) for a fresh run.
 
     ``resume_from_checkpoint``: "latest" (the newest complete and intact checkpoint of this
     config's runs, an error if there is none), a checkpoint name (in the newest of this
     config's runs that holds it) or a path (an error if it does not exist, is incomplete or
-    damaged). ``auto_resume``: "latest" when there is a checkpoint, else a fresh run, so
-    one command both starts and restarts a job. The checkpoint must come from the same
-    TAE variant.
+    damaged; a file, such as a weight file, is refused saying what to give instead).
+    ``auto_resume``: "latest" when there is a checkpoint, else a fresh run, so one command
+    both starts and restarts a job. The checkpoint must come from the same TAE variant, and
+    its run is continued in its own folder under the config that started it
+    (``check_own_run``).
     """
     spec = config.resume_from_checkpoint
     found = None
@@ -180,6 +254,8 @@ def resolve_resume(config: TrainConfig) -> tuple[Path | None, Path | None]:
         path = resolve_path(spec)
         if "/" not in spec and not path.exists():  # a bare name
             path = _checkpoint_named(config, spec)
+        if path.is_file():
+            raise not_a_checkpoint(spec, path)
         if not path.is_dir():
             raise UserError(f"--resume {spec}: checkpoint {path} does not exist")
         checkpoint_step(path)
@@ -188,6 +264,7 @@ def resolve_resume(config: TrainConfig) -> tuple[Path | None, Path | None]:
     if found is None:
         return None, None
     check_variant(config, found[1])
+    check_own_run(config, *found)
     return found
 
 
