@@ -97,11 +97,12 @@ import torch
 print(f"gpus={torch.cuda.device_count()}", flush=True)
 from common.config import load_config
 from common.errors import EXIT_USER_ERROR, USER_ERRORS
+from training.loop.feed import feed_notes
 from training.loop.memory import check_fits
 from training.preflight import check
 try:
     config = load_config(sys.argv[1], [arg for arg in sys.argv[2:] if arg != "--debug"])
-    for note in [*check(config), *check_fits(config)]:
+    for note in [*check(config), *check_fits(config), *feed_notes(config)]:
         print(f"  note: {note}")
     from training.state.checkpoints import resolve_resume
     _, checkpoint = resolve_resume(config)  # a damaged checkpoint or one of another variant stops here

@@ -37,6 +37,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from common.errors import UserError
+from common.packet_count import count_frames_from_packets
 
 logger = logging.getLogger(__name__)
 
@@ -457,12 +458,22 @@ class VideoInfo:
     height: int
 
 
-def probe_video(path: str | Path, threads: int = 1) -> VideoInfo:
-    """Decode a whole video (or image file) to learn its true length; raises BadClipError
-    if unusable, without opening a FIFO, socket or device."""
+def probe_video(path: str | Path, threads: int = 1, exact_decode: bool = False) -> VideoInfo:
+    """A video's (or image file's) true length, frame rate and size; raises BadClipError if
+    unusable, without opening a FIFO, socket or device.
+
+    The size and frame rate are OpenCV's; the length is the number of frames OpenCV's
+    ``grab`` yields from frame 0 to the end. Of an H.264 or HEVC video it is counted from
+    the packets when they prove it (``count_frames_from_packets``), which reads the file
+    but decodes nothing; otherwise, or with ``exact_decode``, every frame is decoded.
+    """
     with open_clip(str(path), threads=threads) as reader:
         fps, (width, height) = reader.fps, reader.size
-        frames = reader.count_frames()
+        frames = None
+        if isinstance(reader, VideoReader) and not exact_decode:
+            frames = count_frames_from_packets(str(path), reader.container_frame_count).frames
+        if frames is None:
+            frames = reader.count_frames()
     if frames == 0:
         raise BadClipError("no decodable frames")
     return VideoInfo(frames=frames, fps=fps, width=width, height=height)

@@ -20,6 +20,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from accelerate.data_loader import DataLoaderShard
 
 from common.clips import (
     AreaResizer,
@@ -828,7 +829,6 @@ def test_a_stop_signal_before_a_workers_init_leaves_it_running():
         os.kill(os.getpid(), signal.SIGTERM)  # not from the parent: must be ignored, not fatal
         leave_stop_signals_to_parent(worker_id)
 
-    loader = torch.utils.data.DataLoader(
-        list(range(6)), batch_size=2, num_workers=1, worker_init_fn=signalled_before_init
-    )
-    assert [batch.tolist() for batch in batches_until_data_error(loader)] == [[0, 1], [2, 3], [4, 5]]
+    for loader_class in (torch.utils.data.DataLoader, DataLoaderShard):  # plain, and as Accelerate prepares it
+        loader = loader_class(list(range(6)), batch_size=2, num_workers=1, worker_init_fn=signalled_before_init)
+        assert [batch.tolist() for batch in batches_until_data_error(loader)] == [[0, 1], [2, 3], [4, 5]]

@@ -95,7 +95,7 @@ def test_custom_config_path(tmp_path):
     config = tmp_path / "my_config.py"
     config.write_text(
         "from training.configs.taehv_config_test import config as base\n"
-        "config = base.replace(data_root='/definitely/missing')\n"
+        "config = base.replace(data_root='/definitely/missing', annotation_file='', val_annotation_file='')\n"
     )
     result = launch("1", "custom", str(config))
     assert "/definitely/missing does not exist" in only_error_line(result)

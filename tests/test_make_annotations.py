@@ -6,12 +6,14 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import av
 import cv2
 import numpy as np
 import pytest
@@ -19,6 +21,8 @@ import pytest
 from common.clips import ClipTable, VideoClipDataset
 from common.errors import UserError
 from training import make_annotations
+from training.data import probe_pool
+from training.data.probe_records import probes_path, read_probes, shard_of
 from training.make_annotations import DEFAULT_GROUP_REGEX, group_key, main, split_train_val
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -152,11 +156,13 @@ def test_fifo_and_device_are_reported_without_being_opened(demo_clips, tmp_path)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_probe_past_the_time_limit_is_killed_and_the_rest_carries_on(demo_clips, tmp_path, monkeypatch, workers):
+def test_probe_past_the_time_limit_is_killed_and_the_rest_carries_on(
+    demo_clips, tmp_path, monkeypatch, capsys, workers
+):
     src = clip_folder(demo_clips, tmp_path / "videos", count=3)
     for name in ("a_crash.mp4", "b_stuck.mp4"):  # copies: the probe sees resolved paths
         (src / name).write_bytes((src / "clip_00000.mp4").read_bytes())
-    real_probe = make_annotations.probe_video
+    real_probe = probe_pool.probe_video
 
     def probe(path, threads=1):  # forked workers inherit this
         if path.name == "b_stuck.mp4":
@@ -165,7 +171,7 @@ def test_probe_past_the_time_limit_is_killed_and_the_rest_carries_on(demo_clips,
             os.kill(os.getpid(), signal.SIGKILL)  # as a decoder crash ends the process
         return real_probe(path, threads)
 
-    monkeypatch.setattr(make_annotations, "probe_video", probe)
+    monkeypatch.setattr(probe_pool, "probe_video", probe)
     out = tmp_path / "a.json"
     argv = [str(src), "-o", str(out), "--group_regex", "", "--val_fraction", "0.3", "--probe_timeout", "1"]
     argv += ["--workers", str(workers)]
@@ -180,6 +186,15 @@ def test_probe_past_the_time_limit_is_killed_and_the_rest_carries_on(demo_clips,
     train, val = ([e["path"] for e in read_list(tmp_path / f"a_{part}.json")] for part in ("train", "val"))
     assert train == sorted(train) and len(val) == 1  # sorted by path, whatever finished first
     assert sorted(train + val) == ["clip_00000.mp4", "clip_00001.mp4", "clip_00002.mp4"]
+
+    # The next run probes those two again (a time-out or a crash can be transient), not the rest.
+    monkeypatch.setattr(probe_pool, "probe_video", real_probe)
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert (
+        "probed 0 new or changed files (and 2 that timed out or crashed last time), reused 3" in capsys.readouterr().out
+    )
+    assert read_list(tmp_path / "a_skipped.json") == []
 
 
 def test_flags_out_of_range_and_existing_outputs_are_refused_before_probing(tmp_path, monkeypatch, capsys):
@@ -242,11 +257,179 @@ def test_one_group_warns_with_the_command_that_splits(demo_clips, tmp_path, caps
     assert "warning: the validation file is empty: all 6 clips are in one group, 'clip'" in err
     command = err.split("to fix it, run: ")[1].strip()
     again = shlex.split(command)
-    assert again[:3] == ["python", "-m", "training.make_annotations"] and again[-3:] == ["--group_regex", "", "--force"]
-    assert main(again[3:]) == 0
+    assert again[:3] == ["python", "-m", "training.make_annotations"] and again[-2:] == ["--group_regex", ""]
+    assert main(again[3:]) == 0  # no --force: the records file says these outputs are this run's
+    assert "probed 0 new or changed files, reused 6" in capsys.readouterr().out  # the split alone changed
     assert len(read_list(tmp_path / "a_val.json")) == 1
 
     single = clip_folder(demo_clips, tmp_path / "single", count=1)
     assert main([str(single), "-o", str(tmp_path / "b.json")]) == 1
     assert "a single clip cannot be split" in capsys.readouterr().err
     assert main([str(single), "-o", str(tmp_path / "b.json"), "--val_fraction", "0", "--force"]) == 0
+
+
+# ----------------------------------------------------------------------------------------
+# Incremental runs, shards and merge: 300 small files
+# ----------------------------------------------------------------------------------------
+
+
+def tiny_mp4(path: Path, frames: int) -> bytes:
+    """A 16x16 H.264 clip of ``frames`` frames (~1.5 kB), written and returned."""
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=10)
+        stream.width = stream.height = 16
+        stream.pix_fmt = "yuv420p"
+        for i in range(frames):
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(np.full((16, 16, 3), 40 * i, np.uint8), "rgb24")))
+        container.mux(stream.encode())
+    return path.read_bytes()
+
+
+def many_clip_folder(folder: Path, count: int = 300) -> Path:
+    """``count`` files under ``folder``: copies of a 2-frame and a 4-frame clip in 6
+    folders from 40 sources, and 3 unusable files (text, empty, a broken link)."""
+    folder.mkdir(parents=True)
+    short, long = tiny_mp4(folder.parent / "short.mp4", 2), tiny_mp4(folder.parent / "long.mp4", 4)
+    for i in range(count - 3):
+        path = folder / f"drive_{i % 6}" / f"src{i % 40}_{i:03d}.mp4"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(long if i % 3 else short)
+    (folder / "notes.mp4").write_text("not a video")
+    (folder / "drive_1" / "empty.mkv").write_bytes(b"")
+    (folder / "gone.mp4").symlink_to(folder / "nowhere.mp4")
+    return folder
+
+
+def outputs(out: Path) -> dict[str, bytes]:
+    return {part: path.read_bytes() for part, path in make_annotations.output_paths(out).items()}
+
+
+def annotate(capsys, src: Path, out: Path, *flags: str) -> str:
+    """Run the tool in this process (2 workers); its stdout."""
+    capsys.readouterr()
+    assert main([str(src), "-o", str(out), "--workers", "2", *flags]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def many_clips(tmp_path_factory) -> dict:
+    """300 files and the annotation files of one plain run on them (not to be changed)."""
+    root = tmp_path_factory.mktemp("many")
+    src = many_clip_folder(root / "videos")
+    out = root / "one" / "a.json"
+    assert main([str(src), "-o", str(out), "--workers", "2"]) == 0
+    return {"src": src, "out": out, "outputs": outputs(out)}
+
+
+def test_shards_then_merge_write_the_files_of_one_machine(many_clips, tmp_path, capsys):
+    src, out = many_clips["src"], tmp_path / "a.json"
+    reference = many_clips["outputs"]
+    assert b'"reason": "missing"' in reference["skipped"] and reference["val"].count(b"\n") > 10
+    for k in (1, 2, 3):
+        annotate(capsys, src, out, "--shard", f"{k}/3")
+    assert not any(p.exists() for p in make_annotations.output_paths(out).values())  # parts only
+    parts = [read_probes(probes_path(out, (k, 3))) for k in (1, 2, 3)]
+    assert sum(len(p.records) for p in parts) == 300 and all(80 < len(p.records) < 120 for p in parts)
+    assert all(shard_of(rel, 3) == k for k, p in enumerate(parts, 1) for rel in p.records)
+
+    assert "probed 0 new or changed files" in annotate(capsys, src, out, "--shard", "2/3")  # incremental too
+    assert "merged 3 probe parts: 300 videos" in annotate(capsys, src, out, "--merge")
+    assert outputs(out) == reference  # byte for byte
+    # A plain run on the same -o needs no --force (the parts are of this DIR) and reuses nothing.
+    assert "probed 300 new or changed files" in annotate(capsys, src, out)
+    assert outputs(out) == reference
+
+
+def test_rerun_probes_only_new_and_changed_files(tmp_path, capsys):
+    src, out = many_clip_folder(tmp_path / "videos"), tmp_path / "a.json"
+    assert "probed 300 new or changed files, reused 0" in annotate(capsys, src, out)
+    first = outputs(out)
+    # Unchanged folder: nothing probed, same files (written again without --force).
+    assert "probed 0 new or changed files, reused 300" in annotate(capsys, src, out)
+    assert outputs(out) == first
+    # --min_frames applies to the records: no probe either.
+    stdout = annotate(capsys, src, out, "--min_frames", "3")
+    assert "probed 0 new or changed files, reused 300" in stdout and "too short" in stdout
+
+    for i in range(5):
+        (src / "drive_new" / f"new{i}_clip.mp4").parent.mkdir(exist_ok=True)
+        shutil.copy(src / "drive_1" / "src1_001.mp4", src / "drive_new" / f"new{i}_clip.mp4")
+    touched = src / "drive_2" / "src2_002.mp4"
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
+    (src / "drive_3" / "src3_003.mp4").unlink()
+    assert "probed 6 new or changed files, reused 298" in annotate(capsys, src, out)
+    records = read_probes(probes_path(out)).records
+    assert len(records) == 304 and "drive_3/src3_003.mp4" not in records  # a file gone is dropped
+    assert records["drive_new/new4_clip.mp4"]["probe"]["frames"] == 4
+
+
+def test_stopped_run_continues_where_it_stopped(many_clips, tmp_path, capsys):
+    src, reference = many_clips["src"], many_clips["outputs"]
+    # A kill -9 of the tool mid-way (each probe slowed down to 5 ms) ...
+    out = tmp_path / "killed" / "a.json"
+    slow_tool = (
+        "import sys, time; from training import make_annotations as m; from training.data import probe_pool as p\n"
+        "real = p.probe_video; p.probe_video = lambda path, threads=1: (time.sleep(0.005), real(path, threads))[1]\n"
+        "m.main(sys.argv[1:])"
+    )
+    command = [sys.executable, "-c", slow_tool, str(src), "-o", str(out)]
+    tool = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    records_file = probes_path(out)
+    deadline = time.monotonic() + 60
+    while not (records_file.exists() and records_file.read_bytes().count(b"\n") > 30) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    tool.kill()
+    tool.wait()
+    recorded = len(read_probes(records_file).records)
+    assert 30 <= recorded < 300 and not read_probes(records_file).complete
+    # ... continues with the files not yet recorded.
+    stdout = annotate(capsys, src, out)
+    assert f"probed {300 - recorded} new or changed files, reused {recorded}" in stdout
+    assert outputs(out) == reference
+
+    # A records file cut in the middle of a line (record 150): the torn line is ignored.
+    text = records_file.read_text()
+    start = text.index("\n".join(text.splitlines()[150:152]))
+    records_file.write_text(text[: start + 20])
+    assert "probed 151 new or changed files, reused 149" in annotate(capsys, src, out)
+    assert outputs(out) == reference
+
+
+def test_merge_and_shard_mistakes_are_refused_in_one_line(demo_clips, tmp_path, capsys):
+    src = clip_folder(demo_clips, tmp_path / "videos", count=3)
+    other = clip_folder(demo_clips, tmp_path / "other", count=3)
+    out = tmp_path / "a.json"
+    refusals = [
+        (["--shard", "0/3"], "--shard 0/3: K must be between 1 and N (3)"),
+        (["--shard", "4/3"], "--shard 4/3: K must be between 1 and N (3)"),
+        (["--shard", "two"], "--shard 'two': expected K/N, e.g. --shard 1/8"),
+        (["--merge"], f"no probe parts next to {out} (a_probes.shard-K-of-N.jsonl): run --shard K/N"),
+    ]
+    for flags, message in refusals:
+        with pytest.raises(UserError) as err:
+            main([str(src), "-o", str(out), *flags])
+        assert str(err.value).startswith(message), str(err.value)
+
+    annotate(capsys, src, out, "--shard", "1/2")
+    with pytest.raises(UserError, match=r"^1 of the 2 probe parts are missing next to .*: run --shard 2/2$"):
+        main([str(src), "-o", str(out), "--merge"])
+    annotate(capsys, other, out, "--shard", "2/2")  # of another folder
+    with pytest.raises(UserError, match=rf"a_probes.shard-2-of-2.jsonl holds the probes of {other}, not of {src}"):
+        main([str(src), "-o", str(out), "--merge"])
+    with pytest.raises(UserError, match=r"holds the probes of .*other.*: pass --force to start over, or another -o"):
+        main([str(src), "-o", str(out), "--shard", "2/2"])
+    annotate(capsys, src, out, "--shard", "2/2", "--force")
+    part = probes_path(out, (2, 2))
+    part.write_text(part.read_text().rsplit('{"complete"', 1)[0])  # as when stopped before the end
+    with pytest.raises(UserError, match=r"a_probes.shard-2-of-2.jsonl is incomplete .*: run --shard 2/2 again"):
+        main([str(src), "-o", str(out), "--merge"])
+    annotate(capsys, src, out, "--shard", "2/2")
+    annotate(capsys, src, out, "--shard", "1/3")
+    result = run_cli(str(src), "-o", str(out), "--merge")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"error: {tmp_path} holds probe parts of 2 and of 3 shards for a.json: "
+        "delete the parts of the sharding no longer in use"
+    ]
+    probes_path(out, (1, 3)).unlink()
+    assert "merged 2 probe parts: 3 videos" in annotate(capsys, src, out, "--merge", "--val_fraction", "0")

@@ -516,6 +516,7 @@ def test_pickled_weights_diffusers_cannot_load_are_one_line_when_loading(tmp_pat
         ReferenceVAE(root, "cogvideox", dtype="fp32")
 
 
+@pytest.mark.slow  # a training process
 def test_training_refuses_unloadable_weights_in_one_line_before_the_run_folder(tmp_path, demo_clips):
     """``python -m training.taehv_train`` with weights of other shapes: exit 2, one error
     line naming the folder and the tensor, and no run folder."""

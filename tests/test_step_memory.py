@@ -1,14 +1,16 @@
-"""The pre-flight's estimate of one step's activations (training/loop/memory.py)."""
+"""The pre-flight's estimates of one step: its activations (training/loop/memory.py) and the
+frames per second the loader must feed one GPU (training/loop/feed.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from common.config import load_config
 from common.errors import UserError
 from models.taehv import TAEHV
-from training.loop import memory
+from training.loop import feed, memory
 
 
 def saved_on_cpu(variant: str, frames: int, with_reference: bool, train_encoder: bool) -> int:
@@ -72,3 +74,27 @@ def test_the_h100_preset_needs_about_24_gib_of_activations(monkeypatch):
     finally:
         memory.activation_bytes.cache_clear()
     assert 20 * 2**30 < needed < 28 * 2**30
+
+
+def test_the_flops_counted_on_the_meta_device_are_a_real_forwards():
+    torch.manual_seed(0)
+    net = TAEHV(variant="taecvx").to(torch.bfloat16)
+    clips = torch.rand(1, 9, 3, 32, 32, dtype=torch.bfloat16)
+    with FlopCounterMode(display=False) as counter:
+        net(clips, None, decode_own=True)
+    assert feed.forward_flops("taecvx", 1, 9, 32, 32, False, True) == counter.get_total_flops() > 0
+
+
+def test_the_loader_feed_warning_names_the_workers_one_gpu_needs():
+    # the plain autoencoder: the fastest step, the most frames per second to feed
+    config = load_config("training/configs/taehv_config_1gpu_h100.py", ["--ref_vae_path=", "--pretrained_model_path="])
+    h200 = ("NVIDIA H200", feed.BF16_PEAK["H200"])
+    (note,) = feed.feed_notes(config, h200)
+    assert "may not keep up" not in note and "8 loader worker(s)" in note
+    (warning,) = feed.feed_notes(config.replace(dataloader_num_workers=2), h200)
+    assert warning.startswith("the loader may not keep up") and "dataloader_num_workers=4 or more" in warning
+    assert feed.feed_notes(config.replace(mixed_precision="no"), h200) == []  # no bf16 peak to go by
+    # the estimate follows the GPU's peak and the work per frame
+    assert feed.step_frames_per_second(config, feed.BF16_PEAK["A800"]) < feed.step_frames_per_second(config, 989e12) / 3
+    distilled = config.replace(ref_vae_path="x", reconstruction_loss_weight=1.0)  # two decodes per clip
+    assert feed.step_frames_per_second(distilled, 989e12) < feed.step_frames_per_second(config, 989e12)

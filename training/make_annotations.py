@@ -2,8 +2,9 @@
 
     python -m training.make_annotations DIR -o annotations.json [--val_fraction 0.1]
 
-Every video under DIR is decoded once to learn how many frames really decode (container
-counts can be wrong), its fps and size. With ``--images`` still images (.png, .webp: the
+Every video under DIR is probed once for how many frames really decode (container counts
+can be wrong), its fps and size: an intact H.264/HEVC file from its packets, anything else
+by decoding it (``common.clips.probe_video``). With ``--images`` still images (.png, .webp: the
 RGBA data) are annotated too, as one-frame clips with their size; a folder with images and
 no videos gets them without the flag (a note says so). Unusable files are left out and
 reported with the reason: unreadable, no decodable frames, too short for ``--min_frames``,
@@ -12,8 +13,24 @@ forever), or a probe still running after ``--probe_timeout`` seconds (its worker
 killed and replaced; a worker that crashes on a file is replaced too). Kept clips are split
 into ``<out>_train.json`` and ``<out>_val.json`` in the users' format
 ``{"total": N, "list": [{"path", "full_path", "frames", "duration", ...}]}``, sorted by path;
-the skipped files and reasons go to ``<out>_skipped.json``. Existing output files are
-replaced only with ``--force``.
+the skipped files and reasons go to ``<out>_skipped.json``.
+
+Incremental: each probe result is appended, as it arrives, to ``<out>_probes.jsonl`` (one
+JSON line per file, with its size and mtime_ns). A re-run reuses the records of files whose
+path, size and mtime_ns are unchanged, drops those of files that are gone, and probes only
+the rest, so a grown folder costs only its new files and a stopped run (Ctrl+C, kill -9, a
+preempted machine) continues where it stopped (a last line torn by a kill is ignored). Files
+that timed out or crashed their worker are probed again (that can be transient).
+``--min_frames`` and the split are applied when the files are written, so changing them
+probes nothing. Existing train/val/skipped files are replaced when a records file next to
+them (of a plain run or a shard) is of the same DIR: a re-run updates them. Otherwise they
+are replaced only with ``--force``, which also starts over a records file of another DIR.
+Delete the records file to probe everything again.
+
+Many machines: ``--shard K/N`` probes the files whose path hashes (sha256) to K of N and
+writes only ``<out>_probes.shard-K-of-N.jsonl`` (incremental too); once all N are done,
+``--merge`` reads the N parts, probing nothing, and writes the same train/val/skipped files,
+byte for byte, as one machine would.
 
 Clips from the same source stay on the same side of the split: the group of a clip is
 the first match of ``--group_regex`` on its path relative to DIR (by default its folder
@@ -22,11 +39,13 @@ plus the file name up to the first "_" or "."), and the split is deterministic g
 names the groups and gives the command that splits file by file.
 
 Exit status: 0 when the files are usable for training (clips in the train file, and in the
-validation file unless ``--val_fraction 0``); 1 when they were written but are not (no
-usable clip, or one side of the split is empty; the output says why and what to run);
-2 for a user's mistake, found before anything is probed (a flag out of range, DIR not a
-folder, existing output files without ``--force``) or when writing fails (no space, no
-permission): ``error: ...`` on stderr.
+validation file unless ``--val_fraction 0``), or when a ``--shard`` run has recorded its
+part; 1 when they were written but are not (no usable clip, or one side of the split is
+empty; the output says why and what to run); 2 for a user's mistake, found before anything
+is probed (a flag out of range, DIR not a folder, existing output files without ``--force``,
+a malformed ``--shard``, missing or mismatched parts for ``--merge``) or when writing fails
+(no space, no permission): ``error: ...`` on stderr; 130 when stopped by Ctrl+C (the
+records so far are kept).
 """
 
 from __future__ import annotations
@@ -35,28 +54,36 @@ import argparse
 import hashlib
 import json
 import math
-import multiprocessing
 import re
 import shlex
-import signal
 import sys
-import time
-from collections import Counter, deque
-from collections.abc import Iterator, Sequence
-from multiprocessing.connection import Connection, wait
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tqdm import tqdm
 
-from common.clips import IMAGE_EXTENSIONS, BadClipError, check_regular_file, find_videos, probe_video
+from common.clips import IMAGE_EXTENSIONS, find_videos
 from common.errors import UserError, exit_on_user_error
 from common.flags import ArgumentParser
+from training.data.probe_pool import probe_all
+from training.data.probe_records import (
+    PROBES_FORMAT,
+    ProbeRecords,
+    RecordWriter,
+    file_key,
+    parse_shard,
+    probe_record,
+    probes_path,
+    read_parts,
+    read_probes,
+    records_of,
+    shard_of,
+)
 
 DEFAULT_GROUP_REGEX = r"^(?:.*/)?[^_./]+"
-DEFAULT_PROBE_TIMEOUT = 600.0  # seconds per file: 1.5-5 hours of 720p at 30 fps at 300-900 frames/s
-
-Job = tuple[Path, str, int]  # (root, path relative to it, min_frames)
-Result = tuple[str, dict | None, str | None]  # (relative path, annotation entry or None, why it was skipped)
+DEFAULT_PROBE_TIMEOUT = 600.0  # seconds per file: a decoded probe reads 1.5-5 hours of 720p at 300-900 frames/s
+EXIT_INTERRUPTED = 130
 
 
 def group_key(rel_path: str, pattern: re.Pattern[str] | None) -> str:
@@ -87,115 +114,20 @@ def write_annotation(path: Path, entries: Sequence[dict]) -> None:
         f.write("\n]}\n")
 
 
-def _probe(job: Job) -> Result:
-    root, rel, min_frames = job
-    full = (root / rel).resolve()
-    try:
-        info = probe_video(full)
-    except BadClipError as err:
-        return rel, None, str(err)
-    if info.frames < min_frames:
-        return rel, None, f"too short: {info.frames} decodable frames < --min_frames {min_frames}"
-    entry: dict = {"path": rel, "full_path": str(full), "frames": info.frames}
-    if full.suffix.lower() not in IMAGE_EXTENSIONS:  # a still image has no duration or fps
-        entry["duration"] = round(info.frames / info.fps, 3) if info.fps > 0 else None
-        entry["fps"] = round(info.fps, 3)
-    entry["width"], entry["height"] = info.width, info.height
-    return rel, entry, None
-
-
-def _probe_worker(conn: Connection) -> None:
-    """A probing process: probes the jobs it receives, one at a time, until it gets None."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's: it ends the workers
-    while (job := conn.recv()) is not None:
-        conn.send(_probe(job))
-
-
-class _Worker:
-    """One probing process and the job it has in flight (with its start time)."""
-
-    def __init__(self, context: multiprocessing.context.BaseContext):
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=_probe_worker, args=(child,), daemon=True)
-        self.process.start()
-        child.close()
-        self.rel: str | None = None
-        self.started = 0.0
-
-    def start(self, job: Job) -> None:
-        self.rel, self.started = job[1], time.monotonic()
-        self.conn.send(job)
-
-    def died(self) -> str:
-        """The skip reason of the job in flight when the process ended by itself."""
-        self.process.join()
-        code = self.process.exitcode
-        how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit status {code}"
-        return f"probe process died ({how})"
-
-    def kill(self) -> None:
-        """SIGKILL: a read stuck in the kernel or a decoder loop cannot be interrupted otherwise."""
-        self.process.kill()
-        self.process.join(timeout=10)
-        self.conn.close()
-
-    def stop(self) -> None:
-        self.conn.send(None)
-        self.process.join(timeout=10)
-        self.conn.close()
-
-
-def probe_all(root: Path, rel_paths: Sequence[str], min_frames: int, workers: int, timeout: float) -> Iterator[Result]:
-    """Probe ``rel_paths`` and yield ``(rel, entry, reason)`` per file, in completion order.
-
-    A file that is not a regular file is reported without being opened. The others are
-    probed in up to ``workers`` worker processes, one file in flight per worker: a probe
-    still running after ``timeout`` seconds has its worker killed and replaced, and a
-    worker that dies on a file is replaced; either way the file is reported with the
-    reason and probing carries on."""
-    pending: deque[Job] = deque()
-    for rel in rel_paths:
-        try:
-            check_regular_file(root / rel)  # from stat alone: opening a FIFO can wait forever
-        except BadClipError as err:
-            yield rel, None, str(err)
-            continue
-        pending.append((root, rel, min_frames))
-    if not pending:
-        return
-    # fork: a worker starts at once (no re-import of torch and OpenCV), also as a replacement
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-    pool: list[_Worker] = []
-    try:
-        for _ in range(min(workers, len(pending))):
-            pool.append(_Worker(context))
-            pool[-1].start(pending.popleft())
-        while busy := [w for w in pool if w.rel is not None]:
-            first_deadline = min(w.started for w in busy) + timeout
-            ready = wait([w.conn for w in busy], timeout=max(0.0, first_deadline - time.monotonic()))
-            for worker in busy:
-                if worker.conn in ready:
-                    try:
-                        result = worker.conn.recv()
-                    except EOFError:  # the process ended without an answer (a decoder crash)
-                        result = (worker.rel, None, worker.died())
-                elif time.monotonic() - worker.started >= timeout:
-                    result = (worker.rel, None, f"timed out after {timeout:g} s")
-                    worker.kill()
-                else:
-                    continue
-                yield result
-                worker.rel = None
-                if not worker.process.is_alive():
-                    pool[pool.index(worker)] = worker = _Worker(context)
-                if pending:
-                    worker.start(pending.popleft())
-        for worker in pool:
-            worker.stop()
-    finally:
-        for worker in pool:
-            if worker.process.is_alive():
-                worker.kill()
+def annotation_entry(record: dict, min_frames: int) -> tuple[dict | None, str | None]:
+    """The annotation of a probe record, or why the file is skipped (``--min_frames`` is
+    applied here, so that changing it needs no new probe)."""
+    if "skip" in record:
+        return None, record["skip"]
+    info = record["probe"]
+    if info["frames"] < min_frames:
+        return None, f"too short: {info['frames']} decodable frames < --min_frames {min_frames}"
+    entry: dict = {"path": record["path"], "full_path": info["full_path"], "frames": info["frames"]}
+    if Path(info["full_path"]).suffix.lower() not in IMAGE_EXTENSIONS:  # a still image has no duration or fps
+        entry["duration"] = round(info["frames"] / info["fps"], 3) if info["fps"] > 0 else None
+        entry["fps"] = round(info["fps"], 3)
+    entry["width"], entry["height"] = info["width"], info["height"]
+    return entry, None
 
 
 def output_paths(out: Path) -> dict[str, Path]:
@@ -253,6 +185,84 @@ def split_problem(
     return message, []
 
 
+def write_outputs(
+    paths: dict[str, Path],
+    records: Iterable[dict],
+    min_frames: int,
+    pattern: re.Pattern[str] | None,
+    val_fraction: float,
+    seed: int,
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """Write the train, val and skipped files from the probe records; return (train, val,
+    skipped). They depend on the set of records, not on their order or on the sharding."""
+    kept, skipped = [], []
+    for record in records:
+        entry, reason = annotation_entry(record, min_frames)
+        if entry is None:
+            skipped.append({"path": record["path"], "reason": reason})
+        else:
+            kept.append(entry)
+    kept.sort(key=lambda e: e["path"])  # workers finish in any order; the files do not depend on it
+    skipped.sort(key=lambda s: s["path"])
+    is_val = split_train_val([group_key(e["path"], pattern) for e in kept], val_fraction, seed)
+    train = [e for e, v in zip(kept, is_val) if not v]
+    val = [e for e, v in zip(kept, is_val) if v]
+    try:
+        paths["train"].parent.mkdir(parents=True, exist_ok=True)
+        write_annotation(paths["train"], train)
+        write_annotation(paths["val"], val)
+        paths["skipped"].write_text(json.dumps({"total": len(skipped), "list": skipped}, indent=1) + "\n")
+    except OSError as err:  # read-only file system, no space, no permission: the user's to fix
+        raise UserError(f"cannot write the annotations next to {paths['train']}: {err.strerror or err}") from None
+    return train, val, skipped
+
+
+def probe_folder(
+    root: Path,
+    rel_paths: Sequence[str],
+    previous: ProbeRecords | None,
+    records_file: Path,
+    header: dict,
+    workers: int,
+    timeout: float,
+    what: str,
+) -> dict[str, dict]:
+    """The probe record of every file of ``rel_paths``: reused from ``previous`` where the
+    file's size and mtime_ns are unchanged (and it did not time out or crash), probed
+    otherwise; all of them written to the records file as they come."""
+    keys = {rel: file_key(root / rel) for rel in rel_paths}
+    old = previous.records if previous is not None else {}
+    reused = {
+        rel: r
+        for rel in rel_paths
+        if (r := old.get(rel)) and not r.get("retry") and (r["size"], r["mtime_ns"]) == keys[rel]
+    }
+    to_probe = [rel for rel in rel_paths if rel not in reused]
+    retried = sum(
+        1 for rel in to_probe if (r := old.get(rel)) and r.get("retry") and (r["size"], r["mtime_ns"]) == keys[rel]
+    )
+    records = dict(reused)
+    writer = RecordWriter(records_file, header, reused.values())
+    try:
+        probes = probe_all(root, to_probe, workers, timeout)
+        for probe in tqdm(probes, total=len(to_probe), desc=f"probing {what}", unit="file"):
+            records[probe.rel] = record = probe_record(probe, keys[probe.rel])
+            writer.add(record)
+        writer.finish()
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted: {writer.count} probe records are kept in {writer.path}; "
+            "the same command continues from there",
+            file=sys.stderr,
+        )
+        raise
+    finally:
+        writer.close()
+    again = f" (and {retried} that timed out or crashed last time)" if retried else ""
+    print(f"probed {len(to_probe) - retried} new or changed files{again}, reused {len(reused)} -> {writer.path}")
+    return records
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", type=Path, help="folder scanned recursively for videos")
@@ -281,7 +291,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"annotate still images ({' '.join(IMAGE_EXTENSIONS)}) too, as one-frame clips "
         "(automatic when DIR holds no videos)",
     )
-    parser.add_argument("--force", action="store_true", help="replace the annotation files when they exist")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace annotation files that no records file of this DIR accounts for, and start over "
+        "a records file of another DIR",
+    )
+    sharding = parser.add_mutually_exclusive_group()
+    sharding.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="probe only part K of N (by a hash of the path) and write only its records, for --merge",
+    )
+    sharding.add_argument(
+        "--merge", action="store_true", help="write the annotation files from the N parts of --shard runs (no probing)"
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
 
@@ -293,44 +317,63 @@ def main(argv: Sequence[str] | None = None) -> int:
         pattern = re.compile(args.group_regex) if args.group_regex else None
     except re.error as err:
         parser.error(f"--group_regex {args.group_regex!r} is not a regular expression: {err}")
+    shard = parse_shard(args.shard) if args.shard is not None else None
     if args.output.is_dir():
         raise UserError(f"-o {args.output} is a folder: name a file, e.g. {args.output / 'annotations.json'}")
     paths = output_paths(args.output)
-    if not args.force and (there := [p.name for p in paths.values() if p.exists()]):
-        raise UserError(
-            f"{args.output.parent} already holds {', '.join(there)}: pass --force to replace them, or another -o"
-        )
-
     root = args.directory.resolve()
-    images = args.images
-    rel_paths = find_videos(root, images)
-    if not rel_paths and not images and (rel_paths := find_videos(root, images=True)):
-        images = True
-        print(f"note: no videos under {root}: annotating its {len(rel_paths)} still images (one frame each)")
-    what = "videos and images" if images else "videos"
-    kept, skipped = [], []
-    probes = probe_all(root, rel_paths, args.min_frames, args.workers, args.probe_timeout)
-    for rel, entry, reason in tqdm(probes, total=len(rel_paths), desc=f"probing {what}", unit="file"):
-        if entry is None:
-            skipped.append({"path": rel, "reason": reason})
-        else:
-            kept.append(entry)
-    kept.sort(key=lambda e: e["path"])  # workers finish in any order; the files do not depend on it
-    skipped.sort(key=lambda s: s["path"])
 
-    is_val = split_train_val([group_key(e["path"], pattern) for e in kept], args.val_fraction, args.seed)
-    train = [e for e, v in zip(kept, is_val) if not v]
-    val = [e for e, v in zip(kept, is_val) if v]
+    if args.merge:
+        parts, records = read_parts(args.output, root)
+        what = "videos and images" if parts[0].header["images"] else "videos"
+        print(f"merged {len(parts)} probe parts: {len(records)} {what}")
+    else:
+        records_file = probes_path(args.output, shard)
+        previous = read_probes(records_file) if records_file.exists() else None
+        if previous is not None and previous.header["dir"] != str(root):
+            if not args.force:
+                raise UserError(
+                    f"{records_file} holds the probes of {previous.header['dir']}, not of {root}: "
+                    "pass --force to start over, or another -o"
+                )
+            previous = None
+        if (
+            shard is None
+            and not args.force
+            and not records_of(args.output, root)
+            and (there := [p.name for p in paths.values() if p.exists()])
+        ):
+            raise UserError(
+                f"{args.output.parent} already holds {', '.join(there)}: pass --force to replace them, or another -o"
+            )
 
-    try:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        write_annotation(paths["train"], train)
-        write_annotation(paths["val"], val)
-        paths["skipped"].write_text(json.dumps({"total": len(skipped), "list": skipped}, indent=1) + "\n")
-    except OSError as err:  # read-only file system, no space, no permission: the user's to fix
-        raise UserError(f"cannot write the annotations next to {args.output}: {err.strerror or err}") from None
+        images = args.images
+        rel_paths = find_videos(root, images)
+        if not rel_paths and not images and (rel_paths := find_videos(root, images=True)):
+            images = True
+            print(f"note: no videos under {root}: annotating its {len(rel_paths)} still images (one frame each)")
+        what = "videos and images" if images else "videos"
+        if shard is not None:
+            found = len(rel_paths)
+            rel_paths = [rel for rel in rel_paths if shard_of(rel, shard[1]) == shard[0]]
+            print(f"shard {shard[0]}/{shard[1]}: {len(rel_paths)} of the {found} {what} under {root}")
+        shard_field = list(shard) if shard else None
+        header = {"make_annotations_probes": PROBES_FORMAT, "dir": str(root), "shard": shard_field, "images": images}
+        try:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"cannot write next to {args.output}: {err.strerror or err}") from None
+        records = probe_folder(root, rel_paths, previous, records_file, header, args.workers, args.probe_timeout, what)
+        if shard is not None:
+            print(
+                f"part {shard[0]} of {shard[1]} done: once all {shard[1]} are, "
+                "run the same command with --merge instead of --shard"
+            )
+            return 0
 
-    print(f"found {len(rel_paths)} {what} under {root}: kept {len(kept)}, skipped {len(skipped)}")
+    train, val, skipped = write_outputs(paths, records.values(), args.min_frames, pattern, args.val_fraction, args.seed)
+    kept = train + val
+    print(f"found {len(records)} {what} under {root}: kept {len(kept)}, skipped {len(skipped)}")
     print(f"train: {len(train)} clips -> {paths['train']}")
     print(f"val:   {len(val)} clips -> {paths['val']}")
     if skipped:
@@ -343,10 +386,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not kept:
         print(f"no usable {what}: nothing to train on")
         return 1
-    problem = split_problem([e["path"] for e in kept], pattern, args.val_fraction, args.seed)
+    problem = split_problem(sorted(e["path"] for e in kept), pattern, args.val_fraction, args.seed)
     if problem is not None:
         message, flags = problem
-        again = ["python", "-m", "training.make_annotations", *argv, *flags, *([] if args.force else ["--force"])]
+        # no --force: the records file next to the annotations lets the same -o be rewritten
+        again = ["python", "-m", "training.make_annotations", *argv, *flags]
         fix = (
             f"to fix it, run: {shlex.join(again)}"
             if flags
@@ -358,7 +402,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _exit_with_status(argv: Sequence[str] | None = None) -> None:
-    sys.exit(main(argv))
+    try:
+        status = main(argv)
+    except KeyboardInterrupt:  # the records so far are kept (probe_folder said so)
+        status = EXIT_INTERRUPTED
+    sys.exit(status)
 
 
 if __name__ == "__main__":

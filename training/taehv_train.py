@@ -55,6 +55,7 @@ from training.data.loading import TrainingData, build_train_loader, build_traini
 from training.export import BUNDLE_FOLDER, write_bundle
 from training.loop.best_model import BestTracker
 from training.loop.distributed import process_group_backend, process_state
+from training.loop.feed import feed_notes
 from training.loop.memory import check_fits
 from training.loop.monitoring import Monitor
 from training.loop.optimisation import parse_duration
@@ -299,7 +300,7 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path
     started = time.perf_counter()  # the time budget counts the start-up too
     stop = stop or StopRequest()
     config = parse_args(argv)
-    notes = [*check(config), *check_fits(config)]
+    notes = [*check(config), *check_fits(config), *feed_notes(config)]
     faults = FaultPlan.parse(config.fault_injection)
     run_dir, resume_from, lock = decide_run_dir(process_state(), config)
     accelerator = make_accelerator(config, run_dir)

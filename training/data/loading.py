@@ -155,11 +155,19 @@ def batches_until_data_error(loader: Iterable[dict]) -> Iterator[dict | VideoDat
     """The loader's batches; when the data can no longer produce one (files deleted or a
     storage mount gone mid-run), the VideoDataError takes that batch's place and ends the
     iteration, so the training step can tell every rank and the run can save and stop."""
-    with stop_signals_held():  # the workers start here
+    # the workers start with stop signals held: at iter() of a DataLoader, at the first batch
+    # of a prepared one (Accelerate's loaders iterate in a generator, which starts on next())
+    with stop_signals_held():
         batches = iter(loader)
+    starting = True
     while True:
         try:
-            batch = next(batches)
+            if starting:
+                with stop_signals_held():
+                    batch = next(batches)
+                starting = False
+            else:
+                batch = next(batches)
         except StopIteration:
             return
         except VideoDataError as err:  # raised in a worker process, re-raised here by the DataLoader

@@ -29,6 +29,31 @@ CGROUP_MEMORY_LIMIT = Path("/sys/fs/cgroup/memory.max")
 BACKWARD_PEAK = 1.4
 
 
+def meta_training_inputs(
+    variant: str, batch: int, frames: int, height: int, width: int, dtype: torch.dtype, with_reference: bool
+) -> tuple[TAEHV, torch.Tensor, torch.Tensor | None]:
+    """A TAE, ``batch`` clips and (``with_reference``) reference latents on the ``meta``
+    device, for the training forward ``net(clips, reference, decode_own=...)``."""
+    with torch.device("meta"):
+        net = TAEHV(variant=variant).to(dtype)
+    clips = torch.zeros(batch, frames, net.image_channels, height, width, device="meta", dtype=dtype)
+    reference = None
+    if with_reference:
+        with torch.no_grad():
+            reference = torch.zeros_like(net.encode_video(clips))
+    return net, clips, reference
+
+
+def uses_reference(config: TrainConfig) -> bool:
+    """Whether the training forward gets reference latents (online or from the latent cache)."""
+    return bool(config.ref_vae_path or config.latent_cache_dir)
+
+
+def decodes_own_latents(config: TrainConfig) -> bool:
+    """Whether the training forward also decodes the TAE's own latents (end-to-end loss)."""
+    return not uses_reference(config) or config.reconstruction_loss_weight > 0
+
+
 @functools.lru_cache(maxsize=8)
 def activation_bytes(
     variant: str,
@@ -42,14 +67,8 @@ def activation_bytes(
     train_encoder: bool,
 ) -> int:
     """Bytes the training forward of ``batch`` clips keeps for the backward pass."""
-    with torch.device("meta"):
-        net = TAEHV(variant=variant).to(dtype)
+    net, clips, reference = meta_training_inputs(variant, batch, frames, height, width, dtype, with_reference)
     net.encoder.requires_grad_(train_encoder)
-    clips = torch.zeros(batch, frames, net.image_channels, height, width, device="meta", dtype=dtype)
-    reference = None
-    if with_reference:
-        with torch.no_grad():
-            reference = torch.zeros_like(net.encode_video(clips))
     kept: dict[int, int] = {}  # by storage: a tensor saved by several operations counts once
 
     def keep(tensor: torch.Tensor) -> torch.Tensor:
@@ -64,7 +83,6 @@ def activation_bytes(
 
 def step_bytes(config: TrainConfig) -> int:
     """The activations of one micro-batch of ``config``'s training."""
-    with_reference = bool(config.ref_vae_path or config.latent_cache_dir)
     return activation_bytes(
         config.variant,
         config.train_batch_size,
@@ -72,8 +90,8 @@ def step_bytes(config: TrainConfig) -> int:
         config.height,
         config.width,
         _HALF.get(config.mixed_precision, torch.float32),
-        with_reference,
-        not with_reference or config.reconstruction_loss_weight > 0,
+        uses_reference(config),
+        decodes_own_latents(config),
         config.train_encoder,
     )
 
