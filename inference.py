@@ -37,6 +37,7 @@ from common.reference_vae import ReferenceVAE
 from common.run_files import run_folder_of, verified_weights
 from evaluation.evaluator import Evaluator, out_of_memory_hint, summarise
 from evaluation.report import write_report
+from models.latent_spaces import AUTO_SPACE, SPACES
 from models.taehv import TAEHV
 from models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES
 from models.variants import get_variant
@@ -290,14 +291,16 @@ def first_readable_size(clips: ClipTable) -> tuple[str, tuple[int, int]]:
 def reference_vae(args: argparse.Namespace, model: TAEHV, device: torch.device) -> ReferenceVAE:
     """The reference VAE of ``--ref_vae_path`` / ``--ref_vae_class``, else of the ``ref_vae_*``
     keys of ``--config`` (or their defaults), in ``--dtype``, checked against the model's
-    variant; latents are its mode, not samples."""
+    variant; latents are its mode, not samples, in the model's latent space (the one its
+    weights carry; for weights with a space of their own, the variant's)."""
     config = load_config(args.config) if args.config else None
     path = args.ref_vae_path or (config.ref_vae_path if config else "")
     if not path:
         raise UserError("--use_ref_vae needs --ref_vae_path (or a --config with ref_vae_path)")
     vae_class = args.ref_vae_class or (config.ref_vae_class if config else AUTO_CLASS)
     subfolder = config.ref_vae_subfolder if config else "vae"
-    return ReferenceVAE.for_variant(model.variant, path, vae_class, subfolder, args.dtype, device, sample=False)
+    space = model.latent_space if model.latent_space in SPACES else AUTO_SPACE
+    return ReferenceVAE.for_variant(model.variant, path, vae_class, subfolder, args.dtype, device, False, space)
 
 
 def prepare_output_dir(output_dir: Path) -> Path:

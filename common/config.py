@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError
-from models.vae_registry import AUTO_CLASS, auto_variant, resolve_ref_vae_class
+from models.latent_spaces import AUTO_SPACE
+from models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES, auto_variant, resolve_ref_vae_class, tae_space
 from models.variants import VariantSpec, get_variant
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -86,6 +87,9 @@ class TrainConfig:
     ref_vae_subfolder: str = "vae"
     ref_vae_dtype: str = "bf16"  # "fp32", "bf16" or "fp16"
     ref_latent_sample: bool = True  # latent_dist.sample() (recipe); False: the mode
+    # which latents the TAE works on: raw, scaled, normalised or normalised_scaled (models/latent_spaces.py);
+    # auto: the variant's published space, else its pipeline's (docs/reference_vaes.md, "Which latents go in")
+    latent_space: str = "auto"
     latent_cache_dir: str = ""  # latents precomputed by `python -m training.build_latent_cache`; empty: online
     latent_cache_epochs: int = 1  # epochs of random draws (clip window, crop, flip) the cache holds
 
@@ -219,9 +223,20 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
 
 
 def with_auto_variant(config: TrainConfig) -> TrainConfig:
-    """``ref_vae_class="auto"`` becomes the class the reference VAE's config.json names, and
-    ``variant="auto"`` its own TAE variant; each left as it is when that cannot be told, for
-    ``check`` to explain. Runs, caches and checkpoints then record what was resolved."""
+    """``ref_vae_class="auto"`` becomes the class the reference VAE's config.json names,
+    ``variant="auto"`` its own TAE variant, and ``latent_space="auto"`` the space that variant
+    lives in next to that VAE (its own without one); each left as it is when that cannot be
+    told, for ``check`` to explain. Runs, caches and checkpoints then record what was resolved."""
+    config = _with_auto_class_and_variant(config)
+    class_known = not config.ref_vae_path or config.ref_vae_class in REF_VAE_CLASSES
+    if config.latent_space != AUTO_SPACE or config.variant == "auto" or not class_known:
+        return config
+    return replace(
+        config, latent_space=tae_space(config.variant, config.ref_vae_class if config.ref_vae_path else None)
+    )
+
+
+def _with_auto_class_and_variant(config: TrainConfig) -> TrainConfig:
     if not config.ref_vae_path:
         return config
     folder = Path(config.ref_vae_path) / config.ref_vae_subfolder

@@ -1,7 +1,10 @@
 """The frozen reference VAE: any diffusers video VAE of ``models.vae_registry.REF_VAE_CLASSES``.
 
 TAEHV lives in the reference VAE's latent space, so its latents are what the TAE learns: encoder
-targets, and decoder inputs. Training and the latent-cache builder build it from a config's
+targets, and decoder inputs. They come out of ``encode`` (and go into ``decode``) in the TAE's
+own space (raw, scaled or normalised: ``models.latent_spaces``), converted by one
+``LatentTransform``, so the training targets, the latent cache, validation and
+``inference.py --use_ref_vae`` all see the same latents. Training and the latent-cache builder build it from a config's
 ``ref_vae_*`` keys (``ReferenceVAE.from_config``), ``inference.py --use_ref_vae`` from its
 options (``ReferenceVAE.for_variant``): loaded once, frozen, kept out of
 ``accelerator.prepare`` (DeepSpeed would demand an optimizer for it). A missing or
@@ -19,15 +22,19 @@ import torch
 
 from common.config import DTYPES, TrainConfig
 from common.errors import UserError
+from models.latent_spaces import AUTO_SPACE, OWN, SPACES, LatentTransform
 from models.vae_registry import (
     AUTO_CLASS,
     REF_VAE_CLASSES,
     latent_space,
     read_vae_config,
     ref_vae_problems,
+    reference_transform,
     reference_vae_frames,
     reference_vae_rule,
     resolve_ref_vae_class,
+    resolve_space,
+    spaces_of,
 )
 from models.variants import VariantSpec
 
@@ -208,7 +215,14 @@ def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
     if config.ref_vae_dtype not in DTYPES:
         found.append(f"ref_vae_dtype must be one of {', '.join(DTYPES)}")
     if not config.ref_vae_path:
+        if config.latent_space not in (AUTO_SPACE, OWN):
+            found.append(
+                f"latent_space={config.latent_space} needs a reference VAE (ref_vae_path); without one the TAE "
+                f"learns a space of its own ({OWN})"
+            )
         return found
+    if config.latent_space not in (AUTO_SPACE, *SPACES):
+        found.append(f"latent_space must be {AUTO_SPACE} or one of {', '.join(SPACES)}, got {config.latent_space!r}")
     plan = spec.plan(config.n_frames)
     if not (plan.exact and reference_vae_frames(config.n_frames, spec)):
         exact = spec.exact_frame_counts(64)
@@ -231,7 +245,8 @@ def _diffusers_reason(err: BaseException) -> str:
 
 
 class ReferenceVAE:
-    """Frozen diffusers VAE that returns raw (unscaled) NTCHW latents for NTCHW frames."""
+    """Frozen diffusers VAE between NTCHW frames and NTCHW latents in a TAE's space
+    (``space``: one of ``models.latent_spaces.SPACES``)."""
 
     def __init__(
         self,
@@ -241,6 +256,7 @@ class ReferenceVAE:
         dtype: str = "bf16",
         device: torch.device | str = "cpu",
         sample: bool = True,
+        space: str = "raw",
     ):
         import diffusers
 
@@ -259,7 +275,7 @@ class ReferenceVAE:
             vae_class = resolve_ref_vae_class(vae_class, path / subfolder)
         except ValueError as err:
             raise UserError(f"ref_vae_class=auto: {err}") from None
-        self.ref = REF_VAE_CLASSES[vae_class]
+        self.ref, self.vae_class = REF_VAE_CLASSES[vae_class], vae_class
         if self.ref.refused:
             raise UserError(f"reference VAE {path / subfolder}: {self.ref.refused}")
         if self.ref.fp32_on_cpu and dtype != "fp32" and torch.device(device).type == "cpu":
@@ -278,15 +294,20 @@ class ReferenceVAE:
         self.pixels, self.one_clip_at_a_time = self.ref.pixels, self.ref.one_clip_at_a_time
         self.latent_space = latent_space(vae_class, dict(self.vae.config))
         self.latent_channels = self.latent_space.latent_channels
+        try:
+            self.transform = reference_transform(space, vae_class, dict(self.vae.config), self.vae)
+        except ValueError as err:
+            raise UserError(f"reference VAE {path / subfolder}: {err}: set latent_space to one it has") from None
         # LTX VAEs with timestep conditioning decode at a timestep; 0 is the clean video
         self.decode_timestep = bool(getattr(self.vae.config, "timestep_conditioning", False))
         logger.info(
-            "reference VAE %s from %s (%s, %.1fM parameters, %s)",
+            "reference VAE %s from %s (%s, %.1fM parameters, %s); the TAE works on its %s",
             self.ref.diffusers_class,
             path,
             dtype,
             sum(p.numel() for p in self.vae.parameters()) / 1e6,
             self.latent_space.describe(),
+            self.transform.describe(),
         )
 
     @staticmethod
@@ -323,13 +344,16 @@ class ReferenceVAE:
         dtype: str = "bf16",
         device: torch.device | str = "cpu",
         sample: bool = True,
+        space: str = AUTO_SPACE,
     ) -> ReferenceVAE:
         """The reference VAE in ``path``, checked (before loading it) against the TAE
-        ``variant`` it teaches or is compared with."""
+        ``variant`` it teaches or is compared with, giving latents in ``space`` ("auto": the
+        variant's, ``models.vae_registry.tae_space``)."""
         found = ref_vae_problems(vae_class, Path(path) / subfolder, variant)
         if found:
             raise UserError("; ".join(found))
-        return cls(path, vae_class, subfolder, dtype, device, sample)
+        resolved_class = resolve_ref_vae_class(vae_class, Path(path) / subfolder)
+        return cls(path, vae_class, subfolder, dtype, device, sample, resolve_space(space, variant, resolved_class))
 
     @classmethod
     def from_config(cls, config: TrainConfig, device: torch.device | str) -> ReferenceVAE:
@@ -343,13 +367,18 @@ class ReferenceVAE:
             config.ref_vae_dtype,
             device,
             config.ref_latent_sample,
+            config.latent_space,
         )
+
+    def spaces(self) -> dict[str, LatentTransform]:
+        """Every space this VAE's statistics define (``models.vae_registry.spaces_of``)."""
+        return spaces_of(self.vae_class, dict(self.vae.config), self.vae)
 
     @torch.no_grad()
     def encode(
         self, frames: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None = None
     ) -> torch.Tensor:
-        """Raw latents (NTCHW, float32) of NTCHW frames in [0, 1]; no scaling factor applied."""
+        """Latents in the TAE's space (NTCHW, float32) of NTCHW frames in [0, 1]."""
         if self.one_clip_at_a_time and frames.shape[0] > 1:
             generators = generator if isinstance(generator, list) else [generator] * frames.shape[0]
             return torch.cat([self.encode(clip[None], g) for clip, g in zip(frames, generators)])
@@ -362,14 +391,15 @@ class ReferenceVAE:
         dist = self.vae.encode(x).latent_dist
         latents = dist.sample(generator=generator) if self.sample else dist.mode()
         if self.ref.image_encoder:
-            return latents.unflatten(0, (frames.shape[0], -1)).float()
-        return from_diffusers(latents).float()
+            return self.transform.to_tae(latents.unflatten(0, (frames.shape[0], -1)))
+        return self.transform.to_tae(from_diffusers(latents))
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """NTCHW frames in [0, 1] from raw NTCHW latents."""
+        """NTCHW frames in [0, 1] from NTCHW latents in the TAE's space."""
         if self.one_clip_at_a_time and latents.shape[0] > 1:
             return torch.cat([self.decode(clip[None]) for clip in latents])
+        latents = self.transform.to_raw(latents)
         if self.ref.image_encoder:  # one decode call sees all frames of a clip (its temporal layers mix them)
             frames = self.vae.decode(latents.flatten(0, 1).to(self.dtype), num_frames=latents.shape[1]).sample
             return from_diffusers_pixels(frames.unflatten(0, latents.shape[:2]).transpose(1, 2).float(), self.pixels)

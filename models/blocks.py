@@ -16,6 +16,18 @@ def conv(n_in: int, n_out: int, **kwargs) -> nn.Conv2d:
     return nn.Conv2d(n_in, n_out, 3, padding=1, **kwargs)
 
 
+ACTIVATIONS = ("relu", "leaky_relu")  # VariantSpec.activation
+
+
+def activation(name: str = "relu") -> nn.Module:
+    """The network's nonlinearity: the published ReLU, or LeakyReLU(0.2) (LightX2V's lighttaehy1_5)."""
+    if name == "relu":
+        return nn.ReLU(inplace=True)
+    if name == "leaky_relu":
+        return nn.LeakyReLU(0.2, inplace=True)
+    raise ValueError(f"unknown activation {name!r}; known: {', '.join(ACTIVATIONS)}")
+
+
 class Clamp(nn.Module):
     """Soft clamp of decoder inputs to about [-3, 3]."""
 
@@ -26,13 +38,13 @@ class Clamp(nn.Module):
 class MemBlock(nn.Module):
     """Residual conv block that also sees its own input from the previous timestep."""
 
-    def __init__(self, n_in: int, n_out: int):
+    def __init__(self, n_in: int, n_out: int, act: str = "relu"):
         super().__init__()
         self.conv = nn.Sequential(
-            conv(n_in * 2, n_out), nn.ReLU(inplace=True), conv(n_out, n_out), nn.ReLU(inplace=True), conv(n_out, n_out)
+            conv(n_in * 2, n_out), activation(act), conv(n_out, n_out), activation(act), conv(n_out, n_out)
         )
         self.skip = nn.Conv2d(n_in, n_out, 1, bias=False) if n_in != n_out else nn.Identity()
-        self.act = nn.ReLU(inplace=True)
+        self.act = activation(act)
 
     def forward(self, x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
         return self.act(self.conv(torch.cat([x, past], 1)) + self.skip(x))
@@ -41,12 +53,12 @@ class MemBlock(nn.Module):
 class SuperMemBlock(nn.Module):
     """ConvNeXt-style memory block of the "super" decoder: 7x7 depthwise, expand, project."""
 
-    def __init__(self, n_f: int, expansion: int = 2):
+    def __init__(self, n_f: int, expansion: int = 2, act: str = "relu"):
         super().__init__()
         self.conv = nn.Sequential(
             nn.Conv2d(n_f * 2, n_f * 2, 7, padding=3, groups=n_f * 2, bias=False),
             nn.Conv2d(n_f * 2, n_f * 2 * expansion, 1),
-            nn.ReLU(inplace=True),
+            activation(act),
             nn.Conv2d(n_f * 2 * expansion, n_f, 1, bias=False),
         )
 
@@ -58,20 +70,20 @@ class WideMemBlock(nn.Module):
     """Memory block of the wide decoder: 1x1 mix of frame and past, grouped 3x3 (64
     channels per group), 1x1, grouped 3x3; a 1x1 skip when the widths differ."""
 
-    def __init__(self, n_in: int, n_out: int, group_width: int = 64):
+    def __init__(self, n_in: int, n_out: int, act: str = "relu", group_width: int = 64):
         super().__init__()
         groups = n_out // group_width
         self.conv = nn.Sequential(
             nn.Conv2d(n_in * 2, n_out, 1),
-            nn.ReLU(inplace=True),
+            activation(act),
             conv(n_out, n_out, groups=groups),
-            nn.ReLU(inplace=True),
+            activation(act),
             nn.Conv2d(n_out, n_out, 1),
-            nn.ReLU(inplace=True),
+            activation(act),
             conv(n_out, n_out, groups=groups),
         )
         self.skip = nn.Conv2d(n_in, n_out, 1, bias=False) if n_in != n_out else nn.Identity()
-        self.act = nn.ReLU(inplace=True)
+        self.act = activation(act)
 
     def forward(self, x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
         return self.act(self.conv(torch.cat([x, past], 1)) + self.skip(x))
@@ -134,12 +146,14 @@ class TGrow(nn.Module):
         return channels_to_frames(self.conv(x), self.stride)
 
 
-def build_encoder(in_channels: int, latent_channels: int, time_strides: Sequence[int]) -> nn.Sequential:
+def build_encoder(
+    in_channels: int, latent_channels: int, time_strides: Sequence[int], act: str = "relu"
+) -> nn.Sequential:
     stages = []
     for stride in time_strides:
         stages += [TPool(64, stride), conv(64, 64, stride=2, bias=False)]
-        stages += [MemBlock(64, 64) for _ in range(3)]
-    return nn.Sequential(conv(in_channels, 64), nn.ReLU(inplace=True), *stages, conv(64, latent_channels))
+        stages += [MemBlock(64, 64, act) for _ in range(3)]
+    return nn.Sequential(conv(in_channels, 64), activation(act), *stages, conv(64, latent_channels))
 
 
 def build_decoder(
@@ -148,11 +162,12 @@ def build_decoder(
     time_strides: Sequence[int],
     space_upscale: Sequence[bool],
     wide: bool = False,
+    act: str = "relu",
 ) -> nn.Sequential:
     n_f, block = ([1024, 512, 256, 64], WideMemBlock) if wide else ([256, 128, 64, 64], MemBlock)
     stages = []
     for i, (t_up, s_up) in enumerate(zip(time_strides, space_upscale)):
-        stages += [block(n_f[i], n_f[i]) for _ in range(3)]
+        stages += [block(n_f[i], n_f[i], act) for _ in range(3)]
         stages += [
             nn.Upsample(scale_factor=2 if s_up else 1),
             TGrow(n_f[i], t_up),
@@ -161,22 +176,26 @@ def build_decoder(
     return nn.Sequential(
         Clamp(),
         conv(latent_channels, n_f[0]),
-        nn.ReLU(inplace=True),
+        activation(act),
         *stages,
-        nn.ReLU(inplace=True),
+        activation(act),
         conv(n_f[3], out_channels),
     )
 
 
 def build_super_decoder(
-    latent_channels: int, out_channels: int, time_strides: Sequence[int], space_upscale: Sequence[bool]
+    latent_channels: int,
+    out_channels: int,
+    time_strides: Sequence[int],
+    space_upscale: Sequence[bool],
+    act: str = "relu",
 ) -> nn.Sequential:
     n_f = [512, 256, 128, 64]
     stages = []
     for i, (t_up, s_up) in enumerate(zip(time_strides, space_upscale)):
         r = 2 if s_up else 1
-        stages += [SuperMemBlock(n_f[i]) for _ in range(3)]
-        stages += [conv(n_f[i], n_f[i + 1] * r * r), nn.ReLU(inplace=True), nn.PixelShuffle(r), TGrow(n_f[i + 1], t_up)]
+        stages += [SuperMemBlock(n_f[i], act=act) for _ in range(3)]
+        stages += [conv(n_f[i], n_f[i + 1] * r * r), activation(act), nn.PixelShuffle(r), TGrow(n_f[i + 1], t_up)]
     return nn.Sequential(nn.Conv2d(latent_channels, n_f[0], 1, bias=False), *stages, conv(n_f[3], out_channels))
 
 

@@ -2,11 +2,16 @@
 
 Pipelines hand the VAE NCTHW videos in [-1, 1] and read ``encode(x).latent_dist`` and
 ``decode(z).sample``; they scale or normalise latents around the diffusion model
-themselves and undo it before ``decode`` (docs/reference_vaes.md), so the TAE sees the raw
-latents it was trained on. What they read from ``vae.config`` (scaling factor, compression
-ratios, ``latents_mean``/``latents_std``) comes from the real VAE's config when it is given
-(``like=pipe.vae``), else from the defaults of the reference VAE's diffusers class, with the
-compression set from the TAE itself. Tiling and slicing are accepted and do nothing: a TAE
+themselves and undo it before ``decode`` (docs/reference_vaes.md), so ``decode`` gets raw
+latents and ``encode`` must return raw ones. The wrapper converts between those and the
+TAE's own space (``models.latent_spaces``: raw for TAECVX, the transformer's scaled or
+normalised latents for most others), so the TAE decodes what its author's own wrapper hands
+it, whatever the pipeline does before ``vae.decode``. What pipelines read from
+``vae.config`` (scaling factor, compression ratios, ``latents_mean``/``latents_std``), and
+the statistics of the conversion, come from the real VAE when it is given
+(``like=pipe.vae``), else from the weight file (the statistics it was trained with), else
+from the defaults of the reference VAE's diffusers class, with the compression set from the
+TAE itself. Tiling and slicing are accepted and do nothing: a TAE
 needs neither. Where the real class's own layout differs, the wrapper's follows it (keyed by
 the TAE's reference VAE class): Allegro's ``decode`` gives NTCHW frames, and SVD's
 (AutoencoderKLTemporalDecoder) encodes (N, 3, H, W) images and decodes (B*T, 4, h, w) frame
@@ -15,19 +20,18 @@ latents with ``num_frames=T``.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 from dataclasses import dataclass
 
-import diffusers
 import torch
 from diffusers.configuration_utils import FrozenDict
 from diffusers.models.autoencoders.vae import DecoderOutput
 from diffusers.utils import BaseOutput
 
+from .latent_spaces import NORMALISED_SCALED, OWN, SCALED, SPACES, LatentTransform, transform_for
 from .taehv import TAEHV
-from .vae_registry import REF_VAE_CLASSES, ref_vae_class_of
+from .vae_registry import REF_VAE_CLASSES, class_defaults, ref_vae_class_of, reference_transform, video_model
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +56,9 @@ class TAEEncoderOutput(BaseOutput):
 
 
 def pipeline_config(tae: TAEHV, like: torch.nn.Module | None = None) -> dict:
-    """The config pipelines read: the real VAE's (``like``) or its class defaults, with the
-    TAE's latent channels and compression."""
+    """The config pipelines read: the real VAE's (``like``), else its class defaults with the
+    statistics the TAE was trained with (``tae.latent_transform``), with the TAE's latent
+    channels and compression."""
     if like is not None:
         config = dict(like.config)
         channels = config.get("latent_channels", config.get("z_dim"))
@@ -66,21 +71,23 @@ def pipeline_config(tae: TAEHV, like: torch.nn.Module | None = None) -> dict:
         ref_vae_class = ref_vae_class_of(tae.variant)
         if ref_vae_class is None:
             raise ValueError(f"no diffusers VAE class is known for {tae.variant}; pass like=<the pipeline's VAE>")
-        if ref_vae_class in ("ltx", "ltx2"):
+        recorded = tae.latent_transform
+        if ref_vae_class in ("ltx", "ltx2") and (recorded is None or recorded.mean is None):
             raise ValueError(
                 "LTX keeps its latents_mean/latents_std in the VAE's weights, not its config: pass "
                 "like=<the pipeline's VAE> (TAEVideoVAE.from_file(path, like=pipe.vae))"
             )
-        cls = getattr(diffusers, REF_VAE_CLASSES[ref_vae_class].diffusers_class)
-        config = {
-            k: p.default
-            for k, p in inspect.signature(cls.__init__).parameters.items()
-            if k != "self" and p.default is not inspect.Parameter.empty
-        }
+        ref = REF_VAE_CLASSES[ref_vae_class]
+        config = class_defaults(ref_vae_class)
+        if recorded is not None:  # the statistics it was trained with, where the pipeline reads them
+            if recorded.mean is not None:
+                config.update(latents_mean=list(recorded.mean), latents_std=list(recorded.std))
+            if recorded.space in (SCALED, NORMALISED_SCALED) and ref.sampler_scale is None:
+                config["scaling_factor"] = recorded.scale
         mean = config.get("latents_mean")  # Cosmos's: one per channel and latent frame, channel-major
         if mean is not None and len(mean) % tae.latent_channels:
             raise ValueError(
-                f"the default latents_mean of {cls.__name__} has {len(mean)} channels, {tae.variant} "
+                f"the default latents_mean of {ref.diffusers_class} has {len(mean)} channels, {tae.variant} "
                 f"{tae.latent_channels}: pass like=<the pipeline's VAE> so its normalisation is used"
             )
     spatial = 8 * tae.patch_size
@@ -99,6 +106,34 @@ def pipeline_config(tae: TAEHV, like: torch.nn.Module | None = None) -> dict:
     return config
 
 
+def wrapper_transform(
+    tae: TAEHV, config: dict, like: torch.nn.Module | None = None, latent_space: str | None = None
+) -> LatentTransform:
+    """The map between the pipeline's raw latents and the TAE's space (``latent_space``
+    overrides the one the weights carry). ValueError for a TAE whose space is its own or
+    unknown unless ``latent_space`` says which to use, and for statistics ``config`` lacks."""
+    space = latent_space or tae.latent_space
+    if space == OWN or space is None:
+        what = (
+            "was trained without a reference VAE: its latents are its own"
+            if space == OWN
+            else "does not say which latents it works on (no metadata, no published name)"
+        )
+        raise ValueError(
+            f"{tae.variant} {what}, so a pipeline's latents would decode wrongly; pass latent_space= one of "
+            f"{', '.join(SPACES)} to use it as a TAE of {video_model(tae.variant) or 'the pipeline'}'s latents anyway"
+        )
+    if space not in SPACES:
+        raise ValueError(f"latent_space must be one of {', '.join(SPACES)}, got {space!r}")
+    recorded = tae.latent_transform
+    if like is None and recorded is not None and recorded.space == space:
+        return recorded  # the statistics it was trained with
+    ref_vae_class = ref_vae_class_of(tae.variant)
+    if ref_vae_class is None:
+        return transform_for(space, config, like)
+    return reference_transform(space, ref_vae_class, config, like)
+
+
 class TAEVideoVAE(torch.nn.Module):
     """A TAE with the methods and attributes a diffusers video pipeline uses on ``pipe.vae``."""
 
@@ -109,13 +144,17 @@ class TAEVideoVAE(torch.nn.Module):
         parallel: bool = True,
         like: torch.nn.Module | None = None,
         compile: bool = False,
+        latent_space: str | None = None,
     ):
         """``tae`` behind the pipeline interface with ``config`` (``pipeline_config``);
         ``parallel=False`` encodes and decodes chunk by chunk (memory flat in the number of
         frames). ``compile=True`` calls ``tae.compile()`` (``torch.compile`` with inductor):
-        the first encode and decode of each video shape pay the compilation."""
+        the first encode and decode of each video shape pay the compilation.
+        ``latent_space`` overrides the space the weights carry (``wrapper_transform``)."""
         super().__init__()
         self.tae, self.parallel = tae, parallel
+        self.transform = wrapper_transform(tae, config, like, latent_space)
+        logger.info("%s works on %s", tae.variant, self.transform.describe())
         ref = REF_VAE_CLASSES.get(ref_vae_class_of(tae.variant))
         self.images = bool(ref and ref.image_encoder)  # SVD: frame batches (its 2-D encoder, decode(z, num_frames))
         self.frames_first = bool(ref and ref.time_tiles)  # Allegro: decode gives NTCHW
@@ -126,8 +165,11 @@ class TAEVideoVAE(torch.nn.Module):
         # LTX pipelines read these from the VAE object itself (latents_mean/std are buffers there)
         self.spatial_compression_ratio = config["spatial_compression_ratio"]
         self.temporal_compression_ratio = config["temporal_compression_ratio"]
+        buffers = dict(like.named_buffers()) if like is not None else {}
         for name in ("latents_mean", "latents_std"):
-            value = getattr(like, name, None)
+            value = buffers.get(name)
+            if like is None and ref_vae_class_of(tae.variant) in ("ltx", "ltx2"):  # the statistics it was trained with
+                value = torch.tensor(getattr(tae.latent_transform, name.removeprefix("latents_")))
             if isinstance(value, torch.Tensor):
                 self.register_buffer(name, value.detach().clone(), persistent=False)
 
@@ -139,12 +181,13 @@ class TAEVideoVAE(torch.nn.Module):
         like: torch.nn.Module | None = None,
         parallel: bool = True,
         compile: bool = False,
+        latent_space: str | None = None,
     ) -> TAEVideoVAE:
-        """A published or trained TAE weight file (the variant from its name or metadata),
-        configured like ``like`` (the pipeline's own VAE) when given; ``compile=True``
-        torch.compiles it (see ``__init__``)."""
+        """A published or trained TAE weight file (the variant and its latent space from its
+        name or metadata), configured like ``like`` (the pipeline's own VAE) when given;
+        ``compile=True`` torch.compiles it, ``latent_space`` overrides its space (see ``__init__``)."""
         tae = TAEHV(path, variant=variant).eval().requires_grad_(False)
-        return cls(tae, pipeline_config(tae, like), parallel, like, compile)
+        return cls(tae, pipeline_config(tae, like), parallel, like, compile, latent_space)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -161,6 +204,7 @@ class TAEVideoVAE(torch.nn.Module):
         self._check_layout(x, "encode", f"{'images' if self.images else 'videos'} in [-1, 1]", self.tae.image_channels)
         frames = x.unsqueeze(1) if self.images else x.permute(0, 2, 1, 3, 4)  # NTCHW
         latents = self.tae.encode_video(frames.to(self.dtype).add(1).div(2), parallel=self.parallel)
+        latents = self.transform.to_raw(latents).to(self.dtype)
         latents = latents.squeeze(1) if self.images else latents.permute(0, 2, 1, 3, 4)
         output = TAEEncoderOutput(latent_dist=TAELatents(latents), latents=latents)
         return output if return_dict else (output.latent_dist,)
@@ -174,13 +218,14 @@ class TAEVideoVAE(torch.nn.Module):
         *,
         num_frames: int | None = None,
     ) -> DecoderOutput | tuple:
-        """Raw NCTHW latents -> NCTHW video in [-1, 1] (NTCHW for Allegro, as its class's);
+        """Raw NCTHW latents (what pipelines pass) -> NCTHW video in [-1, 1] (NTCHW for Allegro, as its class's);
         ``temb``, LTX's decode timestep, is accepted and not used: a TAE decodes the clean video.
         For SVD, (B*T, 4, h, w) frame latents -> (B*T, 3, H, W) frames, each ``num_frames``
         latents decoded as one clip (None: all of them)."""
         self._check_layout(z, "decode", "frame latents" if self.images else "latents", self.tae.latent_channels)
         z = z.unflatten(0, (-1, num_frames or z.shape[0])) if self.images else z.permute(0, 2, 1, 3, 4)  # NTCHW
-        frames = self.tae.decode_video(z.to(self.dtype), parallel=self.parallel).mul(2).sub(1)
+        z = self.transform.to_tae(z).to(self.dtype)
+        frames = self.tae.decode_video(z, parallel=self.parallel).mul(2).sub(1)
         video = frames.flatten(0, 1) if self.images else frames if self.frames_first else frames.permute(0, 2, 1, 3, 4)
         return DecoderOutput(sample=video) if return_dict else (video,)
 

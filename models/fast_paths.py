@@ -20,6 +20,8 @@ paths compute the published function (within float rounding) with fewer operatio
 What they bypass: memory blocks, TPools, and the convolutions and ReLUs folded into a
 step are not called (their weights are), so forward hooks on them do not fire on these
 paths; blocks left on their own (TGrow, PixelShuffle, Clamp, ...) still run their ``forward``.
+Both fold ReLUs (a memory block's too), so blocks with another nonlinearity (lighttaehy1_5's
+LeakyReLU) take the published blocks.
 """
 
 from __future__ import annotations
@@ -70,12 +72,19 @@ class FastPath:
 def select(blocks: nn.Sequential, x: torch.Tensor, onednn: OneDNN | None = None) -> FastPath | None:
     """The hook: the fast path of ``blocks`` on the NTCHW chunk ``x``, or None (the
     published blocks). ``onednn``: the fused path's state for a run of several chunks."""
+    if not relu_only(blocks):
+        return None
     if fused_path(x, blocks):
         parity_stride, steps = fused_steps(blocks)
         return FastPath(steps, onednn or OneDNN(keep=False), parity_stride)
     if cpu_training(x, blocks):
         return autograd_path(blocks)
     return None
+
+
+def relu_only(blocks: nn.Module) -> bool:
+    """Whether ReLU is the only nonlinearity of ``blocks`` (all the fast paths fold)."""
+    return not any(isinstance(m, nn.LeakyReLU) for m in blocks.modules())
 
 
 def fused_path(x: torch.Tensor, blocks: nn.Module) -> bool:

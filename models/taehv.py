@@ -9,8 +9,10 @@ weight files load here and weights trained here load there. Layout per model:
     super decoder: conv1x1, 3 x [SuperMemBlock x3, conv, ReLU, PixelShuffle, TGrow], conv
 
 TAELTX pools and grows time in all three stages (8x); TAEH3 encodes 17-frame chunks
-on their own. Videos are NTCHW tensors in [0, 1]; latents are the raw (unscaled) latents
-of the reference VAE. Frame counts follow ``VariantSpec.plan``.
+on their own; LightX2V's lighttaehy1_5 has LeakyReLU(0.2) for every ReLU and works on
+pixels in [-1, 1] (mapped from and to [0, 1] here). Videos are NTCHW tensors in [0, 1];
+latents are the reference VAE's in the TAE's latent space (``latent_space``: raw, scaled
+or normalised, ``models.latent_spaces``). Frame counts follow ``VariantSpec.plan``.
 
 Published name -> here:
     conv, Clamp, MemBlock, SuperMemBlock, WideMemBlock, TPool, TGrow -> the same
@@ -27,7 +29,8 @@ One block runner (``run_chunk``) serves every call: all frames of a chunk pass e
 together, and memory blocks carry their last input to the next chunk. On GPUs, under
 ``torch.compile`` and in dtypes other than fp32 it runs the blocks' ``forward``s; on CPU
 it takes the fast paths of ``models.fast_paths`` (fused fp32 inference, the CPU training
-schedule), which do not call the memory blocks' and folded convolutions' ``forward``.
+schedule; ReLU networks only), which do not call the memory blocks' and folded
+convolutions' ``forward``.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from .blocks import (
     plain_step,
 )
 from .frames import H3_CHUNK_FRAMES, H3_DROPPED_LATENTS, H3_LEFT_PAD, FramePlan, h3_kept_frames, plan_frames
+from .vae_registry import file_space
 from .variants import resolve_variant, time_strides, time_switches
 from .weights import load_weights, read_metadata
 
@@ -282,7 +286,8 @@ class TAEHV(nn.Module):
                 architecture, used when neither ``variant`` nor the checkpoint says otherwise
                 ("super" with a base variant's file name picks that variant's super decoder).
             variant / arch_name: explicit variant name ("taehv", "taecvx", "taehv1_5",
-                "taew2_2", "taehv1_5_super", "taeh3", "taeltx2_3", "taeltx2_3_wide", ...).
+                "taew2_2", "taehv1_5_super", "taeh3", "taeltx2_3", "taeltx2_3_wide",
+                "lighttaehy1_5", ...).
                 Without it the variant comes from the safetensors metadata or the file name,
                 as users name the published files.
         """
@@ -309,16 +314,20 @@ class TAEHV(nn.Module):
         self.h3_chunks = self.is_h3 = spec.h3_chunks
         self.image_channels = spec.image_channels
         self.causal = spec.causal
+        self.activation = spec.activation
+        self.signed_pixels = spec.signed_pixels
+        # which latents it encodes to and decodes from, and the reference statistics it was trained with
+        self.latent_space, self.latent_transform = file_space(spec.name, metadata)
         encoder_strides, decoder_strides = time_strides(encoder_time_downscale), time_strides(decoder_time_upscale)
         self.encoder_time_downscale = time_switches(encoder_strides)  # booleans as published; strides where a 3 is
         self.decoder_time_upscale = time_switches(decoder_strides)
         self.decoder_space_upscale = tuple(bool(v) for v in decoder_space_upscale)
 
         pixels = self.image_channels * self.patch_size**2
-        self.encoder = build_encoder(pixels, self.latent_channels, encoder_strides)
+        self.encoder = build_encoder(pixels, self.latent_channels, encoder_strides, spec.activation)
         if spec.arch_variant == "super":
             self.decoder = build_super_decoder(
-                self.latent_channels, pixels, decoder_strides, self.decoder_space_upscale
+                self.latent_channels, pixels, decoder_strides, self.decoder_space_upscale, spec.activation
             )
         else:
             self.decoder = build_decoder(
@@ -327,6 +336,7 @@ class TAEHV(nn.Module):
                 decoder_strides,
                 self.decoder_space_upscale,
                 wide=spec.arch_variant == "wide",
+                act=spec.activation,
             )
 
         self.t_downscale = math.prod(encoder_strides)
@@ -371,12 +381,20 @@ class TAEHV(nn.Module):
 
     # -- encode / decode ----------------------------------------------------------------
     def preprocess_input_frames(self, x: torch.Tensor) -> torch.Tensor:
+        """Frames in [0, 1] as the encoder takes them: mapped to [-1, 1] for ``signed_pixels``
+        (lighttaehy1_5, as ComfyUI feeds it), then pixel-unshuffled for patched variants."""
+        if self.signed_pixels:
+            x = x * 2 - 1
         return F.pixel_unshuffle(x, self.patch_size) if self.patch_size > 1 else x
 
     def postprocess_output_frames(self, x: torch.Tensor, clamp: bool = True, in_place: bool = False) -> torch.Tensor:
-        """Contiguous NTCHW frames (pixel-shuffled for patched variants), clamped to [0, 1]
-        if ``clamp``; ``in_place`` may clamp ``x`` itself (a decoder output nobody else holds)."""
+        """Contiguous NTCHW frames (pixel-shuffled for patched variants) in [0, 1]: mapped
+        from [-1, 1] for ``signed_pixels`` (the clamp then equals LightX2V's to [-1, 1]),
+        clamped to [0, 1] if ``clamp``; ``in_place`` may change ``x`` itself (a decoder
+        output nobody else holds)."""
         x = F.pixel_shuffle(x, self.patch_size) if self.patch_size > 1 else x.contiguous()
+        if self.signed_pixels:
+            x = (x.add_(1) if in_place and not x.requires_grad else x + 1).div_(2)
         if not clamp:
             return x
         return x.clamp_(0, 1) if in_place and not x.requires_grad else x.clamp(0, 1)

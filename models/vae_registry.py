@@ -9,10 +9,9 @@ weights are loaded, and the file is read once per process), so a config check ca
 reference VAE before anything starts: its diffusers class, latent channels, spatial and
 temporal compression (hence the frame rule), and which TAE variants fit its latent space.
 
-The latents are the raw ones ``vae.encode(...).latent_dist`` gives: every pipeline
-un-scales (``scaling_factor``) or un-normalises (``latents_mean``/``latents_std``) its
-latents before ``vae.decode``, so a TAE trained on raw latents decodes what the pipeline
-passes to ``vae.decode`` (checked per pipeline in docs/reference_vaes.md).
+Which latents a TAE works on (raw, scaled, normalised) is its latent space
+(``models.latent_spaces``): ``tae_space`` reads it from the published table, else from the
+space the class's pipeline hands its transformer (``RefVAEClass.pipeline_space``).
 """
 
 from __future__ import annotations
@@ -25,7 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .frames import H3_CHUNK_FRAMES
+from .latent_spaces import (
+    AUTO_SPACE,
+    NORMALISED,
+    NORMALISED_SCALED,
+    OWN,
+    RAW,
+    SCALED,
+    SPACES,
+    LatentTransform,
+    published_space,
+    transform_for,
+)
 from .variants import SUPER_SUFFIX, VariantSpec, built_family, built_name, get_variant, known_variants
+from .weights import FORMAT_NAME
 
 
 @dataclass(frozen=True)
@@ -53,20 +65,35 @@ class RefVAEClass:
     frame_rule: FrameRule | None = None  # None: the TAE's exact counts
     refused: str | None = None  # why training with it is not possible yet
     fp32_on_cpu: bool = False  # Cosmos: its bf16/fp16 average pooling is missing on CPU
+    # the space its pipeline hands the transformer (docs/reference_vaes.md, "Which latents go in");
+    # raw where diffusers has no pipeline for it
+    pipeline_space: str = SCALED
+    sampler_scale: float | None = (
+        None  # Cosmos: the pipeline scales by its EDM scheduler's sigma_data, not scaling_factor
+    )
 
 
 # ref_vae_class (the config key's values) -> the diffusers class that loads it and its TAEs
 REF_VAE_CLASSES = {
     "cogvideox": RefVAEClass("AutoencoderKLCogVideoX", {"taecvx": "CogVideoX"}),
     "hunyuan": RefVAEClass("AutoencoderKLHunyuanVideo", {"taehv": "HunyuanVideo"}),
-    "hunyuan15": RefVAEClass("AutoencoderKLHunyuanVideo15", {"taehv1_5": "HunyuanVideo 1.5"}, one_clip_at_a_time=True),
-    "wan": RefVAEClass("AutoencoderKLWan", {"taew2_1": "Wan 2.1", "taew2_2": "Wan 2.2"}),
-    "ltx": RefVAEClass("AutoencoderKLLTXVideo", {"taeltx_2": "LTX-2"}),
+    "hunyuan15": RefVAEClass(
+        "AutoencoderKLHunyuanVideo15",
+        {"taehv1_5": "HunyuanVideo 1.5", "lighttaehy1_5": "HunyuanVideo 1.5"},
+        one_clip_at_a_time=True,
+    ),
+    "wan": RefVAEClass(
+        "AutoencoderKLWan",
+        {"taew2_1": "Wan 2.1", "taew2_2": "Wan 2.2", "lighttaew2_1": "Wan 2.1", "lighttaew2_2": "Wan 2.2"},
+        pipeline_space=NORMALISED,
+    ),
+    "ltx": RefVAEClass("AutoencoderKLLTXVideo", {"taeltx_2": "LTX-2"}, pipeline_space=NORMALISED_SCALED),
     "ltx2": RefVAEClass(
         "AutoencoderKLLTX2Video",
         {"taeltx2_3": "LTX-2.3 and LTX-2.5", "taeltx_2": "LTX-2", "taeltx2_3_wide": "LTX-2.3 and LTX-2.5"},
+        pipeline_space=NORMALISED_SCALED,
     ),
-    "h3": RefVAEClass("AutoencoderKLMiniMaxH3", {"taeh3": "MiniMax H3"}, pixels="imagenet"),
+    "h3": RefVAEClass("AutoencoderKLMiniMaxH3", {"taeh3": "MiniMax H3"}, pixels="imagenet", pipeline_space=NORMALISED),
     # no published TAE: the package builds one (models.variants.BUILT_FAMILIES)
     "allegro": RefVAEClass(
         "AutoencoderKLAllegro",
@@ -80,7 +107,13 @@ REF_VAE_CLASSES = {
         ),
     ),
     "cosmos": RefVAEClass(
-        "AutoencoderKLCosmos", {"tae_cosmos": "Cosmos 1.0"}, family="tae_cosmos", latents="mode", fp32_on_cpu=True
+        "AutoencoderKLCosmos",
+        {"tae_cosmos": "Cosmos 1.0"},
+        family="tae_cosmos",
+        latents="mode",
+        fp32_on_cpu=True,
+        pipeline_space=NORMALISED_SCALED,
+        sampler_scale=0.5,  # EDMEulerScheduler's sigma_data, as Cosmos 1.0's pipelines are released
     ),
     "kvae": RefVAEClass(
         "AutoencoderKLKVAEVideo",
@@ -92,18 +125,27 @@ REF_VAE_CLASSES = {
             "encodes 4k+1 frames, but not 21, 37, 53, ... (its 16-frame segments "
             "would end in one latent, which decodes to one frame)",
         ),
+        pipeline_space=RAW,
     ),
     "easyanimate": RefVAEClass("AutoencoderKLMagvit", {"tae_easyanimate": "EasyAnimate"}, family="tae_easyanimate"),
     "vidtok": RefVAEClass(
-        "AutoencoderVidTok", {"tae_vidtok": "VidTok"}, family="tae_vidtok", latents="mode", frames_in_front=True
+        "AutoencoderVidTok",
+        {"tae_vidtok": "VidTok"},
+        family="tae_vidtok",
+        latents="mode",
+        frames_in_front=True,
+        pipeline_space=RAW,
     ),
-    "mochi": RefVAEClass("AutoencoderKLMochi", {"tae_mochi": "Mochi 1"}, family="tae_mochi"),
+    "mochi": RefVAEClass(
+        "AutoencoderKLMochi", {"tae_mochi": "Mochi 1"}, family="tae_mochi", pipeline_space=NORMALISED_SCALED
+    ),
     "qwenimage21": RefVAEClass(
         "AutoencoderKLQwenImage21",
         {"tae_qwenimage2_1": "Qwen-Image 2.1"},
         family="tae_qwenimage2_1",
         latents="mode",
         frame_rule=FrameRule(lambda t: t == 1, "encodes single RGBA images (T = 1)"),
+        pipeline_space=NORMALISED,
     ),
     "svd": RefVAEClass(
         "AutoencoderKLTemporalDecoder",
@@ -423,3 +465,68 @@ def reference_vae_rule(spec: VariantSpec) -> str:
     if spec.t_downscale == 1:
         return "keeps every frame (no temporal compression)"
     return f"encodes {spec.t_downscale}k+1 frames to k+1 latents"
+
+
+def tae_space(variant: str, ref_vae_class: str | None) -> str:
+    """The latent space ``variant`` lives in next to a VAE of ``ref_vae_class`` (None: a plain
+    autoencoder, a space of its own): a published TAE's from the table
+    (``models.latent_spaces.TAE_SPACES``), a built one's (or a custom one's) from the space
+    the class's pipeline hands its transformer."""
+    if ref_vae_class is None:
+        return OWN
+    row = published_space(variant)
+    return row.space if row else REF_VAE_CLASSES[ref_vae_class].pipeline_space
+
+
+def resolve_space(latent_space: str, variant: str, ref_vae_class: str | None) -> str:
+    """The config key ``latent_space``: "auto" is ``tae_space``, anything else stays."""
+    return tae_space(variant, ref_vae_class) if latent_space == AUTO_SPACE else latent_space
+
+
+def reference_transform(space: str, ref_vae_class: str, config: dict, module: object | None = None) -> LatentTransform:
+    """The map from the raw latents of a VAE of ``ref_vae_class`` (its ``config``, and the
+    module holding LTX's statistics) into ``space``; ValueError naming what it lacks."""
+    return transform_for(space, config, module, REF_VAE_CLASSES[ref_vae_class].sampler_scale)
+
+
+def file_space(variant: str, metadata: dict[str, str] | None) -> tuple[str | None, LatentTransform | None]:
+    """The latent space of a weight file (and the reference statistics it was trained with):
+    what its metadata says; a file of ours from before spaces were recorded holds raw
+    latents; a published file (no metadata) the table's space, a built variant's its
+    pipeline's; None for a custom architecture nobody described."""
+    if metadata and metadata.get("format") == FORMAT_NAME:
+        recorded, space = metadata.get("latent_transform"), metadata.get("latent_space", RAW)
+        return (None if space == "unknown" else space), LatentTransform.from_json(recorded) if recorded else None
+    row = published_space(variant)
+    if row:
+        return row.space, None
+    ref_vae_class = ref_vae_class_of(variant)
+    return (REF_VAE_CLASSES[ref_vae_class].pipeline_space if ref_vae_class else None), None
+
+
+def class_defaults(ref_vae_class: str) -> dict:
+    """The config a diffusers class takes when nothing is given: the released model's
+    statistics for most (Wan 2.1's latents_mean/std, HunyuanVideo's scaling_factor, ...)."""
+    import inspect
+
+    import diffusers
+
+    cls = getattr(diffusers, REF_VAE_CLASSES[ref_vae_class].diffusers_class)
+    return {
+        k: p.default
+        for k, p in inspect.signature(cls.__init__).parameters.items()
+        if k != "self" and p.default is not inspect.Parameter.empty
+    }
+
+
+def spaces_of(ref_vae_class: str, config: dict, module: object | None = None) -> dict[str, LatentTransform]:
+    """Every space the statistics of a VAE of ``ref_vae_class`` define, the one its pipeline
+    hands the transformer first (``models.latent_spaces.guess_space`` takes that one as the
+    diffusion model's)."""
+    found = {}
+    for space in dict.fromkeys((REF_VAE_CLASSES[ref_vae_class].pipeline_space, *SPACES)):
+        try:
+            found[space] = reference_transform(space, ref_vae_class, config, module)
+        except ValueError:  # a space whose statistics this VAE lacks is no candidate
+            continue
+    return found

@@ -1,11 +1,11 @@
 """The TAE family: which architecture each weight file needs.
 
 Users name files as published (``taecvx.pth``, ``taehv1_5_super.pth``, ``taeltx2_3.pth``,
-...), so the file name picks the variant unless ``variant=`` (or our safetensors
-metadata) says otherwise. Reference VAEs with no published TAE get one built from their
-latent space (``BUILT_FAMILIES``: ``tae_mochi``, ``tae_vidtok_c16_s8_t4``, ...). Each spec
-also carries the variant's frame rule (``VariantSpec.plan``), the one the model, the config
-check and the tools ask.
+LightX2V's ``lighttaew2_1.pth``, ...), so the file name picks the variant unless
+``variant=`` (or our safetensors metadata) says otherwise. Reference VAEs with no published
+TAE get one built from their latent space (``BUILT_FAMILIES``: ``tae_mochi``,
+``tae_vidtok_c16_s8_t4``, ...). Each spec also carries the variant's frame rule
+(``VariantSpec.plan``), the one the model, the config check and the tools ask.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ class VariantSpec:
     h3_chunks: bool = False  # MiniMax H3's chunked encode and decode (models.frames.H3_CHUNK_FRAMES)
     image_channels: int = 3  # 4: RGBA
     causal: bool = True  # False: no leading decoded frames to trim (T = t_downscale * latents both ways)
+    activation: str = "relu"  # every nonlinearity: "relu" (published) or "leaky_relu" (LeakyReLU(0.2): lighttaehy1_5)
+    signed_pixels: bool = False  # the network's own pixels are in [-1, 1] (the model's API stays [0, 1])
 
     @property
     def t_downscale(self) -> int:
@@ -94,6 +96,14 @@ OTHER_VARIANTS = {
         encoder_time_downscale=EIGHT_X[0],
         decoder_time_upscale=EIGHT_X[1],
     ),
+}
+# LightX2V's LightTAE weights (published by ModelTC, no super decoder): taew2_1's and taew2_2's
+# networks for raw Wan latents (models.latent_spaces), and a HunyuanVideo 1.5 TAE with
+# LeakyReLU(0.2) everywhere and pixels in [-1, 1] both ways (LightX2V's tae.py, ComfyUI's taehv.py).
+LIGHT_VARIANTS = {
+    "lighttaew2_1": VariantSpec("lighttaew2_1", 1, 16),
+    "lighttaew2_2": VariantSpec("lighttaew2_2", 2, 48),
+    "lighttaehy1_5": VariantSpec("lighttaehy1_5", 2, 32, activation="leaky_relu", signed_pixels=True),
 }
 
 
@@ -193,19 +203,18 @@ def built_spec(name: str) -> VariantSpec | None:
 
 
 def known_variants() -> list[str]:
-    """All variant names accepted by ``variant=``: the published ones, then the built ones (for
-    their released latent space), so that a weight file that fits both is named by its published
-    variant first."""
-    return sorted([*BASE_VARIANTS, *(name + SUPER_SUFFIX for name in BASE_VARIANTS), *OTHER_VARIANTS]) + sorted(
-        BUILT_FAMILIES
-    )
+    """All variant names accepted by ``variant=``: the published TAEHV ones, LightX2V's, then the
+    built ones (for their released latent space), so that a weight file that fits several is
+    named by its published TAEHV variant first (a taehv1_5 file also fits lighttaehy1_5's keys)."""
+    published = sorted([*BASE_VARIANTS, *(name + SUPER_SUFFIX for name in BASE_VARIANTS), *OTHER_VARIANTS])
+    return published + sorted(LIGHT_VARIANTS) + sorted(BUILT_FAMILIES)
 
 
 def get_variant(name: str) -> VariantSpec:
     """The spec for a variant name; an unknown name raises with the valid list."""
     key = name.lower()
-    if key in OTHER_VARIANTS:
-        return OTHER_VARIANTS[key]
+    if (spec := OTHER_VARIANTS.get(key) or LIGHT_VARIANTS.get(key)) is not None:
+        return spec
     if (built := built_spec(key)) is not None:
         return built
     base = key.removesuffix(SUPER_SUFFIX)
@@ -218,7 +227,7 @@ def get_variant(name: str) -> VariantSpec:
 def detect_variant(path: str | os.PathLike) -> str | None:
     """The variant a file name asks for, as users name the published files (the longest
     variant name in it: ``taeltx2_3_wide`` over ``taeltx2_3``, ``taehv1_5`` over
-    ``taehv``), or None."""
+    ``taehv``, ``lighttaew2_1`` over ``taew2_1``), or None."""
     stem = Path(path).name.lower()
     matches = [name for name in known_variants() if name in stem]
     matches += [
@@ -243,6 +252,8 @@ def custom_spec(metadata: dict[str, str], name: str = "custom") -> VariantSpec:
         h3_chunks=metadata.get("h3_chunks", "false") == "true",
         image_channels=int(metadata.get("image_channels", "3")),
         causal=metadata.get("causal", "true") == "true",
+        activation=metadata.get("activation", "relu"),
+        signed_pixels=metadata.get("signed_pixels", "false") == "true",
     )
 
 

@@ -201,6 +201,10 @@ def weights_metadata(model: nn.Module) -> dict[str, str]:
         "h3_chunks": str(model.h3_chunks).lower(),
         "image_channels": str(model.image_channels),
         "causal": str(model.causal).lower(),
+        "latent_space": model.latent_space or "unknown",
+        **({"latent_transform": model.latent_transform.to_json()} if model.latent_transform is not None else {}),
+        "activation": model.activation,
+        "signed_pixels": str(model.signed_pixels).lower(),
         "frame_rule": (
             "T -> c = ceil(T/17) chunks of 17 frames -> 5c - 3 latents -> 17c - 12 frames"
             if model.h3_chunks

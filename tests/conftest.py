@@ -60,6 +60,26 @@ def videos_dir() -> Path:
     return _require(shared_dir() / "videos", "shared video clips")
 
 
+def published_format_weights(variant: str, path: Path) -> Path:
+    """The compat recipe's deterministic weights (``../shared/compat/recipe.py``) for
+    ``variant``'s keys, saved with ``torch.save`` at ``path`` without metadata: a file as the
+    published ones are, read by its name alone."""
+    import importlib.util
+
+    import torch
+
+    from models.taehv import TAEHV
+
+    recipe_file = _require(shared_dir() / "compat" / "recipe.py", "compat fixtures")
+    spec = importlib.util.spec_from_file_location("compat_recipe", recipe_file)
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    with torch.device("meta"):
+        shapes = [(key, tuple(value.shape)) for key, value in TAEHV(variant=variant).state_dict().items()]
+    torch.save(recipe.recipe_state_dict(shapes), path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def demo_clips(tmp_path_factory) -> dict[str, Path]:
     """Six procedural clips (48x64, 12 frames) with train/val annotations, for training runs."""

@@ -62,12 +62,14 @@ def compiled_copy(model: TAEHV, backend: object = "aot_eager") -> TAEHV:
 
 # One variant per distinct block sequence (dynamo takes seconds per sequence, and more on
 # a loaded 2-core CPU): the other variants build the same blocks with other channel counts
-# (taew2_1, taeos1_3 and taecvx: taehv's; taew2_2: taehv1_5's; every *_super: the same
-# super decoder; taeltx_2: taeltx2_3's; the built TAEs: taehv's or taeltx2_3's, but Mochi's 3x
-# stages and the 1x time of Stable Video Diffusion and Qwen-Image 2.1).
+# (taew2_1, taeos1_3, taecvx and lighttaew2_1: taehv's; taew2_2 and lighttaew2_2: taehv1_5's;
+# every *_super: the same super decoder; taeltx_2: taeltx2_3's; the built TAEs: taehv's or
+# taeltx2_3's, but Mochi's 3x stages and the 1x time of Stable Video Diffusion and Qwen-Image
+# 2.1; lighttaehy1_5: taehv1_5's with LeakyReLUs).
 DISTINCT_ARCHITECTURES = [
     "taehv",
     "taehv1_5",
+    "lighttaehy1_5",
     "taehv1_5_super",
     "taeh3",
     "taeltx2_3",

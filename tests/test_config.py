@@ -334,7 +334,7 @@ def test_the_reference_vae_folder_is_checked_before_launch(tmp_path):
         UserError,
         match=r"the reference VAE has 48 latent channels, 16x space, 4x time but taecvx has "
         r"16 latent channels, 8x space, 4x time: pick the matching variant \(taew2_2, "
-        r"taew2_2_super\)",
+        r"taew2_2_super, lighttaew2_2\)",
     ):
         check(valid(tmp_path, ref_vae_path=wide, n_frames=17))
 

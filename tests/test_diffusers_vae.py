@@ -1,6 +1,10 @@
 """A TAE as ``pipe.vae`` in real diffusers video pipelines, built tiny on CPU (no text
 encoder: prompt embeddings are given): the pipelines' own latent-decoding paths with the
-wrapper in place give what calling the TAE directly gives."""
+wrapper in place give what the published convention gives: the TAE decoding the latents in
+its own space (``models.latent_spaces``). For every TAE but TAECVX and LightX2V's, that is
+the transformer's latents as they are (``output_type="latent"``), which is what the TAE
+author's own wrappers hand it (latents_mean 0, latents_std 1, scaling_factor 1:
+madebyollin/taehv examples/TAEW2.1_T2I_Demo.ipynb)."""
 
 from __future__ import annotations
 
@@ -38,15 +42,22 @@ from diffusers import (
 )
 from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
 
-from conftest import save_tiny_vae
+from conftest import published_format_weights, save_tiny_vae
 from models.diffusers_vae import TAEVideoVAE
+from models.latent_spaces import LatentTransform
 from models.taehv import TAEHV
 from models.weights import save_weights
 
+# float32 rounding of the pipelines' own arithmetic (x / (1 / std) against x * std, ...), amplified by
+# the recipe weights' large activations: up to 5e-4 of the [-1, 1] range seen; a TAE handed the
+# latents of another space differs by far more (test_wan_pipeline_runs_end_to_end_with_the_tae)
+ROUNDING = 2e-3
+
 
 def wrapped(variant: str, tmp_path, like: torch.nn.Module | None = None) -> TAEVideoVAE:
-    torch.manual_seed(0)
-    return TAEVideoVAE.from_file(save_weights(TAEHV(variant=variant), tmp_path / f"{variant}.pth"), like=like)
+    """Published-format weights (the compat recipe's, under the published file name, no
+    metadata) behind the wrapper."""
+    return TAEVideoVAE.from_file(published_format_weights(variant, tmp_path / f"{variant}.pth"), like=like)
 
 
 def one_step(pipe, **inputs):
@@ -73,7 +84,7 @@ def test_cogvideox_pipeline_decodes_through_the_tae(tmp_path):
     assert pipe.vae_scaling_factor_image == 1.15258426  # CogVideoX's, applied by the pipeline, not by the TAE
     latents = torch.randn(1, 5, 16, 4, 6)  # the pipeline's scaled latents, NTCHW
     video = pipe.decode_latents(latents)
-    direct = vae.tae.decode_video(latents / pipe.vae_scaling_factor_image).mul(2).sub(1).permute(0, 2, 1, 3, 4)
+    direct = vae.tae.decode_video(1 / pipe.vae_scaling_factor_image * latents).mul(2).sub(1).permute(0, 2, 1, 3, 4)
     torch.testing.assert_close(video, direct, atol=1e-6, rtol=0)
     encoded = vae.encode(video.clamp(-1, 1))
     assert encoded.latents.shape == (1, 16, 5, 4, 6) and torch.equal(encoded.latent_dist.sample(), encoded.latents)
@@ -83,9 +94,39 @@ def test_cogvideox_pipeline_decodes_through_the_tae(tmp_path):
 
 @torch.no_grad()
 def test_wan_pipeline_runs_end_to_end_with_the_tae(tmp_path):
-    """A whole (one-step) WanPipeline call: the video it returns is the TAE's decoding of the
-    latents it denoised, un-normalised with Wan's latents_mean/std as the pipeline does."""
+    """A whole (one-step) WanPipeline call: the pipeline un-normalises the latents it denoised
+    with Wan's latents_mean/std, the wrapper normalises them back, and the video it returns is
+    TAEW2.1's decoding of the transformer's latents, as the author's wrapper gives it."""
     vae = wrapped("taew2_1", tmp_path)
+    pipe = wan_pipeline(vae)
+    run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), height=32, width=32, num_frames=9)
+    latents = run("latent")
+    assert latents.shape == (1, 16, 3, 4, 4)
+    direct = vae.tae.decode_video(latents.permute(0, 2, 1, 3, 4))  # the author's wrapper: normalised latents
+    torch.testing.assert_close(run("pt"), direct, atol=ROUNDING, rtol=0)
+    mean = torch.tensor(vae.config.latents_mean).view(1, 16, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, 16, 1, 1, 1)
+    raw = vae.tae.decode_video((latents * std + mean).permute(0, 2, 1, 3, 4))  # what a raw-latent TAE gets
+    assert (raw - direct).abs().max() > 100 * ROUNDING
+
+
+@torch.no_grad()
+def test_wan_pipeline_hands_lighttae_the_raw_latents_as_lightx2v_does(tmp_path):
+    """LightX2V's lighttaew2_1 works on raw Wan latents: its runner computes latents *
+    latents_std + latents_mean before decoding (need_scaled), which is what the pipeline
+    hands ``vae.decode``; the wrapper passes them through."""
+    vae = wrapped("lighttaew2_1", tmp_path)
+    assert vae.transform.space == "raw"
+    run = one_step(wan_pipeline(vae), prompt_embeds=torch.randn(1, 4, 16), height=32, width=32, num_frames=9)
+    latents = run("latent")
+    mean = torch.tensor(vae.config.latents_mean).view(1, 16, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, 16, 1, 1, 1)
+    direct = vae.tae.decode_video((latents * std + mean).permute(0, 2, 1, 3, 4))
+    torch.testing.assert_close(run("pt"), direct, atol=ROUNDING, rtol=0)
+
+
+def wan_pipeline(vae: TAEVideoVAE) -> WanPipeline:
+    """A WanPipeline with a one-layer transformer and ``vae``."""
     transformer = WanTransformer3DModel(
         patch_size=(1, 2, 2),
         num_attention_heads=2,
@@ -98,26 +139,20 @@ def test_wan_pipeline_runs_end_to_end_with_the_tae(tmp_path):
         num_layers=1,
         rope_max_seq_len=32,
     )
-    pipe = WanPipeline(
+    return WanPipeline(
         tokenizer=None,
         text_encoder=None,
         vae=vae,
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
     )
-    run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), height=32, width=32, num_frames=9)
-    latents = run("latent")
-    assert latents.shape == (1, 16, 3, 4, 4)
-    mean = torch.tensor(vae.config.latents_mean).view(1, 16, 1, 1, 1)
-    std = torch.tensor(vae.config.latents_std).view(1, 16, 1, 1, 1)
-    direct = vae.tae.decode_video((latents * std + mean).permute(0, 2, 1, 3, 4))
-    torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
 
 
 @torch.no_grad()
 def test_hunyuan_video_pipeline_runs_end_to_end_with_the_tae(tmp_path):
-    """A whole (one-step) HunyuanVideoPipeline call: the TAE decodes the denoised latents
-    once the pipeline has divided them by HunyuanVideo's scaling factor."""
+    """A whole (one-step) HunyuanVideoPipeline call: the pipeline divides the denoised latents
+    by HunyuanVideo's scaling factor, the wrapper multiplies them back, and TAEHV decodes the
+    transformer's scaled latents, as ComfyUI's HunyuanVideo latent format hands them to it."""
     vae = wrapped("taehv", tmp_path)
     transformer = HunyuanVideoTransformer3DModel(
         num_attention_heads=2,
@@ -150,15 +185,16 @@ def test_hunyuan_video_pipeline_runs_end_to_end_with_the_tae(tmp_path):
     )
     latents = run("latent")
     assert latents.shape == (1, 16, 3, 4, 4)
-    direct = vae.tae.decode_video((latents / vae.config.scaling_factor).permute(0, 2, 1, 3, 4))
-    torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
+    direct = vae.tae.decode_video(latents.permute(0, 2, 1, 3, 4))
+    torch.testing.assert_close(run("pt"), direct, atol=ROUNDING, rtol=0)
 
 
 @torch.no_grad()
 def test_ltx_pipeline_runs_end_to_end_with_the_tae_and_the_vaes_statistics(tmp_path):
     """A whole (one-step) LTXPipeline call with ``like=`` a real (tiny) LTX VAE whose
     latents_mean/std buffers are not trivial: the pipeline un-normalises with them (read
-    from the wrapper), and the TAE decodes the result."""
+    from the wrapper), the wrapper normalises them back, and the TAE decodes
+    (raw - latents_mean) / latents_std, as the author's TAELTX2 demo hands it latents."""
     real = AutoencoderKLLTXVideo.from_pretrained(save_tiny_vae(tmp_path, "ltx") / "vae")
     real.latents_mean.copy_(torch.randn(128) * 0.1)
     real.latents_std.copy_(torch.rand(128) + 0.5)
@@ -187,19 +223,17 @@ def test_ltx_pipeline_runs_end_to_end_with_the_tae_and_the_vaes_statistics(tmp_p
     latents = pipe._unpack_latents(
         packed, 2, 2, 2, pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
     )
-    latents = latents * real.latents_std.view(1, -1, 1, 1, 1) / real.config.scaling_factor + real.latents_mean.view(
-        1, -1, 1, 1, 1
-    )
-    direct = vae.tae.decode_video(latents.permute(0, 2, 1, 3, 4))
+    normalised = latents / real.config.scaling_factor  # the transformer's are scaled too (1.0 in LTX's configs)
+    direct = vae.tae.decode_video(normalised.permute(0, 2, 1, 3, 4))
     assert direct.shape == (1, 9, 3, 64, 64)
-    torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
+    torch.testing.assert_close(run("pt"), direct, atol=ROUNDING, rtol=0)
 
 
 @torch.no_grad()
 def test_mochi_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
     """A whole MochiPipeline call with tae_mochi: the pipeline un-normalises with Mochi's
-    per-channel latents_mean/std (the class defaults) and the TAE decodes 6k+1 frames. Two
-    steps: Mochi's linear-quadratic schedule divides by zero for one."""
+    per-channel latents_mean/std (the class defaults), and the TAE decodes the transformer's
+    latents, 6k+1 frames. Two steps: Mochi's linear-quadratic schedule divides by zero for one."""
     vae = wrapped("tae_mochi", tmp_path)
     transformer = MochiTransformer3DModel(
         patch_size=2,
@@ -226,18 +260,16 @@ def test_mochi_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
     )
     latents = run("latent")
     assert latents.shape == (1, 12, 2, 4, 4)
-    mean = torch.tensor(vae.config.latents_mean).view(1, 12, 1, 1, 1)
-    std = torch.tensor(vae.config.latents_std).view(1, 12, 1, 1, 1)
-    direct = vae.tae.decode_video((latents * std / vae.config.scaling_factor + mean).permute(0, 2, 1, 3, 4))
+    direct = vae.tae.decode_video(latents.permute(0, 2, 1, 3, 4))
     assert direct.shape == (1, 7, 3, 32, 32)
-    torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
+    torch.testing.assert_close(run("pt"), direct, atol=ROUNDING, rtol=0)
 
 
 @torch.no_grad()
 def test_easyanimate_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
-    """A whole EasyAnimatePipeline call with tae_easyanimate: the TAE decodes the latents the
-    pipeline divided by EasyAnimate's scaling factor (head dim 16: its rotary embedding splits
-    the head into 1/4 + 3/8 + 3/8, each even)."""
+    """A whole EasyAnimatePipeline call with tae_easyanimate: the TAE decodes the transformer's
+    latents, which the pipeline divides by EasyAnimate's scaling factor before ``vae.decode``
+    (head dim 16: its rotary embedding splits the head into 1/4 + 3/8 + 3/8, each even)."""
     vae = wrapped("tae_easyanimate", tmp_path)
     transformer = EasyAnimateTransformer3DModel(
         num_attention_heads=2,
@@ -266,9 +298,9 @@ def test_easyanimate_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
     )
     latents = run("latent")
     assert latents.shape == (1, 16, 2, 4, 4)
-    direct = vae.tae.decode_video((latents / vae.config.scaling_factor).permute(0, 2, 1, 3, 4))
+    direct = vae.tae.decode_video(latents.permute(0, 2, 1, 3, 4))
     assert direct.shape == (1, 5, 3, 32, 32)
-    torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
+    torch.testing.assert_close(run("pt"), direct, atol=ROUNDING, rtol=0)
 
 
 @torch.no_grad()
@@ -304,9 +336,9 @@ def test_allegro_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
     latents = run("latent")
     assert latents.shape == (1, 4, 2, 4, 4)
     assert vae.decode(latents).sample.shape == (1, 8, 3, 32, 32)  # frames first, as AutoencoderKLAllegro's
-    direct = vae.tae.decode_video((latents / vae.config.scaling_factor).permute(0, 2, 1, 3, 4))
+    direct = vae.tae.decode_video(latents.permute(0, 2, 1, 3, 4))
     assert direct.shape == (1, 8, 3, 32, 32)
-    torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
+    torch.testing.assert_close(run("pt"), direct, atol=ROUNDING, rtol=0)
 
 
 class PassingGuardrail:
@@ -372,43 +404,39 @@ def cosmos_statistics(vae: TAEVideoVAE, latent_frames: int) -> tuple[torch.Tenso
 def test_cosmos_text_to_world_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
     """A whole CosmosTextToWorldPipeline call with tae_cosmos: the pipeline un-normalises with
     Cosmos's latents_mean/std, one per channel and latent frame, and the scheduler's
-    sigma_data, and the TAE decodes the result. The video then passes the safety checker as
-    uint8 frames, hence the 1/255 tolerance."""
+    sigma_data, and the TAE decodes the transformer's latents. The video then passes the
+    safety checker as uint8 frames, hence the 1/255 tolerance."""
     vae = wrapped("tae_cosmos", tmp_path)
     pipe = CosmosTextToWorldPipeline(vae=vae, **cosmos_parts(in_channels=16))
     run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), height=32, width=32, num_frames=9)
     latents = run("latent")
     assert latents.shape == (1, 16, 2, 4, 4)
-    mean, std = cosmos_statistics(vae, 2)
+    mean, _ = cosmos_statistics(vae, 2)
     assert not torch.equal(mean[:, :, 0], mean[:, :, 1])  # per latent frame
-    direct = vae.tae.decode_video((latents * std / pipe.scheduler.config.sigma_data + mean).permute(0, 2, 1, 3, 4))
+    direct = vae.tae.decode_video(latents.permute(0, 2, 1, 3, 4))
     assert direct.shape == (1, 9, 3, 32, 32)
-    torch.testing.assert_close(run("pt"), direct, atol=1 / 255 + 1e-5, rtol=0)
+    torch.testing.assert_close(run("pt"), direct, atol=1 / 255 + ROUNDING, rtol=0)
 
 
 @torch.no_grad()
 def test_cosmos_video_to_world_pipeline_encodes_and_decodes_with_the_built_tae(tmp_path):
     """CosmosVideoToWorldPipeline encodes its conditioning image with ``vae.encode`` (padded
     with grey frames to the clip) and normalises it per channel and latent frame: its
-    conditioning latents are the TAE's, normalised, and a whole call decodes through the TAE
-    as text-to-world does."""
+    conditioning latents are the TAE's own (the transformer's space), and a whole call
+    decodes through the TAE as text-to-world does."""
     vae = wrapped("tae_cosmos", tmp_path)
     pipe = CosmosVideoToWorldPipeline(vae=vae, **cosmos_parts(in_channels=17))  # + the conditioning mask
     image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     _, conditioning, *_ = pipe.prepare_latents(
         image[:, :, None] * 2 - 1, 1, 16, 32, 32, 9, False, dtype=torch.float32, device=torch.device("cpu")
     )
-    mean, std = cosmos_statistics(vae, 2)
     clip = torch.cat([image[:, None], torch.full((1, 8, 3, 32, 32), 0.5)], 1)  # grey: 0 in [-1, 1]
-    encoded = vae.tae.encode_video(clip).permute(0, 2, 1, 3, 4)
-    torch.testing.assert_close(
-        conditioning, (encoded - mean) * pipe.scheduler.config.sigma_data / std, atol=1e-5, rtol=0
-    )
+    torch.testing.assert_close(conditioning, vae.tae.encode_video(clip).permute(0, 2, 1, 3, 4), atol=ROUNDING, rtol=0)
     run = one_step(pipe, image=image, prompt_embeds=torch.randn(1, 4, 16), height=32, width=32, num_frames=9)
     latents = run("latent")
     assert latents.shape == (1, 16, 2, 4, 4)
-    direct = vae.tae.decode_video((latents * std / pipe.scheduler.config.sigma_data + mean).permute(0, 2, 1, 3, 4))
-    torch.testing.assert_close(run("pt"), direct, atol=1 / 255 + 1e-5, rtol=0)
+    direct = vae.tae.decode_video(latents.permute(0, 2, 1, 3, 4))
+    torch.testing.assert_close(run("pt"), direct, atol=1 / 255 + ROUNDING, rtol=0)
 
 
 @torch.no_grad()
@@ -416,7 +444,8 @@ def test_stable_video_diffusion_pipeline_runs_end_to_end_with_the_built_tae(tmp_
     """A whole StableVideoDiffusionPipeline call with tae_svd: the pipeline encodes its
     conditioning image (B, 3, H, W) with ``vae.encode`` and decodes (B*T, 4, h, w) frame
     latents in chunks of ``decode_chunk_size`` with ``num_frames=chunk``; the wrapper decodes
-    each chunk as one clip, as the real temporal decoder does."""
+    each chunk as one clip, as the real temporal decoder does, from the UNet's scaled latents.
+    Its conditioning image latents are raw (SVD's pipeline does not scale them)."""
     vae = wrapped("tae_svd", tmp_path)
     unet = UNetSpatioTemporalConditionModel(
         block_out_channels=(32,),
@@ -465,7 +494,8 @@ def test_stable_video_diffusion_pipeline_runs_end_to_end_with_the_built_tae(tmp_
     images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     encoded = vae.encode(images * 2 - 1).latent_dist.mode()  # as the pipeline's _encode_vae_image
     assert encoded.shape == (2, 4, 4, 4)
-    torch.testing.assert_close(encoded, vae.tae.encode_video(images[:, None])[:, 0], atol=1e-6, rtol=0)  # 1-frame clips
+    own = vae.tae.encode_video(images[:, None])[:, 0]  # 1-frame clips, in the TAE's (scaled) space
+    torch.testing.assert_close(encoded, own / vae.config.scaling_factor, atol=1e-6, rtol=0)
 
     def run(output_type: str) -> torch.Tensor:  # max_guidance_scale=1: no classifier-free guidance
         return pipe(
@@ -482,12 +512,12 @@ def test_stable_video_diffusion_pipeline_runs_end_to_end_with_the_built_tae(tmp_
 
     latents = run("latent")
     assert latents.shape == (1, 4, 4, 4, 4)  # NTCHW
-    z = latents / vae.config.scaling_factor
-    direct = torch.cat([vae.tae.decode_video(z[:, :2]), vae.tae.decode_video(z[:, 2:])], 1)
+    direct = torch.cat([vae.tae.decode_video(latents[:, :2]), vae.tae.decode_video(latents[:, 2:])], 1)
     assert direct.shape == (1, 4, 3, 32, 32)
-    torch.testing.assert_close(run("pt"), direct, atol=1e-5, rtol=0)
-    frames = vae.decode(z.flatten(0, 1), num_frames=2).sample  # both chunks in one call: 2 latents per clip
-    torch.testing.assert_close(frames, direct.flatten(0, 1).mul(2).sub(1), atol=1e-6, rtol=0)
+    torch.testing.assert_close(run("pt"), direct, atol=ROUNDING, rtol=0)
+    raw = latents / vae.config.scaling_factor  # what the pipeline hands vae.decode
+    frames = vae.decode(raw.flatten(0, 1), num_frames=2).sample  # both chunks in one call: 2 latents per clip
+    torch.testing.assert_close(frames, direct.flatten(0, 1).mul(2).sub(1), atol=ROUNDING, rtol=0)
 
 
 @torch.no_grad()
@@ -495,7 +525,7 @@ def test_hunyuanimage_refiner_pipeline_runs_end_to_end_with_the_built_tae(tmp_pa
     """A whole HunyuanImageRefinerPipeline call with tae_hunyuanimage_refiner: the pipeline
     encodes the image to refine as a one-frame clip, packs the latents of two frames (the
     first repeated) into 64 channels for its transformer, unpacks them and decodes one frame
-    of 32-channel latents: the TAE's decoding of them."""
+    of 32-channel latents: the TAE's decoding of the transformer's (scaled) latents."""
     vae = wrapped("tae_hunyuanimage_refiner", tmp_path)
     transformer = HunyuanImageTransformer2DModel(
         in_channels=128,
@@ -515,8 +545,9 @@ def test_hunyuanimage_refiner_pipeline_runs_end_to_end_with_the_built_tae(tmp_pa
     )
     assert (pipe.vae_scale_factor, pipe.latent_channels) == (16, 64)
     image, prompt_embeds = torch.rand(1, 3, 32, 32), torch.randn(1, 4, 16)
-    encoded = vae.encode(image.unsqueeze(2) * 2 - 1).latent_dist.sample()  # as its _encode_vae_image
-    torch.testing.assert_close(encoded[:, :, 0], vae.tae.encode_video(image[:, None])[:, 0], atol=1e-6, rtol=0)
+    encoded = vae.encode(image.unsqueeze(2) * 2 - 1).latent_dist.sample()  # as its _encode_vae_image (raw)
+    own = vae.tae.encode_video(image[:, None])[:, 0]
+    torch.testing.assert_close(encoded[:, :, 0], own / vae.config.scaling_factor, atol=1e-6, rtol=0)
 
     def run(output_type: str) -> torch.Tensor:
         return pipe(
@@ -532,10 +563,10 @@ def test_hunyuanimage_refiner_pipeline_runs_end_to_end_with_the_built_tae(tmp_pa
 
     latents = run("latent")
     assert latents.shape == (1, 64, 1, 2, 2)
-    frames = pipe._restore_image_tokens_order(latents / vae.config.scaling_factor)
+    frames = pipe._restore_image_tokens_order(latents)
     direct = vae.tae.decode_video(frames.permute(0, 2, 1, 3, 4))[:, 0]
     assert direct.shape == (1, 3, 32, 32)
-    torch.testing.assert_close(run("pt"), direct.clamp(0, 1), atol=1e-6, rtol=0)
+    torch.testing.assert_close(run("pt"), direct.clamp(0, 1), atol=ROUNDING, rtol=0)
 
 
 class SystemPromptProcessor:
@@ -557,7 +588,8 @@ class SystemPromptProcessor:
 def test_qwenimage21_pipeline_generates_rgba_through_the_built_tae(tmp_path):
     """A whole QwenImage21Pipeline call with tae_qwenimage2_1: the pipeline unpacks its latent
     tokens into one 64-channel frame, un-normalises it with latents_mean/std and takes the
-    one decoded frame; the image it returns is the TAE's RGBA decoding of those latents."""
+    one decoded frame; the image it returns is the TAE's RGBA decoding of the transformer's
+    (normalised) latents."""
     vae = wrapped("tae_qwenimage2_1", tmp_path)
     transformer = QwenImage21Transformer2DModel(
         in_channels=64,
@@ -590,12 +622,9 @@ def test_qwenimage21_pipeline_generates_rgba_through_the_built_tae(tmp_path):
 
     latents = pipe._unpack_latents(run("latent"), 32, 32, pipe.vae_scale_factor)
     assert latents.shape == (1, 64, 1, 2, 2)
-    mean, std = (
-        torch.tensor(stats).view(1, 64, 1, 1, 1) for stats in (vae.config.latents_mean, vae.config.latents_std)
-    )
-    direct = vae.tae.decode_video((latents * std + mean).permute(0, 2, 1, 3, 4))[:, 0]
+    direct = vae.tae.decode_video(latents.permute(0, 2, 1, 3, 4))[:, 0]
     assert direct.shape == (1, 4, 32, 32)  # RGBA
-    torch.testing.assert_close(run("pt"), direct.clamp(0, 1), atol=1e-6, rtol=0)
+    torch.testing.assert_close(run("pt"), direct.clamp(0, 1), atol=ROUNDING, rtol=0)
 
 
 def test_reference_vaes_whose_statistics_live_in_their_weights_need_the_pipelines_vae(tmp_path):
@@ -614,6 +643,32 @@ def test_a_like_vae_of_another_latent_space_is_refused(tmp_path):
     like = diffusers.AutoencoderKLWan(base_dim=4, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1)
     with pytest.raises(ValueError, match="like= is a VAE with 4 latent channels, but taew2_1 has 16"):
         wrapped("taew2_1", tmp_path, like=like)
+
+
+def test_a_tae_with_a_space_of_its_own_is_refused_unless_a_space_is_named(tmp_path):
+    """A TAE trained without a reference VAE has latents of its own: the wrapper refuses to
+    pass it off as the pipeline's VAE, and takes it when the caller names the space."""
+    torch.manual_seed(0)
+    tae = TAEHV(variant="taew2_1")
+    tae.latent_space = "own"
+    path = save_weights(tae, tmp_path / "plain_autoencoder.safetensors")
+    with pytest.raises(ValueError, match="trained without a reference VAE: its latents are its own"):
+        TAEVideoVAE.from_file(path)
+    assert TAEVideoVAE.from_file(path, latent_space="raw").transform.space == "raw"
+
+
+def test_the_statistics_a_tae_was_trained_with_travel_in_its_file(tmp_path):
+    """A taew2_2 trained here records the Wan 2.2 statistics it was normalised with: the
+    wrapper converts with them without like= (the class defaults have 16 channels), and
+    like= a VAE with other statistics takes precedence."""
+    torch.manual_seed(0)
+    tae = TAEHV(variant="taew2_2")
+    tae.latent_transform = LatentTransform("normalised", 1.0, tuple(range(48)), (2.0,) * 48)
+    vae = TAEVideoVAE.from_file(save_weights(tae, tmp_path / "taew2_2.safetensors"))
+    assert vae.transform == tae.latent_transform
+    raw = torch.randn(1, 48, 2, 2, 2)
+    expected = vae.tae.decode_video(((raw - torch.arange(48.0).view(1, 48, 1, 1, 1)) / 2).permute(0, 2, 1, 3, 4))
+    torch.testing.assert_close(vae.decode(raw).sample, expected.mul(2).sub(1).permute(0, 2, 1, 3, 4))
 
 
 def test_a_tensor_of_another_layout_is_refused_with_the_shape_as_passed(tmp_path):

@@ -111,6 +111,7 @@ LAYERS = (
         "training.build_latent_cache",
         "training.export",
         "training.make_annotations",
+        "training.which_latents",
         "training.demo_data",
         "training.launch",
         "inference",

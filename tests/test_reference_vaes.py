@@ -22,22 +22,28 @@ from common.config import TrainConfig, load_config
 from common.errors import EXIT_USER_ERROR, UserError, exit_on_user_error
 from common.reference_vae import ReferenceVAE, weight_problems
 from conftest import REPO_ROOT, save_tiny_vae
+from models.latent_spaces import guess_space
 from models.taehv import TAEHV
 from models.vae_registry import (
     REF_VAE_CLASSES,
     LatentSpace,
     auto_variant,
+    class_defaults,
     latent_space,
     read_vae_config,
     ref_vae_class_of,
     ref_vae_problems,
+    spaces_of,
+    tae_space,
     video_model,
 )
 from models.variants import known_variants
 from models.weights import save_weights
 from train_runs import TEST_CONFIG, TRAIN, train_here
 from training import build_latent_cache
+from training.data.latent_cache import LatentCache, latent_sample_generator
 from training.data.latent_scale_check import compare, diagnose
+from training.data.loading import build_datasets
 from training.preflight import check
 
 # tiny VAE, ref_vae_class, facts, the variant "auto" picks, size, an exact frame count
@@ -171,10 +177,19 @@ def test_train_cache_and_evaluate_with_each_reference_vae(
             "fp32",
         ]
     )
-    assert (
-        json.loads((tmp_path / "cache" / "manifest.json").read_text())["valid_for"]["latent_channels"]
-        == facts.latent_channels
+    valid_for = json.loads((tmp_path / "cache" / "manifest.json").read_text())["valid_for"]
+    assert valid_for["latent_channels"] == facts.latent_channels
+    assert valid_for["latent_space"] == tae_space(variant, ref_vae_class)  # the TAE's space, as training's
+    config = load_config(
+        TEST_CONFIG,
+        [*ref_vae, f"--data_root={clips['root']}", f"--annotation_file={one_clip}", "--val_annotation_file="],
     )
+
+    dataset = build_datasets(config)[0]
+    online = ReferenceVAE.from_config(config, "cpu").encode(
+        frames_to_unit(dataset[0]["frames"][None], "cpu"), latent_sample_generator(config.seed, 0, 0)
+    )[0]
+    torch.testing.assert_close(LatentCache(tmp_path / "cache").latents(0, 0), online)  # what training computes
 
     metrics = inference.main(
         [
@@ -216,16 +231,19 @@ def test_train_cache_and_evaluate_with_each_reference_vae(
         assert stills.shape[2] == 3 and video_width == size and "alpha_psnr" not in metrics["samples"][0]["taehv"]
 
 
-def test_the_latent_scale_check_names_normalised_latents_and_a_wrong_variant():
-    """Raw latents agree; latents normalised per channel (a pipeline's latents_mean/std
-    applied) or far off in scale (another variant's weights) are diagnosed."""
-    torch.manual_seed(0)
-    raw = torch.randn(2, 3, 16, 4, 4) * torch.linspace(1.0, 6.0, 16).view(1, 1, 16, 1, 1) + 1.5  # RMS ~4
-    assert diagnose(compare(raw * 1.1, raw)) is None
-    flat = raw.transpose(0, 2).flatten(1)
-    normalised = (raw - flat.mean(1).view(1, 1, 16, 1, 1)) / flat.std(1).view(1, 1, 16, 1, 1)
-    assert "look normalised" in diagnose(compare(raw, normalised))  # the model on raw latents, the reference not
-    wrong = diagnose(compare(raw * 8, raw))
+def test_the_latent_scale_check_names_the_space_the_models_latents_look_like_and_a_wrong_variant():
+    """Latents in the TAE's space agree; a model whose latents look like another of the VAE's
+    spaces (here: raw Wan latents from a TAE trained on the normalised ones) is told so, in
+    words that name both spaces; one far off in scale otherwise is another variant's."""
+    spaces = spaces_of("wan", class_defaults("wan"))
+    normalised = torch.randn(2, 3, 16, 4, 4, generator=torch.Generator().manual_seed(0))
+    transform = spaces["normalised"]
+    assert diagnose(compare(normalised * 1.1, normalised), transform) is None
+    raw = transform.to_raw(normalised)
+    problem = diagnose(compare(raw, normalised), transform, guess_space(raw, spaces))
+    assert "in the TAE's normalised latents" in problem and "the model's latents look raw" in problem
+    assert "latent_space=raw" in problem
+    wrong = diagnose(compare(normalised * 8, normalised), transform, guess_space(normalised * 8, spaces))
     assert "ratio 8" in wrong and "another variant" in wrong
 
 

@@ -9,16 +9,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from safetensors.torch import save
 
 from common.errors import UserError
 from common.run_files import run_folder_of, verified_weights
 from models.atomic import atomic_write
+from models.ecosystem import comfyui_dtype, export_stem, readings
+from models.latent_spaces import OWN, LatentTransform
 from models.vae_registry import video_model
 from models.weights import export_state_dict, save_weights, weights_metadata
 from training.state.checkpoints import list_checkpoints, read_trainer_state
 
 BUNDLE_FOLDER = "export"  # where a training run writes its bundle
+FP16_MAX = float(torch.finfo(torch.float16).max)
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16"}
 
 
 def training_length(run: Path, config: dict) -> str:
@@ -36,15 +41,60 @@ def training_length(run: Path, config: dict) -> str:
     )
 
 
-def _model_card(model, weights: Path, run: Path | None, files: list[str], command: str) -> str:
-    """README.md of a bundle: what the model is, what it was trained on, how well it did."""
+def _space_lines(model) -> list[str]:
+    """The model card's description of the latents the model works on."""
+    if model.latent_space == OWN:
+        return [
+            f"A tiny video autoencoder with a latent space of its own (trained without a reference VAE): its "
+            f"latents are not {video_model(model.variant) or 'any video model'}'s, so no diffusion model's latents "
+            f"decode with it. {model.latent_channels} latent channels, patch {model.patch_size}, "
+            f"{model.t_downscale}x in time.",
+        ]
+    space = model.latent_transform or (LatentTransform(model.latent_space) if model.latent_space else None)
+    return [
+        f"A tiny video autoencoder in the latent space of {video_model(model.variant) or 'its reference VAE'}: "
+        f"{model.latent_channels} latent channels, patch {model.patch_size}, {model.t_downscale}x in time.",
+        "",
+        f"- Latent space: {space.describe() if space else 'not recorded'}"
+        + (" (docs/reference_vaes.md, 'Which latents go in')." if space else "."),
+    ]
+
+
+def _loading_lines(model, files: dict[str, torch.dtype]) -> list[str]:
+    """How ComfyUI and LightX2V take each exported ``.safetensors`` file, and what to do where
+    their rules take it for another model (``models.ecosystem``)."""
+    if model.latent_space == OWN:
+        return []
+    lines = ["", "## Loading it elsewhere", ""]
+    for name, dtype in files.items():
+        for reading in readings(name, model.variant, model.latent_channels, model.patch_size, dtype):
+            if reading.activation != model.activation:
+                verdict = (
+                    f"not this network (it has {model.activation}): decode with the diffusers wrapper "
+                    "(TAEVideoVAE.from_file) or this package's TAEHV instead"
+                )
+            elif reading.space != model.latent_space:
+                verdict = (
+                    f"the right network, handed the wrong latents (it decodes {model.latent_space} ones): convert "
+                    "them first, or decode with the diffusers wrapper (TAEVideoVAE.from_file), which does"
+                )
+            else:
+                verdict = "the right model"
+            lines.append(
+                f"- {reading.tool} takes `{name}` as {reading.how}, {reading.activation}, decoding "
+                f"{reading.space} latents: {verdict}."
+            )
+    return lines
+
+
+def _model_card(model, weights: Path, run: Path | None, files: dict[str, torch.dtype], command: str) -> str:
+    """README.md of a bundle: what the model is, which latents it works on, what it was
+    trained on, how well it did, and how other tools load it."""
     metadata = weights_metadata(model)
     lines = [
         f"# {model.variant} (TAE)",
         "",
-        f"A tiny video autoencoder in the latent space of {video_model(model.variant) or 'its reference VAE'}: "
-        f"{model.latent_channels} latent channels, patch {model.patch_size}, {model.t_downscale}x in time.",
-        "",
+        *_space_lines(model),
         f"- Frame rule: {metadata['frame_rule']}.",
         f"- Parameters: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M.",
         f"- Weights: {weights}.",
@@ -71,38 +121,57 @@ def _model_card(model, weights: Path, run: Path | None, files: list[str], comman
             keys = [k for k in history[-1] if k.startswith("val/")]
             lines += ["", "## Validation", "", "| step | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
             lines += ["| " + " | ".join([str(h["step"])] + [f"{h[k]:.4g}" for k in keys]) + " |" for h in history[-5:]]
-    lines += ["", "## Files", ""] + [f"- `{name}`" for name in files] + ["", f"Made by {command}.", ""]
+    lines += _loading_lines(model, {name: dtype for name, dtype in files.items() if name.endswith(".safetensors")})
+    lines += ["", "## Files", ""] + [f"- `{name}` ({DTYPE_NAMES[dtype]})" for name, dtype in files.items()]
+    lines += ["", f"Made by {command}.", ""]
     return "\n".join(lines)
+
+
+def half_precision(model) -> dict[str, torch.Tensor]:
+    """The weights in fp16; UserError when one does not fit (beyond fp16's 65504, or not
+    finite), instead of writing infinite weights."""
+    weights = export_state_dict(model)
+    over = [k for k, v in weights.items() if not bool(torch.isfinite(v).all()) or float(v.abs().max()) > FP16_MAX]
+    if over:
+        largest = max(float(weights[k].abs().max()) for k in over)
+        raise UserError(
+            f"{len(over)} tensor(s) do not fit fp16 (e.g. {over[0]}; largest magnitude {largest:.3g}, fp16 holds "
+            f"up to {FP16_MAX:g}): export without --fp16"
+        )
+    return {k: v.half() for k, v in weights.items()}
 
 
 def write_bundle(
     weights: Path, out: Path, fp16: bool = False, command: str = "", overwrite: bool = False
 ) -> list[Path]:
-    """The files a user takes away: ``<variant>.pth`` (published key format, fp32; loads in
-    the published implementation by its name), ``<variant>.safetensors`` (the name ComfyUI
-    and stable-diffusion.cpp look for; published keys plus our metadata), optionally
-    ``<variant>_fp16.safetensors``, and a model card ``README.md``. Files already in ``out``
+    """The files a user takes away, named and typed so that other tools take them as this
+    TAE in its latent space (``models.ecosystem``): ``<stem>.pth`` (published key format,
+    fp32; loads in the published implementation by its name), ``<stem>.safetensors`` (the
+    name ComfyUI looks for; published keys plus our metadata; fp16 where ComfyUI's rule needs
+    it), optionally ``<stem>_fp16.safetensors``, and a model card ``README.md``. The stem is
+    the variant, or LightX2V's name for a Wan TAE on raw latents. Files already in ``out``
     are a UserError unless ``overwrite`` (a run rewrites its own ``export/``)."""
     from models.taehv import TAEHV
 
     model = TAEHV(weights)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file: name a folder for the bundle")
-    names = [f"{model.variant}.pth", f"{model.variant}.safetensors", "README.md"]
-    names += [f"{model.variant}_fp16.safetensors"] if fp16 else []
-    if not overwrite and (there := [name for name in names if (out / name).exists()]):
+    stem = export_stem(model.variant, model.latent_space)
+    comfyui = comfyui_dtype(model.latent_channels, model.latent_space, model.activation)
+    files = {f"{stem}.pth": torch.float32, f"{stem}.safetensors": comfyui}
+    files |= {f"{stem}_fp16.safetensors": torch.float16} if fp16 else {}
+    if not overwrite and (there := [name for name in [*files, "README.md"] if (out / name).exists()]):
         raise UserError(f"{out} already holds {', '.join(there)}: pass --force to replace them, or another --out")
+    half = half_precision(model) if torch.float16 in files.values() else None
     out.mkdir(parents=True, exist_ok=True)
-    written = [
-        save_weights(model, out / f"{model.variant}.pth"),
-        save_weights(model, out / f"{model.variant}.safetensors"),
-    ]
-    if fp16:
-        half = {k: v.half() for k, v in export_state_dict(model).items()}
+    written = [save_weights(model, out / f"{stem}.pth")]
+    for name, dtype in list(files.items())[1:]:
         written.append(
-            atomic_write(out / f"{model.variant}_fp16.safetensors", save(half, metadata=weights_metadata(model)))
+            save_weights(model, out / name)
+            if dtype == torch.float32
+            else atomic_write(out / name, save(half, metadata=weights_metadata(model)))
         )
-    card = _model_card(model, weights, run_folder_of(weights), [p.name for p in written], command)
+    card = _model_card(model, weights, run_folder_of(weights), files, command)
     written.append(atomic_write(out / "README.md", card))
     return written
 
@@ -116,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description="Write the export bundle of a training run or a weight file.")
     parser.add_argument("source", help="a run folder, a checkpoint or best_model folder, or a weight file")
     parser.add_argument("--out", required=True, help="folder to write the bundle into")
-    parser.add_argument("--fp16", action="store_true", help="also write <variant>_fp16.safetensors")
+    parser.add_argument("--fp16", action="store_true", help="also write <stem>_fp16.safetensors")
     parser.add_argument("--force", action="store_true", help="replace the bundle's files when --out already holds them")
     args = parser.parse_args(argv)
     command = "`" + shlex.join(["python", "-m", "training.export", *(sys.argv[1:] if argv is None else argv)]) + "`"

@@ -50,6 +50,7 @@ from common.config import TrainConfig, describe, load_config
 from common.errors import EXIT_USER_ERROR, USER_ERRORS, UserError, debug_requested
 from common.flags import ArgumentParser
 from common.reference_vae import ReferenceVAE
+from models.latent_spaces import OWN
 from training.data.latent_scale_check import check_at_start
 from training.data.loading import TrainingData, build_train_loader, build_training_data, training_batches
 from training.export import BUNDLE_FOLDER, write_bundle
@@ -352,6 +353,10 @@ def train(
     their intervals and decides whether to stop."""
     model = build_model(config, resumed=resume_from is not None)
     ref_vae = ReferenceVAE.from_config(config, accelerator.device) if config.ref_vae_path else None
+    # the space its weights are saved with, and the reference statistics behind it
+    model.latent_space, model.latent_transform = (
+        (ref_vae.transform.space, ref_vae.transform) if ref_vae else (OWN, None)
+    )
     data = build_training_data(config, ref_vae)
     train_step, loader = TrainStep.build(
         config,
@@ -492,7 +497,14 @@ def check_latent_scale(train_step: TrainStep, data: TrainingData, pretrained: bo
     batch = {key: torch.stack([item[key] for item in items]) for key in ("frames", "latents") if key in items[0]}
     frames = frames_to_unit(batch["frames"], device)
     reference = data.latents(batch, frames, torch.Generator(device).manual_seed(0))
-    check_at_start(train_step.net.encode_video(frames.to(train_step.input_dtype)), reference, pretrained)
+    vae = data.latents.vae
+    check_at_start(
+        train_step.net.encode_video(frames.to(train_step.input_dtype)),
+        reference,
+        pretrained,
+        vae.transform,
+        vae.spaces(),
+    )
 
 
 def finish(stop_reason: str, run: Run, stop: StopRequest, data_error: VideoDataError | None) -> Path:

@@ -32,6 +32,7 @@ from safetensors import SafetensorError, safe_open
 from common.clips import EpochDataset, VideoClipDataset, VideoDataError, shared_epoch
 from common.config import TrainConfig, below
 from common.errors import UserError
+from models.latent_spaces import RAW
 from models.variants import get_variant
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ def validity(config: TrainConfig, n_clips: int) -> dict:
         "ref_vae_dtype": config.ref_vae_dtype,
         "ref_latent_sample": config.ref_latent_sample,
         "latent_channels": get_variant(config.variant).latent_channels,
+        "latent_space": config.latent_space,
         "epochs": config.latent_cache_epochs,
     }
 
@@ -123,7 +125,11 @@ def differences(cached: dict, wanted: dict) -> list[str]:
 def read_cache_manifest(directory: Path) -> dict | None:
     """The cache's manifest, or None when ``directory`` holds none."""
     path = directory / CACHE_MANIFEST
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    manifest = json.loads(path.read_text())
+    manifest.get("valid_for", {}).setdefault("latent_space", RAW)  # caches that do not say hold raw latents
+    return manifest
 
 
 class LatentCache:

@@ -1,12 +1,13 @@
 """Is the TAE on the reference VAE's latent scale? The check users of TAEs forget.
 
-A TAE decodes the raw latents a pipeline passes to ``vae.decode``; diffusers pipelines
-apply ``scaling_factor`` or ``latents_mean``/``latents_std`` around the diffusion model,
-and a TAE trained or used on the wrong side of that scaling produces washed-out or
-saturated video. The published TAEs' author advises comparing the latent RMS at training
-and test time: this module does it. ``compare`` gives the RMS ratio
-(``common.metrics.rms_ratio``) and per-channel statistics; ``diagnose`` names the likely
-cause when the ratio is far from 1. Training checks a few clips at start-up (a loud
+Each TAE works on the reference VAE's latents in one space (raw, scaled by
+``scaling_factor``, normalised by ``latents_mean``/``latents_std``: ``models.latent_spaces``),
+and a TAE trained or used in another space produces washed-out or saturated video. The
+published TAEs' author advises comparing the latent RMS at training and test time: this
+module does it, in the TAE's space. ``compare`` gives the RMS ratio
+(``common.metrics.rms_ratio``) and per-channel statistics; ``diagnose`` names the space and
+the likely cause when the ratio is far from 1 (``guess_space``: which of the VAE's spaces
+the model's latents look like). Training checks a few clips at start-up (a loud
 warning when the model starts from published or earlier weights) and logs
 ``train/latent_rms_ratio``; ``inference.py --use_ref_vae`` reports it in metrics.json and
 the report.
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from common.metrics import rms, rms_ratio
+from models.latent_spaces import LatentTransform, SpaceGuess, guess_space
 
 logger = logging.getLogger(__name__)
 TOLERANCE = 2.0  # a ratio beyond [1/2, 2] is "far from 1"
@@ -61,44 +63,51 @@ def compare(model_latents: torch.Tensor, reference_latents: torch.Tensor) -> Lat
     )
 
 
-def diagnose(scale: LatentScale) -> str | None:
-    """None when the scales agree; otherwise what differs and the likely cause."""
+def diagnose(scale: LatentScale, transform: LatentTransform, guess: SpaceGuess | None = None) -> str | None:
+    """None when the scales agree; otherwise what differs, in which space, and the likely
+    cause: the model's latents looking like another of the VAE's spaces (``guess``), or
+    weights of another variant or VAE."""
     if not scale.far_from_one:
         return None
-    channels = len(scale.reference_mean)
-    normalised = (
-        all(abs(m) < 0.15 for m in scale.reference_mean)
-        and all(0.75 < s < 1.33 for s in scale.reference_std)
-        and not all(abs(m) < 0.15 for m in scale.model_mean)
-    )
-    cause = (
-        "the reference latents look normalised (every channel mean ~0, std ~1): a pipeline's latents_mean/"
-        "latents_std or scaling_factor was applied to them, but a TAE works on the raw latents of "
-        "vae.encode(...).latent_dist"
-        if normalised
-        else "the weights belong to another variant or another VAE's latent space (check variant, ref_vae_class "
-        "and ref_vae_path), or were trained on scaled or normalised latents"
-    )
+    if guess is not None and guess.best is not None and guess.best != transform.space:
+        cause = (
+            f"the model's latents look {guess.best}: weights trained in another space (published LightTAE "
+            f"weights use raw latents, madebyollin's their model's; set latent_space={guess.best} to keep it)"
+        )
+    else:
+        cause = (
+            "the weights belong to another variant or another VAE's latent space (check variant, ref_vae_class "
+            "and ref_vae_path)"
+        )
     return (
         f"latent scale check: the model's latents have RMS {scale.model_rms:.3g}, the reference VAE's "
-        f"{scale.reference_rms:.3g} (ratio {scale.rms_ratio:.3g}, {channels} channels); likely cause: {cause}"
+        f"{scale.reference_rms:.3g} in the TAE's {transform.describe()} (ratio {scale.rms_ratio:.3g}, "
+        f"{len(scale.reference_mean)} channels); likely cause: {cause}"
     )
 
 
-def check_at_start(model_latents: torch.Tensor, reference_latents: torch.Tensor, pretrained: bool) -> LatentScale:
-    """Log the comparison of a few clips' latents; a loud warning when a model that starts
-    from published or earlier weights is off the reference scale (from scratch it cannot
-    be on it yet)."""
+def check_at_start(
+    model_latents: torch.Tensor,
+    reference_latents: torch.Tensor,
+    pretrained: bool,
+    transform: LatentTransform,
+    spaces: dict[str, LatentTransform],
+) -> LatentScale:
+    """Log the comparison of a few clips' latents (``reference_latents`` in the TAE's space,
+    ``transform``); a loud warning when a model that starts from published or earlier weights
+    is off the reference scale (from scratch it cannot be on it yet), naming which of the
+    VAE's ``spaces`` its latents look like."""
     scale = compare(model_latents, reference_latents)
-    problem = diagnose(scale)
+    problem = diagnose(scale, transform, guess_space(model_latents, spaces))
     if problem is not None and pretrained:
         logger.warning("WARNING %s", problem)
     else:
         logger.info(
-            "latent scale check: RMS ratio %.3g (model %.3g, reference VAE %.3g)%s",
+            "latent scale check: RMS ratio %.3g (model %.3g, reference VAE %.3g, %s)%s",
             scale.rms_ratio,
             scale.model_rms,
             scale.reference_rms,
+            transform.describe(),
             "" if pretrained else "; the model starts from scratch",
         )
     if not math.isfinite(scale.rms_ratio):

@@ -58,8 +58,10 @@ def build_model(config: TrainConfig, resumed: bool = False) -> TAEHV:
         logger.info("initialised from %s", config.pretrained_model_path)
     else:
         model = TAEHV(variant=config.variant)
-        with torch.no_grad():
-            model.decoder[-1].bias.fill_(config.decoder_bias_init)
+        with torch.no_grad():  # decoder_bias_init is in [0, 1]; a network with [-1, 1] pixels takes it mapped there
+            model.decoder[-1].bias.fill_(
+                config.decoder_bias_init * 2 - 1 if model.signed_pixels else config.decoder_bias_init
+            )
         if not resumed:
             logger.info("training %s from scratch", config.variant)
     if not config.train_encoder:
