@@ -3,6 +3,7 @@ r"""Evaluate a TAEHV: aligned PSNR/SSIM/MSE (LPIPS when installed), temporal err
 memory, optionally next to the reference VAE; writes metrics.json, comparison videos,
 latent pictures and summary_report.html.
 
+    python inference.py --model_path output/<run>
     python inference.py --model_path output/<run>/final_model.safetensors --config training/configs/taehv_config_demo.py
     python inference.py --model_path checkpoints/taecvx.pth --videos clip1.mp4 clip2.mp4 --use_ref_vae \
         --ref_vae_path checkpoints/CogVideoX-2b --num_samples 50 --output_dir results
@@ -34,7 +35,7 @@ from common.errors import USER_ERRORS, UserError, exit_on_user_error
 from common.flags import ArgumentParser
 from common.metrics import lpips_unavailable_reason
 from common.reference_vae import ReferenceVAE
-from common.run_files import run_folder_of, verified_weights
+from common.run_files import run_folder_of, run_weights
 from evaluation.evaluator import Evaluator, out_of_memory_hint, summarise
 from evaluation.report import write_report
 from models.latent_spaces import AUTO_SPACE, SPACES
@@ -52,10 +53,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--model_path",
         required=True,
         help="weights (.pth/.safetensors, ours or published), a training checkpoint or best_model folder, "
-        "or a run folder",
+        "or a run folder (its final model, else its newest checkpoint; its config.json gives the defaults)",
     )
     p.add_argument("--variant", default=None, help="architecture when the file does not say (e.g. taecvx)")
-    p.add_argument("--config", default=None, help="training config: default data (val set), size and frames")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="training config (a Python config or a run's config.json): default data (val set), size and frames "
+        "(default: the config.json of the run the weights come from)",
+    )
     src = p.add_argument_group("data (one of --videos, --annotation_file/--data_root, --config)")
     src.add_argument("--videos", nargs="+", default=None, help="video files or folders")
     src.add_argument("--data_root", default=None)
@@ -81,6 +87,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="default: the config's validation size (val_height, else height), else the native size cropped to 8*patch",
     )
     p.add_argument("--width", type=int, default=None)
+    p.add_argument(
+        "--native_size",
+        action="store_true",
+        help="evaluate at the clips' own size (cropped to 8*patch) rather than the config's validation size",
+    )
     p.add_argument("--use_ref_vae", action="store_true", help="also evaluate the reference VAE and report ratios")
     p.add_argument("--ref_vae_path", default=None, help="diffusers folder (default: the config's ref_vae_path)")
     p.add_argument(
@@ -159,15 +170,26 @@ def model_variant(requested: str | None, path: Path) -> str | None:
     return variant
 
 
-def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[TAEHV, Path]:
-    path = verified_weights(args.model_path)
+def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[TAEHV, Path, str | None]:
+    """The model of ``--model_path`` (``run_weights``) and, when it is a checkpoint a run
+    folder stands for, the note that says which."""
+    path, note = run_weights(args.model_path)
     model = TAEHV(path, variant=model_variant(args.variant, path)).to(device, dtype).eval()
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if args.compile:
         model.compile()
         logger.info("torch.compile: the warm-up on the first clip compiles the encoder and the decoder")
-    return model, path
+    return model, path, note
+
+
+def evaluation_config(args: argparse.Namespace, weights: Path) -> tuple[TrainConfig | None, str]:
+    """The config that gives the defaults: ``--config``, else the saved config of the run the
+    weights come from; and where it came from, for the messages."""
+    if args.config:
+        return load_config(args.config), f"--config {args.config}"
+    run = run_folder_of(weights)
+    return (load_config(run / "config.json"), f"the run's {run / 'config.json'}") if run else (None, "")
 
 
 def video_files(paths: list[str]) -> list[str]:
@@ -196,11 +218,12 @@ def default_stride(args: argparse.Namespace, config: TrainConfig | None) -> int:
     return (config.stride_min + config.stride_max) // 2 if config is not None else 1
 
 
-def build_dataset(args: argparse.Namespace, model: TAEHV, output_dir: Path) -> VideoClipDataset:
+def build_dataset(
+    args: argparse.Namespace, config: TrainConfig | None, model: TAEHV, output_dir: Path
+) -> VideoClipDataset:
     """The clips to evaluate, read at one fixed stride: a clip too short for it raises
     BadClipError (``short_clip_policy="skip"``) rather than being read at another stride,
     so ``settings.stride`` holds for every sample."""
-    config = load_config(args.config) if args.config else None
     n_frames = args.n_frames or (config.n_frames if config else 17)
     data_root, annotation = args.data_root, args.annotation_file
     if args.videos:
@@ -213,6 +236,8 @@ def build_dataset(args: argparse.Namespace, model: TAEHV, output_dir: Path) -> V
             raise UserError("give --videos, --annotation_file/--data_root or --config")
         data_root = config.data_root or None
         annotation = config.val_annotation_file or config.annotation_file
+        if not config.val_annotation_file:
+            logger.warning("the config has no validation set: evaluating its training clips (give --videos for others)")
     for name, path in (("annotation file", annotation), ("data root", data_root)):
         if path is not None and not Path(path).exists():
             raise UserError(f"{name} {path} not found")
@@ -250,14 +275,15 @@ def frame_size(
     data_root: str | Path | None,
     annotation: str | Path | None,
 ) -> tuple[int, int]:
-    """(height, width): the options, else the config's validation size, else the native
-    size of the first clip that can be read, cropped to a multiple of 8 * patch. Clips
-    before it that cannot be read are left to the evaluation, which skips and reports them;
-    a first readable clip smaller than one multiple is an error that asks for the size."""
+    """(height, width): the options, else the config's validation size (unless
+    ``--native_size``), else the native size of the first clip that can be read, cropped to
+    a multiple of 8 * patch. Clips before it that cannot be read are left to the evaluation,
+    which skips and reports them; a first readable clip smaller than one multiple is an
+    error that asks for the size."""
     height, width = args.height, args.width
     if height is not None and width is not None:
         return height, width
-    if config is not None:
+    if config is not None and not args.native_size:
         return height or config.validation_size[0], width or config.validation_size[1]
     clips = VideoClipDataset(
         data_root, annotation, n_frames=1, height=8, width=8, mode="val", channels=model.image_channels
@@ -288,12 +314,13 @@ def first_readable_size(clips: ClipTable) -> tuple[str, tuple[int, int]]:
     raise UserError(f"{which} be read (e.g. {Path(clips.path(0)).name}: {problem}); check the videos or the annotation")
 
 
-def reference_vae(args: argparse.Namespace, model: TAEHV, device: torch.device) -> ReferenceVAE:
+def reference_vae(
+    args: argparse.Namespace, config: TrainConfig | None, model: TAEHV, device: torch.device
+) -> ReferenceVAE:
     """The reference VAE of ``--ref_vae_path`` / ``--ref_vae_class``, else of the ``ref_vae_*``
-    keys of ``--config`` (or their defaults), in ``--dtype``, checked against the model's
+    keys of the config (or their defaults), in ``--dtype``, checked against the model's
     variant; latents are its mode, not samples, in the model's latent space (the one its
     weights carry; for weights with a space of their own, the variant's)."""
-    config = load_config(args.config) if args.config else None
     path = args.ref_vae_path or (config.ref_vae_path if config else "")
     if not path:
         raise UserError("--use_ref_vae needs --ref_vae_path (or a --config with ref_vae_path)")
@@ -325,17 +352,22 @@ def main(argv: list[str] | None = None) -> dict:
 
     # the models first: a wrong weight file or reference VAE folder leaves no output folder behind
     with out_of_memory_hint(args, f"loading the model onto {device}"):
-        model, weights = load_model(args, device, dtype)
+        model, weights, note = load_model(args, device, dtype)
     n_params = sum(p.numel() for p in model.parameters())
+    if note:
+        print(f"⚠️  {note}")
     print(f"✅ Model loaded: {weights} ({model.variant}, {n_params / 1e6:.2f}M parameters, {device}, {args.dtype})")
+    config, config_source = evaluation_config(args, weights)
+    if config_source:
+        print(f"✅ Defaults (data, size, frames, stride) from {config_source}")
     ref_vae = None
     if args.use_ref_vae:
         with out_of_memory_hint(args, f"loading the reference VAE onto {device}"):
-            ref_vae = reference_vae(args, model, device)
+            ref_vae = reference_vae(args, config, model, device)
     output_dir, new_folder = Path(args.output_dir), not Path(args.output_dir).exists()
     prepare_output_dir(output_dir)
     try:
-        dataset = build_dataset(args, model, output_dir)
+        dataset = build_dataset(args, config, model, output_dir)
     except USER_ERRORS:  # clips that cannot be evaluated: leave no empty output folder behind
         if new_folder:
             shutil.rmtree(output_dir)
@@ -348,7 +380,7 @@ def main(argv: list[str] | None = None) -> dict:
     order = np.random.default_rng(args.seed).permutation(len(dataset)) if not args.videos else np.arange(len(dataset))
     print(
         f"✅ Processing {count} samples: {dataset.n_frames} frames at stride {stride}, "
-        f"{dataset.height}x{dataset.width} "
+        f"{dataset.height}x{dataset.width}{size_note(args, config)} "
         f"({plan.latent_frames} latents, {plan.aligned_frames} aligned decoded frames compared)"
     )
     samples, skipped = evaluator.evaluate(order, count)
@@ -381,6 +413,15 @@ def main(argv: list[str] | None = None) -> dict:
     skipped_note = f" (skipped clips: {len(skipped)}, listed there)" if skipped else ""
     print(f"✅ Wrote {output_dir / 'metrics.json'}{skipped_note}, {len(samples)} comparison videos and {report}")
     return results
+
+
+def size_note(args: argparse.Namespace, config: TrainConfig | None) -> str:
+    """Where the evaluated size came from, and the flag that gives the other one."""
+    if args.height is not None and args.width is not None:
+        return ""
+    if config is not None and not args.native_size:
+        return " (the config's validation size; --native_size for the clips' own)"
+    return " (the clips' native size, cropped to 8 * patch; --height/--width to resize)"
 
 
 def print_summary(results: dict) -> None:

@@ -62,6 +62,27 @@ else
 fi
 [[ -f "$CONFIG" ]] || die "config file $CONFIG not found"
 
+# "; did you mean --X?" for a mistyped option of this script (edit distance at most 2), else nothing
+closest_option() {
+  awk -v given="$1" 'function distance(a, b,   i, j, m, n, d, cost) {
+      m = length(a); n = length(b)
+      for (i = 0; i <= m; i++) d[i, 0] = i
+      for (j = 0; j <= n; j++) d[0, j] = j
+      for (i = 1; i <= m; i++) for (j = 1; j <= n; j++) {
+        cost = substr(a, i, 1) != substr(b, j, 1)
+        d[i, j] = d[i - 1, j] + 1
+        if (d[i, j - 1] + 1 < d[i, j]) d[i, j] = d[i, j - 1] + 1
+        if (d[i - 1, j - 1] + cost < d[i, j]) d[i, j] = d[i - 1, j - 1] + cost
+      }
+      return d[m, n]
+    }
+    BEGIN {
+      best = 3; split("--resume --debug --profile --help", options, " ")
+      for (k in options) if ((e = distance(given, options[k])) < best) { best = e; found = options[k] }
+      if (found) printf "; did you mean %s?", found
+    }'
+}
+
 EXTRA=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -78,6 +99,7 @@ while [[ $# -gt 0 ]]; do
               --output_dir=output/profile)
       shift ;;
     --*=*) EXTRA+=("$1"); shift ;;
+    --*) die "unexpected argument '$1'$(closest_option "$1") (overrides look like --key=value; see --help)" ;;
     *) die "unexpected argument '$1' (overrides look like --key=value; see --help)" ;;
   esac
 done
@@ -132,7 +154,7 @@ PER_NODE=$(( NUM_GPUS / NNODES ))
 
 if (( LOCAL_GPUS == 0 )); then
   warn "no CUDA GPU: starting $NUM_GPUS CPU process(es) (fine for test/demo, far too slow for real training)"
-  case "$CONFIG_TYPE" in test|demo|custom) ;; *) warn "$CONFIG_TYPE is a GPU preset" ;; esac
+  case "$CONFIG_TYPE" in test|demo|scratch|custom) ;; *) warn "$CONFIG_TYPE is sized for GPUs: on a CPU use scratch, demo or test" ;; esac
   (( NNODES == 1 )) || die "multi-node runs need GPUs"
 elif (( PER_NODE > LOCAL_GPUS )); then
   die "asked for $PER_NODE GPU(s) on this node but only $LOCAL_GPUS are visible (NUM_GPUS=$NUM_GPUS, NNODES=$NNODES)"

@@ -615,6 +615,17 @@ class ProbeReport:
     def failure_fraction(self) -> float:
         return self.failed / max(self.probed, 1)
 
+    def __str__(self) -> str:
+        """In words, for the logs: "5 probed, all usable", "64 probed, 3 unusable (2 too short, 1 unreadable)"."""
+        if not self.failed:
+            return f"{self.probed} probed, all usable"
+        return f"{self.probed} probed, {self.failed} unusable ({counts_in_words(self.reasons)})"
+
+
+def counts_in_words(counts: dict[str, int]) -> str:
+    """``{"too short": 2, "unreadable": 1}`` as "2 too short, 1 unreadable", most first."""
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda item: -item[1]))
+
 
 def shared_epoch() -> torch.Tensor:
     """An epoch counter in shared memory, so that ``set_epoch`` reaches persistent DataLoader workers."""
@@ -906,7 +917,7 @@ class VideoClipDataset(EpochDataset):
                 reasons[err.kind] = reasons.get(err.kind, 0) + 1
                 examples.append(self.clips.path(clip))
         report = ProbeReport(probed=n, failed=len(examples), reasons=reasons)
-        logger.info("probed %d clips: %d unusable %s", n, report.failed, reasons)
+        logger.info("probed clips: %s", report)
         if report.failure_fraction > self.max_failure_fraction:
             min_frames = f" --min_frames {self.n_frames}" if "too short" in reasons else ""
             raise VideoDataError(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import logging
 import math
 import runpy
 import traceback
@@ -29,6 +30,7 @@ from models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES, auto_variant, resol
 from models.variants import VariantSpec, get_variant
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+logger = logging.getLogger(__name__)
 # dtype names users type (ref_vae_dtype, inference --dtype) -> torch dtypes
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -201,13 +203,21 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
-    """Run a Python config file, take its ``config`` and apply overrides."""
+    """Run a Python config file and take its ``config``, or read a run's ``config.json`` (the
+    file, or its run folder: ``config_from_json``); then apply overrides. A file that is
+    neither is a UserError naming both kinds."""
     path = Path(path)
+    if path.is_dir() and (path / "config.json").is_file():
+        path = path / "config.json"
     if not path.is_file():
         raise UserError(f"config file {path} not found")
+    if path.suffix == ".json":
+        return resolve_paths(apply_overrides(config_from_json(path), list(overrides)))
     try:
         namespace = runpy.run_path(str(path))
     except SyntaxError as err:
+        if path.suffix != ".py":  # a log, a video, a weight file: no config at all
+            raise UserError(f"{path}: {UNREADABLE_CONFIG}") from err
         raise UserError(f"{path}:{err.lineno}: syntax error: {err.msg}") from None
     except UserError as err:  # e.g. config.replace(lerning_rate=...): where in the file
         lines = [
@@ -216,10 +226,40 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
             if Path(frame.filename).resolve() == path.resolve()
         ]
         raise UserError(f"{path}:{lines[-1]}: {err}" if lines else str(err)) from None
+    except Exception as err:  # not Python that runs here (a log, a video, a config of another tool)
+        raise UserError(f"{path}: {UNREADABLE_CONFIG} ({type(err).__name__}: {err})") from err
     config = namespace.get("config")
     if not isinstance(config, TrainConfig):
         raise UserError(f"{path} must define `config = TrainConfig(...)` (got {type(config).__name__})")
     return with_auto_variant(resolve_paths(apply_overrides(replace(config, config_file=str(path)), list(overrides))))
+
+
+UNREADABLE_CONFIG = "cannot read it as a config: give a Python config that defines `config`, or a run's config.json"
+
+
+def config_from_json(path: Path) -> TrainConfig:
+    """The config a run saved in its ``config.json`` (``describe``): what it trained with,
+    already resolved, so the tools that take a run folder use the run's data, sizes and
+    variant. Keys this version does not know are left out with a note (a run of another
+    version); a file that is not a JSON object of config values is a UserError."""
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{path}: {UNREADABLE_CONFIG} ({err})") from err
+    if not isinstance(values, dict):
+        raise UserError(f"{path}: {UNREADABLE_CONFIG} (a JSON {type(values).__name__}, not an object)")
+    unknown = sorted(set(values) - set(_TYPES))
+    if unknown:
+        logger.info("%s: left out the keys this version does not know: %s", path, ", ".join(unknown))
+    known = {  # JSON writes 1.0 as 1.0, but a hand-written 0 for a float key is meant as 0.0
+        key: float(value) if _TYPES[key] is float and type(value) is int else value
+        for key, value in values.items()
+        if key in _TYPES
+    }
+    config = TrainConfig(**known)
+    if problems := type_problems(config):
+        raise UserError(f"{path}: {problems[0]}")
+    return config
 
 
 def with_auto_variant(config: TrainConfig) -> TrainConfig:

@@ -4,6 +4,7 @@ config keys) and accepts the kebab-case spelling too (``--n-frames``)."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Sequence
 
@@ -27,8 +28,24 @@ class BooleanFlag(argparse.BooleanOptionalAction):
 
 class ArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose long flags take both spellings (a
-    ``BooleanOptionalAction`` becomes a ``BooleanFlag``). Arguments the parser does not know
-    (``--key=value`` config overrides) are passed on as given."""
+    ``BooleanOptionalAction`` becomes a ``BooleanFlag``). ``parse_known_args`` passes
+    arguments the parser does not know (``--key=value`` config overrides) on as given;
+    ``parse_args`` refuses them, naming the closest flag."""
+
+    def _long_flags(self) -> dict[str, str]:
+        return {
+            _normal(flag): flag for action in self._actions for flag in action.option_strings if flag.startswith("--")
+        }
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None):
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            known = self._long_flags()
+            flag = next((arg for arg in unknown if arg.startswith("--")), None)
+            close = difflib.get_close_matches(_normal(flag.partition("=")[0]), known, n=1) if flag else []
+            hint = f"; did you mean {known[close[0]]}?" if close else ""
+            self.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+        return parsed
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -36,9 +53,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None):
         args = list(sys.argv[1:] if args is None else args)
-        known = {
-            _normal(flag): flag for action in self._actions for flag in action.option_strings if flag.startswith("--")
-        }
+        known = self._long_flags()
         spelled = []
         for i, arg in enumerate(args):
             if arg == "--":  # everything after it is positional

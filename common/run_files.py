@@ -10,13 +10,19 @@ a run folder is the one that holds the run's ``config.json`` (``run_folder_of``)
 from __future__ import annotations
 
 import json
+import logging
+import re
 import zlib
 from pathlib import Path
 
 from common.errors import UserError
-from models.weights import find_weights
+from models.weights import find_weights, run_folder
 
 CHECKPOINT_MANIFEST = "checkpoint.json"
+CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
+CHECKPOINT_WEIGHTS = "weights.safetensors"  # the model inside a checkpoint or best_model folder
+FINAL_MODELS = ("final_model.safetensors", "final_model.pth")
+logger = logging.getLogger(__name__)
 
 
 class DamagedCheckpointError(UserError):
@@ -76,17 +82,45 @@ def verified_weights(path: str | Path) -> Path:
     return weights
 
 
+def newest_intact_checkpoint(run: Path) -> Path | None:
+    """The newest checkpoint of ``run`` whose manifest's checksums hold (incomplete or
+    damaged ones are logged and passed over), or None."""
+    steps = {}
+    for folder in (run / "checkpoints").glob("checkpoint-*"):
+        if folder.is_dir() and (match := CHECKPOINT_NAME.match(folder.name)):
+            steps[folder] = int(match.group(1))
+    for folder in sorted(steps, key=steps.get, reverse=True):
+        try:
+            read_checkpoint_manifest(folder, verify_checksums=True)
+        except DamagedCheckpointError as err:
+            logger.warning("skipping %s", err)
+            continue
+        return folder
+    return None
+
+
+def run_weights(path: str | Path) -> tuple[Path, str | None]:
+    """The weights the tools take for ``path`` and, when they are not the run's final model,
+    a note saying which: a run folder whose newest intact checkpoint is newer than its
+    ``final_model.*`` (an unfinished run, or a finished one being extended) gives that
+    checkpoint's weights; anything else is ``verified_weights``."""
+    run = Path(path)
+    if not (run.is_dir() and (run / "config.json").is_file()):
+        return verified_weights(run), None
+    checkpoint = newest_intact_checkpoint(run)
+    final = next((run / name for name in FINAL_MODELS if (run / name).is_file()), None)
+    if checkpoint is None or (
+        final is not None and final.stat().st_mtime >= (checkpoint / CHECKPOINT_WEIGHTS).stat().st_mtime
+    ):
+        return verified_weights(run), None
+    total = json.loads((run / "config.json").read_text()).get("max_train_steps", "?")
+    state = "unfinished" if final is None else f"continued past its {final.name}"
+    best = " (best_model/ holds its best validation)" if (run / "best_model" / CHECKPOINT_WEIGHTS).is_file() else ""
+    step = CHECKPOINT_NAME.match(checkpoint.name).group(1)
+    note = f"{run.name} is {state}: using checkpoints/{checkpoint.name} (step {step} of {total}){best}"
+    return checkpoint / CHECKPOINT_WEIGHTS, note
+
+
 def run_folder_of(weights: Path) -> Path | None:
-    """The training run that wrote ``weights`` (its folder holds ``config.json``): next to
-    ``final_model.*``, one level above ``best_model/``, two above ``checkpoints/checkpoint-N/``;
-    None for a file from elsewhere."""
-    folder = weights.parent
-    if weights.name.startswith("final_model"):
-        run = folder
-    elif folder.name == "best_model":
-        run = folder.parent
-    elif folder.parent.name == "checkpoints":
-        run = folder.parent.parent
-    else:
-        return None
-    return run if (run / "config.json").is_file() else None
+    """The training run that wrote ``weights`` (``models.weights.run_folder``)."""
+    return run_folder(weights)

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .latent_spaces import NORMALISED, RAW, SCALED
-from .vae_registry import ref_vae_class_of
+from .latent_spaces import NORMALISED, OWN, RAW, SCALED
+from .vae_registry import OWN_SUFFIX, ref_vae_class_of
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,11 @@ class Reading:
 def export_stem(variant: str, space: str | None) -> str:
     """The file name (without suffix) that other tools read as this TAE in this space: a Wan
     TAE on raw latents is LightX2V's (``lighttaew2_*``), on normalised ones madebyollin's
-    (``taew2_*``); every other TAE keeps its variant's name, which gives its architecture."""
+    (``taew2_*``); a TAE with a latent space of its own is ``<variant>_own_latents`` (the
+    variant still gives its architecture, the suffix keeps it from passing for the video
+    model's TAE, and ``file_space`` reads it back); every other TAE keeps its variant's name."""
+    if space == OWN:
+        return f"{variant}{OWN_SUFFIX}"
     base = variant.removeprefix("light") if variant.startswith("lighttaew2") else variant
     if base.startswith("taew2_") and not base.endswith("_super"):
         return f"light{base}" if space == RAW else base

@@ -40,6 +40,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Sequence
 from fractions import Fraction
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -62,7 +63,7 @@ from .blocks import (
 from .frames import H3_CHUNK_FRAMES, H3_DROPPED_LATENTS, H3_LEFT_PAD, FramePlan, h3_kept_frames, plan_frames
 from .vae_registry import file_space
 from .variants import resolve_variant, time_strides, time_switches
-from .weights import load_weights, read_metadata
+from .weights import FORMAT_NAME, load_weights, read_metadata, run_config_hint
 
 # ---------------------------------------------------------------------------------------
 # Running a block sequence over time. The clip goes through in chunks of frames: all of a
@@ -298,6 +299,11 @@ class TAEHV(nn.Module):
         if checkpoint_path is _UNSET:
             checkpoint_path = None if variant is not None else PUBLISHED_DEFAULT_CHECKPOINT
         metadata = read_metadata(checkpoint_path) if checkpoint_path is not None else None
+        # a file without our metadata (a .pth) of one of our runs: its run says the variant and space
+        described = bool(metadata and metadata.get("format") == FORMAT_NAME)
+        run_config = run_config_hint(checkpoint_path) if checkpoint_path is not None and not described else None
+        if variant is None and run_config and run_config.get("variant", "auto") != "auto":
+            variant = run_config["variant"]
         spec = resolve_variant(variant, checkpoint_path, patch_size, latent_channels, arch_variant, metadata)
         encoder_time_downscale = (
             spec.encoder_time_downscale if encoder_time_downscale is None else encoder_time_downscale
@@ -317,7 +323,8 @@ class TAEHV(nn.Module):
         self.activation = spec.activation
         self.signed_pixels = spec.signed_pixels
         # which latents it encodes to and decodes from, and the reference statistics it was trained with
-        self.latent_space, self.latent_transform = file_space(spec.name, metadata)
+        stem = Path(checkpoint_path).stem if checkpoint_path is not None else ""
+        self.latent_space, self.latent_transform = file_space(spec.name, metadata, stem, run_config)
         encoder_strides, decoder_strides = time_strides(encoder_time_downscale), time_strides(decoder_time_upscale)
         self.encoder_time_downscale = time_switches(encoder_strides)  # booleans as published; strides where a 3 is
         self.decoder_time_upscale = time_switches(decoder_strides)

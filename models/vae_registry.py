@@ -489,14 +489,25 @@ def reference_transform(space: str, ref_vae_class: str, config: dict, module: ob
     return transform_for(space, config, module, REF_VAE_CLASSES[ref_vae_class].sampler_scale)
 
 
-def file_space(variant: str, metadata: dict[str, str] | None) -> tuple[str | None, LatentTransform | None]:
+OWN_SUFFIX = "_own_latents"  # the export's name for a TAE with a latent space of its own
+
+
+def file_space(
+    variant: str, metadata: dict[str, str] | None, stem: str = "", run_config: dict | None = None
+) -> tuple[str | None, LatentTransform | None]:
     """The latent space of a weight file (and the reference statistics it was trained with):
     what its metadata says; a file of ours from before spaces were recorded holds raw
-    latents; a published file (no metadata) the table's space, a built variant's its
+    latents; a file without metadata whose name (``stem``) ends in ``OWN_SUFFIX`` its own
+    space; one whose run's saved config (``run_config``) is at hand the run's (its own
+    without a reference VAE); a published file the table's space, a built variant's its
     pipeline's; None for a custom architecture nobody described."""
     if metadata and metadata.get("format") == FORMAT_NAME:
         recorded, space = metadata.get("latent_transform"), metadata.get("latent_space", RAW)
         return (None if space == "unknown" else space), LatentTransform.from_json(recorded) if recorded else None
+    if stem.endswith(OWN_SUFFIX) or (run_config is not None and not run_config.get("ref_vae_path")):
+        return OWN, None
+    if run_config is not None and run_config.get("latent_space") in SPACES:
+        return run_config["latent_space"], None
     row = published_space(variant)
     if row:
         return row.space, None

@@ -281,4 +281,12 @@ def resolve_variant(
             detected += SUPER_SUFFIX
         logger.info("variant %s selected from file name %s", detected, Path(checkpoint_path).name)
         return get_variant(detected)
+    if checkpoint_path is not None:
+        logger.warning(
+            "%s names no variant and has no metadata or run config.json: built as custom (patch %d, %d latent "
+            "channels); pass variant= to build another",
+            checkpoint_path,
+            patch_size,
+            latent_channels,
+        )
     return VariantSpec("custom", patch_size, latent_channels, arch_variant or "base")

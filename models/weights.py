@@ -9,6 +9,7 @@ unexpected key and shape mismatch, and names the variants the file would fit.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import re
@@ -22,6 +23,7 @@ from safetensors.torch import load_file, save
 from .atomic import atomic_write
 from .variants import known_variants
 
+logger = logging.getLogger(__name__)
 FORMAT_NAME = "taehv"
 WEIGHT_SUFFIXES = (".pth", ".pt", ".safetensors")
 
@@ -62,6 +64,40 @@ def find_weights(path: str | os.PathLike) -> Path:
             f"{path} holds no weights.safetensors (checkpoint folder) or final_model.* (run folder)"
         )
     return _check_path(path)
+
+
+def run_folder(weights: str | os.PathLike) -> Path | None:
+    """The training run that wrote ``weights`` (its folder holds ``config.json``): next to
+    ``final_model.*``, one level above ``best_model/``, two above ``checkpoints/checkpoint-N/``;
+    None for a file from elsewhere."""
+    weights = Path(weights)
+    folder = weights.parent
+    if weights.name.startswith("final_model"):
+        run = folder
+    elif folder.name == "best_model":
+        run = folder.parent
+    elif folder.parent.name == "checkpoints":
+        run = folder.parent.parent
+    else:
+        return None
+    return run if (run / "config.json").is_file() else None
+
+
+def run_config_hint(weights: str | os.PathLike) -> dict | None:
+    """The saved config of the run that wrote ``weights``, as JSON: a ``.pth`` carries no
+    metadata, and its run says its variant and whether it had a reference VAE. None for a
+    file from elsewhere, or a ``config.json`` that is not a JSON object (logged)."""
+    run = run_folder(weights)
+    if run is None:
+        return None
+    try:
+        config = json.loads((run / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        logger.warning(
+            "%s: not read (%s); %s is built from its own name and metadata", run / "config.json", err, weights
+        )
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def _unreadable_safetensors(path: Path, err: SafetensorError) -> WeightsError:

@@ -45,6 +45,12 @@ def assert_one_line(result: subprocess.CompletedProcess, message: str) -> None:
     assert result.stderr.strip().count("\n") == 0 and message in result.stderr, result.stderr
 
 
+def test_a_missing_source_is_blamed_on_the_source(tmp_path):
+    result = export(tmp_path / "nowhere", "--out", tmp_path / "bundle")
+    assert_one_line(result, f"weight file {tmp_path / 'nowhere'} not found")
+    assert "cannot write" not in result.stderr and not (tmp_path / "bundle").exists()
+
+
 def test_export_refuses_to_overwrite_or_to_write_into_a_file(tmp_path):
     torch.manual_seed(0)
     weights = save_weights(TAEHV(variant="taecvx"), tmp_path / "w.safetensors")

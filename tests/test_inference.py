@@ -497,7 +497,7 @@ def test_stride_defaults_to_the_configs_validation_stride(weights, tmp_path, vid
                 *extra,
             ]
         )
-        dataset = inference.build_dataset(args, model, tmp_path)
+        dataset = inference.build_dataset(args, inference.evaluation_config(args, weights)[0], model, tmp_path)
         assert dataset.stride_range == (stride, stride) and dataset.short_clip_policy == "skip"
 
 
@@ -575,8 +575,8 @@ def test_the_variant_of_our_own_pth_comes_from_its_run_config(where, tmp_path):
     save_weights(TAEHV(variant="taehv1_5"), run / where)
     (run / "config.json").write_text(json.dumps({"variant": "taehv1_5"}))
     args = argparse.Namespace(model_path=str(run / where), variant=None, channels_last=False, compile=False)
-    model, path = inference.load_model(args, torch.device("cpu"), torch.float32)
-    assert path == run / where and model.variant == "taehv1_5"
+    model, path, note = inference.load_model(args, torch.device("cpu"), torch.float32)
+    assert path == run / where and model.variant == "taehv1_5" and note is None
 
 
 def test_file_names_with_html_are_escaped_in_the_report(weights, tmp_path, videos_dir, run_inference):

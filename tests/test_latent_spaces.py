@@ -141,7 +141,7 @@ def test_every_consumer_sees_the_latents_of_the_taes_space(tmp_path, tiny, ref_v
 
     weights = save_weights(tae, tmp_path / f"{variant}.safetensors")
     args = argparse.Namespace(config=None, ref_vae_path=str(root), ref_vae_class=ref_vae_class, dtype="fp32")
-    assert inference.reference_vae(args, TAEHV(weights), "cpu").transform == vae.transform
+    assert inference.reference_vae(args, None, TAEHV(weights), "cpu").transform == vae.transform
 
     wrapper = TAEVideoVAE.from_file(weights, like=raw_vae.vae)
     latents = raw.permute(0, 2, 1, 3, 4)  # NCTHW, what the pipeline passes vae.decode

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import REPO_ROOT
 from train_runs import one_line_error
@@ -59,6 +60,7 @@ def test_help():
         (("1", "test", "stray"), "unexpected argument 'stray'"),
         (("1", "test", "--resume"), "--resume needs"),
         (("1", "test", "--n_frame=9"), "did you mean 'n_frames'"),
+        (("1", "test", "--resme", "latest"), "unexpected argument '--resme'; did you mean --resume?"),
     ],
 )
 def test_argument_errors(args, message):
@@ -127,6 +129,16 @@ def test_a_pre_flight_refusal_is_one_error_line_on_stderr(tmp_path, demo_clips, 
     assert first.startswith(message) and all(line.startswith("  ") for line in more), result.stderr
     assert len(more) == (2 if "--width=4" in overrides else 0)
     assert "launch:" not in result.stdout and not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the warning of a CPU launch")
+def test_only_the_gpu_presets_are_called_gpu_presets_on_a_cpu(tmp_path, demo_clips):
+    """scratch is the CPU demo's recipe (docs/training.md); h100 is sized for GPUs."""
+    for preset, warned in (("scratch", False), ("h100", True)):
+        result = launch("1", preset, f"--output_dir={tmp_path}", *data_options(demo_clips), "--height=0")
+        assert result.returncode == 2, result.stderr
+        assert ("h100 is sized for GPUs: on a CPU use scratch, demo or test" in result.stdout) == warned, result.stdout
+        assert "GPU preset" not in result.stdout and (("sized for GPUs" in result.stdout) == warned)
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:

@@ -61,7 +61,7 @@ def test_single_process_with_reference_vae_bf16(tmp_path, demo_clips, tiny_cogvi
         "train/reconstruction_loss",
         "train/learning_rate",
         "train/gradient_norm",
-        "train/gpu_memory_gb",
+        "train/host_memory_gb",
         "train/samples_per_second",
         "train/data_failures",
         "train/latent_rms_ratio",
@@ -72,6 +72,7 @@ def test_single_process_with_reference_vae_bf16(tmp_path, demo_clips, tiny_cogvi
     ):
         assert tag in logged, tag
         assert all(v == v for v in logged[tag]), tag  # no NaN
+    assert ("train/gpu_memory_gb" in logged) == torch.cuda.is_available()  # host memory is not named GPU memory
     assert all(0 <= v <= 1 for v in logged["train/data_wait"])  # a share of each log interval's wall time
     assert len(logged["train/loss"]) == 4 and "val/reconstruction" in logged["__images__"]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-4"]

@@ -13,12 +13,12 @@ import torch
 from safetensors.torch import save
 
 from common.errors import UserError
-from common.run_files import run_folder_of, verified_weights
+from common.run_files import run_folder_of, run_weights
 from models.atomic import atomic_write
 from models.ecosystem import comfyui_dtype, export_stem, readings
 from models.latent_spaces import OWN, LatentTransform
 from models.vae_registry import video_model
-from models.weights import export_state_dict, save_weights, weights_metadata
+from models.weights import WeightsError, export_state_dict, save_weights, weights_metadata
 from training.state.checkpoints import list_checkpoints, read_trainer_state
 
 BUNDLE_FOLDER = "export"  # where a training run writes its bundle
@@ -189,8 +189,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--force", action="store_true", help="replace the bundle's files when --out already holds them")
     args = parser.parse_args(argv)
     command = "`" + shlex.join(["python", "-m", "training.export", *(sys.argv[1:] if argv is None else argv)]) + "`"
+    weights, note = run_weights(args.source)
+    if note:
+        print(note)
     try:
-        written = write_bundle(verified_weights(args.source), Path(args.out), args.fp16, command, overwrite=args.force)
+        written = write_bundle(weights, Path(args.out), args.fp16, command, overwrite=args.force)
+    except WeightsError:  # the source's problem, not the output folder's
+        raise
     except OSError as err:  # read-only file system, no space, no permission: the user's to fix
         raise UserError(f"cannot write the bundle into {args.out}: {err.strerror or err}") from None
     for path in written:

@@ -63,7 +63,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from common.clips import IMAGE_EXTENSIONS, find_videos
+from common.clips import IMAGE_EXTENSIONS, counts_in_words, find_videos
 from common.errors import UserError, exit_on_user_error
 from common.flags import ArgumentParser
 from training.data.probe_pool import probe_all
@@ -378,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"val:   {len(val)} clips -> {paths['val']}")
     if skipped:
         reasons = Counter(s["reason"].split(":")[0] for s in skipped)
-        print(f"skipped ({dict(reasons)}) -> {paths['skipped']}")
+        print(f"skipped {counts_in_words(reasons)} -> {paths['skipped']}")
         for s in skipped[:20]:
             print(f"  {s['path']}: {s['reason']}")
         if len(skipped) > 20:

@@ -48,11 +48,14 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def memory_gb(device: torch.device) -> float:
-    """Peak GPU memory allocated, or the process' peak RSS on CPU."""
+def memory_peaks_gb(device: torch.device) -> dict[str, float]:
+    """The peaks worth watching, each under a tag that says which memory it is: the
+    process' peak RSS (host memory, on every device; what a CPU run fills) and, on a GPU,
+    the peak memory allocated there."""
+    peaks = {"train/host_memory_gb": peak_rss_bytes() / 2**30}
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return peak_rss_bytes() / 2**30
+        peaks["train/gpu_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return peaks
 
 
 class Monitor:
@@ -98,8 +101,8 @@ class Monitor:
                 "train/data_wait": data_wait,
                 "train/learning_rate": lr,
                 "train/samples_per_second": (step - self._last_step) * samples_per_step / max(elapsed, 1e-9),
-                "train/gpu_memory_gb": memory_gb(acc.device),
                 "train/data_failures": float(self.total_failures),
+                **memory_peaks_gb(acc.device),
             }
         )
         if grad_norm is not None:

@@ -1,0 +1,111 @@
+"""The tools given a run folder (``inference.py``, ``python -m training.export``): the run's
+config gives the data, sizes and variant; an unfinished run is taken at its newest
+checkpoint, and says so; a plain autoencoder is named and described as having a latent
+space of its own. One finished plain-autoencoder run (the test preset) serves every test;
+its copy without ``final_model.*`` and its last checkpoint is the unfinished run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from test_export import export
+from test_inference import run_inference  # noqa: F401 (a fixture)
+from test_train import scalars
+
+from models.diffusers_vae import TAEVideoVAE
+from models.latent_spaces import OWN
+from models.taehv import TAEHV
+from train_runs import train_here
+
+pytestmark = pytest.mark.slow  # a training run and the tools' processes
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, demo_clips) -> dict[str, Path]:
+    """A finished 4-step run (checkpoints at 2 and 4) and an unfinished copy stopped at step 2."""
+    finished = train_here(tmp_path_factory.mktemp("runs"), demo_clips)
+    unfinished = tmp_path_factory.mktemp("unfinished") / finished.name
+    shutil.copytree(finished, unfinished)
+    for leftover in ("final_model.pth", "final_model.safetensors", "export", "checkpoints/checkpoint-4"):
+        path = unfinished / leftover
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return {"finished": finished, "unfinished": unfinished}
+
+
+def test_an_unfinished_run_is_evaluated_and_exported_at_its_newest_checkpoint(runs, run_inference, tmp_path):  # noqa: F811
+    run = runs["unfinished"]
+    note = f"{run.name} is unfinished: using checkpoints/checkpoint-2 (step 2 of 4)"
+    result = run_inference("--model_path", str(run), "--output_dir", str(tmp_path / "eval"), "--num_samples", "1")
+    assert result.returncode == 0 and note in result.stdout, result.stdout + result.stderr[-2000:]
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert metrics["model"]["path"].endswith("checkpoint-2/weights.safetensors")
+
+    exported = export(run, "--out", tmp_path / "bundle")
+    assert exported.returncode == 0 and note in exported.stdout, exported.stderr[-2000:]
+    card = (tmp_path / "bundle" / "README.md").read_text()
+    assert "2 of 4 steps" in card and "checkpoint-2/weights.safetensors" in card
+
+    # a plain autoencoder: named, described and loaded as having its own latent space
+    names = sorted(p.name for p in (tmp_path / "bundle").iterdir())
+    assert names == ["README.md", "taecvx_own_latents.pth", "taecvx_own_latents.safetensors"]
+    assert "latent space of its own" in card and "latent space of CogVideoX" not in card
+    own_pth = TAEHV(tmp_path / "bundle" / "taecvx_own_latents.pth")  # no metadata: the name says it
+    assert (own_pth.variant, own_pth.latent_space) == ("taecvx", OWN)
+    with pytest.raises(ValueError, match="latent_space="):
+        TAEVideoVAE.from_file(tmp_path / "bundle" / "taecvx_own_latents.pth")
+
+
+def test_a_finished_run_gives_the_evaluation_its_data_size_and_variant(
+    runs,
+    run_inference,  # noqa: F811
+    tmp_path,
+    demo_clips,
+):
+    run = runs["finished"]
+    final_pth = TAEHV(run / "final_model.pth")  # no metadata: its run's config.json says what it is
+    assert (final_pth.variant, final_pth.latent_space) == ("taecvx", OWN)
+
+    def evaluate(*args: str) -> dict:
+        out = tmp_path / f"eval{len(list(tmp_path.iterdir()))}"
+        result = run_inference("--model_path", str(run), "--output_dir", str(out), "--num_samples", "1", *args)
+        assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+        return {**json.loads((out / "metrics.json").read_text())["settings"], "stdout": result.stdout}
+
+    from_run = evaluate()  # no data flags: the run's validation clips at its validation size
+    assert "Defaults (data, size, frames, stride) from the run's" in from_run["stdout"]
+    assert (from_run["height"], from_run["width"], from_run["n_frames"]) == (32, 32, 9)
+    assert "is unfinished" not in from_run["stdout"]
+    clip = str(sorted(Path(demo_clips["root"]).rglob("*.mp4"))[0])
+    at_run_size = evaluate("--videos", clip)
+    assert (at_run_size["height"], at_run_size["width"]) == (32, 32)
+    assert "32x32 (the config's validation size; --native_size for the clips' own)" in at_run_size["stdout"]
+    native = evaluate("--videos", clip, "--native_size")
+    assert (native["height"], native["width"]) == (48, 64) and "the clips' native size" in native["stdout"]
+    assert (evaluate("--config", str(run / "config.json"))["height"]) == 32
+
+
+def test_a_file_that_is_no_config_is_one_line(runs, run_inference, tmp_path):  # noqa: F811
+    for name in ("train.log", "final_model.safetensors"):
+        result = run_inference(
+            "--model_path",
+            str(runs["finished"]),
+            "--config",
+            str(runs["finished"] / name),
+            "--output_dir",
+            str(tmp_path),
+        )
+        error = result.stderr.strip().splitlines()[-1]
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert error.startswith("error: ") and "cannot read it as a config" in error, error
+
+
+def test_the_logs_are_in_words(runs):
+    log = (runs["finished"] / "train.log").read_text()
+    assert "ProbeReport(" not in log and "unusable {}" not in log and "probed, all usable" in log
+    logged = scalars(runs["finished"])
+    assert "train/host_memory_gb" in logged  # what it is on every device
+    assert ("train/gpu_memory_gb" in logged) == torch.cuda.is_available()
