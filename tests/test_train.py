@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -24,6 +26,7 @@ from models.taehv import TAEHV
 from models.weights import save_weights
 from train_runs import TEST_CONFIG, TRAIN, deepspeed_zero2, run_dir, train, train_here
 from training.demo_data import make_demo_dataset
+from training.loop.validation import LABEL_HEIGHT
 
 pytestmark = pytest.mark.slow  # training processes
 
@@ -34,6 +37,14 @@ def scalars(run_dir: Path) -> dict[str, list[float]]:
     values = {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
     values["__images__"] = events.Tags()["images"]
     return values
+
+
+def reconstruction_image(run_dir: Path) -> np.ndarray:
+    """The last ``val/reconstruction`` image TensorBoard holds, HWC uint8."""
+    events = EventAccumulator(str(run_dir / "logs"), size_guidance={"images": 0})
+    events.Reload()
+    encoded = events.Images("val/reconstruction")[-1].encoded_image_string
+    return cv2.imdecode(np.frombuffer(encoded, np.uint8), cv2.IMREAD_COLOR)
 
 
 def assert_exported(run_dir: Path, variant: str = "taecvx") -> None:
@@ -75,6 +86,9 @@ def test_single_process_with_reference_vae_bf16(tmp_path, demo_clips, tiny_cogvi
     assert ("train/gpu_memory_gb" in logged) == torch.cuda.is_available()  # host memory is not named GPU memory
     assert all(0 <= v <= 1 for v in logged["train/data_wait"])  # a share of each log interval's wall time
     assert len(logged["train/loss"]) == 4 and "val/reconstruction" in logged["__images__"]
+    strip = reconstruction_image(run)  # the input row and the decoded row, each under its label band
+    height = json.loads((run / "config.json").read_text())["height"]
+    assert strip.shape[0] == 2 * (height + LABEL_HEIGHT) and strip[:LABEL_HEIGHT].max() > 200
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-4"]
     assert (run / "train.log").read_text().count("validation") >= 2
     assert '"ref_vae_path"' in (run / "config.json").read_text()

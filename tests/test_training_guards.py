@@ -53,10 +53,27 @@ def test_the_reference_vae_is_frozen_and_never_prepared(tiny_cogvideox_vae):
 def test_tensorboard_hparams_keep_only_the_types_it_accepts(tmp_path, name):
     hparams = tensorboard_hparams(load_config(CONFIGS / f"{name}.py"))
     assert hparams and all(isinstance(v, (int, float, str, bool)) for v in hparams.values())
-    accelerator = Accelerator(cpu=True, log_with="tensorboard", project_dir=str(tmp_path))
-    accelerator.init_trackers("logs", config=hparams)  # raises ValueError on any other type
-    accelerator.end_training()
-    assert any((tmp_path / "logs").rglob("events.out.tfevents.*"))
+
+
+def test_a_start_and_a_resume_write_one_tensorboard_run(tmp_path):
+    """The hyperparameters go into the run's own log folder once (add_hparams raises on any
+    type it does not take); a resume adds no time-stamped folder, which TensorBoard would show
+    as another run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from training.loop.monitoring import Monitor
+
+    config = load_config(CONFIGS / "taehv_config_test.py")
+    for start_step in (0, 4):
+        accelerator = Accelerator(cpu=True, log_with="tensorboard", project_dir=str(tmp_path))
+        Monitor(accelerator, config, tmp_path, start_step)
+        accelerator.log({"train/loss": 1.0}, step=start_step + 1)
+        accelerator.end_training()
+    assert [p.name for p in (tmp_path / "logs").iterdir() if p.is_dir()] == []
+    events = EventAccumulator(str(tmp_path / "logs"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 5]
+    assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")
 
 
 def test_inputs_follow_the_dtype_of_low_precision_weights():

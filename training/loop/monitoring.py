@@ -61,7 +61,13 @@ def memory_peaks_gb(device: torch.device) -> dict[str, float]:
 class Monitor:
     def __init__(self, accelerator: Accelerator, config: TrainConfig, run_dir: Path, start_step: int = 0):
         self.accelerator, self.config, self.run_dir = accelerator, config, run_dir
-        accelerator.init_trackers("logs", config=tensorboard_hparams(config))
+        # One TensorBoard run per training run: Accelerate's own hyperparameter logging writes into a new
+        # time-stamped folder at every start (TensorBoard shows each as another run), so the hyperparameters go
+        # into the run's folder itself, once, at its first start.
+        accelerator.init_trackers("logs")
+        if accelerator.is_main_process and start_step == 0:
+            writer = accelerator.get_tracker("tensorboard", unwrap=True)
+            writer.add_hparams(tensorboard_hparams(config), {}, run_name=".")
         self._sums: dict[str, torch.Tensor] = {}
         self._count = 0
         self._failures = torch.zeros((), dtype=torch.long)

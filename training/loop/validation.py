@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 
+import cv2
+import numpy as np
 import torch
 from accelerate import Accelerator
 
@@ -42,11 +44,25 @@ class ValidationDataError(VideoDataError):
 
 
 def reconstruction_strip(original: torch.Tensor, decoded: torch.Tensor, frames: int = STRIP_FRAMES) -> torch.Tensor:
-    """CHW image: up to ``frames`` evenly spaced original frames on top, decoded below."""
+    """CHW image: up to ``frames`` evenly spaced original frames on top, decoded below, each
+    row under a label band naming it and the frame numbers (a strip must say what it shows)."""
     idx = torch.linspace(0, original.shape[0] - 1, min(frames, original.shape[0])).round().long()
-    top = torch.cat(list(original[idx]), dim=2)
-    bottom = torch.cat(list(decoded[idx]), dim=2)
-    return torch.cat([top, bottom], dim=1).clamp(0, 1).cpu()
+    numbers = ", ".join(str(i) for i in idx.tolist())
+    rows = []
+    for label, video in ((f"input, frames {numbers}", original), (f"decoded, frames {numbers}", decoded)):
+        row = torch.cat(list(video[idx]), dim=2).clamp(0, 1).cpu()
+        rows += [label_band(label, row.shape[2], row.shape[0]), row]
+    return torch.cat(rows, dim=1)
+
+
+LABEL_HEIGHT = 14  # pixels: OpenCV's smallest legible font
+
+
+def label_band(text: str, width: int, channels: int) -> torch.Tensor:
+    """A CHW band of ``width`` pixels with ``text`` in white on black (cut at the band's end)."""
+    band = np.zeros((LABEL_HEIGHT, width), np.uint8)
+    cv2.putText(band, text, (2, LABEL_HEIGHT - 4), cv2.FONT_HERSHEY_SIMPLEX, 0.35, 255, 1, cv2.LINE_AA)
+    return torch.from_numpy(band).float().div(255).expand(channels, -1, -1)
 
 
 @torch.no_grad()
