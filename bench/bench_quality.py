@@ -44,6 +44,9 @@ import cv2
 import numpy as np
 import torch
 
+from models.ecosystem import export_stem
+from models.latent_spaces import OWN
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 from accelerate import Accelerator
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -164,7 +167,7 @@ def run_progressive(args: argparse.Namespace, settings: list[str], out: Path) ->
         "progressive_stage1",
         (f"--max_train_steps={first}", f"--checkpointing_steps={first}", *half),
     )
-    export = out / "progressive_stage1" / "export" / f"{args.variant}.pth"
+    export = out / "progressive_stage1" / "export" / f"{export_stem(args.variant, OWN)}.pth"  # no reference VAE
     stage2 = run_recipe(
         args,
         settings,

@@ -56,7 +56,7 @@ def test_quality_benchmark_runs_its_arms_on_held_out_files(videos_dir, tmp_path)
         assert [p["step"] for p in curve] == steps and 0 < curve[-1]["psnr"] < 60 and curve[-1]["seconds"] > 0
     stage2 = json.loads((tmp_path / "progressive_stage2" / "config.json").read_text())
     assert (stage2["train_encoder"], stage2["height"]) == (False, 32) and stage2["pretrained_model_path"].endswith(
-        "progressive_stage1/export/taehv.pth"
+        "progressive_stage1/export/taehv_own_latents.pth"
     )
     plot = cv2.imread(str(tmp_path / "quality.png"))
     assert plot is not None and plot.shape[1] >= 1000 and plot.std() > 10
