@@ -90,3 +90,41 @@ def run_folder_of(weights: Path) -> Path | None:
     else:
         return None
     return run if (run / "config.json").is_file() else None
+
+
+# -- whether a run is finished: finished.json, written by training at its end -------------
+
+FINISHED = "finished.json"
+FINISHED_REASONS = ("finished", "early_stop")
+
+
+def finished_info(run: Path) -> dict | None:
+    """What ``run``'s end recorded (``step``, ``reason``, ``max_train_steps``) when it is
+    finished, else None. A marker with another reason (a finished run being extended) means
+    unfinished. A run from before the marker counts as finished when its
+    ``final_model.safetensors`` is newer than its newest checkpoint: training writes the
+    final model only after the last checkpoint."""
+    marker = run / FINISHED
+    if marker.is_file():
+        info = json.loads(marker.read_text())
+        return info if info.get("reason") in FINISHED_REASONS else None
+    final = run / "final_model.safetensors"
+    steps = [
+        (int(p.name.removeprefix("checkpoint-")), p)
+        for p in (run / "checkpoints").glob("checkpoint-*")
+        if p.name.removeprefix("checkpoint-").isdigit() and (p / CHECKPOINT_MANIFEST).is_file()
+    ]
+    if not final.is_file() or not steps:
+        return None
+    step, newest = max(steps)
+    if final.stat().st_mtime <= (newest / CHECKPOINT_MANIFEST).stat().st_mtime:
+        return None
+    return {"step": step, "reason": "finished"}
+
+
+def write_run_marker(run: Path, info: dict) -> None:
+    """Record how ``run`` ended (``reason`` "finished"/"early_stop") or that a finished run
+    is being extended (``reason`` "extending": unfinished again until its new end)."""
+    from models.atomic import atomic_write
+
+    atomic_write(run / FINISHED, json.dumps(info, indent=1))
