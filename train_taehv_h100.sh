@@ -25,7 +25,9 @@ ${BOLD}Usage:${RESET} ./train_taehv_h100.sh NUM_GPUS CONFIG_TYPE [custom CONFIG_
                 or custom, which takes a config path
 
 Options:
-  --resume PATH|NAME|latest  continue a run (latest: newest checkpoint of this config's runs)
+  --resume PATH|NAME|latest  continue a run with its own config, --key=value changes on top
+                             (latest: the newest unfinished run of this config; a finished
+                             run is extended by PATH or NAME with a higher --max_train_steps)
   --debug                    a few verbose steps with anomaly detection and full tracebacks (into output/debug)
   --profile                  torch profiler trace of a few steps (into output/profile)
   --help                     this text
@@ -122,17 +124,21 @@ from common.errors import EXIT_USER_ERROR, USER_ERRORS
 from training.loop.feed import feed_notes
 from training.loop.memory import check_fits
 from training.preflight import check
+from training.state.run_config import describe_start, start_of
 try:
-    config = load_config(sys.argv[1], [arg for arg in sys.argv[2:] if arg != "--debug"])
+    overrides = [arg for arg in sys.argv[2:] if arg != "--debug"]
+    # a resume takes the run's own config (a damaged checkpoint or a finished run stops here)
+    start = start_of(load_config(sys.argv[1], overrides), overrides)
+    config = start.config
     for note in [*check(config), *check_fits(config), *feed_notes(config)]:
         print(f"  note: {note}")
-    from training.state.checkpoints import resolve_resume
-    _, checkpoint = resolve_resume(config)  # a damaged checkpoint or one of another variant stops here
-    if checkpoint is not None:
-        print(f"  resuming from {checkpoint}")
 except USER_ERRORS as err:
     print(f"error: {err}", flush=True)
     sys.exit(EXIT_USER_ERROR)
+if start.done:
+    print(f"done={describe_start(start)}")
+elif start.checkpoint is not None:
+    print(f"resume=from {describe_start(start)}")
 print(f"  data: {config.annotation_file or config.data_root}; reference VAE: {config.ref_vae_path or 'none (plain autoencoder)'}")
 EOF
 ) && CHECK_STATUS=0 || CHECK_STATUS=$?
@@ -171,8 +177,16 @@ elif (( CHECK_STATUS != 0 )); then
   echo "the configuration check crashed (exit status $CHECK_STATUS; the traceback above): please report it" >&2
   exit "$CHECK_STATUS"
 fi
-grep -v '^gpus=' <<<"$CHECK_OUT" || true
-ok "config $CONFIG (data, reference VAE, frame counts and resume checked)"
+grep -v -e '^gpus=' -e '^resume=' -e '^done=' <<<"$CHECK_OUT" || true
+DONE=$(sed -n 's/^done=//p' <<<"$CHECK_OUT")
+[[ -z "$DONE" ]] || { ok "$DONE"; exit 0; }
+RESUME=$(sed -n 's/^resume=//p' <<<"$CHECK_OUT")
+if [[ -n "$RESUME" ]]; then
+  ok "config: the run's own, saved in its checkpoint, with the changes below (data, reference VAE, frame counts and resume checked)"
+  echo "${BOLD}[resume]${RESET} $RESUME"
+else
+  ok "config $CONFIG (data, reference VAE, frame counts and resume checked)"
+fi
 
 # -- launch -----------------------------------------------------------------------------
 TRAIN=(-m training.taehv_train --config "$CONFIG" "${EXTRA[@]}")

@@ -101,18 +101,16 @@ def newest_intact_checkpoint(run: Path) -> Path | None:
 
 def run_weights(path: str | Path) -> tuple[Path, str | None]:
     """The weights the tools take for ``path`` and, when they are not the run's final model,
-    a note saying which: a run folder whose newest intact checkpoint is newer than its
-    ``final_model.*`` (an unfinished run, or a finished one being extended) gives that
-    checkpoint's weights; anything else is ``verified_weights``."""
+    a note saying which: a run folder that is not finished (``finished_info``: stopped, or a
+    finished run being extended) gives its newest intact checkpoint's weights; anything else
+    is ``verified_weights``."""
     run = Path(path)
-    if not (run.is_dir() and (run / "config.json").is_file()):
+    if not (run.is_dir() and (run / "config.json").is_file()) or finished_info(run) is not None:
         return verified_weights(run), None
     checkpoint = newest_intact_checkpoint(run)
-    final = next((run / name for name in FINAL_MODELS if (run / name).is_file()), None)
-    if checkpoint is None or (
-        final is not None and final.stat().st_mtime >= (checkpoint / CHECKPOINT_WEIGHTS).stat().st_mtime
-    ):
+    if checkpoint is None:
         return verified_weights(run), None
+    final = next((run / name for name in FINAL_MODELS if (run / name).is_file()), None)
     total = json.loads((run / "config.json").read_text()).get("max_train_steps", "?")
     state = "unfinished" if final is None else f"continued past its {final.name}"
     best = " (best_model/ holds its best validation)" if (run / "best_model" / CHECKPOINT_WEIGHTS).is_file() else ""
@@ -124,3 +122,41 @@ def run_weights(path: str | Path) -> tuple[Path, str | None]:
 def run_folder_of(weights: Path) -> Path | None:
     """The training run that wrote ``weights`` (``models.weights.run_folder``)."""
     return run_folder(weights)
+
+
+# -- whether a run is finished: finished.json, written by training at its end -------------
+
+FINISHED = "finished.json"
+FINISHED_REASONS = ("finished", "early_stop")
+
+
+def finished_info(run: Path) -> dict | None:
+    """What ``run``'s end recorded (``step``, ``reason``, ``max_train_steps``) when it is
+    finished, else None. A marker with another reason (a finished run being extended) means
+    unfinished. A run from before the marker counts as finished when its
+    ``final_model.safetensors`` is newer than its newest checkpoint: training writes the
+    final model only after the last checkpoint."""
+    marker = run / FINISHED
+    if marker.is_file():
+        info = json.loads(marker.read_text())
+        return info if info.get("reason") in FINISHED_REASONS else None
+    final = run / "final_model.safetensors"
+    steps = [
+        (int(match.group(1)), p)
+        for p in (run / "checkpoints").glob("checkpoint-*")
+        if (match := CHECKPOINT_NAME.match(p.name)) and (p / CHECKPOINT_MANIFEST).is_file()
+    ]
+    if not final.is_file() or not steps:
+        return None
+    step, newest = max(steps)
+    if final.stat().st_mtime <= (newest / CHECKPOINT_MANIFEST).stat().st_mtime:
+        return None
+    return {"step": step, "reason": "finished"}
+
+
+def write_run_marker(run: Path, info: dict) -> None:
+    """Record how ``run`` ended (``reason`` "finished"/"early_stop") or that a finished run
+    is being extended (``reason`` "extending": unfinished again until its new end)."""
+    from models.atomic import atomic_write
+
+    atomic_write(run / FINISHED, json.dumps(info, indent=1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import zlib
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from safetensors.torch import save_file
 
 from common.config import TrainConfig, load_config
 from common.errors import UserError
-from common.run_files import CHECKPOINT_MANIFEST
+from common.run_files import CHECKPOINT_MANIFEST, finished_info, write_run_marker
 from conftest import REPO_ROOT
 from training.loop.best_model import BestTracker
 from training.loop.resilience import FaultPlan, agree
@@ -30,6 +31,7 @@ from training.state.checkpoints import (
     set_rng_state,
     write_atomically,
 )
+from training.state.run_config import describe_start, start_of
 from training.state.serialisation import load_tree, save_tree
 
 
@@ -146,9 +148,51 @@ def test_a_bare_checkpoint_name_is_looked_up_in_the_runs_that_hold_it(tmp_path):
 
 
 def test_a_checkpoint_of_another_variant_is_refused_naming_both(tmp_path):
+    """The variant is the run's: a preset of another variant resumes it as it is, a
+    --variant typed on the resume line is refused."""
     _complete(tmp_path / "run" / "checkpoints", 2, variant="taecvx")
-    with pytest.raises(UserError, match="holds a taecvx model but this run is configured for taehv.*--variant=taecvx"):
-        resolve_resume(_config(tmp_path, run_name="run", variant="taehv", resume_from_checkpoint="latest"))
+    base = _config(tmp_path, run_name="run", variant="taehv", resume_from_checkpoint="latest")
+    assert start_of(base, []).config.variant == "taecvx"
+    with pytest.raises(
+        UserError, match="holds a taecvx model but this resume asks for --variant=taehv.*--variant=taecvx"
+    ):
+        start_of(base, ["--variant=taehv"])
+
+
+def test_latest_passes_over_finished_runs_which_resume_by_path_only_to_extend_them(tmp_path):
+    """Finished: the marker training writes at its end, or (runs from before it) a
+    final_model.safetensors newer than the newest checkpoint. An extension marks the run
+    unfinished until its new end."""
+    old, legacy, new = (tmp_path / f"h100_2026-0{month}-01_00-00-00" for month in (1, 2, 3))
+    _complete(old / "checkpoints", 4)
+    _complete(legacy / "checkpoints", 4)
+    (legacy / "final_model.safetensors").write_bytes(b"w")
+    newest = _complete(new / "checkpoints", 2)
+    write_run_marker(new, {"step": 2, "reason": "finished", "max_train_steps": 2})
+    assert (finished_info(legacy), finished_info(old)) == ({"step": 4, "reason": "finished"}, None)
+    start = start_of(_config(tmp_path, resume_from_checkpoint="latest"), [])
+    assert (start.run, start.checkpoint, start.step, start.extending) == (
+        old,
+        old / "checkpoints/checkpoint-4",
+        4,
+        False,
+    )
+    by_path = _config(tmp_path, resume_from_checkpoint=str(newest), max_train_steps=2)
+    with pytest.raises(
+        UserError, match=rf"^{new} finished at step 2 \(max_train_steps=2\): give --max_train_steps above 2"
+    ):
+        start_of(by_path, [])
+    extended = start_of(by_path.replace(max_train_steps=3), ["--max_train_steps=3"])
+    assert extended.extending and extended.changes == () and "extending it" in describe_start(extended)
+    write_run_marker(new, {"reason": "extending", "step": 2})
+    assert finished_info(new) is None
+    write_run_marker(new, {"step": 3, "reason": "finished", "max_train_steps": 3})
+    shutil.rmtree(old)
+    with pytest.raises(UserError, match=r"--resume latest: every h100 run under .* is finished \(newest: "):
+        start_of(_config(tmp_path, resume_from_checkpoint="latest"), [])
+    assert start_of(_config(tmp_path, auto_resume=True), []).checkpoint is None  # a fresh run
+    restarted = start_of(_config(tmp_path, run_name=legacy.name, auto_resume=True, max_train_steps=4), [])
+    assert restarted.done and describe_start(restarted).startswith(f"nothing to do: {legacy} finished at step 4")
 
 
 def test_a_full_disk_is_one_error_that_keeps_the_last_checkpoint(tmp_path):

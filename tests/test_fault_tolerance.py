@@ -366,9 +366,10 @@ def test_failed_starts_and_refused_resumes_leave_the_runs_as_they_were(tmp_path,
     says why in its train.log and does not hide older runs from a bare checkpoint name; a
     checkpoint with damaged bytes is refused in one line, before the run's config.json is
     touched (one of another variant: test_checkpointing.py); --resume latest passes over
-    the damaged checkpoint."""
+    the damaged checkpoint (of a run stopped at step 4 of 6, so unfinished; the resume
+    line's --max_train_steps=4 ends it there)."""
     common = ["--max_train_steps=4", "--checkpointing_steps=2", "--validation_every=100"]
-    train(ONE_PROCESS, tmp_path, demo_clips, *common)
+    train(ONE_PROCESS, tmp_path, demo_clips, *common, "--max_train_steps=6", "--fault_injection=sigterm@4")
     (run,) = tmp_path.iterdir()
     config_json = (run / "config.json").read_bytes()
 

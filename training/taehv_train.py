@@ -50,6 +50,7 @@ from common.config import TrainConfig, describe, load_config
 from common.errors import EXIT_USER_ERROR, USER_ERRORS, UserError, debug_requested
 from common.flags import ArgumentParser
 from common.reference_vae import ReferenceVAE
+from common.run_files import write_run_marker
 from models.latent_spaces import OWN
 from training.data.latent_scale_check import check_at_start
 from training.data.loading import TrainingData, build_train_loader, build_training_data, training_batches
@@ -72,8 +73,8 @@ from training.state.checkpoints import (
     load_training_state,
     new_run_dir,
     remove_partial_checkpoints,
-    resolve_resume,
 )
+from training.state.run_config import Start, describe_start, start_of
 from training.state.run_lock import lock_run_dir, release_run_dir
 from training.state.trained_weights import export_best_model, export_weights, save_training_checkpoint
 
@@ -122,7 +123,8 @@ class Progress:
             self.consecutive_skips += 1
 
 
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
+def parse_args(argv: list[str] | None = None) -> tuple[str, list[str]]:
+    """(config file, ``--key=value`` overrides as typed)."""
     parser = ArgumentParser(description="Train a TAEHV (see README).", allow_abbrev=False)
     parser.add_argument("--config", required=True, help="Python config file defining `config`")
     parser.add_argument("--resume", default=None, help="shorthand for --resume_from_checkpoint")
@@ -130,7 +132,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     args, overrides = parser.parse_known_args(argv)
     if args.resume:
         overrides.append(f"--resume_from_checkpoint={args.resume}")
-    return load_config(args.config, overrides)
+    return args.config, overrides
 
 
 def launch_command() -> list[str]:
@@ -184,19 +186,37 @@ def make_accelerator(config: TrainConfig, run_dir: Path) -> Accelerator:
     )
 
 
-def decide_run_dir(state: PartialState, config: TrainConfig) -> tuple[Path, Path | None, IO[str] | None]:
-    """(run directory, checkpoint to resume, its lock), decided once on the main process and
-    shared, so every rank writes to the same place; a resumed run continues in its own
-    directory. The main process holds the directory's lock; a refusal (another run holds
-    it, a checkpoint that cannot be resumed) reaches every rank, so none waits for the others."""
+def decide_start(state: PartialState, base: TrainConfig, given: list[str]) -> Start:
+    """How this start goes (``training.state.run_config.start_of``: a fresh run, or a resume
+    with the run's own config), decided once on the main process and shared, so every rank
+    trains the same config from the same checkpoint; a refusal reaches every rank, so none
+    waits for the others. Nothing is created."""
+    decision: list[Start | str | None] = [None]
+    if state.is_main_process:
+        try:
+            decision[0] = start_of(base, given)
+        except UserError as err:
+            decision[0] = str(err)
+    if torch.distributed.is_initialized():
+        torch.distributed.broadcast_object_list(decision, src=0)
+    if isinstance(decision[0], str):
+        raise UserError(decision[0])
+    return decision[0]
+
+
+def claim_run_dir(state: PartialState, start: Start) -> tuple[Path, IO[str] | None]:
+    """(run directory, its lock): the resumed run's own, else a new one, made and locked on
+    the main process and shared, so every rank writes to the same place. The main process
+    holds the lock; a refusal (another run holds it, a folder that cannot be made) reaches
+    every rank."""
+    config = start.config
     decision, lock = [None], None
     if state.is_main_process:
         try:
-            run_dir, checkpoint = resolve_resume(config)
-            run_dir = run_dir or new_run_dir(config)
+            run_dir = start.run or new_run_dir(config)
             run_dir.mkdir(parents=True, exist_ok=True)
             lock = lock_run_dir(run_dir)
-            decision[0] = (str(run_dir), str(checkpoint) if checkpoint else None)
+            decision[0] = (str(run_dir),)
         except UserError as err:
             decision[0] = str(err)
         except OSError as err:  # output_dir on a read-only or missing file system
@@ -208,7 +228,7 @@ def decide_run_dir(state: PartialState, config: TrainConfig) -> tuple[Path, Path
         torch.distributed.broadcast_object_list(decision, src=0)
     if isinstance(decision[0], str):
         raise UserError(decision[0])
-    return Path(decision[0][0]), decision[0][1] and Path(decision[0][1]), lock
+    return Path(decision[0][0]), lock
 
 
 def setup_logging(run_dir: Path, accelerator: Accelerator) -> None:
@@ -300,10 +320,15 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path
     caller before anything slow, so that a signal during start-up is not lost."""
     started = time.perf_counter()  # the time budget counts the start-up too
     stop = stop or StopRequest()
-    config = parse_args(argv)
+    config_file, overrides = parse_args(argv)
+    start = decide_start(process_state(), load_config(config_file, overrides), overrides)
+    config = start.config
     notes = [*check(config), *check_fits(config), *feed_notes(config)]
     faults = FaultPlan.parse(config.fault_injection)
-    run_dir, resume_from, lock = decide_run_dir(process_state(), config)
+    if start.done:
+        logger.warning("%s", describe_start(start))
+        return start.run
+    run_dir, lock = claim_run_dir(process_state(), start)
     accelerator = make_accelerator(config, run_dir)
     setup_logging(run_dir, accelerator)
     for note in notes:
@@ -320,7 +345,7 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path
     set_seed(config.seed)  # identical initial weights on every rank
     torch.autograd.set_detect_anomaly(config.detect_anomaly)
     try:
-        return train(config, accelerator, run_dir, resume_from, faults, stop, started)
+        return train(config, accelerator, run_dir, start, faults, stop, started)
     except Exception as err:  # a full disk anywhere in the run: say what to run once there is room
         if not is_disk_full(err):
             raise
@@ -343,14 +368,15 @@ def train(
     config: TrainConfig,
     accelerator: Accelerator,
     run_dir: Path,
-    resume_from: Path | None,
+    start: Start,
     faults: FaultPlan,
     stop: StopRequest,
     started: float,
 ) -> Path:
-    """Build the model, data and step, restore ``resume_from``, and run the loop to its end:
-    each pass trains one accumulation window, then logs, validates and checkpoints at
-    their intervals and decides whether to stop."""
+    """Build the model, data and step, restore the checkpoint ``start`` resumes, and run the
+    loop to its end: each pass trains one accumulation window, then logs, validates and
+    checkpoints at their intervals and decides whether to stop."""
+    resume_from = start.checkpoint
     model = build_model(config, resumed=resume_from is not None)
     ref_vae = ReferenceVAE.from_config(config, accelerator.device) if config.ref_vae_path else None
     # the space its weights are saved with, and the reference statistics behind it
@@ -379,9 +405,8 @@ def train(
             config.early_stopping_min_delta,
         )
         logger.info(
-            "resumed from %s at step %d (epoch %d, batch %d)",
-            resume_from,
-            progress.step,
+            "resumed from %s; data position: epoch %d, batch %d",
+            describe_start(start),
             progress.epoch,
             progress.batch_in_epoch,
         )
@@ -402,6 +427,8 @@ def train(
         (run_dir / "config.json").write_text(describe(config))
         with open(run_dir / "command.txt", "a") as commands:  # every start of the run, for the model card
             commands.write(shlex.join(launch_command()) + "\n")
+        if start.extending:  # unfinished again until its new end (final_model.* is replaced then)
+            write_run_marker(run_dir, {"reason": "extending", "step": start.step})
     if agree([stop.requested], accelerator.device)[0]:
         logger.info(
             "stopped on %s during start-up, before the first step: nothing new to save",
@@ -565,6 +592,9 @@ def finish(stop_reason: str, run: Run, stop: StopRequest, data_error: VideoDataE
             overwrite=True,
         )
         logger.info("wrote the export bundle %s (%s)", run_dir / BUNDLE_FOLDER, ", ".join(p.name for p in bundle))
+        write_run_marker(
+            run_dir, {"step": progress.step, "reason": stop_reason, "max_train_steps": run.config.max_train_steps}
+        )
     accelerator.end_training()
     return run_dir
 

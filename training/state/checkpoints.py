@@ -47,7 +47,13 @@ from common.config import (
     same_config_file,
 )
 from common.errors import UserError, readable_size
-from common.run_files import CHECKPOINT_MANIFEST, DamagedCheckpointError, file_checksum, read_checkpoint_manifest
+from common.run_files import (
+    CHECKPOINT_MANIFEST,
+    DamagedCheckpointError,
+    file_checksum,
+    finished_info,
+    read_checkpoint_manifest,
+)
 from models.atomic import TMP_PREFIX, atomic_write, fsync_directory, temporary_name
 from training.state.serialisation import load_tree, save_tree, tensor_bytes
 
@@ -125,10 +131,28 @@ def _intact(checkpoints: list[Path]) -> Path | None:
     return None
 
 
-def _latest(config: TrainConfig) -> tuple[Path, Path] | None:
+def _latest(config: TrainConfig, finished_too: bool = False) -> tuple[Path, Path] | None:
+    """The newest intact checkpoint of the newest of this config's runs that holds one; a
+    finished run is passed over (``finished_too``: not), since continuing it would replace
+    its final model: it is resumed by name or path, to extend it. None when there is none;
+    a UserError when every run that holds one is finished."""
+    passed = []
     for run in _runs_of(config):
-        if checkpoint := _intact(list_checkpoints(run / "checkpoints")):
-            return run, checkpoint
+        checkpoint = _intact(list_checkpoints(run / "checkpoints"))
+        if checkpoint is None:
+            continue
+        if not finished_too and (info := finished_info(run)) is not None:
+            logger.info("passing over %s: finished at step %s", run, info["step"])
+            passed.append((run, checkpoint, info))
+            continue
+        return run, checkpoint
+    if passed and config.resume_from_checkpoint:
+        run, checkpoint, info = passed[0]
+        raise UserError(
+            f"--resume latest: every {run_prefix(config)} run under {Path(config.output_dir)} is finished "
+            f"(newest: {run}, at step {info['step']}). To train it further: --resume {checkpoint} "
+            f"--max_train_steps=<more than {info['step']}>; for a new run leave out --resume"
+        )
     return None
 
 
@@ -153,16 +177,6 @@ def verify_intact(path: Path) -> None:
         raise DamagedCheckpointError(
             f"{err}; " + (f"resume from {older.name}" if older else "no intact checkpoint before it: start a fresh run")
         ) from None
-
-
-def check_variant(config: TrainConfig, path: Path) -> None:
-    """A checkpoint of another TAE variant is refused before anything is written."""
-    saved = read_trainer_state(path)["config"]["variant"]
-    if saved != config.variant:
-        raise UserError(
-            f"{path} holds a {saved} model but this run is configured for {config.variant}: resume "
-            f"with --variant={saved} (or the config that started it), or start a fresh run"
-        )
 
 
 def check_own_run(config: TrainConfig, run: Path, checkpoint: Path) -> None:
@@ -236,15 +250,17 @@ def resolve_resume(config: TrainConfig) -> tuple[Path | None, Path | None]:
     config's runs, an error if there is none), a checkpoint name (in the newest of this
     config's runs that holds it) or a path (an error if it does not exist, is incomplete or
     damaged; a file, such as a weight file, is refused saying what to give instead).
-    ``auto_resume``: "latest" when there is a checkpoint, else a fresh run, so one command
-    both starts and restarts a job. The checkpoint must come from the same TAE variant, and
-    its run is continued in its own folder under the config that started it
-    (``check_own_run``).
+    "latest" passes over finished runs. ``auto_resume``: "latest" when there is a checkpoint
+    (under a fixed ``run_name``, finished or not), else a fresh run, so one command both
+    starts and restarts a job. The run is continued in its own folder under the config that
+    started it (``check_own_run``); which config it continues with is
+    ``training.state.run_config``'s.
     """
     spec = config.resume_from_checkpoint
     found = None
     if spec == "latest" or (not spec and config.auto_resume):
-        found = _latest(config)
+        # a job restarted under a fixed run_name finds its own run, finished or not
+        found = _latest(config, finished_too=not spec and bool(config.run_name))
         if found is None and spec:
             raise UserError(
                 f"--resume latest: no complete checkpoint in any {run_prefix(config)}* run under "
@@ -263,7 +279,6 @@ def resolve_resume(config: TrainConfig) -> tuple[Path | None, Path | None]:
         found = path.parent.parent, path
     if found is None:
         return None, None
-    check_variant(config, found[1])
     check_own_run(config, *found)
     return found
 

@@ -1,0 +1,131 @@
+"""A user's own run, start to finish, through ./train_taehv_h100.sh: a resume continues
+from the run's saved config (its data and step count need not be typed again, changes
+typed on the resume line are listed), and `--resume latest` never touches a finished run
+(one is extended only by path, and says so). One chain of tiny runs serves every test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from test_launch_script import data_options, launch, only_error_line, snapshot
+
+from train_runs import assert_identical
+
+pytestmark = pytest.mark.slow  # the launch script starts training
+
+
+def succeeded(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
+    return result
+
+
+def resume_line(result: subprocess.CompletedProcess) -> str:
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("[resume] ")]
+    return line
+
+
+@dataclass
+class Chain:
+    out: Path
+    interrupted: Path  # run A: stopped by SIGTERM, then resumed with no data options
+    stopped_at: int
+    resumed: subprocess.CompletedProcess
+    full: Path  # A's run, uninterrupted, in another output_dir
+    finished: Path  # run B: 2 steps, finished before A was resumed
+    finished_kept: list[bool]  # B as it was, after `--resume latest` and after the refusal
+    latest_of_finished: subprocess.CompletedProcess
+    refused: subprocess.CompletedProcess
+    extended: subprocess.CompletedProcess
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory, demo_clips) -> Chain:
+    """A (6 steps, stopped by SIGTERM), then B (2 steps, finished), then `--resume latest`
+    with nothing else (continues A), B resumed by path as it is (refused) and with more
+    steps and another learning rate (extended), `--resume latest` once both are finished
+    (refused), and A uninterrupted elsewhere."""
+    root = tmp_path_factory.mktemp("own_videos")
+    out, data = root / "out", data_options(demo_clips)
+    succeeded(launch("1", "test", *data, f"--output_dir={out}", "--max_train_steps=6", "--fault_injection=sigterm@3"))
+    (interrupted,) = out.iterdir()
+    stopped_at = max(int(p.name.split("-")[1]) for p in (interrupted / "checkpoints").iterdir())
+    succeeded(launch("1", "test", *data, f"--output_dir={out}", "--max_train_steps=2"))
+    (finished,) = set(out.iterdir()) - {interrupted}
+    finished_before = snapshot(finished)
+    resumed = succeeded(launch("1", "test", f"--output_dir={out}", "--resume", "latest"))
+    finished_kept = [snapshot(finished) == finished_before]
+    checkpoint = finished / "checkpoints" / "checkpoint-2"
+    refused = launch("1", "test", "--resume", str(checkpoint))
+    finished_kept.append(snapshot(finished) == finished_before and len(list(out.iterdir())) == 2)
+    extended = succeeded(
+        launch("1", "test", "--resume", str(checkpoint), "--max_train_steps=4", "--learning_rate=5e-4")
+    )
+    latest_of_finished = launch("1", "test", f"--output_dir={out}", "--resume", "latest")
+    succeeded(launch("1", "test", *data, f"--output_dir={root / 'full'}", "--max_train_steps=6"))
+    (full,) = (root / "full").iterdir()
+    return Chain(
+        out,
+        interrupted,
+        stopped_at,
+        resumed,
+        full,
+        finished,
+        finished_kept,
+        latest_of_finished,
+        refused,
+        extended,
+    )
+
+
+def test_a_resume_continues_with_the_runs_own_config_bit_identically(chain):
+    """`--resume latest` alone: the run's data and its 6 steps, not the preset's
+    (demo_output/data, 4 steps); one visible line names the checkpoint, its step of 6, the
+    run and the changes (none); the weights equal an uninterrupted run's."""
+    run, step = chain.interrupted, chain.stopped_at
+    assert 0 < step < 6
+    checkpoint = run / "checkpoints" / f"checkpoint-{step}"
+    assert resume_line(chain.resumed) == (
+        f"[resume] from {checkpoint} at step {step} of 6 (run {run}); changed on resume: nothing"
+    )
+    assert f"resumed from {checkpoint} at step {step} of 6" in (run / "train.log").read_text()
+    assert (run / "checkpoints" / "checkpoint-6").is_dir()
+    assert_identical(chain.full / "final_model.safetensors", run / "final_model.safetensors")
+    per_start = {"output_dir", "resume_from_checkpoint"}
+    saved, uninterrupted = (json.loads((r / "config.json").read_text()) for r in (run, chain.full))
+    assert {k: v for k, v in saved.items() if k not in per_start} == {
+        k: v for k, v in uninterrupted.items() if k not in per_start
+    }
+    assert json.loads((run / "finished.json").read_text()) == {"step": 6, "reason": "finished", "max_train_steps": 6}
+
+
+def test_resume_latest_passes_over_a_finished_run_and_leaves_it_as_it_was(chain):
+    """The newest run is finished: `--resume latest` continues the older unfinished one and
+    leaves the finished one as it was; once every run is finished it is refused, naming the
+    way to extend one."""
+    assert f"(run {chain.interrupted})" in resume_line(chain.resumed)
+    assert chain.finished_kept == [True, True]
+    line = only_error_line(chain.latest_of_finished)
+    assert line.startswith(f"error: --resume latest: every test run under {chain.out} is finished (newest: ")
+    assert "--max_train_steps=<more than" in line
+
+
+def test_a_finished_run_is_resumed_only_by_path_and_only_to_extend_it(chain):
+    """As it is, it is refused before anything is written; with a higher max_train_steps
+    it goes on, says that it extends the finished run and lists the changes."""
+    run = chain.finished
+    assert only_error_line(chain.refused) == (
+        f"error: {run} finished at step 2 (max_train_steps=2): give --max_train_steps above 2 to extend it, "
+        "or start a new run (without --resume)"
+    )
+    assert resume_line(chain.extended) == (
+        f"[resume] from {run / 'checkpoints' / 'checkpoint-2'} at step 2 of 4 (the finished run {run}, extending "
+        "it); changed on resume: max_train_steps 2 -> 4, learning_rate 0.001 -> 0.0005; final_model.* and "
+        "export/ are replaced at its end"
+    )
+    assert "changed on resume: max_train_steps 2 -> 4, learning_rate 0.001 -> 0.0005" in (run / "train.log").read_text()
+    assert json.loads((run / "finished.json").read_text())["step"] == 4
+    assert json.loads((run / "config.json").read_text())["learning_rate"] == 5e-4

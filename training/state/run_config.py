@@ -1,0 +1,118 @@
+"""Which config a start trains with: a resume continues from its run's own saved config.
+
+A fresh start takes the preset (or config file) and the ``--key=value`` overrides. A resume
+takes the config the checkpoint saved (``trainer_state.json``), so a key not repeated on the
+resume line keeps the run's value and the preset is never re-read over it (a preset that
+changed, or one that picks its precision by the machine, cannot change a run); the
+overrides typed on the resume line apply on top and are listed ("changed on resume").
+With the same overrides, or none, the config is the saved one, so the resume stays
+bit-identical. A finished run is resumed only when named, and only to extend it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.config import TrainConfig, apply_overrides, resolve_paths
+from common.errors import UserError
+from common.run_files import finished_info
+from training.state.checkpoints import checkpoint_step, read_trainer_state, resolve_resume
+
+logger = logging.getLogger(__name__)
+
+# how this start runs, never taken from the run: which checkpoint, and faults injected by tests
+START_KEYS = ("resume_from_checkpoint", "auto_resume", "fault_injection")
+_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+@dataclass(frozen=True)
+class Start:
+    """What this start does: a fresh run (``checkpoint`` None), a resume, or nothing
+    (``done``: a restarted job whose run already finished)."""
+
+    config: TrainConfig
+    run: Path | None = None
+    checkpoint: Path | None = None
+    step: int = 0  # the checkpoint's step
+    horizon: int = 0  # the step the run ends at
+    changes: tuple[str, ...] = ()  # "key old -> new" for each key the resume line changed
+    extending: bool = False  # a finished run trained further
+    done: bool = False
+
+
+def given_keys(overrides: list[str]) -> set[str]:
+    """The config keys ``--key=value`` overrides name."""
+    keys = set()
+    for item in overrides:
+        body = item[2:] if item.startswith("--") else item
+        keys.add(body.split("=", 1)[0].replace("-", "_"))
+    return keys
+
+
+def config_for_resume(base: TrainConfig, given: list[str], saved: dict) -> tuple[TrainConfig, tuple[str, ...]]:
+    """The run's ``saved`` config with ``given`` applied on top, and the changes. Keys the
+    run predates take ``base``'s (the preset's) value; keys this version no longer knows are
+    dropped (and listed); the ``START_KEYS`` are this start's. A ``--variant`` other than
+    the run's is refused: a checkpoint holds the weights of one variant."""
+    known = {key: value for key, value in saved.items() if key in _FIELDS}
+    start = {key: getattr(base, key) for key in START_KEYS}
+    config = resolve_paths(apply_overrides(TrainConfig(**{**base.to_dict(), **known, **start}), given))
+    if "variant" in given_keys(given) and "variant" in known and config.variant != known["variant"]:
+        raise UserError(
+            f"the run holds a {known['variant']} model but this resume asks for --variant={config.variant}: "
+            f"resume with --variant={known['variant']} (or without --variant), or start a fresh run"
+        )
+    changes = [
+        f"{key} {known[key]!r} -> {value!r}"
+        for key, value in config.to_dict().items()
+        if key in known and key not in START_KEYS and value != known[key]
+    ]
+    changes += [f"{key} dropped (unknown to this version)" for key in sorted(set(saved) - _FIELDS)]
+    return config, tuple(changes)
+
+
+def start_of(base: TrainConfig, given: list[str]) -> Start:
+    """How this start goes, from the preset's config with the overrides (``base``) and the
+    overrides as typed (``given``); nothing is created. A finished run is refused unless
+    the resume line raises ``max_train_steps`` past its end (or, stopped early, changes
+    something); a job restarted under its fixed run name (``auto_resume``) whose run
+    finished has nothing to do."""
+    run, checkpoint = resolve_resume(base)
+    if checkpoint is None:
+        return Start(base)
+    state = read_trainer_state(checkpoint)
+    config, changes = config_for_resume(base, given, state.get("config", {}))
+    step, planned = checkpoint_step(checkpoint), state.get("progress", {}).get("planned_steps")
+    start = Start(config, run, checkpoint, step, planned or config.max_train_steps, changes)
+    info = finished_info(run)
+    if info is None:
+        return start
+    raised = config.max_train_steps > info["step"]
+    if (info["reason"] == "finished" and raised) or (info["reason"] == "early_stop" and changes):
+        return dataclasses.replace(start, horizon=config.max_train_steps, extending=True)
+    if not base.resume_from_checkpoint:  # auto_resume
+        return dataclasses.replace(start, done=True)
+    how = (
+        f"finished at step {info['step']} (max_train_steps={info.get('max_train_steps', config.max_train_steps)}): "
+        f"give --max_train_steps above {info['step']} to extend it"
+        if info["reason"] == "finished"
+        else f"stopped early at step {info['step']}: give the changes that train it further "
+        "(e.g. --early_stopping_patience=0)"
+    )
+    raise UserError(f"{run} {how}, or start a new run (without --resume)")
+
+
+def describe_start(start: Start) -> str:
+    """One line for a resume: the checkpoint, its step of the run's end, the run, and what
+    the resume line changed; empty for a fresh start."""
+    if start.checkpoint is None:
+        return ""
+    if start.done:
+        return f"nothing to do: {start.run} finished at step {start.step} (raise --max_train_steps to extend it)"
+    changed = ", ".join(start.changes) or "nothing"
+    run = f"the finished run {start.run}, extending it" if start.extending else f"run {start.run}"
+    line = f"{start.checkpoint} at step {start.step} of {start.horizon} ({run}); changed on resume: {changed}"
+    return line + ("; final_model.* and export/ are replaced at its end" if start.extending else "")
