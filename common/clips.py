@@ -92,6 +92,13 @@ def find_videos(directory: str | Path, images: bool = False) -> list[str]:
     )
 
 
+def holds_clips(directory: str | Path, images: bool = True) -> bool:
+    """Whether ``directory`` holds at least one video (or image) anywhere below it; stops at
+    the first, so a folder of a million clips answers at once."""
+    extensions = clip_extensions(images)
+    return any(p.suffix.lower() in extensions and not p.is_dir() for p in Path(directory).rglob("*"))
+
+
 # ----------------------------------------------------------------------------------------
 # Compact clip table (shared by forked DataLoader workers without copy-on-access)
 # ----------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import zlib
 from pathlib import Path
 
 from common.errors import UserError
+from models.atomic import atomic_write
 from models.weights import find_weights, run_folder
 
 CHECKPOINT_MANIFEST = "checkpoint.json"
@@ -157,6 +158,4 @@ def finished_info(run: Path) -> dict | None:
 def write_run_marker(run: Path, info: dict) -> None:
     """Record how ``run`` ended (``reason`` "finished"/"early_stop") or that a finished run
     is being extended (``reason`` "extending": unfinished again until its new end)."""
-    from models.atomic import atomic_write
-
     atomic_write(run / FINISHED, json.dumps(info, indent=1))

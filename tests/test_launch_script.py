@@ -114,6 +114,19 @@ def test_a_key_typo_in_a_custom_config_file_is_one_line(tmp_path):
     )
 
 
+def test_an_empty_data_folder_is_refused_before_a_run_folder_exists(tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = launch(
+        "1",
+        "scratch",
+        f"--output_dir={tmp_path / 'out'}",
+        f"--data_root={tmp_path / 'empty'}",
+        "--annotation_file=",
+        "--val_annotation_file=",
+    )
+    assert "empty holds no videos or images" in only_error_line(result) and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [

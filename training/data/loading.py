@@ -16,13 +16,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader, Dataset
 
-from common.clips import VideoClipDataset, VideoDataError, build_dataloader, stop_signals_held
+from common.clips import (
+    VideoClipDataset,
+    VideoDataError,
+    build_dataloader,
+    clip_extensions,
+    holds_clips,
+    stop_signals_held,
+)
 from common.config import TrainConfig, below, spec_of
 from common.reference_vae import ReferenceVAE
 from models.variants import VariantSpec
@@ -60,6 +68,12 @@ def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
         found.append("short_clip_policy must be 'lower_stride' or 'skip'")
     if not (config.data_root or config.annotation_file):
         found.append("set data_root (a folder of videos) or annotation_file")
+    scanned = config.data_root if not config.annotation_file else config.annotation_file
+    if scanned and Path(scanned).is_dir() and not holds_clips(scanned):  # found now, before any run folder exists
+        found.append(
+            f"{scanned} holds no videos or images ({', '.join(clip_extensions(images=True))}): point data_root "
+            "at your clips"
+        )
     return found + below(config, ("dataloader_num_workers", "frame_cache_mb"), 0)
 
 
