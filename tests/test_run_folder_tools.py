@@ -30,7 +30,8 @@ def runs(tmp_path_factory, demo_clips) -> dict[str, Path]:
     finished = train_here(tmp_path_factory.mktemp("runs"), demo_clips)
     unfinished = tmp_path_factory.mktemp("unfinished") / finished.name
     shutil.copytree(finished, unfinished)
-    for leftover in ("final_model.pth", "final_model.safetensors", "export", "checkpoints/checkpoint-4"):
+    leftovers = ("final_model.pth", "final_model.safetensors", "export", "finished.json", "checkpoints/checkpoint-4")
+    for leftover in leftovers:
         path = unfinished / leftover
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     return {"finished": finished, "unfinished": unfinished}
