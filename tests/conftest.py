@@ -60,6 +60,16 @@ def videos_dir() -> Path:
     return _require(shared_dir() / "videos", "shared video clips")
 
 
+def valid_config(tmp_path: Path, **changes):
+    """A config that passes the check: a data folder holding a clip (by its name: the check
+    reads no frames), no pretrained weights; ``changes`` on top."""
+    from common.config import TrainConfig
+
+    (tmp_path / "videos").mkdir(exist_ok=True)
+    (tmp_path / "videos" / "clip.mp4").touch()
+    return TrainConfig(data_root=str(tmp_path / "videos"), pretrained_model_path="").replace(**changes)
+
+
 def published_format_weights(variant: str, path: Path) -> Path:
     """The compat recipe's deterministic weights (``../shared/compat/recipe.py``) for
     ``variant``'s keys, saved with ``torch.save`` at ``path`` without metadata: a file as the

@@ -14,6 +14,7 @@ from common.config import TrainConfig, apply_overrides, load_config, run_prefix
 from common.errors import UserError
 from common.metrics import lpips_unavailable_reason
 from conftest import REPO_ROOT, save_tiny_vae
+from conftest import valid_config as valid
 from models.variants import get_variant
 from training.preflight import check
 
@@ -45,11 +46,6 @@ PRESETS = [
 ]
 
 
-def valid(tmp_path: Path, **changes) -> TrainConfig:
-    (tmp_path / "videos").mkdir(exist_ok=True)
-    return TrainConfig(data_root=str(tmp_path / "videos"), pretrained_model_path="").replace(**changes)
-
-
 def vae_folder(root: Path, name: str = "cogvideox", **overrides) -> str:
     """A tiny diffusers VAE of reference VAE class ``name`` saved into ``root/vae``."""
     return str(save_tiny_vae(root, name, **overrides))
@@ -63,6 +59,7 @@ def local_paths(config: TrainConfig, tmp_path: Path) -> dict[str, str]:
     changes = {}
     if config.data_root:
         (tmp_path / "videos").mkdir()
+        (tmp_path / "videos" / "clip_0000.mp4").touch()
         changes["data_root"] = str(tmp_path / "videos")
     for name in ("annotation_file", "val_annotation_file"):
         if getattr(config, name):

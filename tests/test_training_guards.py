@@ -17,6 +17,7 @@ from accelerate import Accelerator
 from common.config import TrainConfig, load_config, resolve_path
 from common.errors import UserError
 from conftest import REPO_ROOT
+from conftest import valid_config as valid
 from models.frames import group_frames, plan_frames, ungroup_frames
 from models.taehv import TAEHV
 from training.loop.monitoring import tensorboard_hparams
@@ -24,11 +25,6 @@ from training.loop.resilience import is_finite_number
 from training.preflight import check
 
 CONFIGS = REPO_ROOT / "training" / "configs"
-
-
-def valid(tmp_path, **changes) -> TrainConfig:
-    (tmp_path / "videos").mkdir(exist_ok=True)
-    return TrainConfig(data_root=str(tmp_path / "videos"), pretrained_model_path="").replace(**changes)
 
 
 def test_config_paths_resolve_from_the_repository_and_missing_ones_stop_start_up(tmp_path, monkeypatch):
