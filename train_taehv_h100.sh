@@ -28,6 +28,8 @@ Options:
   --resume PATH|NAME|latest  continue a run with its own config, --key=value changes on top
                              (latest: the newest unfinished run of this config; a finished
                              run is extended by PATH or NAME with a higher --max_train_steps)
+  --data DIR                 train on your own clips: annotates DIR (new files only), splits off a
+                             validation set and trains on them (python -m training.own_data)
   --debug                    a few verbose steps with anomaly detection and full tracebacks (into output/debug)
   --profile                  torch profiler trace of a few steps (into output/profile)
   --help                     this text
@@ -100,6 +102,10 @@ while [[ $# -gt 0 ]]; do
       EXTRA+=(--profile_steps=3 --max_train_steps=6 --validation_every=6 --checkpointing_steps=6
               --output_dir=output/profile)
       shift ;;
+    --data)
+      [[ $# -ge 2 ]] || die "--data needs a folder of videos"
+      DATA_DIR=$2; shift 2 ;;
+    --data=*) DATA_DIR=${1#--data=}; shift ;;
     --*=*) EXTRA+=("$1"); shift ;;
     --*) die "unexpected argument '$1'$(closest_option "$1") (overrides look like --key=value; see --help)" ;;
     *) die "unexpected argument '$1' (overrides look like --key=value; see --help)" ;;
@@ -108,6 +114,15 @@ done
 
 # -- pre-flight -------------------------------------------------------------------------
 if [[ -n "${PYTHON:-}" ]]; then :; elif [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+if [[ -n "${DATA_DIR:-}" ]]; then   # own videos: annotate (new files only), split, train on them with validation
+  DATA_OVERRIDES=$(mktemp)
+  # its refusals are one "error: ..." line on stderr and exit 2, as the pre-flight's
+  "$PYTHON" -m training.own_data "$DATA_DIR" --config "$CONFIG" --overrides_file "$DATA_OVERRIDES" "${EXTRA[@]}" \
+    || exit $?
+  mapfile -t DATA_ARGS < "$DATA_OVERRIDES"; rm -f "$DATA_OVERRIDES"
+  EXTRA=("${DATA_ARGS[@]}" "${EXTRA[@]}")
+  ok "data: $DATA_DIR annotated (${DATA_ARGS[*]})"
+fi
 # One Python start-up for every check (imports take seconds): exit 3 = packages missing;
 # the line "gpus=N" = the visible CUDA devices; exit 2 = a problem the user fixes (the
 # config, its paths, the resume), its message from the line "error: ..." on; another

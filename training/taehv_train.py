@@ -595,8 +595,21 @@ def finish(stop_reason: str, run: Run, stop: StopRequest, data_error: VideoDataE
         write_run_marker(
             run_dir, {"step": progress.step, "reason": stop_reason, "max_train_steps": run.config.max_train_steps}
         )
+        for what, command in next_steps(run_dir):
+            logger.info("%s: %s", what, command)
     accelerator.end_training()
     return run_dir
+
+
+def next_steps(run_dir: Path) -> list[tuple[str, str]]:
+    """The commands that evaluate and export a finished run (its folder is all they need)."""
+    return [
+        (
+            "evaluate it",
+            shlex.join(["python", "inference.py", "--model_path", str(run_dir), "--output_dir", str(run_dir / "eval")]),
+        ),
+        ("export it", shlex.join(["python", "-m", "training.export", str(run_dir), "--out", f"{run_dir.name}_tae"])),
+    ]
 
 
 def write_exit_status(status: int) -> None:

@@ -1,0 +1,74 @@
+"""Own videos in one step: what ``./train_taehv_h100.sh N PRESET --data=DIR`` runs first.
+
+It annotates DIR with ``training.make_annotations`` (probing only files it has not seen:
+a re-run over a grown folder costs only the new clips) into
+``<output_dir>/annotations/<folder>-<hash>/annotations_{train,val}.json``, split by
+make_annotations' rule (about ``--val_fraction`` 0.1 of the clips held out, whole source
+groups together; clip by clip when all are of one source), and writes the overrides that
+train on them, one per line, for the launch script. With one clip it trains without a
+validation set and says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from common.clips import clip_extensions, holds_clips
+from common.config import load_config
+from common.errors import UserError
+from common.flags import ArgumentParser
+from training import make_annotations
+
+
+def annotation_file(output_dir: str | Path, folder: Path) -> Path:
+    """Where ``folder``'s annotations go: one place per folder (its name and a hash of its
+    absolute path), so that a re-run finds its probe records and runs share one split."""
+    digest = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:8]
+    return Path(output_dir) / "annotations" / f"{folder.resolve().name}-{digest}" / "annotations.json"
+
+
+def annotate(folder: Path, output_dir: str | Path) -> list[str]:
+    """Annotate ``folder`` and return the overrides that train on it; UserError when it holds
+    no clip or none is usable."""
+    if not folder.is_dir():
+        raise UserError(f"--data {folder} is not a folder")
+    if not holds_clips(folder):
+        raise UserError(f"--data {folder} holds no videos or images ({', '.join(clip_extensions(images=True))})")
+    out = annotation_file(output_dir, folder)
+    paths = make_annotations.output_paths(out)
+    status = make_annotations.main([str(folder), "-o", str(out)])
+    kept = clip_counts(paths)
+    if status != 0 and kept["train"] > 1 and not kept["val"]:  # one source group: split clip by clip instead
+        print("note: every clip is of one source: validation clips are held out file by file (--group_regex '')")
+        status = make_annotations.main([str(folder), "-o", str(out), "--group_regex", ""])  # probes nothing again
+        kept = clip_counts(paths)
+    if not kept["train"]:
+        raise UserError(f"--data {folder}: no usable clips (the reasons are in {paths['skipped']})")
+    overrides = [f"--data_root={folder.resolve()}", f"--annotation_file={paths['train']}"]
+    if kept["val"]:
+        return [*overrides, f"--val_annotation_file={paths['val']}"]
+    print(f"note: no clip of {folder} could be held out for validation (one clip): training without validation")
+    return [*overrides, "--val_annotation_file="]
+
+
+def clip_counts(paths: dict[str, Path]) -> dict[str, int]:
+    """How many clips make_annotations wrote into the train and val files."""
+    return {part: json.loads(paths[part].read_text())["total"] for part in ("train", "val")}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = ArgumentParser(description="Annotate a folder of clips for the launch script's --data.")
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--config", required=True, help="the run's config file (for output_dir)")
+    parser.add_argument("--overrides_file", type=Path, required=True, help="where the training overrides go")
+    args, overrides = parser.parse_known_args(argv)
+    config = load_config(args.config, [o for o in overrides if o.startswith("--output_dir=")])
+    args.overrides_file.write_text("\n".join(annotate(args.folder, config.output_dir)) + "\n")
+
+
+if __name__ == "__main__":
+    from common.errors import exit_on_user_error
+
+    exit_on_user_error(main)
