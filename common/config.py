@@ -187,15 +187,25 @@ def unknown_key_message(key: str) -> str:
     return f"unknown config key {key!r}" + (f"; did you mean {close[0]!r}?" if close else "")
 
 
+def _split_override(item: str) -> tuple[str, str | None]:
+    """``--key=value`` (or ``key=value``, kebab-case too) as (key, value); value None without "="."""
+    body = item.removeprefix("--")
+    key, equals, value = body.partition("=")
+    return key.replace("-", "_"), value if equals else None
+
+
+def given_keys(overrides: list[str]) -> set[str]:
+    """The config keys that ``--key=value`` overrides set."""
+    return {_split_override(item)[0] for item in overrides}
+
+
 def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
     """Apply ``--key=value`` (or ``key=value``) strings, typed by the dataclass fields."""
     changes = {}
     for item in overrides:
-        body = item[2:] if item.startswith("--") else item
-        if "=" not in body:
+        key, value = _split_override(item)
+        if value is None:
             raise UserError(f"override {item!r} must look like --key=value")
-        key, value = body.split("=", 1)
-        key = key.replace("-", "_")
         if key not in _TYPES:
             raise UserError(unknown_key_message(key))
         changes[key] = _parse_value(key, value)
@@ -212,7 +222,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     if not path.is_file():
         raise UserError(f"config file {path} not found")
     if path.suffix == ".json":
-        return resolve_paths(apply_overrides(config_from_json(path), list(overrides)))
+        return resolve_paths(with_overrides(config_from_json(path), list(overrides)))
     try:
         namespace = runpy.run_path(str(path))
     except SyntaxError as err:
@@ -231,7 +241,31 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     config = namespace.get("config")
     if not isinstance(config, TrainConfig):
         raise UserError(f"{path} must define `config = TrainConfig(...)` (got {type(config).__name__})")
-    return with_auto_variant(resolve_paths(apply_overrides(replace(config, config_file=str(path)), list(overrides))))
+    return with_auto_variant(resolve_paths(with_overrides(replace(config, config_file=str(path)), list(overrides))))
+
+
+ANNOTATION_KEYS = ("annotation_file", "val_annotation_file")
+
+
+def with_overrides(base: TrainConfig, overrides: list[str]) -> TrainConfig:
+    """``apply_overrides``, and a ``data_root`` given alone takes the base's annotation files
+    with it: when no annotation key is given and the base's annotation files lie under the
+    base's own ``data_root``, they list the base's clips, not the new folder's, so they are
+    cleared and the new folder is scanned, without a validation set (the config check's note
+    says so and names make_annotations)."""
+    config = apply_overrides(base, overrides)
+    given = given_keys(overrides)
+    if "data_root" not in given or given & set(ANNOTATION_KEYS):
+        return config
+    if not all(isinstance(v, str) and v for v in (base.data_root, config.data_root)):
+        return config
+    base_root = resolve_path(base.data_root)
+    annotations = [resolve_path(v) for key in ANNOTATION_KEYS if isinstance(v := getattr(base, key), str) and v]
+    if resolve_path(config.data_root) == base_root or not annotations:
+        return config
+    if not all(path.is_relative_to(base_root) for path in annotations):
+        return config
+    return replace(config, **dict.fromkeys(ANNOTATION_KEYS, ""))
 
 
 UNREADABLE_CONFIG = "cannot read it as a config: give a Python config that defines `config`, or a run's config.json"

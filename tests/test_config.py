@@ -275,6 +275,32 @@ def test_paths_are_made_absolute_once_and_missing_demo_clips_name_the_command(tm
         check(config)
 
 
+def test_data_root_given_alone_drops_the_annotation_files_of_the_presets_own_folder(tmp_path):
+    """The preset's annotation files list the preset's clips: with another data_root and no
+    annotation key they are cleared (the folder is scanned, and a note says how to split it);
+    annotation keys given, the same folder, or files outside the preset's folder stay."""
+    scratch = REPO_ROOT / "training" / "configs" / "taehv_config_scratch.py"
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    config = load_config(scratch, [f"--data-root={videos}"])
+    assert (config.data_root, config.annotation_file, config.val_annotation_file) == (str(videos), "", "")
+    (note,) = [n for n in check(config) if n.startswith("no annotation file")]
+    assert f"scans data_root {videos} for clips and has no validation set" in note
+    assert f"python -m training.make_annotations {videos} -o {videos}/annotations.json" in note
+
+    given = load_config(scratch, [f"--data_root={videos}", f"--annotation_file={tmp_path / 'a.json'}"])
+    assert given.annotation_file == str(tmp_path / "a.json")
+    assert given.val_annotation_file == str(REPO_ROOT / "data" / "MiniDataset" / "annotations_val.json")
+    same = load_config(scratch, ["--data_root=data/MiniDataset"])
+    assert same.annotation_file == str(REPO_ROOT / "data" / "MiniDataset" / "annotations_train.json")
+    elsewhere = tmp_path / "elsewhere.py"
+    elsewhere.write_text(
+        "from training.configs.taehv_config_scratch import config as base\n"
+        "config = base.replace(annotation_file='/data/train.json', val_annotation_file='')\n"
+    )
+    assert load_config(elsewhere, [f"--data_root={videos}"]).annotation_file == "/data/train.json"
+
+
 @pytest.mark.parametrize("variant, frames", [("taehv", 65), ("taehv", 101), ("taecvx", 73)])
 def test_frame_counts_above_64_work_with_a_reference_vae(tmp_path, variant, frames):
     vae_folder(tmp_path)

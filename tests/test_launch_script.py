@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -32,6 +33,21 @@ def data_options(clips: dict) -> list[str]:
         f"--annotation_file={clips['train']}",
         f"--val_annotation_file={clips['val']}",
     ]
+
+
+# the from-scratch preset at the test preset's sizes: two steps on the demo clips, validation included
+TINY_SCRATCH = (
+    "--width=32",
+    "--train_batch_size=1",
+    "--mixed_precision=no",
+    "--frame_cache_mb=0",
+    "--dataloader_num_workers=0",
+    "--max_train_steps=2",
+    "--checkpointing_steps=2",
+    "--validation_every=2",
+    "--num_validation_samples=1",
+    "--log_every=1",
+)
 
 
 def only_error_line(result: subprocess.CompletedProcess) -> str:
@@ -91,6 +107,23 @@ def test_cpu_launch_runs_training(tmp_path):
     assert "[ok] config" in result.stdout and "launch:" in result.stdout
     (run,) = (tmp_path / "out").iterdir()
     assert (run / "final_model.pth").is_file()
+
+
+def test_data_root_alone_scans_that_folder_instead_of_the_presets_annotations(tmp_path, demo_clips):
+    """The scratch preset's annotation files lie in its own data folder: --data_root=DIR
+    alone trains on DIR's clips, without a validation set, and a note says how to make one."""
+    result = launch("1", "scratch", f"--data_root={demo_clips['root']}", f"--output_dir={tmp_path}", *TINY_SCRATCH)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert f"note: no annotation file: training scans data_root {demo_clips['root']} for clips" in result.stdout
+    assert f"python -m training.make_annotations {demo_clips['root']} -o" in result.stdout
+    (run,) = tmp_path.iterdir()
+    config = json.loads((run / "config.json").read_text())
+    assert (config["data_root"], config["annotation_file"], config["val_annotation_file"]) == (
+        str(demo_clips["root"]),
+        "",
+        "",
+    )
+    assert "training clips: 6" in (run / "train.log").read_text()
 
 
 def test_custom_config_path(tmp_path):

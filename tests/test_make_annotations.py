@@ -17,6 +17,7 @@ import av
 import cv2
 import numpy as np
 import pytest
+from test_launch_script import TINY_SCRATCH, launch
 
 from common.clips import ClipTable, VideoClipDataset
 from common.errors import UserError
@@ -266,6 +267,77 @@ def test_one_group_warns_with_the_command_that_splits(demo_clips, tmp_path, caps
     assert main([str(single), "-o", str(tmp_path / "b.json")]) == 1
     assert "a single clip cannot be split" in capsys.readouterr().err
     assert main([str(single), "-o", str(tmp_path / "b.json"), "--val_fraction", "0", "--force"]) == 0
+
+
+@pytest.mark.slow  # the tool's process, then two training steps through the launch script
+def test_the_summary_names_the_files_and_prints_the_command_that_trains_on_them(demo_clips, tmp_path):
+    src = clip_folder(demo_clips, tmp_path / "videos", count=6).resolve()
+    ann = tmp_path / "ann"
+    result = run_cli(str(src), "-o", str(ann / "a.json"), "--group_regex", "")
+    assert result.returncode == 0, result.stderr
+    assert (
+        f"wrote in {ann}: a_train.json (5 clips for training), a_val.json (1 clip held out for validation), "
+        "a_skipped.json (0 files left out); probe records: a_probes.jsonl"
+    ) in result.stdout
+    (command,) = [line.removeprefix("train on them: ") for line in result.stdout.splitlines() if "train on" in line]
+    words = shlex.split(command)
+    assert words == [
+        "./train_taehv_h100.sh",  # the tool ran in the repository
+        "1",
+        "scratch",
+        f"--data_root={src}",
+        f"--annotation_file={ann / 'a_train.json'}",
+        f"--val_annotation_file={ann / 'a_val.json'}",
+    ]
+    run = launch(*words[1:], f"--output_dir={tmp_path / 'out'}", *TINY_SCRATCH)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    (run_dir,) = (tmp_path / "out").iterdir()
+    assert json.loads((run_dir / "config.json").read_text())["val_annotation_file"] == str(ann / "a_val.json")
+    assert "step 2 validation: val/mse=" in (run_dir / "train.log").read_text()
+
+
+def test_a_rerun_keeps_each_clips_side_and_refuses_another_split(demo_clips, tmp_path, capsys):
+    """Clips added to a held-out source are held out with it (a fresh split would move the
+    held-out clip into training); other split settings are refused in one line before
+    anything is probed, unless --resplit; files that record no settings keep their sides."""
+    clips = sorted((demo_clips["root"] / "videos").glob("*.mp4"))
+    src = tmp_path / "videos"
+    src.mkdir()
+    for source, clip in zip("abcde", clips):
+        (src / f"{source}_0.mp4").symlink_to(clip)
+    out, val = tmp_path / "a.json", tmp_path / "a_val.json"
+    annotate(capsys, src, out, "--val_fraction", "0.2")
+    (held_out,) = [e["path"] for e in read_list(val)]
+    source = held_out.split("_")[0]
+    for i in (1, 2, 3):
+        (src / f"{source}_{i}.mp4").symlink_to(clips[5])
+    stdout = annotate(capsys, src, out, "--val_fraction", "0.2")
+    assert [e["path"] for e in read_list(val)] == [f"{source}_{i}.mp4" for i in range(4)]
+    assert "probed 3 new or changed files, reused 5" in stdout and "known clips keep their side" in stdout
+    recorded = {"val_fraction": 0.2, "seed": 0, "group_regex": DEFAULT_GROUP_REGEX}
+    assert json.loads(val.read_text())["split"] == json.loads((tmp_path / "a_train.json").read_text())["split"]
+    assert json.loads(val.read_text())["split"] == recorded
+    assert len(ClipTable.from_annotation(val, src)) == 4  # readers take the list
+
+    before = outputs(out)
+    result = run_cli(str(src), "-o", str(out), "--val_fraction", "0.5", "--seed", "1")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"error: a_val.json holds 4 clips held out by a split with --val_fraction 0.2 --seed 0 --group_regex "
+        f"{shlex.quote(DEFAULT_GROUP_REGEX)}: splitting with --val_fraction 0.5 --seed 1 instead would move "
+        "held-out clips into the training set of runs that use these files; pass --resplit to split anew, "
+        "or another -o"
+    ]
+    assert outputs(out) == before and "probed" not in result.stdout
+    assert "split anew (--resplit)" in annotate(capsys, src, out, "--val_fraction", "0.5", "--seed", "1", "--resplit")
+    assert json.loads(val.read_text())["split"]["seed"] == 1
+
+    for path in (val, tmp_path / "a_train.json"):  # as an older make_annotations wrote them
+        data = json.loads(path.read_text())
+        path.write_text(json.dumps({"total": data["total"], "list": data["list"]}))
+    held_out = read_list(val)
+    assert "a_val.json records no split settings" in annotate(capsys, src, out, "--val_fraction", "0.1")
+    assert read_list(val) == held_out
 
 
 # ----------------------------------------------------------------------------------------

@@ -2,6 +2,10 @@
 
     python -m training.make_annotations DIR -o annotations.json [--val_fraction 0.1]
 
+writes annotations_train.json, annotations_val.json and annotations_skipped.json (and the
+probe records annotations_probes.jsonl) next to ``-o``, says so with the clip counts, and
+prints the launch command that trains on them.
+
 Every video under DIR is probed once for how many frames really decode (container counts
 can be wrong), its fps and size: an intact H.264/HEVC file from its packets, anything else
 by decoding it (``common.clips.probe_video``). With ``--images`` still images (.png, .webp: the
@@ -36,14 +40,20 @@ Clips from the same source stay on the same side of the split: the group of a cl
 the first match of ``--group_regex`` on its path relative to DIR (by default its folder
 plus the file name up to the first "_" or "."), and the split is deterministic given
 ``--seed``. When the grouping leaves the validation (or training) file empty, a warning
-names the groups and gives the command that splits file by file.
+names the groups and gives the command that splits file by file. Both files record the
+split's settings (a top-level ``"split"`` key; readers take only ``"list"``). A re-run over
+them keeps each known clip's side (a new clip of a known group joins its side; only new
+groups are split), so runs that use the files never see a held-out clip in training; a
+re-run with other ``--val_fraction``, ``--seed`` or ``--group_regex`` is refused while the
+files hold clips out, unless ``--resplit``.
 
 Exit status: 0 when the files are usable for training (clips in the train file, and in the
 validation file unless ``--val_fraction 0``), or when a ``--shard`` run has recorded its
 part; 1 when they were written but are not (no usable clip, or one side of the split is
 empty; the output says why and what to run); 2 for a user's mistake, found before anything
 is probed (a flag out of range, DIR not a folder, existing output files without ``--force``,
-a malformed ``--shard``, missing or mismatched parts for ``--merge``) or when writing fails
+a split with other settings than the files record without ``--resplit``, a malformed
+``--shard``, missing or mismatched parts for ``--merge``) or when writing fails
 (no space, no permission): ``error: ...`` on stderr; 130 when stopped by Ctrl+C (the
 records so far are kept).
 """
@@ -58,7 +68,8 @@ import re
 import shlex
 import sys
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from tqdm import tqdm
@@ -92,13 +103,20 @@ def group_key(rel_path: str, pattern: re.Pattern[str] | None) -> str:
     return match.group(0) if match else rel_path
 
 
-def split_train_val(keys: Sequence[str], val_fraction: float, seed: int) -> list[bool]:
-    """``is_val`` per item: whole groups, in a seeded hash order, go to validation while
-    that brings the validation size closer to ``val_fraction`` of all items."""
+def split_train_val(
+    keys: Sequence[str], val_fraction: float, seed: int, known: Mapping[str, bool] | None = None
+) -> list[bool]:
+    """``is_val`` per item. The groups in ``known`` keep their side (a former split of the
+    same files); the others, in a seeded hash order, go to validation while that brings
+    the validation size closer to ``val_fraction`` of all items."""
+    known = known or {}
     sizes = Counter(keys)
-    order = sorted(sizes, key=lambda k: hashlib.sha256(f"{seed}:{k}".encode()).hexdigest())
+    val_groups = {k for k in sizes if known.get(k)}
+    val_size = sum(sizes[k] for k in val_groups)
+    order = sorted(
+        (k for k in sizes if k not in known), key=lambda k: hashlib.sha256(f"{seed}:{k}".encode()).hexdigest()
+    )
     target = val_fraction * len(keys)
-    val_groups, val_size = set(), 0
     for key in order:
         if abs(val_size + sizes[key] - target) < abs(val_size - target):
             val_groups.add(key)
@@ -106,10 +124,103 @@ def split_train_val(keys: Sequence[str], val_fraction: float, seed: int) -> list
     return [k in val_groups for k in keys]
 
 
-def write_annotation(path: Path, entries: Sequence[dict]) -> None:
-    """Users' format, one clip per line so that large files stay diffable."""
+@dataclass(frozen=True)
+class Split:
+    """The settings of a train/val split. The annotation files record them (their "split"
+    key), so that a re-run with other settings is caught before it moves held-out clips
+    into the training set of runs that use the files."""
+
+    val_fraction: float
+    seed: int
+    group_regex: str
+
+    @property
+    def pattern(self) -> re.Pattern[str] | None:
+        return re.compile(self.group_regex) if self.group_regex else None
+
+    def flags(self, names: Iterable[str] = ("val_fraction", "seed", "group_regex")) -> str:
+        """The command-line flags of these settings (of ``names`` only)."""
+        text = {"val_fraction": f"{self.val_fraction:g}", "seed": str(self.seed), "group_regex": self.group_regex}
+        return " ".join(f"--{name} {shlex.quote(text[name])}" for name in names)
+
+    def differences(self, other: Split) -> list[str]:
+        return [f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """The split in the train and val files a former run wrote next to ``-o``."""
+
+    split: Split | None  # None: files written before the settings were recorded
+    sides: dict[str, bool]  # path -> held out for validation
+    val_file: Path
+
+    @property
+    def held_out(self) -> int:
+        return sum(self.sides.values())
+
+
+def recorded_split(paths: dict[str, Path]) -> Recorded | None:
+    """The split the train and val files next to ``-o`` hold; None when neither exists."""
+    sides: dict[str, bool] = {}
+    split = None
+    for part in ("train", "val"):
+        if not (path := paths[part]).is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            sides |= {entry["path"]: part == "val" for entry in data["list"]}
+            if "split" in data:
+                values = data["split"]
+                split = Split(float(values["val_fraction"]), int(values["seed"]), str(values["group_regex"]))
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+            raise UserError(
+                f"cannot read the split in {path} ({type(err).__name__}: {err}): pass --resplit to split anew, "
+                "or another -o"
+            ) from None
+    if not any(paths[part].is_file() for part in ("train", "val")):
+        return None
+    return Recorded(split, sides, paths["val"])
+
+
+def kept_sides(recorded: Recorded | None, split: Split, resplit: bool) -> tuple[dict[str, bool], str]:
+    """The side of each clip of a former split that this run keeps, and how the split is
+    made, in words. Known clips keep their side under the same settings, or under settings
+    the files do not record; other settings split anew when nothing was held out, and are
+    refused otherwise (unless ``resplit``): a new split would move held-out clips into the
+    training set of the runs that use the files."""
+    if recorded is None:
+        return {}, f"split by {split.flags()}; recorded in the files: a re-run keeps each clip's side"
+    if resplit:
+        return {}, f"split anew (--resplit) by {split.flags()}"
+    if recorded.split == split:
+        return recorded.sides, f"split by {split.flags()} as recorded: known clips keep their side, new ones are split"
+    if not recorded.held_out:
+        return {}, f"split anew by {split.flags()} (the former split held no clip out)"
+    if recorded.split is None:
+        return recorded.sides, (
+            f"{recorded.val_file.name} records no split settings (an older make_annotations wrote it): "
+            f"its {count(recorded.held_out, 'clip')} stay held out, new clips are split by {split.flags()}; "
+            "--resplit splits them all anew"
+        )
+    changed = recorded.split.differences(split)
+    raise UserError(
+        f"{recorded.val_file.name} holds {count(recorded.held_out, 'clip')} held out by a split with "
+        f"{recorded.split.flags()}: splitting with {split.flags(changed)} instead would move held-out clips "
+        "into the training set of runs that use these files; pass --resplit to split anew, or another -o"
+    )
+
+
+def count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def write_annotation(path: Path, entries: Sequence[dict], split: Split | None = None) -> None:
+    """Users' format, one clip per line so that large files stay diffable; with ``split``,
+    the settings of the train/val split the file is a side of (readers take only "list")."""
+    recorded = f'"split": {json.dumps(asdict(split))}, ' if split is not None else ""
     with open(path, "w", encoding="utf-8") as f:
-        f.write(f'{{"total": {len(entries)}, "list": [\n')
+        f.write(f'{{"total": {len(entries)}, {recorded}"list": [\n')
         f.write(",\n".join(json.dumps(e, ensure_ascii=False) for e in entries))
         f.write("\n]}\n")
 
@@ -148,14 +259,12 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def split_problem(
-    paths: Sequence[str], pattern: re.Pattern[str] | None, val_fraction: float, seed: int
-) -> tuple[str, list[str]] | None:
-    """Why the split of ``paths`` leaves the validation or the training side empty while
-    ``val_fraction`` > 0, and the flags that give both sides clips ([] when none can: a
-    single clip); None when the split is usable."""
+def split_problem(paths: Sequence[str], split: Split, n_val: int) -> tuple[str, list[str]] | None:
+    """Why the split of ``paths`` that held ``n_val`` of them out leaves the validation or
+    the training side empty while ``--val_fraction`` > 0, and the flags that give both
+    sides clips ([] when none can: a single clip); None when the split is usable."""
+    pattern, val_fraction, seed = split.pattern, split.val_fraction, split.seed
     keys = [group_key(p, pattern) for p in paths]
-    n_val = sum(split_train_val(keys, val_fraction, seed))
     if val_fraction == 0 or 0 < n_val < len(paths):
         return None
     side = "validation" if n_val == 0 else "training"
@@ -186,15 +295,13 @@ def split_problem(
 
 
 def write_outputs(
-    paths: dict[str, Path],
-    records: Iterable[dict],
-    min_frames: int,
-    pattern: re.Pattern[str] | None,
-    val_fraction: float,
-    seed: int,
+    paths: dict[str, Path], records: Iterable[dict], min_frames: int, split: Split, known: Mapping[str, bool]
 ) -> tuple[list[dict], list[dict], list[dict]]:
     """Write the train, val and skipped files from the probe records; return (train, val,
-    skipped). They depend on the set of records, not on their order or on the sharding."""
+    skipped). A clip of a former split (``known``: path -> held out) keeps its side, a new
+    clip of a known group joins it (held out when any clip of the group is), and the new
+    groups are split. The files depend on the set of records and ``known``, not on the
+    records' order or on the sharding."""
     kept, skipped = [], []
     for record in records:
         entry, reason = annotation_entry(record, min_frames)
@@ -204,13 +311,20 @@ def write_outputs(
             kept.append(entry)
     kept.sort(key=lambda e: e["path"])  # workers finish in any order; the files do not depend on it
     skipped.sort(key=lambda s: s["path"])
-    is_val = split_train_val([group_key(e["path"], pattern) for e in kept], val_fraction, seed)
+    pattern = split.pattern
+    known_groups: dict[str, bool] = {}
+    for path, held_out in known.items():
+        key = group_key(path, pattern)
+        known_groups[key] = known_groups.get(key, False) or held_out
+    keys = [group_key(e["path"], pattern) for e in kept]
+    by_group = split_train_val(keys, split.val_fraction, split.seed, known_groups)
+    is_val = [known.get(e["path"], side) for e, side in zip(kept, by_group)]
     train = [e for e, v in zip(kept, is_val) if not v]
     val = [e for e, v in zip(kept, is_val) if v]
     try:
         paths["train"].parent.mkdir(parents=True, exist_ok=True)
-        write_annotation(paths["train"], train)
-        write_annotation(paths["val"], val)
+        write_annotation(paths["train"], train, split)
+        write_annotation(paths["val"], val, split)
         paths["skipped"].write_text(json.dumps({"total": len(skipped), "list": skipped}, indent=1) + "\n")
     except OSError as err:  # read-only file system, no space, no permission: the user's to fix
         raise UserError(f"cannot write the annotations next to {paths['train']}: {err.strerror or err}") from None
@@ -263,16 +377,140 @@ def probe_folder(
     return records
 
 
+@dataclass(frozen=True)
+class Annotated:
+    """What ``annotate`` wrote: the files, their clips, and how the split was made."""
+
+    root: Path
+    paths: dict[str, Path]  # absolute
+    records: str  # the probe records file(s), by name
+    what: str  # "videos", or "videos and images"
+    found: int
+    train: list[dict]
+    val: list[dict]
+    skipped: list[dict]
+    split_note: str
+    problem: tuple[str, list[str]] | None  # split_problem's
+
+
+def annotate(
+    directory: Path,
+    output: Path,
+    split: Split,
+    *,
+    min_frames: int = 1,
+    workers: int = 1,
+    probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
+    images: bool = False,
+    force: bool = False,
+    resplit: bool = False,
+    shard: tuple[int, int] | None = None,
+    merge: bool = False,
+) -> Annotated | None:
+    """Probe the files under ``directory`` and write the train, val and skipped files next to
+    ``output``: with ``shard`` only its part's records (and None is returned), with
+    ``merge`` from the parts' records (no probing). Each refusal, a UserError, comes before
+    anything is probed or written."""
+    if output.is_dir():
+        raise UserError(f"-o {output} is a folder: name a file, e.g. {output / 'annotations.json'}")
+    paths = output_paths(output.absolute())
+    root = directory.resolve()
+    if merge:
+        parts, records = read_parts(output, root)
+        what = "videos and images" if parts[0].header["images"] else "videos"
+        print(f"merged {len(parts)} probe parts: {len(records)} {what}")
+        records_name = f"the {len(parts)} parts {output.stem}_probes.shard-K-of-{len(parts)}.jsonl"
+        known, split_note = kept_sides(recorded_split(paths), split, resplit)
+    else:
+        records_file = probes_path(output, shard)
+        previous = read_probes(records_file) if records_file.exists() else None
+        if previous is not None and previous.header["dir"] != str(root):
+            if not force:
+                raise UserError(
+                    f"{records_file} holds the probes of {previous.header['dir']}, not of {root}: "
+                    "pass --force to start over, or another -o"
+                )
+            previous = None
+        ours = records_of(output, root)  # the files next to -o are this tool's for DIR
+        if shard is None and not force and not ours and (there := [p.name for p in paths.values() if p.exists()]):
+            raise UserError(
+                f"{output.parent} already holds {', '.join(there)}: pass --force to replace them, or another -o"
+            )
+        if shard is None:
+            known, split_note = kept_sides(recorded_split(paths) if ours else None, split, resplit)
+
+        rel_paths = find_videos(root, images)
+        if not rel_paths and not images and (rel_paths := find_videos(root, images=True)):
+            images = True
+            print(f"note: no videos under {root}: annotating its {len(rel_paths)} still images (one frame each)")
+        what = "videos and images" if images else "videos"
+        if shard is not None:
+            found = len(rel_paths)
+            rel_paths = [rel for rel in rel_paths if shard_of(rel, shard[1]) == shard[0]]
+            print(f"shard {shard[0]}/{shard[1]}: {len(rel_paths)} of the {found} {what} under {root}")
+        header = {
+            "make_annotations_probes": PROBES_FORMAT,
+            "dir": str(root),
+            "shard": list(shard) if shard else None,
+            "images": images,
+        }
+        try:
+            output.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"cannot write next to {output}: {err.strerror or err}") from None
+        records = probe_folder(root, rel_paths, previous, records_file, header, workers, probe_timeout, what)
+        if shard is not None:
+            return None
+        records_name = records_file.name
+
+    train, val, skipped = write_outputs(paths, records.values(), min_frames, split, known)
+    kept = sorted(e["path"] for e in train + val)
+    problem = split_problem(kept, split, len(val)) if kept else None
+    return Annotated(root, paths, records_name, what, len(records), train, val, skipped, split_note, problem)
+
+
+LAUNCH_SCRIPT = Path(__file__).resolve().parents[1] / "train_taehv_h100.sh"
+
+
+def train_command(annotated: Annotated) -> str:
+    """The launch command that trains the from-scratch preset on the annotated clips (the
+    script as ``./train_taehv_h100.sh`` when run from the repository, else its path)."""
+    script = "./" + LAUNCH_SCRIPT.name if Path.cwd().resolve() == LAUNCH_SCRIPT.parent else str(LAUNCH_SCRIPT)
+    val = annotated.paths["val"] if annotated.val else ""  # no validation set: the preset's is not used either
+    return shlex.join(
+        [
+            script,
+            "1",
+            "scratch",
+            f"--data_root={annotated.root}",
+            f"--annotation_file={annotated.paths['train']}",
+            f"--val_annotation_file={val}",
+        ]
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", type=Path, help="folder scanned recursively for videos")
-    parser.add_argument("-o", "--output", type=Path, required=True, help="e.g. annotations.json")
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        help="names the files: -o X.json writes X_train.json, X_val.json, X_skipped.json and X_probes.jsonl",
+    )
     parser.add_argument("--val_fraction", type=float, default=0.1, help="share of clips for validation")
     parser.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
     parser.add_argument(
         "--group_regex",
         default=DEFAULT_GROUP_REGEX,
         help="first match on the relative path = source group kept on one side ('' = no grouping)",
+    )
+    parser.add_argument(
+        "--resplit",
+        action="store_true",
+        help="split anew when the files next to -o hold a split made with other --val_fraction, --seed or "
+        "--group_regex (held-out clips may then move into the training set of runs that use them)",
     )
     parser.add_argument(
         "--min_frames", type=positive_int, default=1, help="skip clips with fewer decodable frames (default: 1)"
@@ -314,83 +552,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 0 <= args.val_fraction < 1:
         parser.error("--val_fraction must be in [0, 1)")
     try:
-        pattern = re.compile(args.group_regex) if args.group_regex else None
+        re.compile(args.group_regex)
     except re.error as err:
         parser.error(f"--group_regex {args.group_regex!r} is not a regular expression: {err}")
     shard = parse_shard(args.shard) if args.shard is not None else None
-    if args.output.is_dir():
-        raise UserError(f"-o {args.output} is a folder: name a file, e.g. {args.output / 'annotations.json'}")
-    paths = output_paths(args.output)
-    root = args.directory.resolve()
+    annotated = annotate(
+        args.directory,
+        args.output,
+        Split(args.val_fraction, args.seed, args.group_regex),
+        min_frames=args.min_frames,
+        workers=args.workers,
+        probe_timeout=args.probe_timeout,
+        images=args.images,
+        force=args.force,
+        resplit=args.resplit,
+        shard=shard,
+        merge=args.merge,
+    )
+    if annotated is None:
+        print(
+            f"part {shard[0]} of {shard[1]} done: once all {shard[1]} are, "
+            "run the same command with --merge instead of --shard"
+        )
+        return 0
+    return report(annotated, argv)
 
-    if args.merge:
-        parts, records = read_parts(args.output, root)
-        what = "videos and images" if parts[0].header["images"] else "videos"
-        print(f"merged {len(parts)} probe parts: {len(records)} {what}")
-    else:
-        records_file = probes_path(args.output, shard)
-        previous = read_probes(records_file) if records_file.exists() else None
-        if previous is not None and previous.header["dir"] != str(root):
-            if not args.force:
-                raise UserError(
-                    f"{records_file} holds the probes of {previous.header['dir']}, not of {root}: "
-                    "pass --force to start over, or another -o"
-                )
-            previous = None
-        if (
-            shard is None
-            and not args.force
-            and not records_of(args.output, root)
-            and (there := [p.name for p in paths.values() if p.exists()])
-        ):
-            raise UserError(
-                f"{args.output.parent} already holds {', '.join(there)}: pass --force to replace them, or another -o"
-            )
 
-        images = args.images
-        rel_paths = find_videos(root, images)
-        if not rel_paths and not images and (rel_paths := find_videos(root, images=True)):
-            images = True
-            print(f"note: no videos under {root}: annotating its {len(rel_paths)} still images (one frame each)")
-        what = "videos and images" if images else "videos"
-        if shard is not None:
-            found = len(rel_paths)
-            rel_paths = [rel for rel in rel_paths if shard_of(rel, shard[1]) == shard[0]]
-            print(f"shard {shard[0]}/{shard[1]}: {len(rel_paths)} of the {found} {what} under {root}")
-        shard_field = list(shard) if shard else None
-        header = {"make_annotations_probes": PROBES_FORMAT, "dir": str(root), "shard": shard_field, "images": images}
-        try:
-            args.output.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise UserError(f"cannot write next to {args.output}: {err.strerror or err}") from None
-        records = probe_folder(root, rel_paths, previous, records_file, header, args.workers, args.probe_timeout, what)
-        if shard is not None:
-            print(
-                f"part {shard[0]} of {shard[1]} done: once all {shard[1]} are, "
-                "run the same command with --merge instead of --shard"
-            )
-            return 0
-
-    train, val, skipped = write_outputs(paths, records.values(), args.min_frames, pattern, args.val_fraction, args.seed)
-    kept = train + val
-    print(f"found {len(records)} {what} under {root}: kept {len(kept)}, skipped {len(skipped)}")
-    print(f"train: {len(train)} clips -> {paths['train']}")
-    print(f"val:   {len(val)} clips -> {paths['val']}")
+def report(annotated: Annotated, argv: list[str]) -> int:
+    """Print what was written and what to run next; the exit status (1: nothing to train on)."""
+    train, val, skipped, paths = annotated.train, annotated.val, annotated.skipped, annotated.paths
+    kept = len(train) + len(val)
+    print(f"found {annotated.found} {annotated.what} under {annotated.root}: kept {kept}, skipped {len(skipped)}")
+    print(
+        f"wrote in {paths['train'].parent}: {paths['train'].name} ({count(len(train), 'clip')} for training), "
+        f"{paths['val'].name} ({count(len(val), 'clip')} held out for validation), "
+        f"{paths['skipped'].name} ({count(len(skipped), 'file')} left out); probe records: {annotated.records}"
+    )
+    print(annotated.split_note)
     if skipped:
         reasons = Counter(s["reason"].split(":")[0] for s in skipped)
-        print(f"skipped {counts_in_words(reasons)} -> {paths['skipped']}")
+        print(f"skipped {counts_in_words(reasons)}:")
         for s in skipped[:20]:
             print(f"  {s['path']}: {s['reason']}")
         if len(skipped) > 20:
             print(f"  ... and {len(skipped) - 20} more")
     if not kept:
-        print(f"no usable {what}: nothing to train on")
+        print(f"no usable {annotated.what}: nothing to train on")
         return 1
-    problem = split_problem(sorted(e["path"] for e in kept), pattern, args.val_fraction, args.seed)
-    if problem is not None:
-        message, flags = problem
-        # no --force: the records file next to the annotations lets the same -o be rewritten
-        again = ["python", "-m", "training.make_annotations", *argv, *flags]
+    if annotated.problem is not None:
+        message, flags = annotated.problem
+        # no --force: the records file next to the annotations lets the same -o be rewritten;
+        # --resplit where the empty side is training's: no run can have trained on it
+        resplit = ["--resplit"] if flags and val and "--resplit" not in argv else []
+        again = ["python", "-m", "training.make_annotations", *argv, *flags, *resplit]
         fix = (
             f"to fix it, run: {shlex.join(again)}"
             if flags
@@ -398,6 +612,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"warning: {message}; {fix}", file=sys.stderr)
         return 1
+    print(f"train on them: {train_command(annotated)}")
     return 0
 
 

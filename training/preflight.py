@@ -52,4 +52,4 @@ def check(config: TrainConfig) -> list[str]:
     ]
     if problems:
         raise invalid_config(problems)
-    return losses.notes(config, spec)
+    return [*losses.notes(config, spec), *loading.notes(config)]

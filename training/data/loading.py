@@ -14,6 +14,7 @@ autoencoder training without a reference VAE).
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,20 @@ def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
             "at your clips"
         )
     return found + below(config, ("dataloader_num_workers", "frame_cache_mb"), 0)
+
+
+def notes(config: TrainConfig) -> list[str]:
+    """A data folder scanned without annotation files has no validation set: the tool
+    that splits it, and prints the command that trains on the split."""
+    if config.annotation_file or config.val_annotation_file or not config.data_root:
+        return []
+    annotate = shlex.join(
+        ["python", "-m", "training.make_annotations", config.data_root, "-o", f"{config.data_root}/annotations.json"]
+    )
+    return [
+        f"no annotation file: training scans data_root {config.data_root} for clips and has no validation set; "
+        f"`{annotate}` splits them into training and validation files and prints the command that trains on them"
+    ]
 
 
 def build_datasets(config: TrainConfig) -> tuple[VideoClipDataset, VideoClipDataset | None]:
