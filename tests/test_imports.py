@@ -112,6 +112,7 @@ LAYERS = (
         "training.export",
         "training.make_annotations",
         "training.which_latents",
+        "training.own_data",
         "training.demo_data",
         "training.launch",
         "inference",

@@ -6,13 +6,15 @@ typed on the resume line are listed), and `--resume latest` never touches a fini
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_launch_script import data_options, launch, only_error_line, snapshot
+from test_launch_script import TINY_SCRATCH, data_options, launch, only_error_line, snapshot
 
+from conftest import REPO_ROOT
 from train_runs import assert_identical
 
 pytestmark = pytest.mark.slow  # the launch script starts training
@@ -129,3 +131,42 @@ def test_a_finished_run_is_resumed_only_by_path_and_only_to_extend_it(chain):
     assert "changed on resume: max_train_steps 2 -> 4, learning_rate 0.001 -> 0.0005" in (run / "train.log").read_text()
     assert json.loads((run / "finished.json").read_text())["step"] == 4
     assert json.loads((run / "config.json").read_text())["learning_rate"] == 5e-4
+
+
+def printed(log: str, label: str) -> list[str]:
+    """The command a run's log gives after ``label`` (its last occurrence), as words."""
+    (line,) = [line for line in log.splitlines() if f"{label}: " in line][-1:]
+    return shlex.split(line.split(f"{label}: ", 1)[1])
+
+
+def test_the_readme_sequence_runs_each_command_the_previous_step_printed(tmp_path, demo_clips):
+    """README, "Train on your own videos", at the smallest size: --data=DIR annotates the
+    folder and trains with a validation set; a SIGTERM (the test's stand-in for Ctrl+C)
+    saves and prints the command that resumes; that command finishes the run, whose log
+    prints the commands that evaluate and export it; both work."""
+    out = tmp_path / "out"
+    steps = ("--max_train_steps=4", "--fault_injection=sigterm@3")
+    data = f"--data={demo_clips['root']}"
+    first = succeeded(launch("1", "scratch", data, f"--output_dir={out}", *TINY_SCRATCH, *steps))
+    assert "[ok] data: " in first.stdout and "--val_annotation_file=" in first.stdout
+    (run,) = [p for p in out.iterdir() if p.name != "annotations"]
+    config = json.loads((run / "config.json").read_text())
+    assert config["val_annotation_file"].endswith("annotations_val.json")
+    resume = [word for word in printed((run / "train.log").read_text(), "Resume with") if "fault_injection" not in word]
+    assert resume[1:4] == ["1", "scratch", data]
+    succeeded(subprocess.run(["bash", *resume], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300))
+    log = (run / "train.log").read_text()
+    assert (run / "finished.json").is_file() and "val/psnr" in log
+    for label in ("evaluate it", "export it"):
+        command = printed(log, label)
+        succeeded(
+            subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                cwd=REPO_ROOT,
+                timeout=300,
+            )
+        )
+    assert json.loads((run / "eval" / "metrics.json").read_text())["samples"]
+    assert (out / f"{run.name}_tae" / "taecvx_own_latents.pth").is_file()

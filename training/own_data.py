@@ -38,7 +38,7 @@ def annotate(folder: Path, output_dir: str | Path) -> list[str]:
         raise UserError(f"--data {folder} holds no videos or images ({', '.join(clip_extensions(images=True))})")
     out = annotation_file(output_dir, folder)
     paths = make_annotations.output_paths(out)
-    status = make_annotations.main([str(folder), "-o", str(out)])
+    status = make_annotations.main([str(folder), "-o", str(out), *recorded_split(paths)])
     kept = clip_counts(paths)
     if status != 0 and kept["train"] > 1 and not kept["val"]:  # one source group: split clip by clip instead
         print("note: every clip is of one source: validation clips are held out file by file (--group_regex '')")
@@ -51,6 +51,22 @@ def annotate(folder: Path, output_dir: str | Path) -> list[str]:
         return [*overrides, f"--val_annotation_file={paths['val']}"]
     print(f"note: no clip of {folder} could be held out for validation (one clip): training without validation")
     return [*overrides, "--val_annotation_file="]
+
+
+def recorded_split(paths: dict[str, Path]) -> list[str]:
+    """The split flags this folder's files were written with (a re-run keeps their split),
+    none before its first run."""
+    split = json.loads(paths["val"].read_text()).get("split") if paths["val"].is_file() else None
+    if not split:
+        return []
+    return [
+        "--val_fraction",
+        str(split["val_fraction"]),
+        "--seed",
+        str(split["seed"]),
+        "--group_regex",
+        split["group_regex"],
+    ]
 
 
 def clip_counts(paths: dict[str, Path]) -> dict[str, int]:

@@ -602,14 +602,12 @@ def finish(stop_reason: str, run: Run, stop: StopRequest, data_error: VideoDataE
 
 
 def next_steps(run_dir: Path) -> list[tuple[str, str]]:
-    """The commands that evaluate and export a finished run (its folder is all they need)."""
-    return [
-        (
-            "evaluate it",
-            shlex.join(["python", "inference.py", "--model_path", str(run_dir), "--output_dir", str(run_dir / "eval")]),
-        ),
-        ("export it", shlex.join(["python", "-m", "training.export", str(run_dir), "--out", f"{run_dir.name}_tae"])),
-    ]
+    """The commands, run from the repository root with this interpreter, that evaluate and
+    export a finished run (its folder is all they need)."""
+    python = os.path.relpath(sys.executable) if Path(sys.executable).is_relative_to(Path.cwd()) else sys.executable
+    evaluate = [python, "inference.py", "--model_path", str(run_dir), "--output_dir", str(run_dir / "eval")]
+    export = [python, "-m", "training.export", str(run_dir), "--out", f"{run_dir}_tae"]
+    return [("evaluate it", shlex.join(evaluate)), ("export it", shlex.join(export))]
 
 
 def write_exit_status(status: int) -> None:
