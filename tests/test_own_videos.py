@@ -157,6 +157,7 @@ def test_the_readme_sequence_runs_each_command_the_previous_step_printed(tmp_pat
     succeeded(subprocess.run(["bash", *resume], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300))
     log = (run / "train.log").read_text()
     assert (run / "finished.json").is_file() and "val/psnr" in log
+    assert [p for p in (run / "logs").iterdir() if p.is_dir()] == []  # the start and the resume: one TensorBoard run
     for label in ("evaluate it", "export it"):
         command = printed(log, label)
         succeeded(
