@@ -83,21 +83,26 @@ def verified_weights(path: str | Path) -> Path:
     return weights
 
 
+def newest_intact(checkpoints: list[Path]) -> Path | None:
+    """The newest of ``checkpoints`` (oldest first) whose manifest's checksums hold;
+    incomplete or damaged ones are logged and passed over."""
+    for checkpoint in reversed(checkpoints):
+        try:
+            read_checkpoint_manifest(checkpoint, verify_checksums=True)
+        except DamagedCheckpointError as err:
+            logger.warning("skipping %s", err)
+            continue
+        return checkpoint
+    return None
+
+
 def newest_intact_checkpoint(run: Path) -> Path | None:
-    """The newest checkpoint of ``run`` whose manifest's checksums hold (incomplete or
-    damaged ones are logged and passed over), or None."""
+    """The newest intact checkpoint of ``run``, or None."""
     steps = {}
     for folder in (run / "checkpoints").glob("checkpoint-*"):
         if folder.is_dir() and (match := CHECKPOINT_NAME.match(folder.name)):
             steps[folder] = int(match.group(1))
-    for folder in sorted(steps, key=steps.get, reverse=True):
-        try:
-            read_checkpoint_manifest(folder, verify_checksums=True)
-        except DamagedCheckpointError as err:
-            logger.warning("skipping %s", err)
-            continue
-        return folder
-    return None
+    return newest_intact(sorted(steps, key=steps.get))
 
 
 def run_weights(path: str | Path) -> tuple[Path, str | None]:

@@ -52,6 +52,7 @@ from common.run_files import (
     DamagedCheckpointError,
     file_checksum,
     finished_info,
+    newest_intact,
     read_checkpoint_manifest,
 )
 from models.atomic import TMP_PREFIX, atomic_write, fsync_directory, temporary_name
@@ -118,19 +119,6 @@ def _runs_of(config: TrainConfig) -> list[Path]:
     return sorted(runs, key=lambda p: p.name, reverse=True)
 
 
-def _intact(checkpoints: list[Path]) -> Path | None:
-    """The newest of ``checkpoints`` (complete ones, oldest first) whose checksums hold;
-    damaged ones are reported and passed over."""
-    for checkpoint in reversed(checkpoints):
-        try:
-            read_checkpoint_manifest(checkpoint, verify_checksums=True)
-        except DamagedCheckpointError as err:
-            logger.warning("skipping %s", err)
-            continue
-        return checkpoint
-    return None
-
-
 def _latest(config: TrainConfig, finished_too: bool = False) -> tuple[Path, Path] | None:
     """The newest intact checkpoint of the newest of this config's runs that holds one; a
     finished run is passed over (``finished_too``: not), since continuing it would replace
@@ -138,7 +126,7 @@ def _latest(config: TrainConfig, finished_too: bool = False) -> tuple[Path, Path
     a UserError when every run that holds one is finished."""
     passed = []
     for run in _runs_of(config):
-        checkpoint = _intact(list_checkpoints(run / "checkpoints"))
+        checkpoint = newest_intact(list_checkpoints(run / "checkpoints"))
         if checkpoint is None:
             continue
         if not finished_too and (info := finished_info(run)) is not None:
@@ -173,7 +161,7 @@ def verify_intact(path: Path) -> None:
     try:
         read_checkpoint_manifest(path, verify_checksums=True)
     except DamagedCheckpointError as err:
-        older = _intact([p for p in list_checkpoints(path.parent) if checkpoint_step(p) < checkpoint_step(path)])
+        older = newest_intact([p for p in list_checkpoints(path.parent) if checkpoint_step(p) < checkpoint_step(path)])
         raise DamagedCheckpointError(
             f"{err}; " + (f"resume from {older.name}" if older else "no intact checkpoint before it: start a fresh run")
         ) from None
@@ -585,7 +573,7 @@ def save_checkpoint(
     damaged one is replaced."""
     acc = objects.accelerator
     final = directory / f"checkpoint-{step}"
-    if is_complete(final) and _intact([final]):
+    if is_complete(final) and newest_intact([final]):
         return final
 
     def write(tmp: Path) -> None:

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.config import TrainConfig, apply_overrides, resolve_paths
+from common.config import TrainConfig, apply_overrides, given_keys, resolve_paths
 from common.errors import UserError
 from common.run_files import finished_info
 from training.state.checkpoints import checkpoint_step, read_trainer_state, resolve_resume
@@ -41,15 +41,6 @@ class Start:
     changes: tuple[str, ...] = ()  # "key old -> new" for each key the resume line changed
     extending: bool = False  # a finished run trained further
     done: bool = False
-
-
-def given_keys(overrides: list[str]) -> set[str]:
-    """The config keys ``--key=value`` overrides name."""
-    keys = set()
-    for item in overrides:
-        body = item[2:] if item.startswith("--") else item
-        keys.add(body.split("=", 1)[0].replace("-", "_"))
-    return keys
 
 
 def config_for_resume(base: TrainConfig, given: list[str], saved: dict) -> tuple[TrainConfig, tuple[str, ...]]:
