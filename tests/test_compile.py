@@ -23,6 +23,7 @@ import inference
 import models.taehv as taehv_module
 from common.config import TrainConfig
 from common.errors import UserError
+from conftest import valid_config
 from models.diffusers_vae import TAEVideoVAE
 from models.taehv import TAEHV, run_chunk
 from models.variants import known_variants
@@ -233,7 +234,7 @@ def test_train_step_compiles_the_model_and_matches_eager():
 
 
 def test_config_refuses_an_unknown_compile_backend(tmp_path):
-    base = TrainConfig(variant="taehv", data_root=str(tmp_path), height=64, width=64, n_frames=9)
+    base = valid_config(tmp_path, variant="taehv", height=64, width=64, n_frames=9)
     check(base.replace(compile=True, compile_backend="aot_eager"))
     check(base.replace(compile_backend="no_such_backend"))  # only read when compile=true
     with pytest.raises(UserError, match="compile_backend='no_such_backend' is not a torch.compile backend.*inductor"):

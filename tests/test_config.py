@@ -280,8 +280,7 @@ def test_data_root_given_alone_drops_the_annotation_files_of_the_presets_own_fol
     annotation key they are cleared (the folder is scanned, and a note says how to split it);
     annotation keys given, the same folder, or files outside the preset's folder stay."""
     scratch = REPO_ROOT / "training" / "configs" / "taehv_config_scratch.py"
-    videos = tmp_path / "videos"
-    videos.mkdir()
+    videos = Path(valid(tmp_path).data_root)  # a folder holding a clip
     config = load_config(scratch, [f"--data-root={videos}"])
     assert (config.data_root, config.annotation_file, config.val_annotation_file) == (str(videos), "", "")
     (note,) = [n for n in check(config) if n.startswith("no annotation file")]
