@@ -184,8 +184,7 @@ class LatentTransform:
     @classmethod
     def from_json(cls, text: str) -> LatentTransform:
         value = json.loads(text)
-        as_tuple = lambda v: None if v is None else tuple(float(x) for x in v)  # noqa: E731
-        return cls(value["space"], float(value["scale"]), as_tuple(value["mean"]), as_tuple(value["std"]))
+        return cls(value["space"], float(value["scale"]), _floats(value["mean"]), _floats(value["std"]))
 
 
 def _floats(value: object) -> tuple[float, ...] | None:
