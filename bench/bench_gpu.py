@@ -397,7 +397,10 @@ def train_row(
     peak = PeakMemory(device)
     peak.start()
     torch.manual_seed(0)  # the same initial weights in every setting: the losses must agree
-    step = train_step(config, device, ReferenceLatents(None, cached=True), seraena=config.use_seraena)
+    # every call a window of one micro-batch with its optimizer step
+    step = train_step(
+        config.replace(gradient_accumulation_steps=1), device, ReferenceLatents(None, cached=True), config.use_seraena
+    )
     how = "eager"
     if compiled:
         if step.net.run_chunk is not taehv_module.run_chunk:
@@ -455,7 +458,9 @@ def training_rows(
     for compiled in compile_settings:
         row = {"setting": "compiled" if compiled else "eager"}
         try:
-            config = base.replace(compile=True, compile_backend=args.compile_backend) if compiled and has_key else base
+            config = (
+                base.replace(compile=str(compiled).lower(), compile_backend=args.compile_backend) if has_key else base
+            )
             row.update(train_row(args, device, config, batch, compiled, has_key, compile_kwargs))
             if rows and "first_loss" in rows[0]:
                 row["first_loss_diff_vs_eager"] = abs(row["first_loss"] - rows[0]["first_loss"])

@@ -39,13 +39,19 @@ from common.reference_vae import ReferenceVAE
 from evaluation.timing import median_seconds
 from models.taehv import TAEHV
 from training.data.loading import ReferenceLatents
-from training.loop.step import TrainStep
+from training.loop.step import TrainStep, accumulation_plugin
 
 
 def train_step(config: TrainConfig, device: torch.device, latents: ReferenceLatents, seraena: bool) -> TrainStep:
-    """The training loop's step, built the way the loop builds it (one process)."""
-    accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision=config.mixed_precision)
-    step, _ = TrainStep.build(config.replace(use_seraena=seraena), accelerator, TAEHV(variant=config.variant), latents)
+    """The training loop's step, built the way the loop builds it (one process); its windows
+    are ``config``'s ``gradient_accumulation_steps`` micro-batches."""
+    config = config.replace(use_seraena=seraena)
+    accelerator = Accelerator(
+        cpu=device.type == "cpu",
+        mixed_precision=config.mixed_precision,
+        gradient_accumulation_plugin=accumulation_plugin(config),
+    )
+    step, _ = TrainStep.build(config, accelerator, TAEHV(variant=config.variant), latents)
     step.model.train()
     return step
 
@@ -92,6 +98,7 @@ def run() -> dict:
         n_seraena_frames=args.n_seraena_frames,
         seraena_buffer_size=args.seraena_buffer,
         learning_rate=1e-4,
+        compile="false",  # eager against eager (bench_compile measures compiling)
     )
     torch.manual_seed(0)
     frames = torch.randint(0, 256, (args.batch, args.frames, 3, args.height, args.width), dtype=torch.uint8)

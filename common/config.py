@@ -69,7 +69,8 @@ class TrainConfig:
     short_clip_policy: str = "lower_stride"  # or "skip"
     max_failure_fraction: float = 0.05  # start-up probe: more bad files than this is an error
     dataloader_num_workers: int = 4
-    prefetch_factor: int = 2
+    prefetch_factor: int = 2  # batches each loader worker prepares ahead
+    prefetch_batches: int = 2  # batches a thread keeps received (on CUDA: already on the GPU) for the step
     persistent_workers: bool = True
     frame_cache_mb: int = 0  # per loader process: videos kept decoded and downscaled in memory (0: off; docs/data.md)
 
@@ -78,7 +79,7 @@ class TrainConfig:
     pretrained_model_path: str = ""  # published or our weights; empty: train from scratch
     train_encoder: bool = True  # False: decoder-only fine-tuning; the encoder (and so the latent space) stays as loaded
     decoder_bias_init: float = 0.5  # final decoder conv bias when training from scratch
-    compile: bool = False  # torch.compile the blocks (TAEHV.compile); the first steps and validations pay compilation
+    compile: str = "auto"  # torch.compile the blocks (TAEHV.compile): auto (on CUDA), true or false
     compile_backend: str = (
         "inductor"  # torch.compile backend when compile=true ("aot_eager": tracing only, for debugging)
     )
@@ -148,6 +149,10 @@ class TrainConfig:
     detect_anomaly: bool = False
     profile_steps: int = 0  # >0: write a torch profiler trace of that many steps
     fault_injection: str = ""  # tests only: e.g. "nan_loss@3:1,sigterm@5" (training/loop/resilience.py FaultPlan)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.compile, bool):  # compile=True/False (a config file, a run's config.json) means true/false
+            object.__setattr__(self, "compile", str(self.compile).lower())
 
     @property
     def validation_size(self) -> tuple[int, int]:

@@ -35,8 +35,10 @@ convolutions' ``forward``.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from fractions import Fraction
@@ -64,6 +66,8 @@ from .frames import H3_CHUNK_FRAMES, H3_DROPPED_LATENTS, H3_LEFT_PAD, FramePlan,
 from .vae_registry import file_space
 from .variants import resolve_variant, time_strides, time_switches
 from .weights import FORMAT_NAME, load_weights, read_metadata, run_config_hint
+
+logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------
 # Running a block sequence over time. The clip goes through in chunks of frames: all of a
@@ -358,12 +362,38 @@ class TAEHV(nn.Module):
         streaming): the chunk of work through one block sequence, with ``fullgraph=True``
         (the blocks have no graph break). One graph per block sequence and chunk shape
         (``dynamic=False`` unless given); ``kwargs`` go to ``torch.compile`` (``mode``,
-        ``backend``, ...). ``mode="reduce-overhead"`` replays CUDA graphs on GPUs."""
-        compiled = torch.compile(run_chunk, fullgraph=True, **{"dynamic": False, **kwargs})
+        ``backend``, ...). ``mode="reduce-overhead"`` replays CUDA graphs on GPUs.
 
-        def run(*args):  # every model, block sequence, shape and grad mode is a cache entry of run_chunk's code
-            with torch._dynamo.config.patch(recompile_limit=COMPILE_CACHE_LIMIT):
-                return compiled(*args)
+        Each compilation's time is logged (the first call of a block sequence, shape and
+        grad mode). A compilation that fails (no C compiler or Triton, a backend error)
+        leaves the model eager from then on, with one warning that says why: the results
+        are the same, only slower."""
+        compiled = torch.compile(run_chunk, fullgraph=True, **{"dynamic": False, **kwargs})
+        seen: set[tuple] = set()
+
+        def run(blocks: nn.Sequential, x: torch.Tensor, *rest):
+            # every model, block sequence, shape and grad mode is a cache entry of run_chunk's code
+            key = (id(blocks), tuple(x.shape), x.dtype, torch.is_grad_enabled())
+            started = time.perf_counter()
+            try:
+                with torch._dynamo.config.patch(recompile_limit=COMPILE_CACHE_LIMIT):
+                    out = compiled(blocks, x, *rest)
+            except torch._dynamo.exc.TorchDynamoException as err:
+                reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                logger.warning("torch.compile failed (%s: %s): running eager from now on", type(err).__name__, reason)
+                self.run_chunk = run_chunk
+                return run_chunk(blocks, x, *rest)
+            if key not in seen:
+                seen.add(key)
+                logger.info(
+                    "torch.compile: compiled a %d-block sequence for %s %s%s in %.1f s",
+                    len(blocks),
+                    "x".join(map(str, x.shape)),
+                    str(x.dtype).removeprefix("torch."),
+                    " with gradients" if key[-1] else "",
+                    time.perf_counter() - started,
+                )
+            return out
 
         self.run_chunk = run
 

@@ -14,9 +14,10 @@ from torch.utils.data import DataLoader, Dataset
 from common.clips import VideoDataError
 from common.config import TrainConfig
 from models.taehv import TAEHV
-from training.data.loading import ReferenceLatents, training_batches
+from training.data.loading import ReferenceLatents
+from training.data.prefetch import Prefetcher
 from training.loop.resilience import FaultPlan, StopRequest
-from training.loop.step import TrainStep
+from training.loop.step import TrainStep, accumulation_plugin
 from training.taehv_train import Progress
 
 FRAMES, SIZE = 5, 8
@@ -37,7 +38,7 @@ def make_step(
         **changes,
     )
     torch.manual_seed(0)
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=config.gradient_accumulation_steps)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_plugin=accumulation_plugin(config))
     train_step, _ = TrainStep.build(
         config,
         accelerator,
@@ -123,52 +124,60 @@ def test_a_signal_is_reported_at_the_step_boundary():
 
 
 def test_a_batch_that_cannot_be_loaded_drops_the_window():
-    """No backward pass for it and no optimizer step for the window; the loop saves the
-    last step and stops."""
+    """The rank whose data is gone runs placeholder clips to the window's end (so that its
+    backward passes meet the other ranks'); no optimizer step for the window; the loop
+    saves the last step and stops."""
     train_step = make_step(gradient_accumulation_steps=3)
     before, error = weights(train_step), VideoDataError("the clips are gone")
+    shapes = []
+    real_forward = train_step.forward
+    train_step.forward = lambda frames, z_ref: shapes.append(frames.shape[-1]) or real_forward(frames, z_ref)
     result = train_step(iter([batch(), error, batch()]), window=1)
-    assert result.data_failed and result.data_error is error and result.micro_batches == 2
-    assert not result.applied and result.skip_reason is None and result.grad_norm is None
+    assert result.data_failed and result.data_error is error and result.micro_batches == 3
+    assert shapes == [SIZE, 8, 8]  # the batch, then a placeholder for the lost one and for the rest of the window
+    assert not result.applied and result.skip_reason is None and result.grad_norm is None and result.losses == []
     assert not changed(before, train_step)
+    assert all(p.grad is None for p in train_step.net.parameters())
 
 
 class Clips(Dataset):
-    """Tiny clips in order; the clip at ``missing`` cannot be read, as when the files are deleted."""
+    """Tiny clips in order; clip ``missing`` cannot be read from its second reading on, as
+    when the files are deleted during the second epoch."""
 
-    def __init__(self, count: int):
-        self.count, self.missing = count, None
+    def __init__(self, count: int, missing: int):
+        self.count, self.missing, self.reads = count, missing, 0
 
     def __len__(self) -> int:
         return self.count
 
     def __getitem__(self, index: int) -> dict:
         if index == self.missing:
-            raise VideoDataError(f"clip {index} is gone")
+            self.reads += 1
+            if self.reads > 1:
+                raise VideoDataError(f"clip {index} is gone")
         return {"frames": torch.full((FRAMES, 3, SIZE, SIZE), index, dtype=torch.uint8), "failures": 0}
 
 
 def test_windows_follow_the_epochs_and_a_failed_one_is_given_back():
-    """Accelerate ends a window at its epoch's last batch: windows of 2 over 5 batches take
-    2, 2 and 1 of them, and the next epoch starts with the next window. The run's position
-    counts the batches taken; a window whose batch cannot be loaded gives them back."""
+    """A window ends at its epoch's last batch: windows of 2 over 5 batches take 2, 2 and 1
+    of them, and the next epoch starts with the next window. The run's position counts the
+    batches taken, not those the prefetching thread fetched ahead; a window whose batch
+    cannot be loaded gives them back."""
     train_step = make_step(gradient_accumulation_steps=2)
-    clips, progress = Clips(5), Progress()
-    loader = train_step.accelerator.prepare(DataLoader(clips, batch_size=1))
-    batches = training_batches(loader, train_step.accelerator, progress)
+    progress = Progress()
+    loader = train_step.accelerator.prepare(DataLoader(Clips(5, missing=4), batch_size=1))
+    batches = Prefetcher(loader, train_step.accelerator, progress)
     try:
         seen = []
-        for _ in range(4):
+        for _ in range(5):
             result = train_step(batches, progress.window)
             progress.count(result)
             seen.append((result.micro_batches, progress.epoch, progress.batch_in_epoch, progress.step))
-        assert seen == [(2, 0, 2, 1), (2, 0, 4, 2), (1, 0, 5, 3), (2, 1, 2, 4)]
-        clips.missing = 4  # the loader reads one batch ahead: clip 4 fails the window's second batch
-        result = train_step(batches, progress.window)
-        progress.count(result)
-        assert result.data_failed and result.micro_batches == 2
-        assert (progress.epoch, progress.batch_in_epoch, progress.step, progress.skipped_steps) == (1, 2, 4, 0)
+        # the loader reads one batch ahead: clip 4 of epoch 1 fails the batch of clip 3, the window's second
+        assert seen == [(2, 0, 2, 1), (2, 0, 4, 2), (1, 0, 5, 3), (2, 1, 2, 4), (2, 1, 2, 4)]
+        assert result.data_failed and progress.skipped_steps == 0
     finally:
+        batches.close()
         GradientState._reset_state()  # the loader that failed is still registered as iterating
 
 

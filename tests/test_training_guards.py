@@ -21,7 +21,7 @@ from conftest import valid_config as valid
 from models.frames import group_frames, plan_frames, ungroup_frames
 from models.taehv import TAEHV
 from training.loop.monitoring import tensorboard_hparams
-from training.loop.resilience import is_finite_number
+from training.loop.resilience import WindowTrouble
 from training.preflight import check
 
 CONFIGS = REPO_ROOT / "training" / "configs"
@@ -82,9 +82,17 @@ def test_inputs_follow_the_dtype_of_low_precision_weights():
     assert losses["loss"].dtype == torch.float32 and bool(torch.isfinite(losses["loss"]))
 
 
-def test_grad_norms_are_checked_as_floats_or_tensors():
-    assert is_finite_number(1.0) and is_finite_number(torch.tensor(2.0)) and is_finite_number(None)
-    assert not is_finite_number(float("inf")) and not is_finite_number(torch.tensor(float("nan")))
+def test_a_window_settles_its_gradient_norm_as_a_float_or_a_tensor_and_names_its_problem():
+    def settled(grad_norm, loss=1.0, out_of_memory=False):
+        trouble = WindowTrouble(torch.device("cpu"))
+        trouble.out_of_memory = out_of_memory
+        trouble.add_loss(torch.tensor(loss))
+        return trouble.settle(False, grad_norm)
+
+    assert all(settled(norm).problem is None for norm in (1.0, torch.tensor(2.0), None))
+    assert settled(float("inf")).problem == settled(torch.tensor(float("nan"))).problem == "non-finite gradient"
+    assert settled(1.0, loss=float("nan")).problem == "non-finite loss"
+    assert settled(float("nan"), loss=float("nan"), out_of_memory=True).problem == "out of memory"
 
 
 def test_19_frames_are_refused_with_a_reference_vae_and_aligned_without(tmp_path):

@@ -53,7 +53,8 @@ from common.reference_vae import ReferenceVAE
 from common.run_files import write_run_marker
 from models.latent_spaces import OWN
 from training.data.latent_scale_check import check_at_start
-from training.data.loading import TrainingData, build_train_loader, build_training_data, training_batches
+from training.data.loading import TrainingData, build_train_loader, build_training_data
+from training.data.prefetch import Prefetcher
 from training.export import BUNDLE_FOLDER, write_bundle
 from training.loop.best_model import BestTracker
 from training.loop.distributed import process_group_backend, process_state
@@ -62,7 +63,7 @@ from training.loop.memory import check_fits
 from training.loop.monitoring import Monitor
 from training.loop.optimisation import parse_duration
 from training.loop.resilience import FaultPlan, StopRequest, agree, broadcast_flag
-from training.loop.step import StepResult, TrainStep, build_model
+from training.loop.step import StepResult, TrainStep, accumulation_plugin, build_model
 from training.loop.time_budget import TimeBudget
 from training.loop.validation import ValidationDataError, validate
 from training.preflight import check
@@ -174,7 +175,7 @@ def make_accelerator(config: TrainConfig, run_dir: Path) -> Accelerator:
         os.environ[env] = str(value)  # DeepSpeed's plugin reads these
     backend = process_group_backend()
     return Accelerator(
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        gradient_accumulation_plugin=accumulation_plugin(config),
         mixed_precision=config.mixed_precision,
         log_with="tensorboard",
         project_dir=str(run_dir),
@@ -436,9 +437,8 @@ def train(
         )
         accelerator.end_training()
         return run_dir
-    monitor = Monitor(accelerator, config, run_dir, progress.step)
+    monitor = Monitor(accelerator, config, run_dir, progress.step, train_step.idle)
     run = Run(config, run_dir, train_step, progress, tracker, monitor, faults, data.val, ref_vae)
-    samples_per_step = config.train_batch_size * config.gradient_accumulation_steps * accelerator.num_processes
     progress_bar = tqdm(
         total=budget.last_step,
         initial=progress.step,
@@ -447,8 +447,28 @@ def train(
         disable=not accelerator.is_local_main_process,
     )
     profiler = monitor.profiler()
-    batches = training_batches(loader, accelerator, progress)  # from where the run is, epoch after epoch
+    # from where the run is, epoch after epoch, received while the step computes
+    batches = Prefetcher(loader, accelerator, progress, config.prefetch_batches)
+    try:
+        stop_reason, data_error = train_windows(run, batches, budget, progress_bar, profiler)
+    finally:
+        batches.close()
 
+    if profiler is not None:
+        profiler.stop()
+    progress_bar.close()
+    return finish(stop_reason, run, stop, data_error)
+
+
+def train_windows(
+    run: Run, batches: Prefetcher, budget: TimeBudget, progress_bar: tqdm, profiler: torch.profiler.profile | None
+) -> tuple[str, VideoDataError | None]:
+    """The loop: each pass trains one accumulation window, then logs, validates and
+    checkpoints at their intervals and decides whether to stop; returns why it stopped
+    (and the data error when the data went away)."""
+    config, train_step, progress, monitor = run.config, run.train_step, run.progress, run.monitor
+    accelerator = train_step.accelerator
+    samples_per_step = config.train_batch_size * config.gradient_accumulation_steps * accelerator.num_processes
     stop_reason = "finished" if progress.step >= budget.last_step else None
     data_error: VideoDataError | None = None
     train_step.model.train()
@@ -486,7 +506,7 @@ def train(
                 loss=f"{logs['train/loss']:.4f}", **({} if psnr is None else {"psnr": f"{psnr:.2f}"})
             )
         early_stop = False
-        if data.val is not None and (step % config.validation_every == 0 or last):
+        if run.val_set is not None and (step % config.validation_every == 0 or last):
             try:
                 early_stop = run.validate(last)
             except ValidationDataError as err:  # raised on every rank together; the step is saved by finish
@@ -509,10 +529,7 @@ def train(
             progress_bar.total = planned
             progress_bar.refresh()
         stop_reason = "early_stop" if early_stop else "signal" if result.stop_requested else None
-    if profiler is not None:
-        profiler.stop()
-    progress_bar.close()
-    return finish(stop_reason, run, stop, data_error)
+    return stop_reason, data_error
 
 
 @torch.no_grad()

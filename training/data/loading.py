@@ -3,7 +3,7 @@ reference latents come from.
 
     data = build_training_data(config, ref_vae)   # probes the clips, opens the latent cache
     loader = build_train_loader(data.train, config, device)
-    batches = training_batches(loader, accelerator, progress)  # epoch after epoch, from where the run is
+    batches = Prefetcher(loader, accelerator, progress)  # training.data.prefetch: from where the run is
     z_ref = data.latents(batch, frames, generator)  # in the training step
 
 The latents come from exactly one source, decided here once: the latent cache (its
@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from accelerate import Accelerator
 from torch.utils.data import DataLoader, Dataset
 
 from common.clips import (
@@ -75,7 +74,11 @@ def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
             f"{scanned} holds no videos or images ({', '.join(clip_extensions(images=True))}): point data_root "
             "at your clips"
         )
-    return found + below(config, ("dataloader_num_workers", "frame_cache_mb"), 0)
+    return [
+        *found,
+        *below(config, ("dataloader_num_workers", "frame_cache_mb"), 0),
+        *below(config, ("prefetch_batches",), 1),
+    ]
 
 
 def notes(config: TrainConfig) -> list[str]:
@@ -210,23 +213,3 @@ class DataPosition(Protocol):
 
     epoch: int
     batch_in_epoch: int  # micro-batches of this epoch already taken (per process)
-
-
-def training_batches(
-    loader: DataLoader, accelerator: Accelerator, position: DataPosition
-) -> Iterator[dict | VideoDataError]:
-    """The prepared training loader's batches from ``position`` on, epoch after epoch, with
-    ``position`` kept up to date: a batch counts once it is taken, and the next epoch starts
-    only when a batch after the epoch's last one is asked for (a run saved after the last
-    window of an epoch resumes at its end). The iteration ends after a VideoDataError
-    (``batches_until_data_error``)."""
-    while True:
-        loader.set_epoch(position.epoch)  # the sampler's permutation and the dataset's draws follow the epoch
-        epoch = accelerator.skip_first_batches(loader, position.batch_in_epoch) if position.batch_in_epoch else loader
-        for batch in batches_until_data_error(epoch):
-            position.batch_in_epoch += 1
-            yield batch
-            if isinstance(batch, VideoDataError):
-                return
-        position.epoch += 1
-        position.batch_in_epoch = 0

@@ -27,8 +27,10 @@ WORKER_FRAMES_PER_SECOND = 90.0
 # share of the bf16 peak the TAE's training step reached: the 1gpu_h100 preset's plain
 # step on an H200, 17.4 TFLOP per micro-batch in about 0.1 s
 STEP_SHARE_OF_PEAK = 0.18
-# dense bf16 tensor-core peaks (FLOP/s) by a name fragment of torch.cuda.get_device_name
+# dense bf16 tensor-core peaks (FLOP/s) by a name fragment of torch.cuda.get_device_name (SXM parts);
+# fp16's is the same, and fp32 training runs its convolutions in TF32 (cuDNN's default in PyTorch), at half
 BF16_PEAK = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12}
+PEAK_SHARE = {"bf16": 1.0, "fp16": 1.0, "no": 0.5}  # of the bf16 peak, by mixed_precision
 
 
 @functools.lru_cache(maxsize=8)
@@ -48,9 +50,10 @@ def forward_flops(
     return counter.get_total_flops()
 
 
-def step_frames_per_second(config: TrainConfig, peak_flops: float) -> float:
-    """Frames per second one GPU of ``peak_flops`` (bf16) trains on at ``config``'s micro-batch."""
-    flops = 3 * forward_flops(
+def micro_batch_flops(config: TrainConfig) -> int:
+    """FLOPs of one micro-batch's training forward and backward pass (the backward counted
+    as twice the forward; Seraena's discriminator and the reference VAE not included)."""
+    return 3 * forward_flops(
         config.variant,
         config.train_batch_size,
         config.n_frames,
@@ -59,15 +62,26 @@ def step_frames_per_second(config: TrainConfig, peak_flops: float) -> float:
         uses_reference(config),
         decodes_own_latents(config),
     )
-    return config.train_batch_size * config.n_frames * STEP_SHARE_OF_PEAK * peak_flops / flops
 
 
-def local_gpu() -> tuple[str, float] | None:
-    """(name, bf16 peak FLOP/s) of this machine's first GPU, when it is one of ``BF16_PEAK``."""
+def step_frames_per_second(config: TrainConfig, peak_flops: float) -> float:
+    """Frames per second one GPU of ``peak_flops`` (bf16) trains on at ``config``'s micro-batch."""
+    return config.train_batch_size * config.n_frames * STEP_SHARE_OF_PEAK * peak_flops / micro_batch_flops(config)
+
+
+def local_gpu(index: int = 0) -> tuple[str, float] | None:
+    """(name, bf16 peak FLOP/s) of this machine's GPU ``index``, when it is one of ``BF16_PEAK``."""
     if not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name(0)
+    name = torch.cuda.get_device_name(index)
     return next(((name, peak) for fragment, peak in BF16_PEAK.items() if fragment in name), None)
+
+
+def peak_flops(device: torch.device, mixed_precision: str) -> float | None:
+    """The dense tensor-core peak (FLOP/s) that training in ``mixed_precision`` can reach on
+    ``device``; None on a CPU or an unknown GPU (MFU is then not reported)."""
+    gpu = local_gpu(device.index or 0) if device.type == "cuda" else None
+    return None if gpu is None else gpu[1] * PEAK_SHARE[mixed_precision]
 
 
 def feed_notes(config: TrainConfig, gpu: tuple[str, float] | None = None) -> list[str]:

@@ -1,7 +1,16 @@
-"""TensorBoard scalars, image strips and the profiler for the training loop.
+"""TensorBoard scalars, the log line, image strips and the profiler for the training loop.
 
-Loss terms are summed as tensors between log steps (no host sync per step) and averaged
-across ranks only when logged.
+Loss terms and failure counts are summed as tensors between log steps (no host sync per
+step) and averaged across ranks only when logged. What the log step reports about speed:
+
+- ``train/samples_per_second``: clips trained per second of wall time, all ranks;
+- ``train/data_wait``: the share of wall time the step waited for a batch that was not
+  ready (the prefetching thread and the loader workers should make it ~0);
+- ``train/gpu_idle`` (CUDA): the share of wall time the GPU had no training work queued
+  (``IdleClock``); validation and checkpoints count as idle, so look at it between them;
+- ``train/tflops``: the TAE's training FLOPs (``training.loop.feed.micro_batch_flops``, a
+  meta-device count) per second, and ``train/mfu`` that rate over the GPU's dense peak for
+  the run's precision (known GPUs only).
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import torch
 from accelerate import Accelerator
 
 from common.config import TrainConfig, below
+from training.loop.feed import micro_batch_flops, peak_flops
 
 if TYPE_CHECKING:
     from training.loop.step import StepResult
@@ -58,9 +68,69 @@ def memory_peaks_gb(device: torch.device) -> dict[str, float]:
     return peaks
 
 
+def speed_line(logs: dict[str, float]) -> str:
+    """The log line of a log step: the loss and what the run's speed is made of."""
+    parts = [f"loss {logs['train/loss']:.4f}"]
+    parts.append(f"{logs['train/samples_per_second']:.2f} clips/s")
+    parts.append(f"data wait {logs['train/data_wait']:.0%}")
+    if "train/gpu_idle" in logs:
+        parts.append(f"GPU idle {logs['train/gpu_idle']:.0%}")
+    parts.append(f"{logs['train/tflops']:.3g} TFLOP/s")
+    if "train/mfu" in logs:
+        parts.append(f"MFU {logs['train/mfu']:.1%}")
+    return ", ".join(parts)
+
+
+class IdleClock:
+    """Seconds the GPU had no training work queued, from CUDA events (nothing to measure on
+    a CPU). ``pause()`` where the host stops queueing work (at a window's end, before
+    waiting for a batch or reading a result), ``resume()`` where it queues again: the pause
+    event completes when the GPU runs out of work, the resume event as soon as it is queued,
+    so the time between them is the GPU's idle time (none when the host came back first)."""
+
+    def __init__(self, device: torch.device):
+        self.enabled = device.type == "cuda"
+        self._paused: torch.cuda.Event | None = None
+        self._gaps: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def _event(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def pause(self) -> None:
+        if self.enabled and self._paused is None:
+            self._paused = self._event()
+
+    def resume(self) -> None:
+        if self._paused is not None:
+            self._gaps.append((self._paused, self._event()))
+            self._paused = None
+
+    def take_seconds(self) -> float | None:
+        """The idle seconds of the gaps closed since the last call; None on a CPU. Waits for
+        the last gap's end to reach the GPU (called at log steps)."""
+        if not self.enabled:
+            return None
+        gaps, self._gaps = self._gaps, []
+        if gaps:
+            gaps[-1][1].synchronize()
+        return sum(start.elapsed_time(end) for start, end in gaps) / 1000
+
+
 class Monitor:
-    def __init__(self, accelerator: Accelerator, config: TrainConfig, run_dir: Path, start_step: int = 0):
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        config: TrainConfig,
+        run_dir: Path,
+        start_step: int = 0,
+        idle: IdleClock | None = None,
+    ):
         self.accelerator, self.config, self.run_dir = accelerator, config, run_dir
+        self.idle = idle or IdleClock(accelerator.device)
+        self.flops_per_micro_batch = micro_batch_flops(config)
+        self.peak_flops = peak_flops(accelerator.device, config.mixed_precision)
         # One TensorBoard run per training run: Accelerate's own hyperparameter logging writes into a new
         # time-stamped folder at every start (TensorBoard shows each as another run), so the hyperparameters go
         # into the run's folder itself, once, at its first start.
@@ -73,6 +143,7 @@ class Monitor:
         self._failures = torch.zeros((), dtype=torch.long)
         self._last_step, self._since = start_step, time.perf_counter()
         self._data_wait = 0.0  # seconds spent waiting for batches since the last log
+        self._micro_batches = 0  # trained since the last log (skipped windows included: they computed)
         self.total_failures = 0
         self.last_psnr: float | None = None  # none before the first validation
 
@@ -85,7 +156,8 @@ class Monitor:
                 self._sums[name] = self._sums.get(name, 0) + value.detach().float()
             self._count += 1
         self._data_wait += result.data_wait
-        self._failures += result.failures.sum().cpu()
+        self._micro_batches += result.micro_batches
+        self._failures = self._failures + result.failures  # on the device until logged
 
     def log_skipped(self, step: int, total: int) -> None:
         """``train/skipped_steps``: steps skipped on every rank so far."""
@@ -94,19 +166,28 @@ class Monitor:
     def log_train(self, step: int, lr: float, grad_norm, samples_per_step: int) -> dict[str, float]:
         acc = self.accelerator
         names = sorted(self._sums)
-        elapsed = time.perf_counter() - self._since
-        # the loss terms and this rank's share of wall time spent waiting for data, averaged over ranks
-        data_wait = torch.tensor(min(self._data_wait / max(elapsed, 1e-9), 1.0), device=acc.device)
-        means = torch.stack([*(self._sums[n].to(acc.device) / max(self._count, 1) for n in names), data_wait])
-        *means, data_wait = acc.reduce(means, reduction="mean").tolist()
-        failures = int(acc.reduce(self._failures.to(acc.device), reduction="sum").item())
+        elapsed = max(time.perf_counter() - self._since, 1e-9)
+        idle = self.idle.take_seconds()
+        # the loss terms and this rank's speed figures, averaged over ranks
+        rates = {
+            "train/data_wait": min(self._data_wait / elapsed, 1.0),
+            "train/tflops": self._micro_batches * self.flops_per_micro_batch / elapsed / 1e12,
+            **({} if idle is None else {"train/gpu_idle": min(idle / elapsed, 1.0)}),
+        }
+        rate_values = torch.tensor(list(rates.values()), device=acc.device)
+        loss_means = [self._sums[n].to(acc.device) / max(self._count, 1) for n in names]
+        means = torch.cat([torch.stack(loss_means), rate_values]) if names else rate_values
+        values = acc.reduce(means, reduction="mean").tolist()  # a log step's reads: its scalars, ...
+        failures = int(acc.reduce(self._failures.to(acc.device), reduction="sum").item())  # ... the bad clips
         self.total_failures += failures
-        logs = {f"train/{n}": float(v) for n, v in zip(names, means)}
+        logs = {f"train/{n}": v for n, v in zip(names, values)}
+        logs.update(zip(rates, values[len(names) :]))
+        if self.peak_flops is not None:
+            logs["train/mfu"] = logs["train/tflops"] * 1e12 / self.peak_flops
         logs.update(
             {
-                "train/data_wait": data_wait,
                 "train/learning_rate": lr,
-                "train/samples_per_second": (step - self._last_step) * samples_per_step / max(elapsed, 1e-9),
+                "train/samples_per_second": (step - self._last_step) * samples_per_step / elapsed,
                 "train/data_failures": float(self.total_failures),
                 **memory_peaks_gb(acc.device),
             }
@@ -114,8 +195,9 @@ class Monitor:
         if grad_norm is not None:
             logs["train/gradient_norm"] = float(grad_norm)
         acc.log(logs, step=step)
+        logger.info("step %d: %s", step, speed_line(logs))
         self._sums, self._count, self._failures, self._data_wait = {}, 0, torch.zeros((), dtype=torch.long), 0.0
-        self._last_step, self._since = step, time.perf_counter()
+        self._micro_batches, self._last_step, self._since = 0, step, time.perf_counter()
         return logs
 
     def log_validation(self, step: int, metrics: dict, last: bool) -> None:

@@ -1,15 +1,16 @@
 """Stopping and skipping the same way on every rank.
 
 A rank that skips a backward pass or leaves the loop on its own hangs the others in the
-next collective (an NCCL timeout). So every decision here is taken together:
-each rank contributes its local flags (a signal arrived, the loss is not finite, the
-forward pass ran out of memory) and all ranks act on the maximum.
+next collective (an NCCL timeout). So every decision here is taken together: each rank
+contributes its local flags (a signal arrived, a loss is not finite, a forward pass ran
+out of memory, its batch could not be loaded) and all ranks act on the maximum, read once
+at the end of the accumulation window (``WindowTrouble``).
 
-A bad micro-batch is not skipped by leaving out its backward pass: every rank still runs
-one, on a loss multiplied by NaN, so the gradient collectives (DDP buckets, ZeRO
-reduce-scatter) happen in the same order everywhere; the resulting non-finite gradient
-norm then makes every rank skip the optimizer step (DeepSpeed's own overflow check does
-the same inside its step).
+A bad micro-batch is not skipped by leaving out its backward pass: its rank still runs
+one, on its NaN loss or on a placeholder clip's loss multiplied by NaN, so the gradient
+collectives (DDP buckets, ZeRO reduce-scatter) happen in the same order everywhere and
+spread the NaN to every rank's gradients; the agreed flags then make every rank skip the
+optimizer step.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -89,16 +91,60 @@ def broadcast_flag(flag: bool, device: torch.device) -> bool:
     return bool(tensor.item())
 
 
-def is_finite_number(value) -> bool:
-    """True for a finite float or 0-dim tensor (grad norms come as either)."""
-    if value is None:
-        return True
-    return math.isfinite(float(value))
-
-
 def poisoned(loss: torch.Tensor) -> torch.Tensor:
     """The same graph with NaN gradients everywhere: backward still runs every collective."""
     return loss * float("nan")
+
+
+class Settled(NamedTuple):
+    """What some rank's micro-batches of a window ran into, as every rank reads it."""
+
+    out_of_memory: bool
+    data_failed: bool
+    stop_requested: bool
+    nonfinite_loss: bool
+    nonfinite_gradient: bool
+
+    @property
+    def problem(self) -> str | None:
+        """Why the window's optimizer step is skipped on every rank (lost data aside)."""
+        if self.out_of_memory:
+            return "out of memory"
+        if self.nonfinite_loss:
+            return "non-finite loss"
+        return "non-finite gradient" if self.nonfinite_gradient else None
+
+
+class WindowTrouble:
+    """What this rank's micro-batches of one accumulation window ran into, kept where it was
+    found until the window ends: the host knows its own out-of-memory errors, lost data and
+    stop signal, the device whether each loss was finite. ``settle`` agrees them over the
+    ranks in one small all-reduce and reads them: the window's one device-to-host read, so
+    the host never waits for the device in the middle of a window."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.out_of_memory = self.data_failed = False
+        self.nonfinite_loss = torch.zeros((), dtype=torch.bool, device=device)
+
+    def add_loss(self, loss: torch.Tensor) -> None:
+        self.nonfinite_loss = self.nonfinite_loss | ~torch.isfinite(loss.detach())
+
+    def settle(self, stop_requested: bool, grad_norm: torch.Tensor | float | None = None) -> Settled:
+        flags = torch.zeros(5, device=self.device)
+        for i, flag in enumerate((self.out_of_memory, self.data_failed, stop_requested)):
+            if flag:  # a fill on the device: a tensor made from host values would wait for the device's queue
+                flags[i] = 1.0
+        flags[3] = self.nonfinite_loss
+        if isinstance(grad_norm, torch.Tensor):
+            flags[4] = ~torch.isfinite(grad_norm)
+        elif grad_norm is not None and not math.isfinite(grad_norm):  # DeepSpeed reports a float
+            flags[4] = 1.0
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        # The one read per window: the host must know whether to step the optimizer, the
+        # schedule and the EMA weights, and whether to stop.
+        return Settled(*(value > 0 for value in flags.tolist()))
 
 
 def problems(config: TrainConfig) -> list[str]:

@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import GradientAccumulationPlugin
 from diffusers.training_utils import EMAModel
 from torch.utils.data import DataLoader
 
@@ -39,10 +40,12 @@ from common.config import TrainConfig
 from models.seraena import Seraena
 from models.taehv import TAEHV, AutoencoderOutput
 from training.data.loading import ReferenceLatents
+from training.data.prefetch import Fetched
 from training.loop.adversarial import build_seraena, seraena_loss
 from training.loop.losses import compute_losses
-from training.loop.optimisation import LearningRateSchedule
-from training.loop.resilience import FaultPlan, StopRequest, agree, is_finite_number, poisoned
+from training.loop.monitoring import IdleClock
+from training.loop.optimisation import LearningRateSchedule, compiles
+from training.loop.resilience import FaultPlan, Settled, StopRequest, WindowTrouble, poisoned
 from training.state.checkpoints import TrainingObjects
 
 logger = logging.getLogger(__name__)
@@ -105,21 +108,12 @@ def training_forward(
     return Forward(out, targets, losses)
 
 
-class MicroBatch(NamedTuple):
-    """What one micro-batch's forward and backward pass did, as every rank agreed."""
-
-    losses: dict[str, torch.Tensor] | None  # its detached loss terms; None when it made its window a skip
-    problem: str | None  # why its window must be skipped on every rank ("out of memory", "non-finite loss")
-    stop_requested: bool  # SIGTERM/SIGINT arrived on some rank
-    data_failed: bool  # some rank could not load its batch: no rank ran a backward pass
-
-
 class StepResult(NamedTuple):
     """What one accumulation window did: what the loop counts and logs."""
 
     applied: bool  # the window's optimizer step was taken, on every rank
     skip_reason: str | None  # why the window was skipped on every rank (not applied, data intact)
-    losses: list[dict[str, torch.Tensor]]  # the detached loss terms of each micro-batch that made no skip
+    losses: list[dict[str, torch.Tensor]]  # the detached loss terms of its micro-batches; none when skipped
     grad_norm: torch.Tensor | float | None  # the window's gradient norm (None when the data failed)
     stop_requested: bool  # SIGTERM/SIGINT arrived on some rank: stop at this step boundary
     micro_batches: int  # how many micro-batches the window took from ``batches`` (a failed one included)
@@ -127,6 +121,12 @@ class StepResult(NamedTuple):
     failures: torch.Tensor  # clips the dataset had to replace in them (bad files)
     data_failed: bool = False  # some rank could not load its batch: the window was dropped on every rank
     data_error: VideoDataError | None = None  # why, when it was this rank's batch
+
+
+def accumulation_plugin(config: TrainConfig) -> GradientAccumulationPlugin:
+    """Windows of ``gradient_accumulation_steps`` micro-batches whose ends the step decides
+    (``TrainStep.accumulate``), for the Accelerator that runs it."""
+    return GradientAccumulationPlugin(num_steps=config.gradient_accumulation_steps, sync_with_dataloader=False)
 
 
 class TrainStep:
@@ -145,6 +145,8 @@ class TrainStep:
         stop: StopRequest,
         frozen: dict[str, torch.Tensor] | None = None,
     ):
+        if accelerator.gradient_state.sync_with_dataloader and config.gradient_accumulation_steps > 1:
+            raise ValueError("TrainStep ends its windows: build the Accelerator with accumulation_plugin(config)")
         self.config, self.accelerator = config, accelerator
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.latents, self.faults, self.stop = latents, faults, stop
@@ -172,6 +174,7 @@ class TrainStep:
             {"seraena": self.seraena} if self.seraena is not None else {},
             frozen,
         )
+        self.idle = IdleClock(accelerator.device)  # what the monitor reports as train/gpu_idle
         self.input_dtype = next(self.net.parameters()).dtype  # DeepSpeed bf16/fp16 casts the weights themselves
 
     @classmethod
@@ -209,11 +212,12 @@ class TrainStep:
                 config.lr_scheduler, config.lr_warmup_steps * processes, config.max_train_steps * processes
             ),
         )
-        if config.compile:  # before prepare: wrappers (DDP, DeepSpeed) call forward, which runs the compiled chunks
+        if compiles(config):  # before prepare: wrappers (DDP, DeepSpeed) call forward, which runs the compiled chunks
             model.compile(backend=config.compile_backend)
             logger.info(
-                "torch.compile (backend %s): the first steps and the first validation pay compilation",
+                "torch.compile (backend %s, compile=%s): the first steps and the first validation pay compilation",
                 config.compile_backend,
+                config.compile,
             )
         if loader is None:
             model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
@@ -232,113 +236,140 @@ class TrainStep:
         )
         return train_step, loader
 
-    def __call__(self, batches: Iterator[dict | VideoDataError], window: int) -> StepResult:
+    def __call__(self, batches: Iterator[Fetched | dict | VideoDataError], window: int) -> StepResult:
         """Train accumulation window ``window`` (counted from 1, skipped windows included) on
-        micro-batches taken from ``batches`` until Accelerate syncs the gradients: after
-        ``gradient_accumulation_steps`` of them, or at the last batch of the loader's epoch.
-        A batch is the VideoDataError instead when this rank could not load it (the data went
-        away: ``batches_until_data_error``).
+        micro-batches taken from ``batches``: ``gradient_accumulation_steps`` of them, or fewer
+        when the epoch's last batch comes first (as Accelerate ends windows). The items are
+        the prefetcher's (``training.data.prefetch``) or, for hand-made feeds (benchmarks,
+        tests), plain batches (never the last of an epoch). A batch is the VideoDataError
+        instead when this rank could not load it (the data went away).
 
-        The micro-batches are taken one at a time, as the window trains: Accelerate learns of
-        the epoch's end from the loader as its last batch is taken, each wait for data is
-        measured on its own, and one batch is held at a time. A batch that some rank could
-        not load ends the window there on every rank, before its backward pass and with no
-        optimizer step (the loop then saves the last step and stops). A SIGTERM/SIGINT does
-        not cut a window short: agreed with each micro-batch's flags, it is reported with the
-        window's end (``stop_requested``), so the loop saves at a step boundary."""
+        The micro-batches are taken one at a time, as the window trains, and each wait for
+        data is measured on its own. Nothing inside the window waits for the device: what a
+        micro-batch runs into (a non-finite loss stays a device flag, an out-of-memory error
+        or lost data runs a placeholder clip on a NaN-poisoned loss, so that every rank runs
+        the same backward passes) is settled at the window's end, over all ranks, in one read
+        (``WindowTrouble``; with Seraena also before each discriminator step, which every rank
+        takes or skips together). A window whose data some rank lost is dropped on every rank
+        with no optimizer step (the loop then saves the last step and stops). A SIGTERM/SIGINT
+        is reported with the window's end (``stop_requested``), so the loop saves at a step
+        boundary."""
         acc = self.accelerator
+        trouble = WindowTrouble(acc.device)
         losses: list[dict[str, torch.Tensor]] = []
         failures, data_wait, taken = torch.zeros((), dtype=torch.long), 0.0, 0
-        problem: str | None = None  # why this window must be skipped on every rank
+        data_error: VideoDataError | None = None  # this rank's data is gone: placeholders to the window's end
         while True:
             started = time.perf_counter()
-            batch = next(batches, None)
+            self.idle.pause()  # the GPU finishes what is queued while the host waits
+            item = next(batches, None)
+            self.idle.resume()
             data_wait += time.perf_counter() - started
-            if batch is None:
+            if item is None:
                 raise RuntimeError(f"the micro-batches ran out inside accumulation window {window}")
+            item = item if isinstance(item, Fetched) else Fetched(item)
             taken += 1
-            data_error = batch if isinstance(batch, VideoDataError) else None
-            if data_error is None and "failures" in batch:  # hand-made batches (benchmarks, tests) have no count
+            if data_error is None and isinstance(item.batch, VideoDataError):
+                data_error = item.batch
+            batch = None if data_error is not None else item.batch
+            if batch is not None and "failures" in batch:  # hand-made batches (benchmarks, tests) have no count
                 failures = failures + batch["failures"].sum()
             self.faults.maybe_signal(window, acc.process_index)
-            with acc.accumulate(self.model):
-                micro = self.micro_batch(batch, window)
-                if micro.data_failed:  # no rank ran a backward pass, so no rank waits in its collectives
-                    return StepResult(
-                        False,
-                        None,
-                        losses,
-                        None,
-                        micro.stop_requested,
-                        taken,
-                        data_wait,
-                        failures,
-                        data_failed=True,
-                        data_error=data_error,
-                    )
-                problem = micro.problem or problem
-                if micro.losses is not None:
-                    losses.append(micro.losses)
-                window_done = acc.sync_gradients
-                if window_done:
-                    grad_norm, applied = self.optimizer_step(problem)
-            if window_done:
-                if applied and self.ema is not None:
-                    self.ema.step(self.trainable)
-                skip_reason = None if applied else problem or "non-finite gradient"
-                return StepResult(
-                    applied, skip_reason, losses, grad_norm, micro.stop_requested, taken, data_wait, failures
-                )
+            last = taken == self.config.gradient_accumulation_steps or item.last_in_epoch
+            with self.accumulate(last):
+                micro_losses = self.micro_batch(batch, window, trouble)
+                if micro_losses is not None:
+                    losses.append(micro_losses)
+                if last:
+                    return self.end_window(trouble, losses, taken, data_wait, failures, data_error)
 
-    def micro_batch(self, batch: dict | VideoDataError, window: int) -> MicroBatch:
-        """One micro-batch inside ``accelerator.accumulate``: the forward pass, the agreement
-        of every rank's flags, and the backward pass (NaN-poisoned when some rank's forward
-        pass ran out of memory or its loss is not finite; none when some rank's batch failed)."""
+    def accumulate(self, last: bool) -> contextlib.AbstractContextManager:
+        """``accelerator.accumulate`` with the window's end decided here, from the batches'
+        own positions, the same on every rank (the prefetching thread runs ahead of the step,
+        so the loader's end-of-epoch state is not this batch's): the accelerator counts
+        micro-batches and syncs at each multiple of the window (``sync_with_dataloader`` is off,
+        ``make_accelerator``), so its count is set to sync exactly at ``last``."""
+        steps = self.config.gradient_accumulation_steps
+        self.accelerator.step = steps - 1 if last else 0
+        return self.accelerator.accumulate(self.model)
+
+    def micro_batch(self, batch: dict | None, window: int, trouble: WindowTrouble) -> dict[str, torch.Tensor] | None:
+        """One micro-batch inside ``accumulate``: the forward pass and the backward pass, on
+        a placeholder clip's NaN-poisoned loss when its forward pass ran out of memory or the
+        rank's data is gone (``batch`` None). Returns its detached loss terms (None for a
+        placeholder); ``trouble`` keeps what went wrong."""
         acc, rank = self.accelerator, self.accelerator.process_index
-        data_failed = isinstance(batch, VideoDataError)
-        forward, z_ref, losses, out_of_memory = None, None, None, False
+        forward, z_ref, out_of_memory = None, None, False
         try:
-            if not data_failed:
+            if batch is not None:
                 frames = frames_to_unit(batch["frames"], acc.device)
                 z_ref = self.latents(batch, frames, self.generator)
                 forward = self.forward(frames, z_ref)
-                losses = forward.losses
-                losses["loss"] = self.faults.inject_forward(window, rank, losses["loss"])
+                forward.losses["loss"] = self.faults.inject_forward(window, rank, forward.losses["loss"])
         except torch.OutOfMemoryError as err:
             logger.error("out of memory in the forward pass of window %d: %s", window, err)
-            out_of_memory = True
+            out_of_memory = trouble.out_of_memory = True
         if out_of_memory and torch.cuda.is_available():
             torch.cuda.empty_cache()  # outside the except block, whose traceback holds the activations
-        local_nonfinite = losses is not None and not bool(torch.isfinite(losses["loss"]))
-        any_oom, any_nonfinite, any_signal, any_data_failed = agree(
-            [out_of_memory, local_nonfinite, self.stop.requested, data_failed], acc.device
-        )
-        if any_data_failed:
-            return MicroBatch(None, None, any_signal, data_failed=True)
-        if any_oom or any_nonfinite:
-            if losses is None:
-                losses = self.forward(*self.placeholder_batch()).losses
-            acc.backward(poisoned(losses["loss"]))
-            return MicroBatch(None, "out of memory" if any_oom else "non-finite loss", any_signal, data_failed=False)
-        if self.seraena is not None:  # after the agreement: every rank takes the discriminator step
-            self.add_seraena_loss(forward, z_ref)
+        if forward is None:
+            trouble.data_failed = trouble.data_failed or batch is None
+            if self.seraena is not None:  # the other ranks wait for this rank's flags before their discriminator step
+                self.settle(trouble)
+            acc.backward(poisoned(self.forward(*self.placeholder_batch()).losses["loss"]))
+            return None
+        losses = forward.losses
+        trouble.add_loss(losses["loss"])
+        if self.seraena is not None:
+            # every rank takes the discriminator step or none does: its collectives need the flags now
+            if self.settle(trouble).problem is None and not trouble.data_failed:
+                self.add_seraena_loss(forward, z_ref)
         acc.backward(losses["loss"])
-        return MicroBatch({name: value.detach() for name, value in losses.items()}, None, any_signal, data_failed=False)
+        return {name: value.detach() for name, value in losses.items()}
 
-    def optimizer_step(self, problem: str | None) -> tuple[torch.Tensor | float, bool]:
-        """At the end of a window, inside ``accelerator.accumulate``: clip the gradients and
-        step the optimizer and the scheduler unless ``problem`` or a non-finite gradient norm
-        skips the window; clear the gradients either way. Returns (gradient norm, applied)."""
+    def end_window(
+        self,
+        trouble: WindowTrouble,
+        losses: list[dict[str, torch.Tensor]],
+        taken: int,
+        data_wait: float,
+        failures: torch.Tensor,
+        data_error: VideoDataError | None,
+    ) -> StepResult:
+        """At the window's last micro-batch, inside ``accumulate``: clip the gradients, settle
+        the window over all ranks, and step the optimizer, the scheduler and the EMA weights
+        unless something went wrong on some rank; clear the gradients either way."""
         acc = self.accelerator
         grad_norm = acc.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm or math.inf)
-        applied = problem is None and is_finite_number(grad_norm)
+        settled = self.settle(trouble, grad_norm)
+        applied = settled.problem is None and not settled.data_failed
         if applied:
             self.optimizer.step()
             self.scheduler.step()
         elif acc.scaler is not None:
             acc.scaler.update()  # fp16: lower the loss scale as the scaler's own skip would
         self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm, applied
+        if applied and self.ema is not None:
+            self.ema.step(self.trainable)
+        self.idle.pause()  # the window's work is queued; the loop's bookkeeping runs until the next window
+        return StepResult(
+            applied,
+            None if applied or settled.data_failed else settled.problem,
+            losses if applied else [],
+            None if settled.data_failed else grad_norm,
+            settled.stop_requested,
+            taken,
+            data_wait,
+            failures,
+            data_failed=settled.data_failed,
+            data_error=data_error,
+        )
+
+    def settle(self, trouble: WindowTrouble, grad_norm: torch.Tensor | float | None = None) -> Settled:
+        """``trouble`` agreed over the ranks and read (the host waits for the device here)."""
+        self.idle.pause()
+        settled = trouble.settle(self.stop.requested, grad_norm)
+        self.idle.resume()
+        return settled
 
     @property
     def schedule(self) -> LearningRateSchedule:
