@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Data-parallel scaling: training throughput with 1 and 2 (or more) processes; prints JSON.
+"""Data-parallel scaling: training throughput with 1 and 2 (or more) processes, under DDP
+and DeepSpeed ZeRO-2; prints JSON.
 
-    python -m bench.bench_scaling --processes 1 2 --steps 30             # CPU, gloo, DDP
-    python -m bench.bench_scaling --processes 1 2 --deepspeed           # DeepSpeed ZeRO-2
+    python -m bench.bench_scaling --processes 1 2 --steps 30                  # CPU, gloo, DDP
+    python -m bench.bench_scaling --processes 2 --strategies ddp zero2        # ZeRO-2 against DDP
 
 Runs the real training script (``training/taehv_train.py``, from-scratch preset: taecvx from
 scratch on procedural clips, no reference VAE) for ``--steps`` optimizer steps per
@@ -10,7 +11,9 @@ process count, with the same per-process batch (weak scaling), logging every ste
 validation or checkpoints in the timed window. ``samples_per_s`` is the median of the
 loop's own ``train/samples_per_second`` over the steps after ``--skip`` warm-up steps
 (read back from its TensorBoard events); ``efficiency`` is samples/s per process over the
-1-process figure. On CPU one process uses all cores (torch threads) and N processes
+1-process figure of the same strategy. ``final_loss`` (the last logged training loss) and
+``val_psnr`` (the held-out validation at the last step) say whether two strategies
+trained the same model. On CPU one process uses all cores (torch threads) and N processes
 split them (``--num_cpu_threads_per_process``), so the CPU rows show the cost of the
 gradient all-reduce and the process split, not added hardware.
 """
@@ -39,7 +42,11 @@ SCRATCH_CONFIG = REPO / "training" / "configs" / "taehv_config_scratch.py"
 ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 
 
-def launcher(processes: int, deepspeed: bool, threads: int, port: int) -> list[str]:
+STRATEGIES = ("ddp", "zero2")
+
+
+def launcher(processes: int, strategy: str, threads: int, port: int) -> list[str]:
+    deepspeed = strategy == "zero2"
     if processes == 1 and not deepspeed:
         return [sys.executable]
     args = [
@@ -57,18 +64,18 @@ def launcher(processes: int, deepspeed: bool, threads: int, port: int) -> list[s
     return args + (["--use_deepspeed", "--zero_stage", "2"] if deepspeed else ["--multi_gpu"])
 
 
-def samples_per_second(run_dir: Path, skip: int) -> list[float]:
+def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
     events = EventAccumulator(str(run_dir / "logs"), size_guidance={"scalars": 0})
     events.Reload()
-    return [e.value for e in events.Scalars("train/samples_per_second") if e.step > skip]
+    return [(e.step, e.value) for e in events.Scalars(tag)]
 
 
-def run(processes: int, args: argparse.Namespace, data: dict, work: Path) -> dict:
-    out = work / f"p{processes}"
+def run(processes: int, strategy: str, args: argparse.Namespace, data: dict, work: Path) -> dict:
+    out = work / f"{strategy}{processes}"
     cpu = not torch.cuda.is_available()
     threads = max(1, (os.cpu_count() or 1) // processes)
     command = [
-        *launcher(processes, args.deepspeed, threads, 29500 + processes),
+        *launcher(processes, strategy, threads, 29500 + processes),
         *TRAIN,
         "--config",
         str(SCRATCH_CONFIG),
@@ -88,28 +95,30 @@ def run(processes: int, args: argparse.Namespace, data: dict, work: Path) -> dic
         f"--width={args.width}",
         f"--n_frames={args.frames}",
     ]
-    ddp_on_cpu = (
-        cpu and processes > 1 and not args.deepspeed
-    )  # DeepSpeed runs need no flag (gloo: training/loop/distributed.py)
+    # DeepSpeed needs no flag for gloo (training/loop/distributed.py)
+    ddp_on_cpu = cpu and processes > 1 and strategy == "ddp"
     env = {**os.environ, **({"ACCELERATE_USE_CPU": "true"} if ddp_on_cpu else {})}
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env)
     if result.returncode != 0:
         raise SystemExit(
-            f"training with {processes} process(es) failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
+            f"{strategy} with {processes} process(es) failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
         )
-    rates = samples_per_second(out / "run", args.skip)
+    rates = [value for step, value in scalars(out / "run", "train/samples_per_second") if step > args.skip]
     return {
+        "strategy": strategy,
         "processes": processes,
         "threads_per_process": threads,
         "steps_timed": len(rates),
         "samples_per_s": round(statistics.median(rates), 3),
+        "final_loss": round(scalars(out / "run", "train/loss")[-1][1], 5),
+        "val_psnr": round(scalars(out / "run", "val/psnr")[-1][1], 3),
     }
 
 
 def main() -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--deepspeed", action="store_true", help="DeepSpeed ZeRO-2 instead of DDP")
+    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=["ddp"], help="ddp, zero2 (DeepSpeed)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--skip", type=int, default=5, help="warm-up steps left out of the median")
     parser.add_argument("--batch_size", type=int, default=4, help="per process")
@@ -124,10 +133,12 @@ def main() -> None:
             work / "data", num_clips=16, n_frames=max(args.frames, 12), height=args.height, width=args.width, seed=0
         )
         data = {"root": work / "data", **data}
-        rows = [run(p, args, data, work) for p in args.processes]
-    base = rows[0]["samples_per_s"] / rows[0]["processes"]
-    for row in rows:
-        row["efficiency"] = round(row["samples_per_s"] / row["processes"] / base, 3)
+        rows = [run(p, strategy, args, data, work) for strategy in args.strategies for p in args.processes]
+    for strategy in args.strategies:
+        own = [row for row in rows if row["strategy"] == strategy]
+        base = own[0]["samples_per_s"] / own[0]["processes"]
+        for row in own:
+            row["efficiency"] = round(row["samples_per_s"] / row["processes"] / base, 3)
     machine = {
         "python": platform.python_version(),
         "torch": torch.__version__,

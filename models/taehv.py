@@ -379,8 +379,9 @@ class TAEHV(nn.Module):
                 with torch._dynamo.config.patch(recompile_limit=COMPILE_CACHE_LIMIT):
                     out = compiled(blocks, x, *rest)
             except torch._dynamo.exc.TorchDynamoException as err:
-                reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                logger.warning("torch.compile failed (%s: %s): running eager from now on", type(err).__name__, reason)
+                cause = getattr(err, "inner_exception", None) or err  # a backend's own error, else dynamo's
+                reason = (str(cause).strip().splitlines() or [""])[0]
+                logger.warning("torch.compile failed (%s: %s): running eager from now on", type(cause).__name__, reason)
                 self.run_chunk = run_chunk
                 return run_chunk(blocks, x, *rest)
             if key not in seen:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 
 import pytest
 import torch
@@ -30,6 +31,7 @@ from models.variants import known_variants
 from models.weights import save_weights
 from train_runs import ONE_PROCESS, run_dir, train, train_here
 from training.data.loading import ReferenceLatents
+from training.loop.optimisation import compiles
 from training.loop.step import TrainStep
 from training.preflight import check
 
@@ -239,6 +241,30 @@ def test_config_refuses_an_unknown_compile_backend(tmp_path):
     check(base.replace(compile_backend="no_such_backend"))  # only read when compile=true
     with pytest.raises(UserError, match="compile_backend='no_such_backend' is not a torch.compile backend.*inductor"):
         check(base.replace(compile=True, compile_backend="no_such_backend"))
+    with pytest.raises(UserError, match="compile='sometimes': expected auto"):
+        check(base.replace(compile="sometimes"))
+
+
+def test_compile_auto_compiles_on_cuda_only():
+    assert compiles(TrainConfig()) == torch.cuda.is_available()
+    assert compiles(TrainConfig(compile="true")) and compiles(TrainConfig(compile=True))
+    assert not compiles(TrainConfig(compile="false"))
+
+
+def test_a_compilation_that_fails_leaves_the_model_eager_with_one_warning(caplog):
+    def broken_backend(graph, example_inputs):
+        raise RuntimeError("no C compiler found")
+
+    model, eager = TAEHV(variant="taehv"), TAEHV(variant="taehv")
+    eager.load_state_dict(model.state_dict())
+    model.compile(backend=broken_backend)
+    frames = torch.rand(1, 5, 3, 16, 16)
+    with caplog.at_level(logging.WARNING, logger="models.taehv"):
+        first, second = model.encode_video(frames), model.encode_video(frames)
+    warnings = [r.getMessage() for r in caplog.records if "torch.compile failed" in r.getMessage()]
+    assert warnings == ["torch.compile failed (RuntimeError: no C compiler found): running eager from now on"]
+    assert model.run_chunk is run_chunk
+    assert torch.equal(first, eager.encode_video(frames)) and torch.equal(second, first)
 
 
 def test_training_run_with_compile(tmp_path, demo_clips):
@@ -247,7 +273,8 @@ def test_training_run_with_compile(tmp_path, demo_clips):
     same run without it (both runs are deterministic)."""
     train(ONE_PROCESS, tmp_path / "compiled", demo_clips, "--compile=true", "--compile_backend=aot_eager")
     runs = {"eager": train_here(tmp_path / "eager", demo_clips), "compiled": run_dir(tmp_path / "compiled")}
-    assert "torch.compile (backend aot_eager)" in (runs["compiled"] / "train.log").read_text()
+    log = (runs["compiled"] / "train.log").read_text()
+    assert "torch.compile (backend aot_eager)" in log and "torch.compile: compiled a" in log  # with its time
     assert "torch.compile" not in (runs["eager"] / "train.log").read_text()
     eager, compiled = scalars(runs["eager"]), scalars(runs["compiled"])
     for tag in ("train/loss", "val/psnr", "val/ssim"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,11 @@ def test_single_process_with_reference_vae_bf16(tmp_path, demo_clips, tiny_cogvi
         assert all(v == v for v in logged[tag]), tag  # no NaN
     assert ("train/gpu_memory_gb" in logged) == torch.cuda.is_available()  # host memory is not named GPU memory
     assert all(0 <= v <= 1 for v in logged["train/data_wait"])  # a share of each log interval's wall time
+    assert all(v > 0 for v in logged["train/tflops"])  # the meta-device FLOP count of the steps trained
+    cuda = torch.cuda.is_available()
+    assert ("train/gpu_idle" in logged) == cuda and ("train/mfu" in logged) == cuda  # no GPU, no GPU figures
+    line = r"step 4: loss \d\.\d{4}, [\d.]+ clips/s, data wait \d+%, .*TFLOP/s"  # the speed in the log line
+    assert re.search(line, (run / "train.log").read_text())
     assert len(logged["train/loss"]) == 4 and "val/reconstruction" in logged["__images__"]
     strip = reconstruction_image(run)  # the input row and the decoded row, each under its label band
     height = json.loads((run / "config.json").read_text())["height"]

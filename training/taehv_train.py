@@ -176,6 +176,9 @@ def make_accelerator(config: TrainConfig, run_dir: Path) -> Accelerator:
     backend = process_group_backend()
     return Accelerator(
         gradient_accumulation_plugin=accumulation_plugin(config),
+        # no RNG broadcast at each epoch's start: the prefetching thread starts epochs, and a collective
+        # there would race the step's; the sampler and the clips' draws are seeded by the epoch on every rank
+        rng_types=[],
         mixed_precision=config.mixed_precision,
         log_with="tensorboard",
         project_dir=str(run_dir),

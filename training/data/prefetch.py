@@ -17,7 +17,9 @@ and its count in the epoch, and ``position`` is set when the step takes it, so a
 checkpoint saves what was trained, not what was fetched. The thread holds SIGTERM and
 SIGINT for its whole life: the loader workers it forks inherit the held signals (the
 run's stop is taken by the main thread), as ``common.clips.stop_signals_held`` does for
-the main thread.
+the main thread. The thread makes no collective call: Accelerate's loader would broadcast
+the ranks' RNG states at each epoch's start, which the training accelerator turns off
+(``rng_types=[]``; the sampler and the clips' draws are seeded by the epoch).
 
 Once the data is gone (a ``VideoDataError``), every later item is that error, counted on
 through the epoch, so the step can finish its accumulation window in step with the other
@@ -43,6 +45,7 @@ from training.data.loading import DataPosition, batches_until_data_error
 
 logger = logging.getLogger(__name__)
 PUT_TIMEOUT_S = 0.1  # how often a thread waiting for room checks whether it was closed
+CLOSE_TIMEOUT_S = 60.0  # for the batch being received when the run ends
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,11 @@ class Prefetcher(Iterator[Fetched]):
     ``depth`` ahead by a thread (module docstring)."""
 
     def __init__(self, loader: DataLoader, accelerator: Accelerator, position: DataPosition, depth: int = 2):
+        if accelerator.num_processes > 1 and accelerator.rng_types:
+            raise ValueError(
+                "the loader would broadcast RNG states from the prefetching thread at each epoch's start, racing the "
+                "training step's collectives: build the Accelerator with rng_types=[]"
+            )
         self.loader, self.accelerator, self.position = loader, accelerator, position
         self.device = accelerator.device
         self._ready: queue.Queue[Fetched | _Raised] = queue.Queue(maxsize=max(depth, 1))
@@ -95,7 +103,9 @@ class Prefetcher(Iterator[Fetched]):
         with contextlib.suppress(queue.Empty):  # room for a put the thread is waiting on
             while True:
                 self._ready.get_nowait()
-        self._thread.join()
+        self._thread.join(CLOSE_TIMEOUT_S)
+        if self._thread.is_alive():  # a daemon thread: it cannot keep the process alive
+            logger.warning("the batch-prefetching thread is still waiting for a loader worker; leaving it behind")
 
     def _put(self, item: Fetched | _Raised) -> bool:
         """Queue ``item`` once there is room; False when closed meanwhile."""

@@ -7,7 +7,7 @@ step) and averaged across ranks only when logged. What the log step reports abou
 - ``train/data_wait``: the share of wall time the step waited for a batch that was not
   ready (the prefetching thread and the loader workers should make it ~0);
 - ``train/gpu_idle`` (CUDA): the share of wall time the GPU had no training work queued
-  (``IdleClock``); validation and checkpoints count as idle, so look at it between them;
+  (``training.loop.idle_clock``); validation and checkpoints count as idle, so look at it between them;
 - ``train/tflops``: the TAE's training FLOPs (``training.loop.feed.micro_batch_flops``, a
   meta-device count) per second, and ``train/mfu`` that rate over the GPU's dense peak for
   the run's precision (known GPUs only).
@@ -26,6 +26,7 @@ from accelerate import Accelerator
 
 from common.config import TrainConfig, below
 from training.loop.feed import micro_batch_flops, peak_flops
+from training.loop.idle_clock import IdleClock
 
 if TYPE_CHECKING:
     from training.loop.step import StepResult
@@ -79,43 +80,6 @@ def speed_line(logs: dict[str, float]) -> str:
     if "train/mfu" in logs:
         parts.append(f"MFU {logs['train/mfu']:.1%}")
     return ", ".join(parts)
-
-
-class IdleClock:
-    """Seconds the GPU had no training work queued, from CUDA events (nothing to measure on
-    a CPU). ``pause()`` where the host stops queueing work (at a window's end, before
-    waiting for a batch or reading a result), ``resume()`` where it queues again: the pause
-    event completes when the GPU runs out of work, the resume event as soon as it is queued,
-    so the time between them is the GPU's idle time (none when the host came back first)."""
-
-    def __init__(self, device: torch.device):
-        self.enabled = device.type == "cuda"
-        self._paused: torch.cuda.Event | None = None
-        self._gaps: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-
-    def _event(self) -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def pause(self) -> None:
-        if self.enabled and self._paused is None:
-            self._paused = self._event()
-
-    def resume(self) -> None:
-        if self._paused is not None:
-            self._gaps.append((self._paused, self._event()))
-            self._paused = None
-
-    def take_seconds(self) -> float | None:
-        """The idle seconds of the gaps closed since the last call; None on a CPU. Waits for
-        the last gap's end to reach the GPU (called at log steps)."""
-        if not self.enabled:
-            return None
-        gaps, self._gaps = self._gaps, []
-        if gaps:
-            gaps[-1][1].synchronize()
-        return sum(start.elapsed_time(end) for start, end in gaps) / 1000
 
 
 class Monitor:

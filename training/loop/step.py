@@ -42,8 +42,8 @@ from models.taehv import TAEHV, AutoencoderOutput
 from training.data.loading import ReferenceLatents
 from training.data.prefetch import Fetched
 from training.loop.adversarial import build_seraena, seraena_loss
+from training.loop.idle_clock import IdleClock
 from training.loop.losses import compute_losses
-from training.loop.monitoring import IdleClock
 from training.loop.optimisation import LearningRateSchedule, compiles
 from training.loop.resilience import FaultPlan, Settled, StopRequest, WindowTrouble, poisoned
 from training.state.checkpoints import TrainingObjects
@@ -215,7 +215,7 @@ class TrainStep:
         if compiles(config):  # before prepare: wrappers (DDP, DeepSpeed) call forward, which runs the compiled chunks
             model.compile(backend=config.compile_backend)
             logger.info(
-                "torch.compile (backend %s, compile=%s): the first steps and the first validation pay compilation",
+                "torch.compile (backend %s): the first steps and the first validation pay compilation (compile=%s)",
                 config.compile_backend,
                 config.compile,
             )
