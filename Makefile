@@ -47,7 +47,8 @@ bench: $(STAMP)
 	$(PY) -m bench.bench_model --frames 9 17 --height 128 --width 128
 
 # The GPU path: ours against the published TAEHV, eager and compiled, bf16 and
-# fp16, 81 frames of 480x832, plus the 1gpu_h100 training step; JSON on stdout (--out FILE: also a file).
+# fp16, 81 frames of 480x832, plus the 1gpu_h100 training step, alone and fed by the real
+# loader (plain and with cached latents, 60 s a row); JSON on stdout (--out FILE: also a file).
 bench-gpu: $(STAMP)
 	$(PY) -m bench.bench_gpu
 

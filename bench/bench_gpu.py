@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """The GPU path in one command: our TAEHV against the published implementation, eager and
-compiled, in bf16 and fp16, plus a training step of the 1gpu_h100 preset; prints JSON.
+compiled, in bf16 and fp16, plus the 1gpu_h100 preset's training step, alone and fed by
+the real loader; prints JSON.
 
     make bench-gpu                                      # the defaults below, on the GPU
     python -m bench.bench_gpu                           # the same
     python -m bench.bench_gpu --variants taehv1_5 --dtypes bf16 --frames 49 --out gpu.json
+    python -m bench.bench_gpu --no-model --no-train --out e2e.json   # only the end-to-end rows
     python -m bench.bench_gpu --tiny                    # CPU: 9 frames of 32x32, fp32, eager, 1 repeat
 
 Model rows, for each variant (``--variants``, default taew2_1 taehv1_5), dtype (``--dtypes``,
@@ -55,6 +57,29 @@ optimizer step (no accumulation window). Eager, and compiled with
 compiles the model), or, with a config without those keys, ``model.compile()`` on the
 step's model (the row says which). ``--tiny`` uses the smallest clip the preset allows
 with a reference VAE (9 frames of 8x8 for taecvx) and no mixed precision.
+
+End-to-end rows: the 1gpu_h100 preset training from scratch as the training loop runs it
+(its batch, accumulation windows, mixed precision, ``dataloader_num_workers`` or
+``--workers``, prefetching, and ``compile``: "auto" compiles on CUDA, the rows say
+whether) on the shared clips (``--videos_dir``) re-encoded to 720x480 H.264 with a
+keyframe every 30 frames (bench/reencoded_clips.py), listed over and over in an
+annotation of ``--e2e_clips`` entries (one epoch). Two feeds: ``plain`` (no reference
+latents) and ``cached`` (reference latents from the latent cache that
+training/build_latent_cache.py builds for those clips with a CogVideoX-2b-architecture
+VAE of random weights: none can be downloaded on a benchmark machine). Each feed's step
+(the Accelerator, ``TrainStep.build`` and the loader from
+``training.data.loading.build_train_loader``, prepared with the model, as in training) is
+measured twice: ``on_device``, fed the loader's first window of batches kept on the
+device and cycled (the ceiling), then ``loader``, fed by the loader through the training's
+prefetching thread (``training.data.prefetch.Prefetcher``). A row runs ``--warmup``
+windows, then windows for ``--e2e_seconds`` (CUDA synchronised at both ends; cuDNN's
+benchmark mode off, as in training), and gives clips/s, frames/s, the TAE's training
+TFLOP/s and MFU (``training.loop.feed``; null where the GPU's peak is unknown),
+``data_wait`` (the step's waits for batches) and ``gpu_idle`` (its ``IdleClock``; null on
+a CPU) as shares of the wall time, the optimizer steps, and for a loader row
+``ratio_to_on_device`` (its clips/s over the on-device row's). ``--tiny``: two 30-frame
+clips at 96x64, the tiny training clip, a tiny CogVideoX VAE (the same latent shape),
+32 clips per epoch, 1 worker, 1 s per row.
 """
 
 from __future__ import annotations
@@ -64,20 +89,26 @@ import contextlib
 import dataclasses
 import datetime
 import gc
+import itertools
 import json
 import platform
 import sys
+import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from accelerate import Accelerator
 from torch._dynamo.utils import counters
+from torch.utils.data import DataLoader
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-from bench.bench_speed import load_published, published_file
-from bench.bench_train_step import train_step
+from bench.bench_speed import load_published, published_file, shared_dir
+from bench.bench_train_step import build_step, train_step
+from bench.make_reference_vae import COGVIDEOX_2B, TINY_COGVIDEOX, save_reference_vae
+from bench.reencoded_clips import DASH_CAMERA_GOP, reencode_clips
 from common.config import DTYPES, TrainConfig, load_config
 from common.flags import ArgumentParser
 from evaluation.timing import median_seconds, synchronize
@@ -85,14 +116,24 @@ from models import taehv as taehv_module
 from models.taehv import TAEHV
 from models.vae_registry import reference_vae_frames
 from models.variants import get_variant, known_variants
-from training.data.loading import ReferenceLatents
+from training.build_latent_cache import build_cache
+from training.data.loading import ReferenceLatents, build_train_loader, build_training_data
+from training.data.prefetch import Prefetcher
+from training.loop.feed import micro_batch_flops, peak_flops
 from training.loop.monitoring import peak_rss_bytes
+from training.loop.optimisation import compiles
+from training.loop.step import StepResult, TrainStep
+from training.make_annotations import write_annotation
+from training.preflight import check
+from training.taehv_train import Progress
 
 PUBLISHED_PATH = published_file("taew2_1")
 PRESET = REPO_ROOT / "training" / "configs" / "taehv_config_1gpu_h100.py"
 OPS = ("encode", "decode", "stream_decode")
 IMPLEMENTATIONS = ("ours", "published")
 CLEAR_REFS = Path("/proc/self/clear_refs")
+E2E_FEEDS = ("plain", "cached")  # reference latents: none, or from the latent cache
+E2E_SETTINGS = ("on_device", "loader")
 
 
 def log(message: str) -> None:
@@ -376,14 +417,20 @@ def model_rows(
 # -- training step ------------------------------------------------------------------------
 
 
+def tiny_clip(variant: str) -> dict:
+    """The smallest clip ``variant`` trains on with a reference VAE (``--tiny``): 9 frames of
+    8x8 for taecvx."""
+    spec = get_variant(variant)
+    frames = [t for t in spec.exact_frame_counts(64) if reference_vae_frames(t, spec)][0]
+    side = 8 * spec.patch_size
+    return {"n_frames": frames, "height": side, "width": side}
+
+
 def training_config(args, device: torch.device) -> TrainConfig:
     """The 1gpu_h100 preset, or on ``--tiny`` the smallest clip it allows (and no mixed precision)."""
     config = load_config(PRESET)
     if args.tiny:
-        spec = get_variant(config.variant)
-        frames = [t for t in spec.exact_frame_counts(64) if reference_vae_frames(t, spec)][0]
-        side = 8 * spec.patch_size
-        config = config.replace(n_frames=frames, height=side, width=side, mixed_precision="no")
+        config = config.replace(**tiny_clip(config.variant), mixed_precision="no")
     elif device.type != "cuda":
         config = config.replace(mixed_precision="no")
     return config
@@ -490,6 +537,243 @@ def training_rows(
     return setup, rows
 
 
+# -- end-to-end training ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def cudnn_benchmark(enabled: bool) -> Iterator[None]:
+    """cuDNN's benchmark mode set to ``enabled`` inside (training leaves it off; the model rows turn it on)."""
+    previous = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = previous
+
+
+def e2e_clips(args, folder: Path) -> dict:
+    """The shared clips re-encoded as the users' data (720x480 H.264, GOP 30; ``--tiny``: two
+    30-frame clips at 96x64) and an annotation listing them over and over, ``--e2e_clips``
+    entries: epochs long enough that their boundaries (the workers' pipeline drains and
+    refills) cost the loader little."""
+    width, height, clips, max_frames = (96, 64, 2, 30) if args.tiny else (720, 480, None, None)
+    started = time.perf_counter()
+    entries = reencode_clips(args.videos_dir, folder / "clips", width, height, clips, max_frames)
+    annotation = folder / "train.json"
+    write_annotation(annotation, [entries[i % len(entries)] for i in range(args.e2e_clips)])
+    log(f"e2e: {len(entries)} clips re-encoded to {width}x{height} H.264 in {time.perf_counter() - started:.1f} s")
+    return {
+        "data_root": str(folder / "clips"),
+        "annotation_file": str(annotation),
+        "videos": {entry["path"]: entry["frames"] for entry in entries},
+        "size": f"{width}x{height}",
+        "codec": f"H.264, a keyframe every {DASH_CAMERA_GOP} frames",
+        "entries_per_epoch": args.e2e_clips,
+    }
+
+
+def e2e_config(args, device: torch.device, clips: dict, reference: Path | None) -> TrainConfig:
+    """The 1gpu_h100 preset (its batch, windows, workers, precision and ``compile``) training
+    from scratch on ``clips`` without validation, with reference latents from the latent
+    cache in ``reference`` (the VAE's folder and the cache's) or none; ``--tiny``: the
+    training rows' clip size, no mixed precision."""
+    overrides = {
+        "data_root": clips["data_root"],
+        "annotation_file": clips["annotation_file"],
+        "val_annotation_file": "",
+        "pretrained_model_path": "",
+        "ref_vae_path": reference / "vae" if reference else "",
+        "latent_cache_dir": reference / "cache" if reference else "",
+        "compile_backend": args.compile_backend,
+    }
+    if args.workers is not None:
+        overrides["dataloader_num_workers"] = args.workers
+    if args.tiny:
+        overrides |= {**tiny_clip(load_config(PRESET).variant), "mixed_precision": "no"}
+    elif device.type != "cuda":
+        overrides["mixed_precision"] = "no"
+    return load_config(PRESET, [f"--{key}={value}" for key, value in overrides.items()])
+
+
+def e2e_cache(args, config: TrainConfig) -> dict:
+    """A reference VAE with random weights (none can be downloaded on a benchmark machine)
+    and the latent cache of ``config``'s clips, made by the cache builder with it."""
+    description, architecture = (
+        ("tiny CogVideoX (4 channels per block, CogVideoX-2b's latent shape)", TINY_COGVIDEOX)
+        if args.tiny
+        else ("CogVideoX-2b architecture (bench/make_reference_vae.py)", COGVIDEOX_2B)
+    )
+    save_reference_vae(config.ref_vae_path, architecture)
+    summary = build_cache(
+        config, config.latent_cache_dir, batch_size=config.train_batch_size, num_workers=config.dataloader_num_workers
+    )
+    log(f"e2e: {summary}")
+    return {
+        "reference_vae": f"{description}, random weights",
+        "cache_build_s": round(summary.seconds, 1),
+        "cache_mb": round(summary.size_bytes / 2**20, 3),
+    }
+
+
+def device_batches(loader: DataLoader, accelerator: Accelerator, count: int, depth: int) -> list[dict]:
+    """The prepared loader's first ``count`` batches, on the device, received as the step
+    receives them (the prefetching thread)."""
+    fetched = Prefetcher(loader, accelerator, Progress(), depth)
+    try:
+        return [next(fetched).batch for _ in range(count)]
+    finally:
+        fetched.close()
+
+
+def run_windows(step: TrainStep, feed: Iterator, warmup: int, seconds: float) -> dict:
+    """Accumulation windows of ``step`` fed from ``feed``: ``warmup`` of them (the first
+    compiles when the config compiles), then as many as start within ``seconds``; the wall
+    time of those (CUDA synchronised) and what they trained, waited and idled."""
+    device = step.accelerator.device
+    numbers = itertools.count(1)
+
+    def window() -> StepResult:
+        result = step(feed, next(numbers))
+        if not result.applied:
+            raise RuntimeError(f"training step skipped its optimizer step: {result.skip_reason or result.data_error}")
+        return result
+
+    graphs = GraphCount()
+    for _ in range(warmup):
+        window()
+    synchronize(device)
+    step.idle.take_seconds()  # the warm-up's gaps
+    warmup_graphs = graphs.step()
+    results = []
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        results.append(window())
+    synchronize(device)
+    return {
+        "seconds": time.perf_counter() - started,
+        "steps": len(results),
+        "micro_batches": sum(result.micro_batches for result in results),
+        "data_wait": sum(result.data_wait for result in results),
+        "idle": step.idle.take_seconds(),
+        "last_loss": float(results[-1].losses[-1]["loss"]),
+        "graphs_compiled_warmup": warmup_graphs,
+        "graphs_compiled_timed": graphs.step(),
+    }
+
+
+def e2e_figures(config: TrainConfig, device: torch.device, run: dict) -> dict:
+    """A row's rates from ``run_windows``: clips and frames per second, the TAE's training
+    TFLOP/s and MFU (None where the GPU's peak is unknown), and the shares of wall time the
+    step waited for data and the GPU idled (None on a CPU)."""
+    seconds, clips = run["seconds"], run["micro_batches"] * config.train_batch_size
+    tflops = run["micro_batches"] * micro_batch_flops(config) / seconds / 1e12
+    peak = peak_flops(device, config.mixed_precision)
+    return {
+        "seconds": round(seconds, 2),
+        "steps": run["steps"],
+        "micro_batches": run["micro_batches"],
+        "clips_per_s": round(clips / seconds, 3),
+        "frames_per_s": round(clips * config.n_frames / seconds, 2),
+        "tflops": round(tflops, 4),
+        "mfu": None if peak is None else round(tflops * 1e12 / peak, 4),
+        "data_wait": round(run["data_wait"] / seconds, 4),
+        "gpu_idle": None if run["idle"] is None else round(run["idle"] / seconds, 4),
+        "last_loss": run["last_loss"],
+        "graphs_compiled_warmup": run["graphs_compiled_warmup"],
+        "graphs_compiled_timed": run["graphs_compiled_timed"],
+    }
+
+
+def measure_feed(args, device: torch.device, config: TrainConfig, rows: dict[str, dict]) -> None:
+    """Fill the ``on_device`` and ``loader`` rows of one feed with one step (compiled once):
+    first the step fed one window of real batches taken from the loader beforehand and
+    cycled on the device (the ceiling), then the loader itself through the prefetching
+    thread, as in training."""
+    check(config)
+    data = build_training_data(config, None)
+    torch.manual_seed(0)
+    step, loader = build_step(config, device, data.latents, build_train_loader(data.train, config, device))
+    common = {"compile": config.compile, "compiled": compiles(config)}
+    batches = device_batches(loader, step.accelerator, config.gradient_accumulation_steps, config.prefetch_batches)
+    run = run_windows(step, itertools.cycle(batches), args.warmup, args.e2e_seconds)
+    rows["on_device"].update(common, **e2e_figures(config, device, run))
+    del batches
+    free(device)
+    fetched = Prefetcher(loader, step.accelerator, Progress(), config.prefetch_batches)
+    try:
+        run = run_windows(step, fetched, args.warmup, args.e2e_seconds)
+    finally:
+        fetched.close()
+    rows["loader"].update(common, workers=config.dataloader_num_workers, **e2e_figures(config, device, run))
+    rows["loader"]["ratio_to_on_device"] = round(rows["loader"]["clips_per_s"] / rows["on_device"]["clips_per_s"], 3)
+
+
+def log_e2e_row(row: dict) -> None:
+    log(
+        f"e2e {row['feed']:6s} {row['setting']:9s} {row['clips_per_s']:8.3f} clips/s "
+        f"{row['frames_per_s']:9.1f} frames/s  data wait {row['data_wait']:.1%}"
+        + ("" if row["gpu_idle"] is None else f"  GPU idle {row['gpu_idle']:.1%}")
+        + ("" if row["mfu"] is None else f"  MFU {row['mfu']:.1%}")
+    )
+
+
+def e2e_settings(config: TrainConfig, device: torch.device, clips: dict, args) -> dict:
+    """What the end-to-end rows share: the preset's step and loader settings, the clips, the timing."""
+    peak = peak_flops(device, config.mixed_precision)
+    return {
+        "preset": str(PRESET.relative_to(REPO_ROOT)),
+        "variant": config.variant,
+        "n_frames": config.n_frames,
+        "height": config.height,
+        "width": config.width,
+        "batch": config.train_batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "mixed_precision": config.mixed_precision,
+        "compile": config.compile,
+        "compiled": compiles(config),
+        "compile_backend": config.compile_backend,
+        "workers": config.dataloader_num_workers,
+        "prefetch_factor": config.prefetch_factor,
+        "prefetch_batches": config.prefetch_batches,
+        "persistent_workers": config.persistent_workers,
+        "clips": {key: value for key, value in clips.items() if key not in ("data_root", "annotation_file")},
+        "seconds_per_row": args.e2e_seconds,
+        "warmup_windows": args.warmup,
+        "on_device_batches": f"the loader's first {config.gradient_accumulation_steps}, kept on the device, cycled",
+        "peak_tflops": None if peak is None else peak / 1e12,
+        "cudnn_benchmark": False,
+    }
+
+
+def end_to_end_rows(args, device: torch.device) -> tuple[dict, list[dict]]:
+    """For each feed (``plain``: no reference latents; ``cached``: reference latents from a
+    latent cache built for the clips), the step fed from the device and from the loader."""
+    setup: dict = {}
+    rows, clips = [], None
+    with tempfile.TemporaryDirectory(prefix="bench_gpu_e2e_") as tmp, cudnn_benchmark(False):
+        folder = Path(tmp)
+        for feed in E2E_FEEDS:
+            feed_rows = {setting: {"feed": feed, "setting": setting} for setting in E2E_SETTINGS}
+            try:
+                clips = clips or e2e_clips(args, folder)
+                config = e2e_config(args, device, clips, folder / "reference" if feed == "cached" else None)
+                setup = setup or e2e_settings(config, device, clips, args)
+                reference = e2e_cache(args, config) if feed == "cached" else {"reference_vae": None}
+                for row in feed_rows.values():
+                    row.update(reference)
+                measure_feed(args, device, config, feed_rows)
+                for row in feed_rows.values():
+                    log_e2e_row(row)
+            except Exception as err:  # recorded in the rows it left unmeasured; main() exits 1 after the JSON
+                for row in feed_rows.values():
+                    if "clips_per_s" not in row:
+                        record_failure(row, err)
+            rows += feed_rows.values()
+            torch._dynamo.reset()
+            free(device)
+    return setup, rows
+
+
 # -- main -----------------------------------------------------------------------------------
 
 
@@ -539,10 +823,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, help="runs before timing, the first compiles (default 3; --tiny: 1)")
     parser.add_argument("--repeats", type=int, help="timed runs, median reported (default 10; --tiny: 1)")
     parser.add_argument(
+        "--model",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure ours against the published model (default on)",
+    )
+    parser.add_argument(
         "--train",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="measure the 1gpu_h100 training step (default on)",
+    )
+    parser.add_argument(
+        "--e2e",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure the preset's step fed by the real loader and from the device (default on)",
+    )
+    parser.add_argument("--e2e_seconds", type=float, help="timed seconds per end-to-end row (default 60; --tiny: 1)")
+    parser.add_argument(
+        "--e2e_clips", type=int, help="clips per epoch of the end-to-end rows (default 256; --tiny: 32)"
+    )
+    parser.add_argument("--workers", type=int, help="loader workers (default: the preset's; --tiny: 1)")
+    parser.add_argument(
+        "--videos_dir", type=Path, default=shared_dir() / "videos", help="clips for the end-to-end rows, re-encoded"
     )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--published", type=Path, default=PUBLISHED_PATH, help="the published taehv.py")
@@ -555,6 +859,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         dtypes=(["fp32"], ["bf16", "fp16"]),
         warmup=(1, 3),
         repeats=(1, 10),
+        e2e_seconds=(1.0, 60.0),
+        e2e_clips=(32, 256),
+        workers=(1, None),  # None: the preset's dataloader_num_workers
     )
     for name, (tiny, full) in defaults.items():
         if getattr(args, name) is None:
@@ -566,6 +873,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--compile_backend {args.compile_backend!r}: not one of {', '.join(backends)}")
     if args.warmup < 1 or args.repeats < 1:
         parser.error("--warmup and --repeats must be >= 1")
+    if args.e2e_seconds <= 0 or args.e2e_clips < 1 or (args.workers or 0) < 0:
+        parser.error("--e2e_seconds and --e2e_clips must be positive, --workers >= 0")
     for variant in args.variants:
         try:
             check_variant(variant)
@@ -585,11 +894,12 @@ def main() -> None:
     if args.out:
         args.out.write_text(text + "\n")
     print(text)
-    failed = [row for row in result["model"] + result["train_step"] if "error" in row]
+    failed = [row for row in result["model"] + result["train_step"] + result["end_to_end"] if "error" in row]
     if failed:
         log(f"{len(failed)} measurement(s) failed (their rows have an 'error' field):")
         for row in failed:
-            where = {k: v for k, v in row.items() if k in ("variant", "dtype", "setting", "implementation", "op")}
+            keys = ("variant", "dtype", "feed", "setting", "implementation", "op")
+            where = {k: v for k, v in row.items() if k in keys}
             log(f"  {json.dumps(where)}: {row['error'][:300]}")
         sys.exit(1)
 
@@ -600,7 +910,6 @@ def run(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
-    P = load_published(args.published)
     compile_kwargs = {
         "dynamic": False,
         **({} if args.compile_backend == "inductor" else {"backend": args.compile_backend}),
@@ -608,11 +917,12 @@ def run(args: argparse.Namespace) -> dict:
     settings = [False, True] if args.compile else [False]
     started = time.perf_counter()
     rows = []
-    for variant in args.variants:
-        for dtype_name in args.dtypes:
-            for compiled in settings:
-                rows += model_rows(P, args, device, variant, dtype_name, compiled, compile_kwargs)
+    if args.model:
+        P = load_published(args.published)
+        for variant, dtype_name, compiled in itertools.product(args.variants, args.dtypes, settings):
+            rows += model_rows(P, args, device, variant, dtype_name, compiled, compile_kwargs)
     train_setup, train = training_rows(args, device, settings, compile_kwargs) if args.train else (None, [])
+    e2e_setup, e2e = end_to_end_rows(args, device) if args.e2e else (None, [])
     return {
         "benchmark": "gpu_path",
         "device": device_name(device),
@@ -634,6 +944,13 @@ def run(args: argparse.Namespace) -> dict:
             "stream_compile_mode": args.stream_compile_mode,
             "warmup": args.warmup,
             "repeats": args.repeats,
+            "model": args.model,
+            "train": args.train,
+            "e2e": args.e2e,
+            "e2e_seconds": args.e2e_seconds,
+            "e2e_clips": args.e2e_clips,
+            "workers": args.workers,
+            "videos_dir": str(args.videos_dir),
             "threads": torch.get_num_threads(),
             "cudnn_benchmark": device.type == "cuda",
             "ours_memory_format": "channels_last",
@@ -648,6 +965,8 @@ def run(args: argparse.Namespace) -> dict:
         "model": rows,
         "train_step_setup": train_setup,
         "train_step": train,
+        "end_to_end_setup": e2e_setup,
+        "end_to_end": e2e,
         "total_s": round(time.perf_counter() - started, 1),
     }
 

@@ -19,9 +19,11 @@ def _even(frames: np.ndarray) -> np.ndarray:
     return np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
 
 
-def write_video(path: Path, frames: np.ndarray, fps: float) -> str:
+def write_video(path: Path, frames: np.ndarray, fps: float, keyframe_interval: int | None = None) -> str:
     """Write THWC uint8 RGB frames; H.264 (yuv420p) when PyAV has libx264, else mp4v with a
-    warning (mp4v plays in desktop players but not in browsers). Returns the codec used."""
+    warning (mp4v plays in desktop players but not in browsers). Returns the codec used.
+    ``keyframe_interval``: the H.264 GOP length (a loader's seeks decode from the keyframe
+    before their target); libx264's default when None."""
     import av
 
     frames = _even(frames)
@@ -31,7 +33,11 @@ def write_video(path: Path, frames: np.ndarray, fps: float) -> str:
             stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
             stream.width, stream.height = frames.shape[2], frames.shape[1]
             stream.pix_fmt = "yuv420p"
-            stream.options = {"crf": "18", "preset": "veryfast"}
+            stream.options = {
+                "crf": "18",
+                "preset": "veryfast",
+                **({} if keyframe_interval is None else {"g": str(keyframe_interval)}),
+            }
             for frame in frames:
                 for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
                     container.mux(packet)

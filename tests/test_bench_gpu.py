@@ -1,7 +1,9 @@
 """bench/bench_gpu.py --tiny runs end to end on the CPU: a row per (variant, implementation,
 operation, setting) with finite timings, our outputs equal to the published model's (fp32),
-and the training step eager and compiled. Compiled with Dynamo's eager backend: the
-compiled code paths run (graphs are traced) without the minutes inductor takes on a CPU."""
+the training step eager and compiled, and the end-to-end rows (the step fed by the real
+loader and from the device, plain and with a real latent cache). Compiled with Dynamo's
+eager backend: the compiled code paths run (graphs are traced) without the minutes
+inductor takes on a CPU."""
 
 from __future__ import annotations
 
@@ -84,3 +86,35 @@ def test_gpu_benchmark_tiny_compares_ours_with_the_published_model():
             abs(row["images_per_s"] - setup["batch"] * setup["n_frames"] / row["step_s"]) < 0.01 * row["images_per_s"]
         )
     assert train[1]["graphs_compiled_first_call"] > 0 and train[1]["first_loss_diff_vs_eager"] < 1e-4
+
+    check_end_to_end(report["end_to_end_setup"], report["end_to_end"])
+
+
+def check_end_to_end(setup: dict, rows: list[dict]) -> None:
+    """Every (feed, setting) row measured the preset's windows on the tiny clips, with rates
+    that agree with what it counted."""
+    assert setup["preset"].endswith("taehv_config_1gpu_h100.py") and setup["variant"] == "taecvx"
+    assert (setup["n_frames"], setup["height"], setup["width"], setup["batch"]) == (9, 8, 8, 2)
+    assert setup["gradient_accumulation_steps"] == 8 and setup["workers"] == 1
+    assert setup["compile"] == "auto" and not setup["compiled"]  # auto: eager on a CPU
+    assert setup["clips"]["size"] == "96x64" and len(setup["clips"]["videos"]) == 2
+    assert [(row["feed"], row["setting"]) for row in rows] == list(
+        itertools.product(["plain", "cached"], ["on_device", "loader"])
+    )
+    for row in rows:
+        assert "error" not in row, row
+        assert row["steps"] >= 1 and row["micro_batches"] == 8 * row["steps"], row  # 16 micro-batches an epoch
+        assert row["seconds"] >= setup["seconds_per_row"] and not row["compiled"], row
+        clips_per_s = row["micro_batches"] * setup["batch"] / row["seconds"]
+        assert abs(row["clips_per_s"] - clips_per_s) < 0.01 * clips_per_s, row
+        assert abs(row["frames_per_s"] - 9 * row["clips_per_s"]) < 0.01 * row["frames_per_s"], row
+        assert row["tflops"] > 0 and row["mfu"] is None and row["gpu_idle"] is None, row  # no GPU peak, no GPU
+        assert 0 <= row["data_wait"] < 1 and math.isfinite(row["last_loss"]), row
+        assert (row["reference_vae"] or "").startswith("tiny CogVideoX") == (row["feed"] == "cached"), row
+        if row["setting"] == "loader":
+            on_device = rows[rows.index(row) - 1]
+            assert row["workers"] == 1, row
+            assert abs(row["ratio_to_on_device"] - row["clips_per_s"] / on_device["clips_per_s"]) < 0.01, row
+    # the cached step's forward also decodes the reference latents: more FLOPs per clip
+    flops_per_clip = {row["feed"]: row["tflops"] / row["clips_per_s"] for row in rows}
+    assert flops_per_clip["cached"] > flops_per_clip["plain"]
