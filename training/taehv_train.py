@@ -44,6 +44,7 @@ import torch
 from accelerate import Accelerator, PartialState
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, set_seed
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from common.clips import VideoClipDataset, VideoDataError, frames_to_unit
 from common.config import TrainConfig, describe, load_config
@@ -453,7 +454,8 @@ def train(
     # from where the run is, epoch after epoch, received while the step computes
     batches = Prefetcher(loader, accelerator, progress, config.prefetch_batches)
     try:
-        stop_reason, data_error = train_windows(run, batches, budget, progress_bar, profiler)
+        with logging_redirect_tqdm():  # log lines go above the progress bar, not into it
+            stop_reason, data_error = train_windows(run, batches, budget, progress_bar, profiler)
     finally:
         batches.close()
 
