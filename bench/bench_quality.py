@@ -279,6 +279,8 @@ def plot(
         for n, (arm, curve) in enumerate(curves.items()):
             points = np.array([xy(p[x], p[key]) for p in curve], np.int32)
             cv2.polylines(image, [points], False, colours[arm], 2, cv2.LINE_AA)
+            for point in points:  # a curve of one point (one budget) shows too
+                cv2.circle(image, (int(point[0]), int(point[1])), 3, colours[arm], -1, cv2.LINE_AA)
             legend_y = height - margin - 12 - 18 * (len(curves) - 1 - n)  # bottom right: the curves rise to the top
             cv2.putText(image, arm, (width - 120, legend_y), cv2.FONT_HERSHEY_SIMPLEX, 0.45, colours[arm], 1)
         panels.append(image)

@@ -112,9 +112,11 @@ class TrainConfig:
     # -- optimisation ----------------------------------------------------------------
     train_batch_size: int = 2  # per process
     gradient_accumulation_steps: int = 1  # the only source: accelerate YAMLs must not set it
-    max_train_steps: int = 100_000  # optimizer steps
-    # wall-clock budget ("8h", "45m", "1h30m", "600s"): fixed as a step count early on (training/loop/time_budget.py)
+    max_train_steps: int = 100_000  # optimizer steps; 0 with max_train_time: no step limit, the budget decides
+    # wall-clock budget ("8h", "45m", "1h30m", "600s"): fixed as a step count early on (training/loop/time_budget.py);
+    # typed without --max_train_steps, the budget alone is the run's length (with_budget)
     max_train_time: str = ""
+    validations_per_budget: int = 10  # under max_train_time: validations spread over the run; 0: validation_every
     learning_rate: float = 1e-4
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
@@ -253,13 +255,14 @@ ANNOTATION_KEYS = ("annotation_file", "val_annotation_file")
 
 
 def with_overrides(base: TrainConfig, overrides: list[str]) -> TrainConfig:
-    """``apply_overrides``, and a ``data_root`` given alone takes the base's annotation files
+    """``apply_overrides``; a ``max_train_time`` given alone is the run's length
+    (``with_budget``), and a ``data_root`` given alone takes the base's annotation files
     with it: when no annotation key is given and the base's annotation files lie under the
     base's own ``data_root``, they list the base's clips, not the new folder's, so they are
     cleared and the new folder is scanned, without a validation set (the config check's note
     says so and names make_annotations)."""
-    config = apply_overrides(base, overrides)
     given = given_keys(overrides)
+    config = with_budget(apply_overrides(base, overrides), given)
     if "data_root" not in given or given & set(ANNOTATION_KEYS):
         return config
     if not all(isinstance(v, str) and v for v in (base.data_root, config.data_root)):
@@ -271,6 +274,15 @@ def with_overrides(base: TrainConfig, overrides: list[str]) -> TrainConfig:
     if not all(path.is_relative_to(base_root) for path in annotations):
         return config
     return replace(config, **dict.fromkeys(ANNOTATION_KEYS, ""))
+
+
+def with_budget(config: TrainConfig, given: set[str]) -> TrainConfig:
+    """A ``max_train_time`` typed without ``max_train_steps`` is the run's length: the step
+    count of the config file (or of a run being resumed) does not cut it short, so it
+    becomes 0 (no step limit); a ``max_train_steps`` typed beside it stays a cap."""
+    if config.max_train_time and "max_train_time" in given and "max_train_steps" not in given:
+        return replace(config, max_train_steps=0)
+    return config
 
 
 UNREADABLE_CONFIG = "cannot read it as a config: give a Python config that defines `config`, or a run's config.json"

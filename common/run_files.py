@@ -117,7 +117,8 @@ def run_weights(path: str | Path) -> tuple[Path, str | None]:
     if checkpoint is None:
         return verified_weights(run), None
     final = next((run / name for name in FINAL_MODELS if (run / name).is_file()), None)
-    total = json.loads((run / "config.json").read_text()).get("max_train_steps", "?")
+    config = json.loads((run / "config.json").read_text())
+    total = config.get("max_train_steps", "?") or f"a budget of {config.get('max_train_time')}"
     state = "unfinished" if final is None else f"continued past its {final.name}"
     best = " (best_model/ holds its best validation)" if (run / "best_model" / CHECKPOINT_WEIGHTS).is_file() else ""
     step = CHECKPOINT_NAME.match(checkpoint.name).group(1)

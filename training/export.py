@@ -34,10 +34,9 @@ def training_length(run: Path, config: dict) -> str:
     steps = progress.get("step", 0)
     if not config.get("max_train_time"):
         return f"{steps} of {config['max_train_steps']} steps"
-    planned = progress.get("planned_steps") or config["max_train_steps"]
-    return (
-        f"{steps} steps in {progress.get('train_seconds', 0):.0f} s (max_train_time={config['max_train_time']}, "
-        f"{planned} steps planned)"
+    planned = progress.get("planned_steps")
+    return f"{steps} steps in {progress.get('train_seconds', 0):.0f} s (max_train_time={config['max_train_time']}" + (
+        f", {planned} steps planned)" if planned else ", spent before its step count was planned)"
     )
 
 

@@ -62,10 +62,9 @@ from training.loop.distributed import process_group_backend, process_state
 from training.loop.feed import feed_notes
 from training.loop.memory import check_fits
 from training.loop.monitoring import Monitor
-from training.loop.optimisation import parse_duration
 from training.loop.resilience import FaultPlan, StopRequest, agree, broadcast_flag
 from training.loop.step import StepResult, TrainStep, accumulation_plugin, build_model
-from training.loop.time_budget import TimeBudget
+from training.loop.time_budget import TimeBudget, keeps_plan
 from training.loop.validation import ValidationDataError, validate
 from training.preflight import check
 from training.state.checkpoints import (
@@ -105,6 +104,7 @@ class Progress:
     consecutive_skips: int = 0
     train_seconds: float = 0.0  # wall-clock seconds spent on the run, all its processes
     planned_steps: int = 0  # the step count max_train_time fixed (training.loop.time_budget); 0: max_train_steps
+    validation_every: int = 0  # the validation interval max_train_time spread; 0: the config's intervals
 
     @property
     def window(self) -> int:
@@ -280,15 +280,16 @@ class Run:
             self.faults,
         )
 
-    def validate(self, last: bool) -> bool:
-        """Validate the EMA weights at the current step, keep the best model; True when
-        early stopping says stop (decided on rank 0, obeyed by all). ValidationDataError,
-        on every rank together, when the validation clips went away."""
+    def validate(self, draw: bool) -> bool:
+        """Validate the EMA weights at the current step (its reconstruction strip to
+        TensorBoard when ``draw``), keep the best model; True when early stopping says stop
+        (decided on rank 0, obeyed by all). ValidationDataError, on every rank together,
+        when the validation clips went away."""
         config, train_step, step = self.config, self.train_step, self.progress.step
         acc = train_step.accelerator
         with train_step.averaged_weights():
             metrics = validate(acc, train_step.net, self.val_set, config, self.ref_vae, train_step.input_dtype)
-        self.monitor.log_validation(step, metrics, last)
+        self.monitor.log_validation(step, metrics, draw)
         train_step.model.train()
         scalars = {k: v for k, v in metrics.items() if isinstance(v, float)}
         if self.tracker.update(step, scalars):
@@ -403,6 +404,10 @@ def train(
     if resume_from is not None:
         saved = load_training_state(train_step.objects, resume_from)
         progress = Progress(**saved["progress"])
+        if start.extending or not keeps_plan(
+            saved.get("config", {}), config
+        ):  # a new length: a time budget plans again
+            progress.planned_steps = progress.validation_every = 0
         tracker = BestTracker.replay(
             saved["validation_history"],
             config.best_metric,
@@ -417,15 +422,7 @@ def train(
         )
     # the schedule's horizon: the step count a time budget fixed, else this start's max_train_steps
     train_step.schedule.total = (progress.planned_steps or config.max_train_steps) * accelerator.num_processes
-    budget = TimeBudget(
-        parse_duration(config.max_train_time) if config.max_train_time else None,
-        config.max_train_steps,
-        config.validation_every,
-        progress,
-        train_step.schedule,
-        accelerator.num_processes,
-        started,
-    )
+    budget = TimeBudget(config, progress, train_step.schedule, accelerator.num_processes, started, accelerator.device)
     if data.latents.available:  # a run from published or earlier weights must already be on the reference scale
         check_latent_scale(train_step, data, pretrained=bool(config.pretrained_model_path))
     if accelerator.is_main_process:  # only once the start-up worked: a failed resume leaves the run as it was
@@ -474,7 +471,7 @@ def train_windows(
     config, train_step, progress, monitor = run.config, run.train_step, run.progress, run.monitor
     accelerator = train_step.accelerator
     samples_per_step = config.train_batch_size * config.gradient_accumulation_steps * accelerator.num_processes
-    stop_reason = "finished" if progress.step >= budget.last_step else None
+    stop_reason = "finished" if budget.reached(progress.step) else None
     data_error: VideoDataError | None = None
     train_step.model.train()
     while stop_reason is None:
@@ -501,8 +498,9 @@ def train_windows(
             profiler.step()
         progress_bar.update(1)
         budget.account()
-        out_of_time = budget.exhausted()
-        last = step >= budget.last_step or out_of_time
+        out_of_time, planning = budget.check()  # until a time budget's plan: its clock
+        last = out_of_time or budget.reached(step)
+        cadence = budget.cadence
 
         if step % config.log_every == 0 or last:
             logs = monitor.log_train(step, train_step.scheduler.get_last_lr()[0], result.grad_norm, samples_per_step)
@@ -510,29 +508,26 @@ def train_windows(
             progress_bar.set_postfix(
                 loss=f"{logs['train/loss']:.4f}", **({} if psnr is None else {"psnr": f"{psnr:.2f}"})
             )
-        early_stop = False
-        if run.val_set is not None and (step % config.validation_every == 0 or last):
+        early_stop, validation = False, None
+        if run.val_set is not None and (cadence.validates(step) or last or planning):  # planning: measures its cost
             try:
-                early_stop = run.validate(last)
+                with budget.aside() as validation:
+                    early_stop = run.validate(cadence.draws(step) or last)
             except ValidationDataError as err:  # raised on every rank together; the step is saved by finish
                 stop_reason, data_error = "data", err
                 break
-        if step % config.checkpointing_steps == 0 or last:
-            run.checkpoint()
+        if planning and not last:  # the time budget fixes the run's step count and intervals
+            progress_bar.total = budget.plan(validation.seconds if validation is not None else 0.0)
+            progress_bar.refresh()
+            last, cadence = budget.reached(step), budget.cadence
+        if cadence.checkpoints_at(step) or last:
+            with budget.aside():
+                run.checkpoint()
 
         if last:
-            logger.info(
-                "training ends at step %d: %s",
-                step,
-                f"the time budget max_train_time={config.max_train_time} is spent"
-                if out_of_time
-                else f"the {'planned' if progress.planned_steps else 'max_train_steps'} step count is reached",
-            )
+            logger.info("training ends at step %d: %s", step, budget.ending(step, out_of_time))
             stop_reason = "finished"
             break
-        if (planned := budget.plan()) is not None:  # the time budget has just fixed the run's step count
-            progress_bar.total = planned
-            progress_bar.refresh()
         stop_reason = "early_stop" if early_stop else "signal" if result.stop_requested else None
     return stop_reason, data_error
 

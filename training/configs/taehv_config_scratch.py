@@ -12,7 +12,9 @@ For time to quality (docs/benchmarks.md, "Time to quality"): the training videos
 decoded and downscaled in memory (``frame_cache_mb``: no step waits for seeking and decoding
 720p video for a 32x48 crop), and bf16 autocast where the hardware computes it natively
 (GPUs, CPUs with AVX512-BF16 or AMX: 1.8x the steps per second of fp32 here), else fp32.
-``--max_train_time=8m`` gives a run a wall-clock budget."""
+``--max_train_time=8m`` makes eight minutes the run's length: its 500 steps no longer apply,
+and its validations, strips and checkpoints are spread over the budget
+(``training/loop/time_budget.py``)."""
 
 from common.config import native_bf16
 from training.configs.taehv_config import config as base

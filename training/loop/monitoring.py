@@ -164,16 +164,15 @@ class Monitor:
         self._micro_batches, self._last_step, self._since = 0, step, time.perf_counter()
         return logs
 
-    def log_validation(self, step: int, metrics: dict, last: bool) -> None:
-        """The validation's scalars; its reconstruction strip every ``image_log_every`` steps and at the ``last``
-        step."""
+    def log_validation(self, step: int, metrics: dict, draw: bool) -> None:
+        """The validation's scalars, and its reconstruction strip when ``draw`` (the loop's
+        cadence: every ``image_log_every`` steps, or as a time budget spread them, and the last)."""
         strip = metrics.pop("strip", None)
         self.last_psnr = metrics.get("val/psnr")
         self.accelerator.log(metrics, step=step)
         if self.accelerator.is_main_process:
             logger.info("step %d validation: %s", step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
-            every = self.config.image_log_every
-            if strip is not None and ((every and step % every == 0) or last):
+            if strip is not None and draw:
                 writer = self.accelerator.get_tracker("tensorboard", unwrap=True)
                 writer.add_image("val/reconstruction", strip, step, dataformats="CHW")
 

@@ -20,8 +20,14 @@ LR_SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
 
 def problems(config: TrainConfig) -> list[str]:
     """What is wrong with the optimisation and model keys."""
-    found = below(config, ("train_batch_size", "gradient_accumulation_steps", "max_train_steps"), 1)
-    found += below(config, ("max_grad_norm", "weight_decay", "lr_warmup_steps"), 0)
+    found = below(config, ("train_batch_size", "gradient_accumulation_steps"), 1)
+    found += below(
+        config, ("max_train_steps", "validations_per_budget", "max_grad_norm", "weight_decay", "lr_warmup_steps"), 0
+    )
+    if not (config.max_train_steps or config.max_train_time):
+        found.append(
+            "max_train_steps=0 (no step limit) needs a time budget: set max_train_time, or max_train_steps >= 1"
+        )
     if config.mixed_precision not in MIXED_PRECISION:
         found.append(f"mixed_precision must be one of {MIXED_PRECISION}")
     if config.max_train_time and parse_duration(config.max_train_time) is None:
@@ -83,7 +89,8 @@ class LearningRateSchedule:
     ``constant_with_warmup``, ``cosine`` (half a cycle) and ``linear`` schedules, with a
     horizon (``total``) that a time budget can set once the run's speed is known. Its
     attributes are plain data, so ``LambdaLR.state_dict`` saves them and a resumed run
-    gets the horizon it had."""
+    gets the horizon it had. A horizon of 0 (a time budget that has not planned its step
+    count yet, with no step limit) means no decay yet."""
 
     def __init__(self, kind: str, warmup: int, total: int):
         self.kind, self.warmup, self.total = kind, warmup, total
@@ -93,7 +100,7 @@ class LearningRateSchedule:
             return 1.0
         if step < self.warmup:
             return float(step) / float(max(1, self.warmup))
-        if self.kind == "constant_with_warmup":
+        if self.kind == "constant_with_warmup" or not self.total:
             return 1.0
         if self.kind == "linear":
             return max(0.0, float(self.total - step) / float(max(1, self.total - self.warmup)))

@@ -84,11 +84,16 @@ def agree(flags: list[bool], device: torch.device) -> list[bool]:
 
 def broadcast_flag(flag: bool, device: torch.device) -> bool:
     """Rank 0's ``flag`` on every rank (decisions such as early stopping are taken once)."""
+    return bool(broadcast_numbers([float(flag)], device)[0])
+
+
+def broadcast_numbers(values: list[float], device: torch.device) -> list[float]:
+    """Rank 0's ``values`` on every rank (float64: integers below 2**53 come back exact)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return flag
-    tensor = torch.tensor([float(flag)], device=device)
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
     torch.distributed.broadcast(tensor, src=0)
-    return bool(tensor.item())
+    return tensor.tolist()
 
 
 def poisoned(loss: torch.Tensor) -> torch.Tensor:

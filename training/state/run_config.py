@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.config import TrainConfig, apply_overrides, given_keys, resolve_paths
+from common.config import TrainConfig, apply_overrides, given_keys, resolve_paths, with_budget
 from common.errors import UserError
 from common.run_files import finished_info
 from training.state.checkpoints import checkpoint_step, read_trainer_state, resolve_resume
@@ -47,10 +47,12 @@ def config_for_resume(base: TrainConfig, given: list[str], saved: dict) -> tuple
     """The run's ``saved`` config with ``given`` applied on top, and the changes. Keys the
     run predates take ``base``'s (the preset's) value; keys this version no longer knows are
     dropped (and listed); the ``START_KEYS`` are this start's. A ``--variant`` other than
-    the run's is refused: a checkpoint holds the weights of one variant."""
+    the run's is refused: a checkpoint holds the weights of one variant. A ``max_train_time``
+    given without ``max_train_steps`` is the run's length, as at a fresh start."""
     known = {key: value for key, value in saved.items() if key in _FIELDS}
     start = {key: getattr(base, key) for key in START_KEYS}
-    config = resolve_paths(apply_overrides(TrainConfig(**{**base.to_dict(), **known, **start}), given))
+    config = TrainConfig(**{**base.to_dict(), **known, **start})
+    config = resolve_paths(with_budget(apply_overrides(config, given), given_keys(given)))
     if "variant" in given_keys(given) and "variant" in known and config.variant != known["variant"]:
         raise UserError(
             f"the run holds a {known['variant']} model but this resume asks for --variant={config.variant}: "
@@ -87,13 +89,26 @@ def start_of(base: TrainConfig, given: list[str]) -> Start:
     if not base.resume_from_checkpoint:  # auto_resume
         return dataclasses.replace(start, done=True)
     how = (
-        f"finished at step {info['step']} (max_train_steps={info.get('max_train_steps', config.max_train_steps)}): "
-        f"give --max_train_steps above {info['step']} to extend it"
+        f"finished at step {info['step']} ({run_length(info, config)}): "
+        f"give --max_train_steps above {info['step']}{spent_budget(config)} to extend it"
         if info["reason"] == "finished"
         else f"stopped early at step {info['step']}: give the changes that train it further "
         "(e.g. --early_stopping_patience=0)"
     )
     raise UserError(f"{run} {how}, or start a new run (without --resume)")
+
+
+def run_length(info: dict, config: TrainConfig) -> str:
+    """What ended a finished run: its step limit, or its time budget."""
+    steps = info.get("max_train_steps", config.max_train_steps)
+    return f"max_train_steps={steps}" if steps else f"max_train_time={config.max_train_time}"
+
+
+def spent_budget(config: TrainConfig) -> str:
+    """For a run with a time budget: that it is spent, and how to lift it."""
+    if not config.max_train_time:
+        return ""
+    return f" and --max_train_time= (or more than its spent {config.max_train_time})"
 
 
 def describe_start(start: Start) -> str:
@@ -105,5 +120,6 @@ def describe_start(start: Start) -> str:
         return f"nothing to do: {start.run} finished at step {start.step} (raise --max_train_steps to extend it)"
     changed = ", ".join(start.changes) or "nothing"
     run = f"the finished run {start.run}, extending it" if start.extending else f"run {start.run}"
-    line = f"{start.checkpoint} at step {start.step} of {start.horizon} ({run}); changed on resume: {changed}"
+    of = f"of {start.horizon}" if start.horizon else "(its time budget has not planned its step count yet)"
+    line = f"{start.checkpoint} at step {start.step} {of} ({run}); changed on resume: {changed}"
     return line + ("; final_model.* and export/ are replaced at its end" if start.extending else "")
