@@ -404,9 +404,8 @@ def train(
     if resume_from is not None:
         saved = load_training_state(train_step.objects, resume_from)
         progress = Progress(**saved["progress"])
-        if start.extending or not keeps_plan(
-            saved.get("config", {}), config
-        ):  # a new length: a time budget plans again
+        # a new length: a time budget plans again
+        if start.extending or not keeps_plan(saved.get("config", {}), config):
             progress.planned_steps = progress.validation_every = 0
         tracker = BestTracker.replay(
             saved["validation_history"],
