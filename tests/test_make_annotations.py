@@ -505,3 +505,40 @@ def test_merge_and_shard_mistakes_are_refused_in_one_line(demo_clips, tmp_path, 
     ]
     probes_path(out, (1, 3)).unlink()
     assert "merged 2 probe parts: 3 videos" in annotate(capsys, src, out, "--merge", "--val_fraction", "0")
+
+
+def av1_mkv(path: Path, frames: int) -> Path:
+    """A 64x48 AV1 clip (SVT-AV1) of ``frames`` grey levels 0, 40, 80, ..., in Matroska."""
+    if "libsvtav1" not in av.codecs_available:
+        pytest.skip("this PyAV has no AV1 encoder (libsvtav1)")
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libsvtav1", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), 40 * i, np.uint8), "rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return path
+
+
+@pytest.mark.slow  # a process of the tool
+def test_av1_clips_opencv_cannot_decode_are_decoded_through_pyav(demo_clips, tmp_path, monkeypatch):
+    """OpenCV's FFmpeg (opencv-python) decodes no AV1 frame; the tool keeps the clip with
+    the frames PyAV decodes, without FFmpeg's lines on stderr, and training reads it."""
+    monkeypatch.setenv("SVT_LOG", "1")  # the encoder's banner
+    src = clip_folder(demo_clips, tmp_path / "videos", count=1)
+    av1_mkv(src / "av1.mkv", 6)
+    out = tmp_path / "a.json"
+    result = run_cli(str(src), "-o", str(out), "--group_regex", "", "--val_fraction", "0.5")
+    assert result.returncode == 0, result.stderr
+    assert "[av1 @" not in result.stderr and "skipped 0" in result.stdout
+    (entry,) = [
+        e for e in read_list(tmp_path / "a_train.json") + read_list(tmp_path / "a_val.json") if "av1" in e["path"]
+    ]
+    assert (entry["frames"], entry["width"], entry["height"], entry["fps"]) == (6, 64, 48, 10.0)
+
+    annotation = tmp_path / "av1.json"
+    make_annotations.write_annotation(annotation, [entry])
+    ds = VideoClipDataset(annotation_file=annotation, n_frames=3, height=48, width=64, mode="val", stride_range=(1, 1))
+    frames = ds.load_clip(0).numpy()  # the middle window: frames 1, 2, 3
+    assert np.abs(frames.mean(axis=(1, 2, 3)) - [40, 80, 120]).max() < 3
