@@ -542,3 +542,47 @@ def test_av1_clips_opencv_cannot_decode_are_decoded_through_pyav(demo_clips, tmp
     ds = VideoClipDataset(annotation_file=annotation, n_frames=3, height=48, width=64, mode="val", stride_range=(1, 1))
     frames = ds.load_clip(0).numpy()  # the middle window: frames 1, 2, 3
     assert np.abs(frames.mean(axis=(1, 2, 3)) - [40, 80, 120]).max() < 3
+
+
+def documented_command(pattern: str) -> str:
+    """The first match of ``pattern`` in docs/data.md."""
+    match = re.search(pattern, (REPO_ROOT / "docs" / "data.md").read_text(), re.S | re.M)
+    assert match, f"docs/data.md shows no command like {pattern!r}"
+    return match.group(1)
+
+
+@pytest.mark.slow  # processes of the tool
+def test_the_documented_commands_run_from_any_folder(demo_clips, tmp_path):
+    """docs/data.md's Slurm array job and merge, submitted from a folder that is not the
+    repository; the tool run there with the repository on PYTHONPATH, as the docs say, and
+    the command its split warning prints, run there as it is printed."""
+    src = tmp_path / "videos"
+    src.mkdir()
+    for name, clip in zip(("a_0.mp4", "b_0.mp4", "c_0.mp4"), sorted((demo_clips["root"] / "videos").glob("*.mp4"))):
+        (src / name).symlink_to(clip)
+    out = tmp_path / "slurm" / "annotations.json"
+    python_bin = str(Path(sys.executable).parent)  # `python`, as the docs and printed commands name it
+
+    def run(command: str, **env: str) -> subprocess.CompletedProcess:
+        for doc, here in (("/path/to/taehv-train", REPO_ROOT), ("/data/videos", src), ("/data/annotations.json", out)):
+            command = command.replace(doc, str(here))
+        environment = {**os.environ, "PATH": f"{python_bin}:{os.environ['PATH']}", **env}
+        environment.pop("PYTHONPATH", None)
+        return subprocess.run(
+            ["bash", "-c", command], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120
+        )
+
+    script = documented_command(r"```bash\n(#!/bin/bash\n#SBATCH --job-name=annotate\n.*?)```")
+    for task in (1, 2):
+        job = run(script, SLURM_ARRAY_TASK_ID=str(task), SLURM_ARRAY_TASK_COUNT="2", SLURM_CPUS_PER_TASK="1")
+        assert job.returncode == 0, job.stderr
+    merged = run(documented_command(r'--wrap \\\n\s*"(.*?)"'))  # 0.05 of 3 clips holds none out: exit 1
+    assert merged.returncode == 1 and "merged 2 probe parts: 3 videos" in merged.stdout, merged.stderr
+
+    plain = run(documented_command(r"^(PYTHONPATH=[^\n]* -m training\.make_annotations [^\n]*)$"))  # relative paths
+    assert plain.returncode == 1 and "found 3 videos" in plain.stdout, plain.stderr
+    fix = plain.stderr.split("to fix it, run: ")[1].strip()
+    assert fix.startswith(f"PYTHONPATH={REPO_ROOT} python -m training.make_annotations videos -o annotations.json")
+    fixed = run(fix)
+    assert fixed.returncode == 0, fixed.stderr
+    assert len(read_list(tmp_path / "annotations_val.json")) == 1

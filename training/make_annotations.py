@@ -36,6 +36,9 @@ writes only ``<out>_probes.shard-K-of-N.jsonl`` (incremental too); once all N ar
 ``--merge`` reads the N parts, probing nothing, and writes the same train/val/skipped files,
 byte for byte, as one machine would.
 
+Run it from the repository root (``python -m`` finds the ``training`` package there), or
+from anywhere with the repository on ``PYTHONPATH``.
+
 Clips from the same source stay on the same side of the split: the group of a clip is
 the first match of ``--group_regex`` on its path relative to DIR (by default its folder
 plus the file name up to the first "_" or "."), and the split is deterministic given
@@ -469,13 +472,28 @@ def annotate(
     return Annotated(root, paths, records_name, what, len(records), train, val, skipped, split_note, problem)
 
 
-LAUNCH_SCRIPT = Path(__file__).resolve().parents[1] / "train_taehv_h100.sh"
+REPOSITORY = Path(__file__).resolve().parents[1]
+LAUNCH_SCRIPT = REPOSITORY / "train_taehv_h100.sh"
+
+
+def in_repository() -> bool:
+    """Whether this process runs in the repository root, where ``python -m training...`` and
+    ``./train_taehv_h100.sh`` work as they are."""
+    return Path.cwd().resolve() == REPOSITORY
+
+
+def tool_command(args: Sequence[str]) -> str:
+    """This tool's command line with ``args``, as it runs from the current folder: outside
+    the repository, with the repository on ``PYTHONPATH`` (``python -m`` finds the
+    ``training`` package there; the arguments keep their meaning)."""
+    command = shlex.join(["python", "-m", "training.make_annotations", *args])
+    return command if in_repository() else f"PYTHONPATH={shlex.quote(str(REPOSITORY))} {command}"
 
 
 def train_command(annotated: Annotated) -> str:
     """The launch command that trains the from-scratch preset on the annotated clips (the
     script as ``./train_taehv_h100.sh`` when run from the repository, else its path)."""
-    script = "./" + LAUNCH_SCRIPT.name if Path.cwd().resolve() == LAUNCH_SCRIPT.parent else str(LAUNCH_SCRIPT)
+    script = "./" + LAUNCH_SCRIPT.name if in_repository() else str(LAUNCH_SCRIPT)
     val = annotated.paths["val"] if annotated.val else ""  # no validation set: the preset's is not used either
     return shlex.join(
         [
@@ -604,9 +622,8 @@ def report(annotated: Annotated, argv: list[str]) -> int:
         # no --force: the records file next to the annotations lets the same -o be rewritten;
         # --resplit where the empty side is training's: no run can have trained on it
         resplit = ["--resplit"] if flags and val and "--resplit" not in argv else []
-        again = ["python", "-m", "training.make_annotations", *argv, *flags, *resplit]
         fix = (
-            f"to fix it, run: {shlex.join(again)}"
+            f"to fix it, run: {tool_command([*argv, *flags, *resplit])}"
             if flags
             else "add clips, or pass --val_fraction 0 and train without validation (no val_annotation_file)"
         )
