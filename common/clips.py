@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import cv2
 import numpy as np
@@ -39,7 +39,16 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from common.errors import UserError
 from common.packet_count import count_frames_from_packets
 
+if TYPE_CHECKING:
+    from common.pyav_stream import PyAVStream
+
 logger = logging.getLogger(__name__)
+
+# FFmpeg's own lines from inside OpenCV ("[av1 @ 0x...] Failed to get pixel format", "moov
+# atom not found") go straight to stderr, once per file; what they tell of reaches the user
+# as a BadClipError reason instead. OpenCV reads this when it opens its first video; a
+# level the user set wins (16 shows FFmpeg's errors again).
+os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "8")  # AV_LOG_FATAL
 
 VIDEO_EXTENSIONS = (".mp4", ".avi", ".mov", ".mkv", ".webm")
 IMAGE_EXTENSIONS = (".png", ".webp")  # images, read with their alpha channel: one frame, or an animation's frames
@@ -259,17 +268,36 @@ class VideoReader:
     A seek decodes from the previous keyframe, so it pays off only for jumps of at least
     ``seek_threshold`` frames; it is verified against the decoder's frame position, and a
     seek that lands elsewhere is replaced by reading on from the start.
+    A file OpenCV opens but decodes no frame of (AV1 in the opencv-python wheels, whose
+    FFmpeg decodes AV1 only in hardware) is decoded through PyAV instead (``PyAVStream``,
+    libdav1d), read forward without seeking; the size, frame rate and count are OpenCV's.
     """
 
     def __init__(self, path: str, *, seek_threshold: int = 32, threads: int = 1):
         self.path = path
         self.seek_threshold = seek_threshold
         self.threads = threads
+        self._pyav = False  # decoding through PyAV: OpenCV's FFmpeg gave no frame of the file
         self._cap = self._open()
         self._pos = 0  # index of the frame the next read() returns
+        count = self._cap.get(cv2.CAP_PROP_FRAME_COUNT)
+        # What the container claims, or -1 where it claims no positive count (FFmpeg reads a
+        # still image named like a video with a count of -2**63); may be wrong (the shadow
+        # clip says 162, 160 decode).
+        self.container_frame_count = int(count) if math.isfinite(count) and count >= 1 else -1
+        self.fps = float(self._cap.get(cv2.CAP_PROP_FPS))
+        # (width, height) of the decoded frames
+        self.size = int(self._cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(self._cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
 
-    def _open(self) -> cv2.VideoCapture:
+    def _open(self) -> cv2.VideoCapture | PyAVStream:
         check_regular_file(self.path)
+        if self._pyav:
+            from common.pyav_stream import PyAVOpenError, PyAVStream  # PyAV only for the files that need it
+
+            try:
+                return PyAVStream(self.path, self.threads)
+            except PyAVOpenError as err:
+                raise BadClipError("unreadable", str(err)) from err
         try:
             cap = cv2.VideoCapture(self.path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, self.threads])
         except cv2.error as err:
@@ -284,6 +312,26 @@ class VideoReader:
         self._cap = self._open()
         self._pos = 0
 
+    def _through_pyav(self) -> bool:
+        """Whether OpenCV's capture, which has given no frame, was replaced by PyAV's decoder
+        (once per reader: a stream neither decodes has no frames)."""
+        if self._pyav or self._pos > 0:
+            return False
+        self._cap.release()
+        self._pyav = True
+        self._cap = self._open()
+        logger.debug("OpenCV decodes no frame of %s: decoding it through PyAV", self.path)
+        return True
+
+    def _grab(self) -> bool:
+        return self._cap.grab() or (self._through_pyav() and self._cap.grab())
+
+    def _read(self) -> tuple[bool, np.ndarray | None]:
+        ok, frame = self._cap.read()
+        if not ok and self._through_pyav():
+            ok, frame = self._cap.read()
+        return ok, frame
+
     def __enter__(self) -> VideoReader:
         return self
 
@@ -292,23 +340,6 @@ class VideoReader:
 
     def close(self) -> None:
         self._cap.release()
-
-    @property
-    def container_frame_count(self) -> int:
-        """What the container claims, or -1 where it claims no positive count (FFmpeg reads
-        a still image named like a video with a count of -2**63); may be wrong (the shadow
-        clip says 162, 160 decode)."""
-        count = self._cap.get(cv2.CAP_PROP_FRAME_COUNT)
-        return int(count) if math.isfinite(count) and count >= 1 else -1
-
-    @property
-    def fps(self) -> float:
-        return float(self._cap.get(cv2.CAP_PROP_FPS))
-
-    @property
-    def size(self) -> tuple[int, int]:
-        """(width, height) of the decoded frames."""
-        return int(self._cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(self._cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
 
     def _seek(self, target: int) -> bool:
         if self._cap.set(cv2.CAP_PROP_POS_FRAMES, target) and int(self._cap.get(cv2.CAP_PROP_POS_FRAMES)) == target:
@@ -320,13 +351,13 @@ class VideoReader:
 
     def _skip_to(self, target: int) -> bool:
         """Position so that the next read returns frame ``target``; False if the stream ends first."""
-        if target >= self.seek_threshold and (target < self._pos or target - self._pos >= self.seek_threshold):
-            if self._seek(target):
-                return True
+        jump = target < self._pos or target - self._pos >= self.seek_threshold
+        if not self._pyav and target >= self.seek_threshold and jump and self._seek(target):
+            return True
         if target < self._pos:
             self._restart()
         while self._pos < target:
-            if not self._cap.grab():
+            if not self._grab():
                 return False
             self._pos += 1
         return True
@@ -343,7 +374,7 @@ class VideoReader:
         for k in range(count):
             if not self._skip_to(start + k * stride):
                 return frames, self._pos
-            ok, frame = self._cap.read()
+            ok, frame = self._read()
             if not ok:
                 return frames, self._pos
             self._pos += 1
@@ -352,7 +383,7 @@ class VideoReader:
 
     def count_frames(self) -> int:
         """Decode to the end (no colour conversion); the number of frames that decode."""
-        while self._cap.grab():
+        while self._grab():
             self._pos += 1
         return self._pos
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from test_launch_script import TINY_SCRATCH, launch
 
-from common.clips import ClipTable, VideoClipDataset
+from common.clips import BadClipError, ClipTable, VideoClipDataset
 from common.errors import UserError
 from training import make_annotations
 from training.data import probe_pool
@@ -405,10 +405,11 @@ def test_shards_then_merge_write_the_files_of_one_machine(many_clips, tmp_path, 
     assert all(shard_of(rel, 3) == k for k, p in enumerate(parts, 1) for rel in p.records)
 
     assert "probed 0 new or changed files" in annotate(capsys, src, out, "--shard", "2/3")  # incremental too
-    assert "merged 3 probe parts: 300 videos" in annotate(capsys, src, out, "--merge")
+    stdout = annotate(capsys, src, out, "--merge")
+    assert "merged 3 probe parts: 300 videos" in stdout and "probed 0 new or changed files, reused 300" in stdout
     assert outputs(out) == reference  # byte for byte
-    # A plain run on the same -o needs no --force (the parts are of this DIR) and reuses nothing.
-    assert "probed 300 new or changed files" in annotate(capsys, src, out)
+    # The merge wrote the records of a plain run: one on the same -o (no --force) probes nothing.
+    assert "probed 0 new or changed files, reused 300" in annotate(capsys, src, out)
     assert outputs(out) == reference
 
 
@@ -505,3 +506,179 @@ def test_merge_and_shard_mistakes_are_refused_in_one_line(demo_clips, tmp_path, 
     ]
     probes_path(out, (1, 3)).unlink()
     assert "merged 2 probe parts: 3 videos" in annotate(capsys, src, out, "--merge", "--val_fraction", "0")
+
+
+def names_in_part(k: int, n: int, count: int) -> list[str]:
+    """``count`` file names (``s0_clip.mp4`` ...) whose paths fall in part ``k`` of ``n``."""
+    names = (f"s{i}_clip.mp4" for i in range(1000))
+    return [name for name in names if shard_of(name, n) == k][:count]
+
+
+def test_a_merge_probes_what_changed_since_the_shards_ran(demo_clips, tmp_path, capsys):
+    """--shard 1/2, then one of its files deleted, one re-encoded shorter and smaller and
+    one added to its part, then --shard 2/2 and --merge: the files a one-machine run on
+    the final folder writes, byte for byte, with only the two new or changed files probed
+    again and the gone one said."""
+    clip = sorted((demo_clips["root"] / "videos").glob("*.mp4"))[0]  # 12 frames of 64x48
+    src = tmp_path / "videos"
+    src.mkdir()
+    first, second = names_in_part(1, 2, 5), names_in_part(2, 2, 4)
+    for name in first[:4] + second:
+        shutil.copy(clip, src / name)
+    out, flags = tmp_path / "parts" / "a.json", ("--val_fraction", "0.25")
+    annotate(capsys, src, out, "--shard", "1/2", *flags)
+    (src / first[0]).unlink()
+    tiny_mp4(src / first[1], 2)  # re-encoded: 2 frames of 16x16
+    shutil.copy(clip, src / first[4])
+    annotate(capsys, src, out, "--shard", "2/2", *flags)
+    stdout = annotate(capsys, src, out, "--merge", *flags)
+    one = tmp_path / "one" / "a.json"
+    annotate(capsys, src, one, *flags)
+    assert outputs(out) == outputs(one)
+    assert "probed 2 new or changed files, reused 6, dropped the records of 1 file now gone" in stdout
+    kept = {e["path"]: e for part in ("train", "val") for e in read_list(make_annotations.output_paths(out)[part])}
+    assert sorted(kept) == sorted(first[1:] + second)
+    assert (kept[first[1]]["frames"], kept[first[1]]["width"], kept[first[1]]["height"]) == (2, 16, 16)
+    # A second merge reuses the records the first one made of the changed files.
+    assert "probed 0 new or changed files, reused 8" in annotate(capsys, src, out, "--merge", *flags)
+
+
+def test_damaged_or_nonsensical_records_cost_one_probe_each(tmp_path, capsys):
+    """A records line that is no JSON, or a record of -7 frames, is ignored with one warning
+    naming the lines, and only those files are probed again; records an older
+    make_annotations wrote (size and mtime_ns only) are reused."""
+    src, out = many_clip_folder(tmp_path / "videos", count=20), tmp_path / "a.json"
+    assert "probed 20 new or changed files, reused 0" in annotate(capsys, src, out)
+    first = outputs(out)
+    records_file = probes_path(out)
+    lines = records_file.read_text().splitlines(keepends=True)
+    lines[4] = '{"path": "drive_1/src1_001.mp4", "size": 15\n'  # damaged in the middle
+    record = json.loads(lines[7])
+    assert record["probe"]["frames"] > 0
+    record["probe"]["frames"] = -7
+    lines[7] = json.dumps(record) + "\n"
+    records_file.write_text("".join(lines))
+
+    capsys.readouterr()
+    assert main([str(src), "-o", str(out), "--workers", "2"]) == 0
+    captured = capsys.readouterr()
+    assert (
+        "warning: a_probes.jsonl: 2 lines ignored as no valid probe record (line 5: not a JSON object; "
+        "line 8: frames -7): their files are probed again"
+    ) in captured.err
+    assert "probed 2 new or changed files, reused 18" in captured.out and "-7" not in captured.out
+    assert outputs(out) == first
+
+    older = [json.loads(line) for line in records_file.read_text().splitlines()]
+    for record in older[1:-1]:
+        del record["mode"]
+    records_file.write_text("".join(json.dumps(r) + "\n" for r in older))
+    assert "probed 0 new or changed files, reused 20" in annotate(capsys, src, out)
+    records_file.write_text('{"make_annotations_probes": 1}\n')  # no folder in the header
+    with pytest.raises(UserError, match=r"a_probes.jsonl is not a probe record file of this make_annotations"):
+        main([str(src), "-o", str(out)])
+
+
+def test_a_file_made_readable_is_probed_again(demo_clips, tmp_path, monkeypatch, capsys):
+    """A file skipped as unreadable for its permissions is probed again once a chmod fixes
+    them (its size and mtime stay the same; its mode is part of its record). The tests run
+    as root, who reads any file: the probe is refused here as for another user."""
+    src = tmp_path / "videos"
+    src.mkdir()
+    for name in ("a_0.mp4", "b_0.mp4", "c_0.mp4"):
+        shutil.copy(sorted((demo_clips["root"] / "videos").glob("*.mp4"))[0], src / name)
+    real_probe = probe_pool.probe_video
+
+    def probe(path, threads=1):  # forked workers inherit this
+        if not path.stat().st_mode & 0o444:
+            raise BadClipError("unreadable", "Permission denied")
+        return real_probe(path, threads)
+
+    monkeypatch.setattr(probe_pool, "probe_video", probe)
+    out, flags = tmp_path / "a.json", ("--val_fraction", "0.4")
+    (src / "b_0.mp4").chmod(0)
+    assert "b_0.mp4: unreadable: Permission denied" in annotate(capsys, src, out, *flags)
+    (src / "b_0.mp4").chmod(0o644)
+    assert "probed 1 new or changed files, reused 2" in annotate(capsys, src, out, *flags)
+    assert read_list(tmp_path / "a_skipped.json") == []
+
+
+def av1_mkv(path: Path, frames: int) -> Path:
+    """A 64x48 AV1 clip (SVT-AV1) of ``frames`` grey levels 0, 40, 80, ..., in Matroska."""
+    if "libsvtav1" not in av.codecs_available:
+        pytest.skip("this PyAV has no AV1 encoder (libsvtav1)")
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libsvtav1", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), 40 * i, np.uint8), "rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return path
+
+
+@pytest.mark.slow  # a process of the tool
+def test_av1_clips_opencv_cannot_decode_are_decoded_through_pyav(demo_clips, tmp_path, monkeypatch):
+    """OpenCV's FFmpeg (opencv-python) decodes no AV1 frame; the tool keeps the clip with
+    the frames PyAV decodes, without FFmpeg's lines on stderr, and training reads it."""
+    monkeypatch.setenv("SVT_LOG", "1")  # the encoder's banner
+    src = clip_folder(demo_clips, tmp_path / "videos", count=1)
+    av1_mkv(src / "av1.mkv", 6)
+    out = tmp_path / "a.json"
+    result = run_cli(str(src), "-o", str(out), "--group_regex", "", "--val_fraction", "0.5")
+    assert result.returncode == 0, result.stderr
+    assert "[av1 @" not in result.stderr and "skipped 0" in result.stdout
+    (entry,) = [
+        e for e in read_list(tmp_path / "a_train.json") + read_list(tmp_path / "a_val.json") if "av1" in e["path"]
+    ]
+    assert (entry["frames"], entry["width"], entry["height"], entry["fps"]) == (6, 64, 48, 10.0)
+
+    annotation = tmp_path / "av1.json"
+    make_annotations.write_annotation(annotation, [entry])
+    ds = VideoClipDataset(annotation_file=annotation, n_frames=3, height=48, width=64, mode="val", stride_range=(1, 1))
+    frames = ds.load_clip(0).numpy()  # the middle window: frames 1, 2, 3
+    assert np.abs(frames.mean(axis=(1, 2, 3)) - [40, 80, 120]).max() < 3
+
+
+def documented_command(pattern: str) -> str:
+    """The first match of ``pattern`` in docs/data.md."""
+    match = re.search(pattern, (REPO_ROOT / "docs" / "data.md").read_text(), re.S | re.M)
+    assert match, f"docs/data.md shows no command like {pattern!r}"
+    return match.group(1)
+
+
+@pytest.mark.slow  # processes of the tool
+def test_the_documented_commands_run_from_any_folder(demo_clips, tmp_path):
+    """docs/data.md's Slurm array job and merge, submitted from a folder that is not the
+    repository; the tool run there with the repository on PYTHONPATH, as the docs say, and
+    the command its split warning prints, run there as it is printed."""
+    src = tmp_path / "videos"
+    src.mkdir()
+    for name, clip in zip(("a_0.mp4", "b_0.mp4", "c_0.mp4"), sorted((demo_clips["root"] / "videos").glob("*.mp4"))):
+        (src / name).symlink_to(clip)
+    out = tmp_path / "slurm" / "annotations.json"
+    python_bin = str(Path(sys.executable).parent)  # `python`, as the docs and printed commands name it
+
+    def run(command: str, **env: str) -> subprocess.CompletedProcess:
+        for doc, here in (("/path/to/taehv-train", REPO_ROOT), ("/data/videos", src), ("/data/annotations.json", out)):
+            command = command.replace(doc, str(here))
+        environment = {**os.environ, "PATH": f"{python_bin}:{os.environ['PATH']}", **env}
+        environment.pop("PYTHONPATH", None)
+        return subprocess.run(
+            ["bash", "-c", command], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120
+        )
+
+    script = documented_command(r"```bash\n(#!/bin/bash\n#SBATCH --job-name=annotate\n.*?)```")
+    for task in (1, 2):
+        job = run(script, SLURM_ARRAY_TASK_ID=str(task), SLURM_ARRAY_TASK_COUNT="2", SLURM_CPUS_PER_TASK="1")
+        assert job.returncode == 0, job.stderr
+    merged = run(documented_command(r'--wrap \\\n\s*"(.*?)"'))  # 0.05 of 3 clips holds none out: exit 1
+    assert merged.returncode == 1 and "merged 2 probe parts: 3 videos" in merged.stdout, merged.stderr
+
+    plain = run(documented_command(r"^(PYTHONPATH=[^\n]* -m training\.make_annotations [^\n]*)$"))  # relative paths
+    assert plain.returncode == 1 and "found 3 videos" in plain.stdout, plain.stderr
+    fix = plain.stderr.split("to fix it, run: ")[1].strip()
+    assert fix.startswith(f"PYTHONPATH={REPO_ROOT} python -m training.make_annotations videos -o annotations.json")
+    fixed = run(fix)
+    assert fixed.returncode == 0, fixed.stderr
+    assert len(read_list(tmp_path / "annotations_val.json")) == 1

@@ -20,11 +20,14 @@ into ``<out>_train.json`` and ``<out>_val.json`` in the users' format
 the skipped files and reasons go to ``<out>_skipped.json``.
 
 Incremental: each probe result is appended, as it arrives, to ``<out>_probes.jsonl`` (one
-JSON line per file, with its size and mtime_ns). A re-run reuses the records of files whose
-path, size and mtime_ns are unchanged, drops those of files that are gone, and probes only
-the rest, so a grown folder costs only its new files and a stopped run (Ctrl+C, kill -9, a
-preempted machine) continues where it stopped (a last line torn by a kill is ignored). Files
-that timed out or crashed their worker are probed again (that can be transient).
+JSON line per file, with its size, mtime_ns and mode). A re-run reuses the
+records of files whose path and those are unchanged (a chmod that makes a file readable
+changes its mode), drops those of files that are gone, and probes only the rest, so a
+grown folder costs only its new files and a stopped run (Ctrl+C, kill -9, a preempted
+machine) continues where it stopped. A line that is no valid record (torn by a kill,
+damaged, or a result such as ``"frames": -7``) is ignored, with a warning unless it is a
+torn last line: only its file is probed again. Files that timed out or crashed their
+worker are probed again (that can be transient).
 ``--min_frames`` and the split are applied when the files are written, so changing them
 probes nothing. Existing train/val/skipped files are replaced when a records file next to
 them (of a plain run or a shard) is of the same DIR: a re-run updates them. Otherwise they
@@ -33,8 +36,13 @@ Delete the records file to probe everything again.
 
 Many machines: ``--shard K/N`` probes the files whose path hashes (sha256) to K of N and
 writes only ``<out>_probes.shard-K-of-N.jsonl`` (incremental too); once all N are done,
-``--merge`` reads the N parts, probing nothing, and writes the same train/val/skipped files,
-byte for byte, as one machine would.
+``--merge`` takes the N parts as the records of a plain run: it probes only the files that
+are new or changed since their shard ran (not those that timed out: their shard retries
+them), writes ``<out>_probes.jsonl`` and the same train/val/skipped files, byte for byte,
+as one machine would on the folder as it is.
+
+Run it from the repository root (``python -m`` finds the ``training`` package there), or
+from anywhere with the repository on ``PYTHONPATH``.
 
 Clips from the same source stay on the same side of the split: the group of a clip is
 the first match of ``--group_regex`` on its path relative to DIR (by default its folder
@@ -82,13 +90,14 @@ from training.data.probe_records import (
     PROBES_FORMAT,
     ProbeRecords,
     RecordWriter,
-    file_key,
+    file_identity,
     parse_shard,
     probe_record,
     probes_path,
     read_parts,
     read_probes,
     records_of,
+    same_file,
     shard_of,
 )
 
@@ -331,36 +340,40 @@ def write_outputs(
     return train, val, skipped
 
 
+def reusable(rel: str, identity: dict[str, int | None], earlier: Sequence[ProbeRecords]) -> dict | None:
+    """The record of ``rel`` in ``earlier`` that was made of the file as it is now (one that
+    did not time out or crash, where there is one), or None."""
+    matches = [r for part in earlier if (r := part.records.get(rel)) is not None and same_file(r, identity)]
+    return min(matches, key=lambda r: bool(r.get("retry")), default=None)
+
+
 def probe_folder(
     root: Path,
     rel_paths: Sequence[str],
-    previous: ProbeRecords | None,
+    earlier: Sequence[ProbeRecords],
     records_file: Path,
     header: dict,
     workers: int,
     timeout: float,
     what: str,
+    retry: bool = True,
 ) -> dict[str, dict]:
-    """The probe record of every file of ``rel_paths``: reused from ``previous`` where the
-    file's size and mtime_ns are unchanged (and it did not time out or crash), probed
-    otherwise; all of them written to the records file as they come."""
-    keys = {rel: file_key(root / rel) for rel in rel_paths}
-    old = previous.records if previous is not None else {}
-    reused = {
-        rel: r
-        for rel in rel_paths
-        if (r := old.get(rel)) and not r.get("retry") and (r["size"], r["mtime_ns"]) == keys[rel]
-    }
+    """The probe record of every file of ``rel_paths``: reused from ``earlier`` where one
+    was made of the file as it is now (same size, mtime_ns and permission bits), probed
+    otherwise; all of them written to the records file as they come. With ``retry``, files
+    that timed out or crashed their worker are probed again (that can be transient)."""
+    identities = {rel: file_identity(root / rel) for rel in rel_paths}
+    found = {rel: r for rel in rel_paths if (r := reusable(rel, identities[rel], earlier)) is not None}
+    retried = sum(1 for r in found.values() if retry and r.get("retry"))
+    reused = {rel: {**r, **identities[rel]} for rel, r in found.items() if not (retry and r.get("retry"))}
     to_probe = [rel for rel in rel_paths if rel not in reused]
-    retried = sum(
-        1 for rel in to_probe if (r := old.get(rel)) and r.get("retry") and (r["size"], r["mtime_ns"]) == keys[rel]
-    )
+    gone = len({rel for part in earlier for rel in part.records}.difference(rel_paths))
     records = dict(reused)
     writer = RecordWriter(records_file, header, reused.values())
     try:
         probes = probe_all(root, to_probe, workers, timeout)
         for probe in tqdm(probes, total=len(to_probe), desc=f"probing {what}", unit="file"):
-            records[probe.rel] = record = probe_record(probe, keys[probe.rel])
+            records[probe.rel] = record = probe_record(probe, identities[probe.rel])
             writer.add(record)
         writer.finish()
     except KeyboardInterrupt:
@@ -373,8 +386,53 @@ def probe_folder(
     finally:
         writer.close()
     again = f" (and {retried} that timed out or crashed last time)" if retried else ""
-    print(f"probed {len(to_probe) - retried} new or changed files{again}, reused {len(reused)} -> {writer.path}")
+    dropped = f", dropped the records of {count(gone, 'file')} now gone" if gone else ""
+    print(
+        f"probed {len(to_probe) - retried} new or changed files{again}, reused {len(reused)}{dropped} -> {writer.path}"
+    )
     return records
+
+
+def warn_of_ignored_lines(part: ProbeRecords) -> None:
+    """One line per records file with lines that are no valid record (damaged, or a result
+    that makes no sense such as ``frames: -7``): they are ignored and their files probed again."""
+    if part.ignored:
+        shown = "; ".join(part.ignored[:3]) + ("; ..." if len(part.ignored) > 3 else "")
+        print(
+            f"warning: {part.path.name}: {count(len(part.ignored), 'line')} ignored as no valid probe record "
+            f"({shown}): their files are probed again",
+            file=sys.stderr,
+        )
+
+
+def previous_records(records_file: Path, root: Path, force: bool) -> ProbeRecords | None:
+    """The records file this run continues, if any; one of another DIR is refused (a user's
+    mistake, most likely another -o was meant), or started over with ``force``."""
+    previous = read_probes(records_file) if records_file.exists() else None
+    if previous is None or previous.header["dir"] == str(root):
+        return previous
+    if not force:
+        raise UserError(
+            f"{records_file} holds the probes of {previous.header['dir']}, not of {root}: "
+            "pass --force to start over, or another -o"
+        )
+    return None
+
+
+def files_to_annotate(root: Path, images: bool, shard: tuple[int, int] | None) -> tuple[list[str], bool]:
+    """The files under ``root`` this run annotates (of ``shard`` only, if given), and
+    whether still images are among them: a folder with images and no videos gets its
+    images without ``--images`` (a note says so)."""
+    rel_paths = find_videos(root, images)
+    if not rel_paths and not images and (rel_paths := find_videos(root, images=True)):
+        images = True
+        print(f"note: no videos under {root}: annotating its {len(rel_paths)} still images (one frame each)")
+    if shard is not None:
+        found = len(rel_paths)
+        rel_paths = [rel for rel in rel_paths if shard_of(rel, shard[1]) == shard[0]]
+        what = "videos and images" if images else "videos"
+        print(f"shard {shard[0]}/{shard[1]}: {len(rel_paths)} of the {found} {what} under {root}")
+    return rel_paths, images
 
 
 @dataclass(frozen=True)
@@ -408,60 +466,51 @@ def annotate(
     merge: bool = False,
 ) -> Annotated | None:
     """Probe the files under ``directory`` and write the train, val and skipped files next to
-    ``output``: with ``shard`` only its part's records (and None is returned), with
-    ``merge`` from the parts' records (no probing). Each refusal, a UserError, comes before
-    anything is probed or written."""
+    ``output``: with ``shard`` only its part's records (and None is returned); with
+    ``merge`` from the parts' records, probing only the files that are new or changed since
+    their shard ran, as a plain run does (the records of all go to the plain run's records
+    file). Each refusal, a UserError, comes before anything is probed or written."""
     if output.is_dir():
         raise UserError(f"-o {output} is a folder: name a file, e.g. {output / 'annotations.json'}")
     paths = output_paths(output.absolute())
     root = directory.resolve()
-    if merge:
-        parts, records = read_parts(output, root)
-        what = "videos and images" if parts[0].header["images"] else "videos"
-        print(f"merged {len(parts)} probe parts: {len(records)} {what}")
-        records_name = f"the {len(parts)} parts {output.stem}_probes.shard-K-of-{len(parts)}.jsonl"
-        known, split_note = kept_sides(recorded_split(paths), split, resplit)
-    else:
-        records_file = probes_path(output, shard)
-        previous = read_probes(records_file) if records_file.exists() else None
-        if previous is not None and previous.header["dir"] != str(root):
-            if not force:
-                raise UserError(
-                    f"{records_file} holds the probes of {previous.header['dir']}, not of {root}: "
-                    "pass --force to start over, or another -o"
-                )
-            previous = None
-        ours = records_of(output, root)  # the files next to -o are this tool's for DIR
-        if shard is None and not force and not ours and (there := [p.name for p in paths.values() if p.exists()]):
-            raise UserError(
-                f"{output.parent} already holds {', '.join(there)}: pass --force to replace them, or another -o"
-            )
-        if shard is None:
-            known, split_note = kept_sides(recorded_split(paths) if ours else None, split, resplit)
+    parts = read_parts(output, root) if merge else []
+    records_file = probes_path(output, shard)
+    previous = previous_records(records_file, root, force)
+    ours = records_of(output, root)  # the files next to -o are this tool's for DIR
+    if shard is None and not force and not ours and (there := [p.name for p in paths.values() if p.exists()]):
+        raise UserError(
+            f"{output.parent} already holds {', '.join(there)}: pass --force to replace them, or another -o"
+        )
+    if shard is None:
+        known, split_note = kept_sides(recorded_split(paths) if ours else None, split, resplit)
 
-        rel_paths = find_videos(root, images)
-        if not rel_paths and not images and (rel_paths := find_videos(root, images=True)):
-            images = True
-            print(f"note: no videos under {root}: annotating its {len(rel_paths)} still images (one frame each)")
-        what = "videos and images" if images else "videos"
-        if shard is not None:
-            found = len(rel_paths)
-            rel_paths = [rel for rel in rel_paths if shard_of(rel, shard[1]) == shard[0]]
-            print(f"shard {shard[0]}/{shard[1]}: {len(rel_paths)} of the {found} {what} under {root}")
-        header = {
-            "make_annotations_probes": PROBES_FORMAT,
-            "dir": str(root),
-            "shard": list(shard) if shard else None,
-            "images": images,
-        }
-        try:
-            output.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise UserError(f"cannot write next to {output}: {err.strerror or err}") from None
-        records = probe_folder(root, rel_paths, previous, records_file, header, workers, probe_timeout, what)
-        if shard is not None:
-            return None
-        records_name = records_file.name
+    rel_paths, images = files_to_annotate(root, parts[0].header["images"] if parts else images, shard)
+    what = "videos and images" if images else "videos"
+    if parts:
+        print(f"merged {len(parts)} probe parts: {sum(len(p.records) for p in parts)} {what}")
+    header = {
+        "make_annotations_probes": PROBES_FORMAT,
+        "dir": str(root),
+        "shard": list(shard) if shard else None,
+        "images": images,
+    }
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"cannot write next to {output}: {err.strerror or err}") from None
+    earlier = [*parts, *([previous] if previous is not None else [])]
+    for part in earlier:
+        warn_of_ignored_lines(part)
+    # a merge probes only what changed since the shards ran; a time-out is retried by its shard
+    records = probe_folder(
+        root, rel_paths, earlier, records_file, header, workers, probe_timeout, what, retry=not merge
+    )
+    if shard is not None:
+        return None
+    records_name = records_file.name + (
+        f" (with the {len(parts)} parts {output.stem}_probes.shard-K-of-{len(parts)}.jsonl)" if parts else ""
+    )
 
     train, val, skipped = write_outputs(paths, records.values(), min_frames, split, known)
     kept = sorted(e["path"] for e in train + val)
@@ -469,13 +518,28 @@ def annotate(
     return Annotated(root, paths, records_name, what, len(records), train, val, skipped, split_note, problem)
 
 
-LAUNCH_SCRIPT = Path(__file__).resolve().parents[1] / "train_taehv_h100.sh"
+REPOSITORY = Path(__file__).resolve().parents[1]
+LAUNCH_SCRIPT = REPOSITORY / "train_taehv_h100.sh"
+
+
+def in_repository() -> bool:
+    """Whether this process runs in the repository root, where ``python -m training...`` and
+    ``./train_taehv_h100.sh`` work as they are."""
+    return Path.cwd().resolve() == REPOSITORY
+
+
+def tool_command(args: Sequence[str]) -> str:
+    """This tool's command line with ``args``, as it runs from the current folder: outside
+    the repository, with the repository on ``PYTHONPATH`` (``python -m`` finds the
+    ``training`` package there; the arguments keep their meaning)."""
+    command = shlex.join(["python", "-m", "training.make_annotations", *args])
+    return command if in_repository() else f"PYTHONPATH={shlex.quote(str(REPOSITORY))} {command}"
 
 
 def train_command(annotated: Annotated) -> str:
     """The launch command that trains the from-scratch preset on the annotated clips (the
     script as ``./train_taehv_h100.sh`` when run from the repository, else its path)."""
-    script = "./" + LAUNCH_SCRIPT.name if Path.cwd().resolve() == LAUNCH_SCRIPT.parent else str(LAUNCH_SCRIPT)
+    script = "./" + LAUNCH_SCRIPT.name if in_repository() else str(LAUNCH_SCRIPT)
     val = annotated.paths["val"] if annotated.val else ""  # no validation set: the preset's is not used either
     return shlex.join(
         [
@@ -604,9 +668,8 @@ def report(annotated: Annotated, argv: list[str]) -> int:
         # no --force: the records file next to the annotations lets the same -o be rewritten;
         # --resplit where the empty side is training's: no run can have trained on it
         resplit = ["--resplit"] if flags and val and "--resplit" not in argv else []
-        again = ["python", "-m", "training.make_annotations", *argv, *flags, *resplit]
         fix = (
-            f"to fix it, run: {shlex.join(again)}"
+            f"to fix it, run: {tool_command([*argv, *flags, *resplit])}"
             if flags
             else "add clips, or pass --val_fraction 0 and train without validation (no val_annotation_file)"
         )

@@ -1,13 +1,16 @@
 """The probe records of ``make_annotations``: ``<out>_probes.jsonl``, or
 ``<out>_probes.shard-K-of-N.jsonl`` per ``--shard`` run. One JSON line per probed file,
-keyed by its path, size and mtime, appended and flushed as each probe ends: a re-run
-probes only new or changed files, a stopped run continues where it stopped, and
-``--merge`` reads the parts of a sharded run."""
+keyed by its path and identity (size, mtime, permission bits), appended and flushed as
+each probe ends: a re-run probes only new or changed files, a stopped run continues where
+it stopped, and ``--merge`` reads the parts of a sharded run. A line that is no valid
+record is ignored and counted (its file is probed again): one damaged line costs one
+probe, not the whole file's."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import time
@@ -21,17 +24,27 @@ from training.data.probe_pool import Probe
 
 PROBES_FORMAT = 1  # version of the records file: the header's "make_annotations_probes"
 FSYNC_SECONDS = 5.0  # records reach the disk at least this often (a machine crash loses less)
-Key = tuple[int | None, int | None]  # (size, mtime_ns) of the file; (None, None) when stat fails
+IDENTITY = ("size", "mtime_ns", "mode")  # the stat fields a record is reused by
 
 
-def file_key(path: Path) -> Key:
-    """``(size, mtime_ns)`` of the file a path leads to; ``(None, None)`` when stat fails (a
-    missing file or a broken link: ``probe_all`` reports it with the reason)."""
+def file_identity(path: Path) -> dict[str, int | None]:
+    """The identity of the file a path leads to, as its record stores it: size and mtime_ns
+    (a changed file) and mode (a chmod that makes an unreadable file readable changes
+    neither of the others); all None when stat fails (a missing file or a broken link:
+    ``probe_all`` reports it with the reason). Not the owner: shard machines whose user
+    mappings differ would see other owners of the same files, and the merge would probe
+    them all again."""
     try:
         st = os.stat(path)
     except OSError:
-        return None, None
-    return st.st_size, st.st_mtime_ns
+        return dict.fromkeys(IDENTITY)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "mode": st.st_mode}
+
+
+def same_file(record: dict, identity: dict[str, int | None]) -> bool:
+    """Whether ``record`` was made of the file as it is now. Fields a record lacks (an
+    older make_annotations recorded size and mtime_ns only) are not compared."""
+    return all(record.get(field, value) == value for field, value in identity.items())
 
 
 def shard_of(rel: str, n: int) -> int:
@@ -58,34 +71,94 @@ def probes_path(out: Path, shard: tuple[int, int] | None = None) -> Path:
 
 @dataclass
 class ProbeRecords:
-    """A records file as read: its header, the last record per path, whether its run ended."""
+    """A records file as read: its header, the last valid record per path, whether its run
+    ended, and the lines ignored as no valid record (``"line N: why"``)."""
 
     path: Path
     header: dict
     records: dict[str, dict]
     complete: bool
+    ignored: list[str]
+
+
+def _whole(value: object, least: int | None = None) -> bool:
+    """An int (not a bool) of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and (least is None or value >= least)
+
+
+def _is_header(header: object) -> bool:
+    """Whether ``header`` is the first line of a records file of this tool."""
+    return (
+        isinstance(header, dict)
+        and header.get("make_annotations_probes") == PROBES_FORMAT
+        and isinstance(header.get("dir"), str)
+        and isinstance(header.get("images"), bool)
+        and (header.get("shard") is None or (isinstance(header["shard"], list) and len(header["shard"]) == 2))
+    )
+
+
+def _probe_problem(probe: object) -> str | None:
+    """What makes a record's probe result nonsense (``frames -7``), or None."""
+    if not isinstance(probe, dict):
+        return "neither a probe nor a skip reason"
+    if not isinstance(probe.get("full_path"), str):
+        return "a probe without its full_path"
+    for field in ("frames", "width", "height"):
+        if not _whole(probe.get(field), 1):
+            return f"{field} {probe.get(field)!r}"
+    fps = probe.get("fps")
+    if not (isinstance(fps, (int, float)) and not isinstance(fps, bool) and math.isfinite(fps) and fps >= 0):
+        return f"fps {fps!r}"
+    return None
+
+
+def record_problem(record: dict) -> str | None:
+    """Why a line of a records file is no record to trust, or None: a record holds a path,
+    the file's identity (whole numbers, or None where stat failed) and either a skip reason
+    or a probe result that makes sense (frames, width and height of at least 1, a finite
+    fps of at least 0)."""
+    if not isinstance(record.get("path"), str):
+        return "no path"
+    if "size" not in record or "mtime_ns" not in record:
+        return "no size or mtime_ns"
+    for field in IDENTITY:
+        if record.get(field) is not None and not _whole(record[field], None if field == "mtime_ns" else 0):
+            return f"{field} {record[field]!r}"
+    if "skip" in record:
+        return None if isinstance(record["skip"], str) else "a skip reason that is not text"
+    return _probe_problem(record.get("probe"))
+
+
+def _json_object(line: bytes) -> dict | None:
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested beyond Python's stack
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def read_probes(path: Path) -> ProbeRecords:
-    """Read a records file. A last line without its newline is a write a kill cut short: it
-    is ignored (that file is probed again); any other line that is no record is refused."""
+    """Read a records file. A line that is no valid record is ignored and listed in
+    ``ignored`` (its file is probed again), a last line without its newline silently (a
+    write a kill cut short); a file whose first line is no header of this tool is refused."""
     with open(path, "rb") as f:
         lines = f.read().split(b"\n")
     lines.pop()  # after the last newline: empty, or the line a kill tore
-    parsed: list[dict] = []
-    for number, line in enumerate(lines, 1):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if not isinstance(record, dict) or (number > 1 and "path" not in record and "complete" not in record):
-            raise UserError(f"{path}, line {number}: not a probe record: delete the file to probe everything again")
-        parsed.append(record)
-    if not parsed or parsed[0].get("make_annotations_probes") != PROBES_FORMAT:
+    if not lines or not _is_header(header := _json_object(lines[0])):
         raise UserError(f"{path} is not a probe record file of this make_annotations: delete it, or use another -o")
-    records = {r["path"]: r for r in parsed[1:] if "path" in r}
-    complete = parsed[-1].get("complete") == len(records)
-    return ProbeRecords(path, parsed[0], records, complete)
+    records: dict[str, dict] = {}
+    ignored: list[str] = []
+    complete = False
+    for number, line in enumerate(lines[1:], 2):
+        entry = _json_object(line)
+        complete = entry is not None and set(entry) == {"complete"}
+        if complete:
+            continue
+        if problem := "not a JSON object" if entry is None else record_problem(entry):
+            ignored.append(f"line {number}: {problem}")
+        else:
+            records[entry["path"]] = entry
+    return ProbeRecords(path, header, records, complete, ignored)
 
 
 class RecordWriter:
@@ -131,8 +204,8 @@ class RecordWriter:
         self.file.close()
 
 
-def probe_record(probe: Probe, key: Key) -> dict:
-    record: dict = {"path": probe.rel, "size": key[0], "mtime_ns": key[1]}
+def probe_record(probe: Probe, identity: dict[str, int | None]) -> dict:
+    record: dict = {"path": probe.rel, **identity}
     if probe.info is not None:
         record["probe"] = probe.info
     else:
@@ -163,10 +236,10 @@ def records_of(out: Path, root: Path) -> bool:
     return False
 
 
-def read_parts(out: Path, root: Path) -> tuple[list[ProbeRecords], dict[str, dict]]:
-    """The N parts of a sharded run next to ``out`` and their records; one line of
-    refusal when a part is missing or incomplete, parts of different N lie there, or a
-    part is of another DIR or was listed with other flags."""
+def read_parts(out: Path, root: Path) -> list[ProbeRecords]:
+    """The N parts of a sharded run next to ``out``; one line of refusal when a part is
+    missing or incomplete, parts of different N lie there, or a part is of another DIR or
+    was listed with other flags."""
     found = part_files(out)
     if not found:
         raise UserError(
@@ -198,4 +271,4 @@ def read_parts(out: Path, root: Path) -> tuple[list[ProbeRecords], dict[str, dic
             )
         if not part.complete:
             raise UserError(f"{part.path} is incomplete (its run was stopped): run --shard {k}/{n} again to finish it")
-    return parts, {rel: r for part in parts for rel, r in part.records.items()}
+    return parts
