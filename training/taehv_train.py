@@ -57,7 +57,7 @@ from training.data.loading import TrainingData, build_train_loader, build_traini
 from training.data.prefetch import Prefetcher
 from training.export import BUNDLE_FOLDER, write_bundle
 from training.loop.best_model import BestTracker
-from training.loop.distributed import process_group_backend, process_state
+from training.loop.distributed import process_group_backend, process_state, started_command
 from training.loop.feed import feed_notes
 from training.loop.memory import check_fits
 from training.loop.monitoring import Monitor
@@ -140,10 +140,7 @@ def launch_command() -> list[str]:
     """The command that started this run: the launch script's (it passes it in
     TAEHV_LAUNCH_COMMAND), else this module's (``python -m training.taehv_train ...``)."""
     launch = os.environ.get("TAEHV_LAUNCH_COMMAND")
-    words = shlex.split(launch) if launch else [sys.executable, "-m", "training.taehv_train", *sys.argv[1:]]
-    if not launch and "LOCAL_RANK" in os.environ:  # started by accelerate launch / torchrun
-        words[:1] = ["accelerate", "launch", "<the same launch options>"]
-    return words
+    return shlex.split(launch) if launch else started_command("training.taehv_train", sys.argv[1:])
 
 
 def resume_command(checkpoint: Path | str = "latest") -> str:
