@@ -274,13 +274,13 @@ class TrainStep:
             batch = None if data_error is not None else item.batch
             if batch is not None and "failures" in batch:  # hand-made batches (benchmarks, tests) have no count
                 failures = failures + batch["failures"].sum()
-            self.faults.maybe_signal(window, acc.process_index)
             last = taken == self.config.gradient_accumulation_steps or item.last_in_epoch
             with self.accumulate(last):
                 micro_losses = self.micro_batch(batch, window, trouble)
                 if micro_losses is not None:
                     losses.append(micro_losses)
                 if last:
+                    self.faults.maybe_signal(window, acc.process_index)
                     return self.end_window(trouble, losses, taken, data_wait, failures, data_error)
 
     def accumulate(self, last: bool) -> contextlib.AbstractContextManager:
@@ -367,7 +367,7 @@ class TrainStep:
     def settle(self, trouble: WindowTrouble, grad_norm: torch.Tensor | float | None = None) -> Settled:
         """``trouble`` agreed over the ranks and read (the host waits for the device here)."""
         self.idle.pause()
-        settled = trouble.settle(self.stop.requested, grad_norm)
+        settled = trouble.settle(self.stop, grad_norm)
         self.idle.resume()
         return settled
 
