@@ -17,8 +17,8 @@ wrapper then ends with one line, on stderr and in the run's ``train.log``: ``err
 its run folder in ``TAEHV_RUN_DIR_FILE``.
 
 A process that crashed otherwise keeps the launcher's full report. Torch elastic's own log
-lines are held while the launch runs: printed before that report, left out where one line
-says how the run ended.
+lines are held while the launch runs: left out where one line says how the run ended,
+printed at the end otherwise (before the launcher's report of a crash).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
                 held.replay()
                 raise  # a crash, not an ending training chose: the launcher's report is the information
             sys.exit(reported)
+        held.replay()
 
 
 class HeldRecords(BufferingHandler):
