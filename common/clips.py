@@ -756,6 +756,7 @@ class VideoClipDataset(EpochDataset):
             source = f"{folder} (scanned for {', '.join(clip_extensions(images=True))})"
         else:
             raise ValueError("give annotation_file (a JSON annotation or a folder) or data_root (a folder of videos)")
+        self.source = source  # the annotation file or scanned folder, as messages name it
         self.refused_entries = list(self.clips.refused)
         if self.refused_entries:
             logger.warning(
@@ -960,8 +961,8 @@ class VideoClipDataset(EpochDataset):
             min_frames = f" --min_frames {self.n_frames}" if "too short" in reasons else ""
             raise VideoDataError(
                 f"{report.failed} of {n} probed clips are unusable ({report.failure_fraction:.0%} > "
-                f"max_failure_fraction={self.max_failure_fraction:.0%}); reasons: {reasons}; e.g. "
-                f"{examples[:3]}. Check data_root/annotation_file, regenerate the annotation with "
+                f"max_failure_fraction={self.max_failure_fraction:.0%}) in {self.source}; reasons: {reasons}; e.g. "
+                f"{examples[:3]}. Check it and data_root, regenerate the annotation with "
                 f"`python -m training.make_annotations DIR -o annotations.json{min_frames}` (it drops unusable "
                 "files"
                 + (" and clips shorter than n_frames" if min_frames else "")

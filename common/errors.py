@@ -23,8 +23,10 @@ USER_ERRORS = (UserError, WeightsError)
 
 
 def readable_size(size: float) -> str:
-    """A byte count as the messages give it: GiB from 10 MiB up, else MiB."""
-    return f"{size / 2**30:.2f} GiB" if size >= 10 * 2**20 else f"{size / 2**20:.1f} MiB"
+    """A byte count as the messages give it: GiB from 10 MiB up, MiB from 1 MiB, else KiB."""
+    if size >= 10 * 2**20:
+        return f"{size / 2**30:.2f} GiB"
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
 
 
 def debug_requested(argv: list[str] | None = None) -> bool:

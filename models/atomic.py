@@ -31,17 +31,22 @@ def fsync_directory(path: Path) -> None:
 def atomic_write(path: str | os.PathLike, content: bytes | str | Callable[[Path], None]) -> Path:
     """Write ``content`` (bytes, text, or a function that writes the file it is given) to
     ``path`` atomically; the folder is created when missing. Files get the usual umask
-    permissions (a cache or a run folder is often shared)."""
+    permissions (a cache or a run folder is often shared). A write that fails removes its
+    temporary file and raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(path)
-    if callable(content):
-        content(tmp)
-    else:
-        with open(tmp, "wb") as f:
-            f.write(content.encode() if isinstance(content, str) else content)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        if callable(content):
+            content(tmp)
+        else:
+            with open(tmp, "wb") as f:
+                f.write(content.encode() if isinstance(content, str) else content)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, say: the partial file would keep the space the user is asked to free
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_directory(path.parent)
     return path

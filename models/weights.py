@@ -20,7 +20,7 @@ import torch.nn as nn
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 
-from .atomic import atomic_write
+from .atomic import TMP_PREFIX, atomic_write
 from .variants import known_variants
 
 logger = logging.getLogger(__name__)
@@ -41,8 +41,28 @@ class CheckpointMismatchError(WeightsError):
     """The weights do not fit the model that was built for them."""
 
 
+def _refuse_unfinished(path: Path) -> None:
+    """A file or checkpoint folder still being written (``atomic.temporary_name``: renamed
+    into place once complete, or left behind by an interrupted save) holds no usable weights
+    yet: name the finished one to use instead."""
+    written = next((p for p in (path, path.parent) if p.name.startswith(TMP_PREFIX)), None)
+    if written is None:
+        return
+    final = written.with_name(written.name.removeprefix(TMP_PREFIX))
+    when = (
+        "it is there now"
+        if final.exists()
+        else "once it exists; if it never does, an interrupted save left this behind: use an earlier checkpoint"
+    )
+    raise WeightsError(
+        f"{path} is still being written (training writes {written.name} and renames it to {final.name} once it "
+        f"is complete): use {final / path.relative_to(written)} ({when})"
+    )
+
+
 def _check_path(path: str | os.PathLike) -> Path:
     path = Path(path)
+    _refuse_unfinished(path)
     if not path.is_file():
         raise WeightsNotFoundError(
             f"weight file {path} not found (published TAEHV weights go in checkpoints/, see checkpoints/README.md)"
@@ -57,6 +77,7 @@ def find_weights(path: str | os.PathLike) -> Path:
     ``best_model`` folder (``weights.safetensors``) or a run folder (``final_model.safetensors``)."""
     path = Path(path)
     if path.is_dir():
+        _refuse_unfinished(path)
         for name in ("weights.safetensors", "final_model.safetensors", "final_model.pth"):
             if (path / name).is_file():
                 return path / name

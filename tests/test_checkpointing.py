@@ -215,7 +215,7 @@ def test_a_full_disk_is_one_error_that_keeps_the_last_checkpoint(tmp_path):
     with pytest.raises(
         DiskFullError,
         match=r"no space left to save checkpoint-2 in .*checkpoints: it needs about "
-        r"[0-9.]+ MiB and [0-9.]+ GiB are free; checkpoint-1 kept intact",
+        r"[0-9.]+ KiB and [0-9.]+ GiB are free; checkpoint-1 kept intact",
     ):
         write_atomically(
             _accelerator(), tmp_path / "checkpoints" / "checkpoint-2", write, {"step": 2}, expected_bytes=lambda: 2**40

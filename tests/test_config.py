@@ -165,6 +165,14 @@ def test_every_problem_is_reported_at_once(tmp_path):
         assert expected in message
 
 
+def test_a_time_budget_that_is_not_positive_is_called_so(tmp_path):
+    for budget in ("0s", "0", "-3m"):
+        with pytest.raises(UserError, match=f"max_train_time='{budget}' is not positive: give a budget such as 8h"):
+            check(valid(tmp_path, max_train_time=budget))
+    with pytest.raises(UserError, match="max_train_time='8 hours' is not a duration: write e.g. 8h"):
+        check(valid(tmp_path, max_train_time="8 hours"))
+
+
 def test_patch_size_sets_the_spatial_multiple(tmp_path):
     with pytest.raises(UserError, match="multiples of 16"):
         check(valid(tmp_path, variant="taehv1_5", height=40, width=64))

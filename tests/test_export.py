@@ -82,6 +82,36 @@ def test_export_into_a_read_only_folder_is_one_line(tmp_path):
     assert_one_line(result, f"cannot write the bundle into {folder}/bundle: Read-only file system")
 
 
+def beyond_fp16(variant: str, path) -> object:
+    """Weights of ``variant`` holding 1e6 and -7e4 (just beyond fp16's 65504 the other way)."""
+    torch.manual_seed(0)
+    model = TAEHV(variant=variant)
+    with torch.no_grad():
+        model.encoder[0].weight.view(-1)[0] = 1e6
+        model.decoder[-1].weight.view(-1)[0] = -7e4
+    return save_weights(model, path)
+
+
+def test_fp16_export_of_weights_beyond_fp16_is_refused_without_writing(tmp_path):
+    """Such values would become inf in an fp16 file: --fp16 is refused in one line giving
+    the count of tensors and the largest value, and nothing is written. A 16-channel TAE on
+    scaled latents, whose ComfyUI file is fp16 by ComfyUI's rule, is refused without --fp16
+    too, and the line says why."""
+    weights = beyond_fp16("taecvx", tmp_path / "w.safetensors")
+    assert_one_line(
+        export(weights, "--out", tmp_path / "bundle", "--fp16"),
+        "2 tensor(s) do not fit fp16 (e.g. encoder.0.weight; largest magnitude 1e+06, fp16 holds up to 65504): "
+        "export without --fp16",
+    )
+    assert not (tmp_path / "bundle").exists()
+    assert_one_line(
+        export(beyond_fp16("taehv", tmp_path / "taehv.safetensors"), "--out", tmp_path / "taehv_bundle"),
+        "fp16 holds up to 65504): ComfyUI takes taehv.safetensors as this TAE only in fp16, so these weights "
+        "cannot be exported",
+    )
+    assert not (tmp_path / "taehv_bundle").exists()
+
+
 def test_weights_damaged_in_the_middle_are_refused_by_export_and_inference(tmp_path, videos_dir):
     torch.manual_seed(0)
     weights = save_weights(TAEHV(variant="taecvx"), tmp_path / "taecvx.safetensors")

@@ -21,6 +21,7 @@ import re
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -40,11 +41,13 @@ from train_runs import (
     exit_status,
     kill_session,
     one_line_error,
+    rank_pid,
     start,
     tensors,
     train,
     train_args,
     wait_for,
+    wrapped_ddp,
 )
 from training.state.checkpoints import checkpoint_step, list_checkpoints
 
@@ -567,6 +570,56 @@ def test_early_stopping_and_best_model_on_two_ddp_processes(tmp_path, demo_clips
         run / "final_model.pth",
     ):
         TAEHV(weights, variant="taecvx")  # strict load of full fp32 published-format weights
+
+
+def test_a_late_sigterm_stops_its_window_and_kill_9_of_one_rank_is_one_line(tmp_path, demo_clips):
+    """Through ``python -m training.launch``, 2 DDP processes, windows of 2 micro-batches.
+    A SIGTERM that reaches rank 1 at the end of window 2, after its last backward pass, is in
+    that window's agreement: both ranks save checkpoint-2 and stop there, not a window later.
+    The printed command resumes; then kill -9 of rank 1: rank 0 loses contact and stops,
+    and the job ends in one line on stderr (and in train.log) naming the rank, the signal
+    and the command that resumes, with exit status 137 and no traceback."""
+    run, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()
+    train(
+        wrapped_ddp(29557),
+        tmp_path,
+        demo_clips,
+        "--run_name=run",
+        "--gradient_accumulation_steps=2",
+        "--max_train_steps=40",
+        "--checkpointing_steps=100",
+        "--validation_every=100",
+        "--fault_injection=sigterm@2:1",
+        env=DDP_ENV,
+    )
+    assert checkpoint_steps(run / "checkpoints") == [2]
+    stopped = next(line for line in (run / "train.log").read_text().splitlines() if "stopped on" in line)
+    assert "stopped on a signal received by another rank at step 2" in stopped
+    resume = shlex.split(stopped.split("Resume with: ")[1])
+    assert resume[:3] == [sys.executable, "-m", "training.launch"]  # the launcher's own command line
+
+    with open(logs / "out", "w") as out, open(logs / "err", "w") as err:
+        process = subprocess.Popen(
+            [*resume, "--checkpointing_steps=1"],
+            stdout=out,
+            stderr=err,
+            cwd=REPO_ROOT,
+            env={**os.environ, **DDP_ENV},
+            start_new_session=True,
+        )
+    wait_for(lambda: 4 in checkpoint_steps(run / "checkpoints"), what="checkpoint-4")
+    os.kill(rank_pid(process, 1), signal.SIGKILL)
+    assert exit_status(process) == 137, (logs / "err").read_text()[-4000:]
+    output = (logs / "out").read_text() + (logs / "err").read_text()
+    assert "Traceback" not in output and "ChildFailedError" not in output, output[-4000:]
+    assert "lost contact with another process of the run (Connection" in output  # rank 0's own line
+    last = (logs / "err").read_text().strip().splitlines()[-1]
+    assert last.startswith("error: rank 1 died (signal 9, SIGKILL: kill -9 or out of memory, see dmesg): resume with: ")
+    command = shlex.split(last.split("): resume with: ")[1])
+    assert command[:3] == [sys.executable, "-m", "training.launch"] and command[-2:] == ["--resume", "latest"]
+    assert (run / "train.log").read_text().strip().endswith(last)
+    assert all((c / CHECKPOINT_MANIFEST).is_file() for c in list_checkpoints(run / "checkpoints"))
 
 
 def test_one_writer_per_run_and_kill_9_in_the_middle_of_saves(tmp_path, demo_clips):

@@ -346,6 +346,28 @@ def test_user_errors_exit_2_in_one_line(
     assert "weights_only=False" not in result.stdout + result.stderr
 
 
+def test_a_checkpoint_still_being_written_names_the_finished_one(weights, tmp_path, videos_dir, run_inference):
+    """Training writes ``checkpoints/.tmp-checkpoint-N`` and renames it to ``checkpoint-N``
+    once complete: given the folder while it is written, or its file after the rename,
+    inference names the finished checkpoint instead of calling the file missing."""
+    writing = tmp_path / "checkpoints" / ".tmp-checkpoint-4"
+    writing.mkdir(parents=True)
+    shutil.copy(weights, writing / "weights.safetensors")
+    common = ["--videos", str(videos_dir / CLIPS[0]), "--output_dir", str(tmp_path / "eval")]
+    assert_user_error(
+        run_inference("--model_path", str(writing), *common),
+        f"{writing} is still being written (training writes .tmp-checkpoint-4 and renames it to checkpoint-4 once "
+        f"it is complete): use {tmp_path / 'checkpoints' / 'checkpoint-4'} (once it exists; if it never does, an "
+        "interrupted save left this behind: use an earlier checkpoint)",
+    )
+    writing.rename(tmp_path / "checkpoints" / "checkpoint-4")  # the save completes
+    result = run_inference("--model_path", str(writing / "weights.safetensors"), *common)
+    assert_user_error(
+        result, f"use {tmp_path / 'checkpoints' / 'checkpoint-4' / 'weights.safetensors'} (it is there now)"
+    )
+    assert "published TAEHV weights" not in result.stderr
+
+
 @pytest.mark.parametrize("variant, size, frames, compared", [("taeltx2_3", (32, 64), 9, 9), ("taeh3", (32, 48), 17, 5)])
 def test_newer_variants_evaluate_by_their_published_file_name(
     variant, size, frames, compared, tmp_path, videos_dir, run_inference

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -256,6 +257,54 @@ def test_errors_exit_with_status_2_and_say_what_to_set(data, tiny_cogvideox_vae,
         entry_point(args)
     assert exit_info.value.code == 2 and "not empty" in capsys.readouterr().err
     assert not (tmp_path / "cache" / "manifest.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0,
+    reason="needs unshare -rm (a private mount namespace) for a small tmpfs",
+)
+def test_a_full_disk_is_one_line_and_its_command_finishes_the_cache(data, tiny_cogvideox_vae, tmp_path):
+    """A real full disk: the cache folder is on a 16 KiB tmpfs, room for the manifest and
+    some of the 6 shards. The build ends in one line (shards written, what the rest needs,
+    what is free, the command), leaves no partial shard, and once there is room the printed
+    command writes the missing shards."""
+    disk, logs = tmp_path / "disk", tmp_path / "logs"
+    disk.mkdir(), logs.mkdir()
+    build = shlex.join(
+        [sys.executable, "-m", "training.build_latent_cache", *cli_args(data, tiny_cogvideox_vae, disk / "cache")]
+    )
+    script = f"""
+        mount -t tmpfs -o size=16k none {disk}
+        {build} > {logs}/full.out 2> {logs}/full.err; echo $? > {logs}/full.status
+        ls -A {disk}/cache/epoch000 {disk}/cache/epoch001 > {logs}/kept 2>&1
+        mount -o remount,size=1m {disk}
+        sed -n 's/.*re-run (it keeps the written shards): //p' {logs}/full.err > {logs}/command
+        bash -c "$(cat {logs}/command)" > {logs}/rerun.out 2>&1; echo $? > {logs}/rerun.status
+        cp -r {disk}/cache {logs}/cache
+    """
+    subprocess.run(
+        ["unshare", "-rm", "bash", "-c", script],
+        cwd=REPO_ROOT,
+        timeout=600,
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    full = subprocess.CompletedProcess(
+        [], int((logs / "full.status").read_text()), (logs / "full.out").read_text(), (logs / "full.err").read_text()
+    )
+    line = one_line_error(full)
+    found = re.search(
+        rf"error: no space left on the device of {disk / 'cache'} for the latent cache: ([1-5]) of 6 shards are "
+        r"written, the other ([1-5]) need about [0-9.]+ KiB, [0-9.]+ KiB are free\. Free space there, then re-run "
+        rf"\(it keeps the written shards\): .* -m training\.build_latent_cache --config .* --output {disk / 'cache'} ",
+        line,
+    )
+    assert found and int(found.group(1)) + int(found.group(2)) == 6, line
+    assert ".tmp-" not in (logs / "kept").read_text()  # no partial shard holds the space
+    assert int((logs / "rerun.status").read_text()) == 0, (logs / "rerun.out").read_text()[-3000:]
+    config, dataset, _ = dataset_and_vae(data, tiny_cogvideox_vae)
+    LatentCache(logs / "cache").check(config, len(dataset))  # complete and for these settings
 
 
 @pytest.mark.slow

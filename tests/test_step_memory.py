@@ -98,3 +98,24 @@ def test_the_loader_feed_warning_names_the_workers_one_gpu_needs():
     assert feed.step_frames_per_second(config, feed.BF16_PEAK["A800"]) < feed.step_frames_per_second(config, 989e12) / 3
     distilled = config.replace(ref_vae_path="x", reconstruction_loss_weight=1.0)  # two decodes per clip
     assert feed.step_frames_per_second(distilled, 989e12) < feed.step_frames_per_second(config, 989e12)
+
+
+def test_frame_caches_larger_than_the_machines_ram_are_refused_with_the_numbers(tmp_path, monkeypatch):
+    """``frame_cache_mb`` is per loader process: 100 TB each, times the workers of each
+    training process on this machine, is refused before anything loads; a cache that fits
+    passes."""
+    from conftest import valid_config
+
+    config = valid_config(tmp_path, frame_cache_mb=100_000_000, dataloader_num_workers=4)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(
+        UserError,
+        match=r"^frame_cache_mb=100000000 \(97656\.25 GiB per loader process\) x 4 loader process\(es\) "
+        r"\(dataloader_num_workers\) x 2 training process\(es\) on this machine is 781250\.00 GiB, more than its "
+        r"[0-9.]+ GiB of RAM: lower frame_cache_mb well below [0-9]+, which alone would fill it",
+    ):
+        memory.check_fits(config)
+    monkeypatch.setattr(memory, "host_memory", lambda: 8 << 30)
+    with pytest.raises(UserError, match=r"x 1 loader process\(es\) .* lower frame_cache_mb well below 4096,"):
+        memory.check_fits(config.replace(frame_cache_mb=4097, dataloader_num_workers=0))
+    memory.check_frame_cache(config.replace(frame_cache_mb=1024))  # 1 GiB x 4 x 2 fits 8 GiB

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from common.errors import UserError
 from conftest import REPO_ROOT
 from models.taehv import TAEHV
 from models.weights import save_weights
@@ -208,6 +209,21 @@ def test_a_spent_time_budget_ends_the_run_as_its_last_step_would(tmp_path, demo_
     assert progress["step"] == 1 and progress["train_seconds"] > 0.01
     assert (run / "best_model").is_dir()
     assert "training ends at step 1: the time budget max_train_time=0.01s is spent" in (run / "train.log").read_text()
+
+
+def test_unusable_validation_clips_stop_the_start_naming_their_file(tmp_path, demo_clips):
+    """Validation clips are probed at start-up as the training clips are: an annotation whose
+    clips do not exist stops the run before its first step, with a one-line error (a
+    UserError) naming that file, instead of at the first validation."""
+    missing = tmp_path / "val_missing.json"
+    entries = [{"path": f"gone_{i}.mp4", "frames": 12} for i in range(2)]
+    missing.write_text(json.dumps({"total": len(entries), "list": entries}))
+    with pytest.raises(UserError) as error:
+        train_here(tmp_path / "out", {**demo_clips, "val": missing}, "--run_name=run")
+    assert str(error.value).startswith(
+        f"2 of 2 probed clips are unusable (100% > max_failure_fraction=5%) in {missing}; reasons: {{'missing': 2}}"
+    )
+    assert not (tmp_path / "out" / "run" / "checkpoints").exists()  # not a step trained
 
 
 def test_resume_of_missing_checkpoint_is_an_error(tmp_path, demo_clips):

@@ -10,6 +10,8 @@ docs/fault_tolerance.md ("Training guards") has the full table.
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import torch
 from accelerate import Accelerator
@@ -20,8 +22,9 @@ from conftest import REPO_ROOT
 from conftest import valid_config as valid
 from models.frames import group_frames, plan_frames, ungroup_frames
 from models.taehv import TAEHV
+from training.loop import resilience
 from training.loop.monitoring import tensorboard_hparams
-from training.loop.resilience import WindowTrouble
+from training.loop.resilience import StopRequest, WindowTrouble
 from training.preflight import check
 
 CONFIGS = REPO_ROOT / "training" / "configs"
@@ -87,12 +90,21 @@ def test_a_window_settles_its_gradient_norm_as_a_float_or_a_tensor_and_names_its
         trouble = WindowTrouble(torch.device("cpu"))
         trouble.out_of_memory = out_of_memory
         trouble.add_loss(torch.tensor(loss))
-        return trouble.settle(False, grad_norm)
+        return trouble.settle(StopRequest(), grad_norm)
 
     assert all(settled(norm).problem is None for norm in (1.0, torch.tensor(2.0), None))
     assert settled(float("inf")).problem == settled(torch.tensor(float("nan"))).problem == "non-finite gradient"
     assert settled(1.0, loss=float("nan")).problem == "non-finite loss"
     assert settled(float("nan"), loss=float("nan"), out_of_memory=True).problem == "out of memory"
+
+
+def test_a_stop_signal_that_arrives_while_the_host_waits_for_the_device_stops_this_window(monkeypatch):
+    """On a GPU the host queues a window and waits for the device at its end; a signal's
+    Python handler runs only once that wait returns. The stop flag is read after the wait,
+    so such a signal is in this window's agreement, not the next one's."""
+    stop = StopRequest()
+    monkeypatch.setattr(resilience, "wait_for_device", lambda device: stop.receive(signal.SIGTERM))
+    assert WindowTrouble(torch.device("cpu")).settle(stop).stop_requested
 
 
 def test_19_frames_are_refused_with_a_reference_vae_and_aligned_without(tmp_path):

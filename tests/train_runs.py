@@ -55,6 +55,20 @@ def ddp(port: int) -> list[str]:
 DDP_ENV = {"ACCELERATE_USE_CPU": "true"}
 
 
+def wrapped_ddp(port: int) -> list[str]:
+    """``ddp`` through ``python -m training.launch``, as the launch script runs accelerate."""
+    return [sys.executable, "-m", "training.launch", *ddp(port)[2:]]
+
+
+def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
+    """The pid of training process ``rank`` among the launcher's children."""
+    children = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
+    for pid in children:
+        if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            return int(pid)
+    raise AssertionError(f"no rank {rank} among the children {children} of {launcher.pid}")
+
+
 def training_options(out: Path, data: dict, *overrides: str) -> list[str]:
     return [
         "--config",

@@ -7,7 +7,8 @@
 The reference VAE dominates a distillation step; with its latents on disk, training costs
 what plain autoencoder training costs. What the cache holds and how training reads it:
 ``training.data.latent_cache`` and docs/latent_cache.md. Shards are written atomically, so an
-existing shard is complete and a rerun skips it.
+existing shard is complete and a rerun skips it. A full disk ends the build in one line
+(exit status 2): the shards written, about what the rest needs, and the command to re-run.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import json
 import logging
 import math
 import os
+import shlex
+import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +31,7 @@ from tqdm.auto import tqdm
 
 from common.clips import VideoClipDataset, frames_to_unit
 from common.config import TrainConfig, load_config, resolve_path
-from common.errors import UserError, exit_on_user_error
+from common.errors import UserError, exit_on_user_error, readable_size
 from common.flags import ArgumentParser
 from common.reference_vae import ReferenceVAE
 from models.atomic import atomic_write
@@ -44,8 +48,9 @@ from training.data.latent_cache import (
     validity,
 )
 from training.data.loading import build_datasets
-from training.loop.distributed import process_state
+from training.loop.distributed import process_state, started_command
 from training.preflight import check
+from training.state.checkpoints import DiskFullError, is_disk_full
 
 logger = logging.getLogger(__name__)
 
@@ -316,13 +321,42 @@ def main(argv: list[str] | None = None) -> CacheSummary:
         level=logging.INFO if rank == 0 else logging.WARNING,
         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s",
     )
-    return build_cache(
-        config,
-        output,
-        args.shard_size,
-        args.dtype,
-        config.train_batch_size if args.batch_size is None else args.batch_size,
-        config.dataloader_num_workers if args.num_workers is None else args.num_workers,
+    try:
+        return build_cache(
+            config,
+            output,
+            args.shard_size,
+            args.dtype,
+            config.train_batch_size if args.batch_size is None else args.batch_size,
+            config.dataloader_num_workers if args.num_workers is None else args.num_workers,
+        )
+    except Exception as err:
+        if not is_disk_full(err):
+            raise
+        rerun = started_command("training.build_latent_cache", sys.argv[1:] if argv is None else argv)
+        raise full_disk_error(resolve_path(output), rerun) from err
+
+
+def full_disk_error(output: Path, rerun: list[str]) -> DiskFullError:
+    """A full disk while building: what is written (complete shards only: a shard's partial
+    file is removed), about what the rest needs, what is free, and the command that goes on
+    from there once there is room."""
+    written, missing = [], []
+    if read_cache_manifest(output) is not None:
+        for path in LatentCache(output).shard_paths():
+            (written if path.is_file() else missing).append(path)
+    state = "no shard is written"
+    if written:
+        needed = len(missing) * max(path.stat().st_size for path in written)
+        state = (
+            f"{len(written)} of {len(written) + len(missing)} shards are written, the other {len(missing)} need "
+            f"about {readable_size(needed)}"
+        )
+    folder = next(p for p in (output, *output.parents) if p.exists())
+    return DiskFullError(
+        f"no space left on the device of {output} for the latent cache: {state}, "
+        f"{readable_size(shutil.disk_usage(folder).free)} are free. Free space there, then re-run (it keeps the "
+        f"written shards): {shlex.join(rerun)}"
     )
 
 

@@ -126,16 +126,16 @@ def _model_card(model, weights: Path, run: Path | None, files: dict[str, torch.d
     return "\n".join(lines)
 
 
-def half_precision(model) -> dict[str, torch.Tensor]:
-    """The weights in fp16; UserError when one does not fit (beyond fp16's 65504, or not
-    finite), instead of writing infinite weights."""
+def half_precision(model, advice: str) -> dict[str, torch.Tensor]:
+    """The weights in fp16; UserError ending in ``advice`` when one does not fit (beyond
+    fp16's 65504, or not finite), instead of writing infinite weights."""
     weights = export_state_dict(model)
     over = [k for k, v in weights.items() if not bool(torch.isfinite(v).all()) or float(v.abs().max()) > FP16_MAX]
     if over:
         largest = max(float(weights[k].abs().max()) for k in over)
         raise UserError(
             f"{len(over)} tensor(s) do not fit fp16 (e.g. {over[0]}; largest magnitude {largest:.3g}, fp16 holds "
-            f"up to {FP16_MAX:g}): export without --fp16"
+            f"up to {FP16_MAX:g}): {advice}"
         )
     return {k: v.half() for k, v in weights.items()}
 
@@ -161,7 +161,14 @@ def write_bundle(
     files |= {f"{stem}_fp16.safetensors": torch.float16} if fp16 else {}
     if not overwrite and (there := [name for name in [*files, "README.md"] if (out / name).exists()]):
         raise UserError(f"{out} already holds {', '.join(there)}: pass --force to replace them, or another --out")
-    half = half_precision(model) if torch.float16 in files.values() else None
+    half = None
+    if torch.float16 in files.values():  # asked for with --fp16, or the dtype ComfyUI's rule needs
+        half = half_precision(
+            model,
+            "export without --fp16"
+            if comfyui == torch.float32
+            else f"ComfyUI takes {stem}.safetensors as this TAE only in fp16, so these weights cannot be exported",
+        )
     out.mkdir(parents=True, exist_ok=True)
     written = [save_weights(model, out / f"{stem}.pth")]
     for name, dtype in list(files.items())[1:]:

@@ -5,36 +5,122 @@
 When a training process ends on purpose with a non-zero status (a one-line user error
 such as the data going away, or too many skipped steps), accelerate's launcher adds a
 traceback and a failure table of its own; when a scheduler signals the whole job, the
-launcher exits non-zero even though training saved and stopped cleanly. Training's rank 0
-writes its exit status to ``TAEHV_EXIT_STATUS_FILE``; this wrapper exits with that status,
-without the launcher's report. A process that crashed (wrote no status) keeps the full
-report.
+launcher exits non-zero even though training saved and stopped cleanly. Training writes
+its exit status to ``TAEHV_EXIT_STATUS_FILE``; this wrapper exits with that status,
+without the launcher's report.
+
+When a training process dies of a signal (``kill -9``, the out-of-memory killer, a
+segfault), the others lose contact with it and stop (exit status 3, one line each); this
+wrapper then ends with one line, on stderr and in the run's ``train.log``: ``error: rank
+1 died (signal 9, SIGKILL: ...): resume with: <command>``, and exits 128 + the signal
+(137 for SIGKILL), as a shell reports a process killed by it. Training tells the wrapper
+its run folder in ``TAEHV_RUN_DIR_FILE``.
+
+A process that crashed otherwise keeps the launcher's full report. Torch elastic's own log
+lines are held while the launch runs: left out where one line says how the run ended,
+printed at the end otherwise (before the launcher's report of a crash).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import shlex
+import signal
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
+from logging.handlers import BufferingHandler
 from pathlib import Path
 
 from accelerate.commands.launch import launch_command, launch_command_parser
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from training.loop.resilience import EXIT_RANK_LOST
+from training.state.commands import next_command
+
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     args = launch_command_parser().parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="taehv_launch_") as folder:
-        status_file = Path(folder) / "exit_status"
-        os.environ["TAEHV_EXIT_STATUS_FILE"] = str(status_file)
+    # the command the ranks' messages and this wrapper's print to resume the run (the launch script sets its own)
+    os.environ.setdefault("TAEHV_LAUNCH_COMMAND", shlex.join([sys.executable, "-m", "training.launch", *argv]))
+    with tempfile.TemporaryDirectory(prefix="taehv_launch_") as folder, elastic_log_held() as held:
+        status_file, run_dir_file = Path(folder) / "exit_status", Path(folder) / "run_dir"
+        os.environ["TAEHV_EXIT_STATUS_FILE"], os.environ["TAEHV_RUN_DIR_FILE"] = str(status_file), str(run_dir_file)
         try:
             launch_command(args)
         except (ChildFailedError, SignalException) as err:
+            if isinstance(err, ChildFailedError) and (death := died(err)) is not None:
+                run_dir = Path(run_dir_file.read_text()) if run_dir_file.is_file() else None
+                sys.exit(report_death(*death, run_dir))
             reported = int(status_file.read_text()) if status_file.is_file() else None
-            if reported is None or (reported == 0 and isinstance(err, ChildFailedError)):
+            if reported in (None, EXIT_RANK_LOST) or (reported == 0 and isinstance(err, ChildFailedError)):
+                held.replay()
                 raise  # a crash, not an ending training chose: the launcher's report is the information
             sys.exit(reported)
+        held.replay()
+
+
+class HeldRecords(BufferingHandler):
+    """Log records kept until the launch ends, then replayed or dropped."""
+
+    def __init__(self, logger: logging.Logger):
+        super().__init__(capacity=sys.maxsize)
+        self.logger = logger
+
+    def replay(self) -> None:
+        """Emit the held records through the handlers the logger had before."""
+        for record in self.buffer:
+            self.logger.parent.handle(record)
+        self.buffer.clear()
+
+
+@contextlib.contextmanager
+def elastic_log_held() -> Iterator[HeldRecords]:
+    """Torch elastic's log lines (e.g. "Sending process ... closing signal SIGTERM", "failed
+    (exitcode: -9)"), which it writes as the run ends, held instead of printed."""
+    elastic = logging.getLogger("torch.distributed.elastic")
+    held, propagate = HeldRecords(elastic), elastic.propagate
+    elastic.addHandler(held)
+    elastic.propagate = False
+    try:
+        yield held
+    finally:
+        elastic.removeHandler(held)
+        elastic.propagate = propagate
+
+
+def died(err: ChildFailedError) -> tuple[int, int] | None:
+    """(rank, signal) of the process whose death by a signal ended the run: the first
+    failure the launcher saw (ties in time broken by the order it saw them), passing over
+    the processes that only lost contact with it; None when that one did not die of a signal."""
+    failures = {rank: failure for rank, failure in err.failures.items() if failure.exitcode != EXIT_RANK_LOST}
+    if not failures:
+        return None
+    rank = min(failures, key=lambda r: failures[r].timestamp)
+    exitcode = failures[rank].exitcode
+    return (rank, -exitcode) if exitcode < 0 else None
+
+
+def report_death(rank: int, signum: int, run_dir: Path | None) -> int:
+    """One line on stderr and, when the run folder is known, in its train.log: which process
+    died of which signal and the command that goes on; returns the exit status, 128 + the
+    signal."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = "unknown"
+    how = ": kill -9 or out of memory, see dmesg" if signum == signal.SIGKILL else ""  # the kernel's OOM killer
+    line = f"error: rank {rank} died (signal {signum}, {name}{how}): {next_command(run_dir)}"
+    print(line, file=sys.stderr)
+    if run_dir is not None and (run_dir / "train.log").is_file():
+        with open(run_dir / "train.log", "a") as log:
+            log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [launcher] ERROR training.launch: {line}\n")
+    return 128 + signum
 
 
 if __name__ == "__main__":

@@ -17,9 +17,10 @@ Exit status: 0 when training finished, stopped early, or stopped on SIGTERM/SIGI
 saving a checkpoint; during start-up there is nothing to save); 1 when it gave up after too
 many skipped steps (a checkpoint is saved first); 2 for a problem the user fixes, in one
 line (configuration, data, a damaged or mismatched checkpoint, a full disk; the training
-data gone mid-run, after a checkpoint); 130 when a second Ctrl+C interrupted it at once.
-The line ends with the exact command that resumes the run where there is one to resume;
-``--debug`` keeps the traceback.
+data gone mid-run, after a checkpoint); 3 when another process of the run died or was
+killed (``training.launch`` then exits 128 + that process's signal); 130 when a second
+Ctrl+C interrupted it at once. The line ends with the exact command that resumes the run
+where there is one to resume; ``--debug`` keeps the traceback.
 """
 
 from __future__ import annotations
@@ -62,7 +63,14 @@ from training.loop.distributed import process_group_backend, process_state
 from training.loop.feed import feed_notes
 from training.loop.memory import check_fits
 from training.loop.monitoring import Monitor
-from training.loop.resilience import FaultPlan, StopRequest, agree, broadcast_flag
+from training.loop.resilience import (
+    EXIT_RANK_LOST,
+    FaultPlan,
+    StopRequest,
+    agree,
+    broadcast_flag,
+    lost_rank_cause,
+)
 from training.loop.step import StepResult, TrainStep, accumulation_plugin, build_model
 from training.loop.time_budget import TimeBudget, keeps_plan
 from training.loop.validation import ValidationDataError, validate
@@ -70,11 +78,11 @@ from training.preflight import check
 from training.state.checkpoints import (
     DiskFullError,
     is_disk_full,
-    list_checkpoints,
     load_training_state,
     new_run_dir,
     remove_partial_checkpoints,
 )
+from training.state.commands import launch_command, next_command, resume_command
 from training.state.run_config import Start, describe_start, start_of
 from training.state.run_lock import lock_run_dir, release_run_dir
 from training.state.trained_weights import export_best_model, export_weights, save_training_checkpoint
@@ -91,6 +99,11 @@ class TrainingAborted(RuntimeError):
 
 class DataGone(UserError):
     """The training or validation data became unreadable mid-run; a checkpoint was saved first."""
+
+
+class RankLost(RuntimeError):
+    """Another process of the run died or was killed: the collectives cannot go on, and
+    nothing can be saved (the launcher names the process that died)."""
 
 
 @dataclass
@@ -135,30 +148,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, list[str]]:
     if args.resume:
         overrides.append(f"--resume_from_checkpoint={args.resume}")
     return args.config, overrides
-
-
-def launch_command() -> list[str]:
-    """The command that started this run: the launch script's (it passes it in
-    TAEHV_LAUNCH_COMMAND), else this module's (``python -m training.taehv_train ...``)."""
-    launch = os.environ.get("TAEHV_LAUNCH_COMMAND")
-    words = shlex.split(launch) if launch else [sys.executable, "-m", "training.taehv_train", *sys.argv[1:]]
-    if not launch and "LOCAL_RANK" in os.environ:  # started by accelerate launch / torchrun
-        words[:1] = ["accelerate", "launch", "<the same launch options>"]
-    return words
-
-
-def resume_command(checkpoint: Path | str = "latest") -> str:
-    """The command that continues this run from ``checkpoint``: the one that started it,
-    any earlier ``--resume`` replaced."""
-    kept, skip = [], False
-    for word in launch_command():
-        if skip or word.startswith(("--resume=", "--resume_from_checkpoint=")):
-            skip = False
-            continue
-        skip = word == "--resume"
-        if not skip:
-            kept.append(word)
-    return shlex.join([*kept, "--resume", str(checkpoint)])
 
 
 def make_accelerator(config: TrainConfig, run_dir: Path) -> Accelerator:
@@ -335,6 +324,7 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path
         logger.warning("%s", describe_start(start))
         return start.run
     run_dir, lock = claim_run_dir(process_state(), start)
+    tell_launcher("TAEHV_RUN_DIR_FILE", str(run_dir))
     accelerator = make_accelerator(config, run_dir)
     setup_logging(run_dir, accelerator)
     for note in notes:
@@ -352,22 +342,19 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path
     torch.autograd.set_detect_anomaly(config.detect_anomaly)
     try:
         return train(config, accelerator, run_dir, start, faults, stop, started)
-    except Exception as err:  # a full disk anywhere in the run: say what to run once there is room
-        if not is_disk_full(err):
-            raise
-        what = str(err) if isinstance(err, DiskFullError) else f"no space left on the device of {run_dir} ({err})"
-        raise DiskFullError(f"{what}, then {next_command(run_dir)}") from err
+    except Exception as err:  # a full disk, or another process gone: say what to run next
+        if is_disk_full(err):
+            what = str(err) if isinstance(err, DiskFullError) else f"no space left on the device of {run_dir} ({err})"
+            raise DiskFullError(f"{what}, then {next_command(run_dir)}") from err
+        if (cause := lost_rank_cause(err)) is not None and torch.distributed.is_initialized():
+            raise RankLost(
+                f"lost contact with another process of the run ({cause}): it died or was killed; nothing was saved "
+                f"after the last checkpoint; {next_command(run_dir)}"
+            ) from err
+        raise
     finally:
         if lock is not None:
             release_run_dir(lock)
-
-
-def next_command(run_dir: Path) -> str:
-    """After a failure that leaves the run as it was: the command that resumes it when it
-    holds a checkpoint, else the one that starts it again."""
-    if list_checkpoints(run_dir / "checkpoints"):
-        return f"resume with: {resume_command()}"
-    return f"start again with: {shlex.join(launch_command())} (nothing to resume yet)"
 
 
 def train(
@@ -626,12 +613,15 @@ def next_steps(run_dir: Path) -> list[tuple[str, str]]:
     return [("evaluate it", shlex.join(evaluate)), ("export it", shlex.join(export))]
 
 
-def write_exit_status(status: int) -> None:
-    """Tell the launch script how training ended (TAEHV_EXIT_STATUS_FILE, written by rank 0):
-    a launcher that is itself signalled exits non-zero even when training stopped cleanly."""
-    target = os.environ.get("TAEHV_EXIT_STATUS_FILE")
-    if target and os.environ.get("RANK", "0") == "0":
-        Path(target).write_text(f"{status}\n")
+def tell_launcher(variable: str, text: str) -> None:
+    """Leave ``text`` in the file that ``training.launch`` names in ``variable`` (written by
+    each node's first process): how training ended (TAEHV_EXIT_STATUS_FILE), which a
+    launcher that is itself signalled cannot tell, as it exits non-zero even when training
+    stopped cleanly; the run folder (TAEHV_RUN_DIR_FILE), which the launcher's line names
+    when a process dies."""
+    target = os.environ.get(variable)
+    if target and os.environ.get("LOCAL_RANK", "0") == "0":
+        Path(target).write_text(text)
 
 
 def entry_point(argv: list[str] | None = None, early_signals: list[int] = ()) -> None:
@@ -651,10 +641,13 @@ def entry_point(argv: list[str] | None = None, early_signals: list[int] = ()) ->
     except TrainingAborted as err:
         logger.error("%s", err)
         status = EXIT_SKIPPED_STEPS
+    except RankLost as err:
+        logger.error("%s", err)
+        status = EXIT_RANK_LOST
     except KeyboardInterrupt:
         logger.error("interrupted at once by a second Ctrl+C: nothing saved since the last checkpoint")
         status = EXIT_INTERRUPTED
-    write_exit_status(status)
+    tell_launcher("TAEHV_EXIT_STATUS_FILE", f"{status}\n")
     sys.exit(status)
 
 

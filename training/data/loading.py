@@ -156,11 +156,14 @@ class TrainingData:
 
 
 def build_training_data(config: TrainConfig, ref_vae: ReferenceVAE | None) -> TrainingData:
-    """The datasets of ``config``, probed (a broken dataset stops here), and the one source
-    of reference latents: the cache when ``latent_cache_dir`` is set (checked against the
-    config and the clips), else ``ref_vae`` online, else none."""
+    """The datasets of ``config``, probed alike (a broken training or validation set stops
+    here, not at the first validation hours later), and the one source of reference
+    latents: the cache when ``latent_cache_dir`` is set (checked against the config and the
+    clips), else ``ref_vae`` online, else none."""
     train, val = build_datasets(config)
     logger.info("training clips: %d (%s)", len(train), train.probe())
+    if val is not None:
+        logger.info("validation clips: %d (%s)", len(val), val.probe())
     if not config.latent_cache_dir:
         return TrainingData(train, val, ReferenceLatents(ref_vae, cached=False))
     cached = CachedLatentDataset.from_config(train, config)

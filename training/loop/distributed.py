@@ -1,8 +1,10 @@
-"""Process-group set-up shared by training and the latent cache (CPU runs use gloo)."""
+"""Process-group set-up shared by training and the latent cache (CPU runs use gloo), and
+the command that started a process, for the lines that say how to run it again."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 from accelerate import PartialState
@@ -21,3 +23,12 @@ def process_state() -> PartialState:
     backend = process_group_backend()
     cpu = backend == "gloo" or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
     return PartialState(cpu=cpu, **({"backend": backend} if backend else {}))
+
+
+def started_command(module: str, argv: list[str]) -> list[str]:
+    """The command that runs ``module`` with ``argv`` as this process was started:
+    ``python -m module ...``, or under ``accelerate launch``/torchrun (LOCAL_RANK set) the
+    launcher, whose options only the user knows."""
+    if "LOCAL_RANK" in os.environ:
+        return ["accelerate", "launch", "<the same launch options>", "-m", module, *argv]
+    return [sys.executable, "-m", module, *argv]

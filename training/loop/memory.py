@@ -9,6 +9,8 @@ Weights and optimizer state of a tiny TAE are small beside them; the reference V
 Seraena and LPIPS are not counted. A run whose activations alone exceed the device's
 memory is refused before the run starts (the launch script's pre-flight, then training on
 each node), with the number, instead of hanging in start-up or dying in its first step.
+Frame caches (``frame_cache_mb`` per loader process) whose sum over this machine's loader
+processes exceeds its RAM are refused the same way.
 """
 
 from __future__ import annotations
@@ -96,19 +98,46 @@ def step_bytes(config: TrainConfig) -> int:
     )
 
 
+def host_memory() -> int:
+    """Bytes of this machine's RAM, or of its cgroup limit when that is lower."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if CGROUP_MEMORY_LIMIT.is_file() and (limit := CGROUP_MEMORY_LIMIT.read_text().strip()).isdigit():
+        total = min(total, int(limit))
+    return total
+
+
+def local_processes() -> int:
+    """Training processes on this machine (set by the launcher; 1 without one)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
 def device_memory() -> tuple[str, int]:
     """(name, bytes) of the memory one training process may use: the first GPU's, else
     this machine's RAM (or its cgroup limit) shared by the processes on it."""
     if torch.cuda.is_available():
         properties = torch.cuda.get_device_properties(0)
         return f"the {properties.name}", properties.total_memory
-    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    if CGROUP_MEMORY_LIMIT.is_file() and (limit := CGROUP_MEMORY_LIMIT.read_text().strip()).isdigit():
-        total = min(total, int(limit))
-    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    processes = local_processes()
     return (
         "this machine's RAM" if processes == 1 else f"this machine's RAM / {processes} processes"
-    ), total // processes
+    ), host_memory() // processes
+
+
+def check_frame_cache(config: TrainConfig) -> None:
+    """Raise UserError when the frame caches could outgrow this machine's RAM: every loader
+    process (each DataLoader worker, or the training process without workers) of every
+    training process here fills its own up to ``frame_cache_mb``, so a typo such as
+    100000000 would end in the out-of-memory killer hours into a run."""
+    loaders, processes = max(config.dataloader_num_workers, 1), local_processes()
+    per_loader = config.frame_cache_mb << 20
+    total, available = per_loader * loaders * processes, host_memory()
+    if total > available:
+        raise UserError(
+            f"frame_cache_mb={config.frame_cache_mb} ({readable_size(per_loader)} per loader process) x {loaders} "
+            f"loader process(es) (dataloader_num_workers) x {processes} training process(es) on this machine is "
+            f"{readable_size(total)}, more than its {readable_size(available)} of RAM: lower frame_cache_mb "
+            f"well below {available // (loaders * processes) >> 20}, which alone would fill it (0 turns the cache off)"
+        )
 
 
 def _describe(config: TrainConfig, needed: int) -> str:
@@ -123,7 +152,9 @@ def check_fits(config: TrainConfig) -> list[str]:
     """Raise UserError when one step's activations alone exceed the device's memory;
     else the estimate as a note for the log (a warning when the backward pass's peak may
     not fit). The launch script's pre-flight and training call it on the machine that
-    trains; ``training.preflight.check`` stays a property of the config alone."""
+    trains; ``training.preflight.check`` stays a property of the config alone. The frame
+    caches are checked against this machine's RAM first (``check_frame_cache``)."""
+    check_frame_cache(config)
     where, available = device_memory()
     needed = step_bytes(config)
     if needed > available:

@@ -30,8 +30,13 @@ def problems(config: TrainConfig) -> list[str]:
         )
     if config.mixed_precision not in MIXED_PRECISION:
         found.append(f"mixed_precision must be one of {MIXED_PRECISION}")
-    if config.max_train_time and parse_duration(config.max_train_time) is None:
+    if config.max_train_time and (seconds := duration_seconds(config.max_train_time)) is None:
         found.append(f"max_train_time={config.max_train_time!r} is not a duration: write e.g. 8h, 45m, 1h30m or 600s")
+    elif config.max_train_time and seconds <= 0:
+        found.append(
+            f"max_train_time={config.max_train_time!r} is not positive: give a budget such as 8h, or leave it "
+            "empty to train max_train_steps"
+        )
     if config.lr_scheduler not in LR_SCHEDULERS:
         found.append(f"lr_scheduler must be one of {LR_SCHEDULERS}")
     if config.learning_rate <= 0:
@@ -74,14 +79,20 @@ def compile_backends() -> list[str]:
 DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
 
 
-def parse_duration(text: str) -> float | None:
-    """Seconds in "8h", "45m", "1h30m", "90s" or "600"; None when ``text`` is not a positive duration."""
-    found = DURATION.fullmatch(text.strip().lower())
-    if not text.strip() or found is None:
+def duration_seconds(text: str) -> float | None:
+    """Seconds in "8h", "45m", "1h30m", "90s", "600", "0s" or "-3m"; None when ``text`` is not a duration."""
+    sign, unsigned = (-1.0, text.strip()[1:]) if text.strip().startswith("-") else (1.0, text.strip())
+    found = DURATION.fullmatch(unsigned.lower())
+    if not unsigned or found is None:
         return None
     hours, minutes, seconds = (float(v) if v else 0.0 for v in found.groups())
-    total = 3600 * hours + 60 * minutes + seconds
-    return total if total > 0 else None
+    return sign * (3600 * hours + 60 * minutes + seconds)
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds in "8h", "45m", "1h30m", "90s" or "600"; None when ``text`` is not a positive duration."""
+    seconds = duration_seconds(text)
+    return seconds if seconds is not None and seconds > 0 else None
 
 
 class LearningRateSchedule:

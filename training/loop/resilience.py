@@ -11,6 +11,9 @@ one, on its NaN loss or on a placeholder clip's loss multiplied by NaN, so the g
 collectives (DDP buckets, ZeRO reduce-scatter) happen in the same order everywhere and
 spread the NaN to every rank's gradients; the agreed flags then make every rank skip the
 optimizer step.
+
+A process that dies cannot take part: the others see its collectives fail
+(``lost_rank_cause``) and stop with ``EXIT_RANK_LOST``; the launcher names the one that died.
 """
 
 from __future__ import annotations
@@ -31,6 +34,29 @@ from common.errors import UserError
 
 logger = logging.getLogger(__name__)
 FAULT_KINDS = ("nan_loss", "oom", "crash_in_save", "sigterm", "disk_full")
+# Exit status of a process that lost contact with another process of its run (which died
+# or was killed): the launcher (``training.launch``) then reports the one that died.
+EXIT_RANK_LOST = 3
+# What gloo and NCCL say in a collective whose peer process is gone
+_LOST_RANK_MESSAGES = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "remote process exited",
+    "NCCL communicator was aborted",
+)
+
+
+def lost_rank_cause(error: BaseException | None) -> str | None:
+    """What a collective said when another process of the run went away (``error`` or one
+    it was raised from), e.g. "Connection reset by peer"; None for any other error."""
+    while error is not None:
+        if isinstance(error, RuntimeError):
+            found = next((text for text in _LOST_RANK_MESSAGES if text in str(error)), None)
+            if found is not None:
+                return found
+        error = error.__cause__ or error.__context__
+    return None
 
 
 class StopRequest:
@@ -120,12 +146,23 @@ class Settled(NamedTuple):
         return "non-finite gradient" if self.nonfinite_gradient else None
 
 
+def wait_for_device(device: torch.device) -> None:
+    """Wait until ``device`` has run what was queued on it (nothing to wait for on a CPU)."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
 class WindowTrouble:
     """What this rank's micro-batches of one accumulation window ran into, kept where it was
     found until the window ends: the host knows its own out-of-memory errors, lost data and
     stop signal, the device whether each loss was finite. ``settle`` agrees them over the
     ranks in one small all-reduce and reads them: the window's one device-to-host read, so
-    the host never waits for the device in the middle of a window."""
+    the host never waits for the device in the middle of a window.
+
+    The stop signal is read after the host has waited for the device to finish the window:
+    a signal's Python handler runs only once the host is back in Python, so on a GPU, where
+    the host queues a window and then waits for it, a signal that arrives during that wait
+    stops the run at this window's end rather than one window later."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -135,16 +172,17 @@ class WindowTrouble:
     def add_loss(self, loss: torch.Tensor) -> None:
         self.nonfinite_loss = self.nonfinite_loss | ~torch.isfinite(loss.detach())
 
-    def settle(self, stop_requested: bool, grad_norm: torch.Tensor | float | None = None) -> Settled:
+    def settle(self, stop: StopRequest, grad_norm: torch.Tensor | float | None = None) -> Settled:
         flags = torch.zeros(5, device=self.device)
-        for i, flag in enumerate((self.out_of_memory, self.data_failed, stop_requested)):
-            if flag:  # a fill on the device: a tensor made from host values would wait for the device's queue
-                flags[i] = 1.0
         flags[3] = self.nonfinite_loss
         if isinstance(grad_norm, torch.Tensor):
             flags[4] = ~torch.isfinite(grad_norm)
         elif grad_norm is not None and not math.isfinite(grad_norm):  # DeepSpeed reports a float
             flags[4] = 1.0
+        wait_for_device(self.device)
+        for i, flag in enumerate((self.out_of_memory, self.data_failed, stop.requested)):
+            if flag:  # a fill on the device: a tensor made from host values would wait for the device's queue
+                flags[i] = 1.0
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
         # The one read per window: the host must know whether to step the optimizer, the
@@ -169,7 +207,8 @@ class FaultPlan:
     Format: ``kind@N[-M][:rank]`` items separated by commas, e.g. ``nan_loss@3:1,oom@5``.
     ``nan_loss`` and ``oom`` hit the forward passes of accumulation windows N..M
     (counted from 1, skipped windows included, so a fault fires once per window),
-    ``sigterm`` sends SIGTERM to the process in window N, ``crash_in_save`` kills the
+    ``sigterm`` sends SIGTERM to the process at the end of window N (after its last
+    backward pass, the latest moment before the ranks agree), ``crash_in_save`` kills the
     process while checkpoint N is being written (after the files, before the manifest),
     ``disk_full`` makes the write of checkpoint N fail as a full disk does (ENOSPC).
     Without a rank, every rank is hit.
@@ -204,7 +243,7 @@ class FaultPlan:
         return loss
 
     def maybe_signal(self, step: int, rank: int) -> None:
-        """Send SIGTERM to this process once, at the first micro-batch of ``step``."""
+        """Send SIGTERM to this process once, in window ``step``."""
         if self.fires("sigterm", step, rank):
             self.faults -= {("sigterm", step, rank), ("sigterm", step, None)}
             os.kill(os.getpid(), signal.SIGTERM)

@@ -11,13 +11,13 @@ aligned by the model's FramePlan, adds Seraena's loss, and runs the backward pas
 end of the window it clips the gradients and steps the optimizer, the scheduler and the
 EMA weights, or skips the window on every rank. It returns what the loop counts and logs.
 
-Skipping is decided together (``training.loop.resilience``): for every micro-batch, each
-rank contributes whether its forward pass ran out of memory, whether its loss is
-non-finite, whether a signal arrived and whether its batch could not be loaded, in one
-all-reduce. A rank whose forward pass failed runs a placeholder clip so that its backward
-pass joins the same gradient collectives, every rank back-propagates a NaN-poisoned loss,
-and the non-finite gradient norm makes every rank skip the optimizer step. Logging,
-validation and checkpoint cadence are the loop's business, not the step's.
+Skipping is decided together (``training.loop.resilience``), once per window: what a
+micro-batch runs into stays where it was found (a non-finite loss as a device flag; an
+out-of-memory forward pass or a batch that could not be loaded on the host, where that
+rank runs a placeholder clip on a NaN-poisoned loss so that its backward pass joins the
+same gradient collectives). At the window's end every rank's flags and the stop signal
+are agreed in one all-reduce and read once: the host never waits for the device inside
+a window. Logging, validation and checkpoint cadence are the loop's business, not the step's.
 """
 
 from __future__ import annotations
@@ -274,13 +274,13 @@ class TrainStep:
             batch = None if data_error is not None else item.batch
             if batch is not None and "failures" in batch:  # hand-made batches (benchmarks, tests) have no count
                 failures = failures + batch["failures"].sum()
-            self.faults.maybe_signal(window, acc.process_index)
             last = taken == self.config.gradient_accumulation_steps or item.last_in_epoch
             with self.accumulate(last):
                 micro_losses = self.micro_batch(batch, window, trouble)
                 if micro_losses is not None:
                     losses.append(micro_losses)
                 if last:
+                    self.faults.maybe_signal(window, acc.process_index)
                     return self.end_window(trouble, losses, taken, data_wait, failures, data_error)
 
     def accumulate(self, last: bool) -> contextlib.AbstractContextManager:
@@ -367,7 +367,7 @@ class TrainStep:
     def settle(self, trouble: WindowTrouble, grad_norm: torch.Tensor | float | None = None) -> Settled:
         """``trouble`` agreed over the ranks and read (the host waits for the device here)."""
         self.idle.pause()
-        settled = trouble.settle(self.stop.requested, grad_norm)
+        settled = trouble.settle(self.stop, grad_norm)
         self.idle.resume()
         return settled
 
