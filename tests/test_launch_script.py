@@ -243,3 +243,24 @@ def test_a_resume_under_another_preset_or_into_another_folder_is_refused_before_
     assert fresh.returncode == 0, fresh.stdout[-2000:] + fresh.stderr[-4000:]
     (new_run,) = new.iterdir()
     assert f"initialised from {weights}" in (new_run / "train.log").read_text()
+
+
+def test_an_ending_training_chose_wins_over_a_process_that_dies_on_its_way_out(monkeypatch):
+    """Every rank refused the run in one line (status 2), then one aborted in a library's exit
+    handlers before the other exited: the launcher exits 2, without a 'rank died' line."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from training import launch
+
+    def refused_then_aborted(args) -> None:
+        Path(os.environ["TAEHV_EXIT_STATUS_FILE"]).write_text("2\n")
+        aborted = ProcessFailure(local_rank=1, pid=2, exitcode=-6, error_file="")
+        refused = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file="")
+        aborted.timestamp, refused.timestamp = 1, 2  # the abort was seen first
+        raise ChildFailedError("training.taehv_train", {0: refused, 1: aborted})
+
+    monkeypatch.setattr(launch, "launch_command", refused_then_aborted)
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    with pytest.raises(SystemExit) as ended:
+        launch.main(["--num_processes", "2", "-m", "training.taehv_train", "--config", "c.py"])
+    assert ended.value.code == 2

@@ -14,7 +14,8 @@ segfault), the others lose contact with it and stop (exit status 3, one line eac
 wrapper then ends with one line, on stderr and in the run's ``train.log``: ``error: rank
 1 died (signal 9, SIGKILL: ...): resume with: <command>``, and exits 128 + the signal
 (137 for SIGKILL), as a shell reports a process killed by it. Training tells the wrapper
-its run folder in ``TAEHV_RUN_DIR_FILE``.
+its run folder in ``TAEHV_RUN_DIR_FILE``. An ending training chose and explained (a user
+error, too many skipped steps) wins over a process that dies after it, on its way out.
 
 A process that crashed otherwise keeps the launcher's full report. Torch elastic's own log
 lines are held while the launch runs: left out where one line says how the run ended,
@@ -54,10 +55,14 @@ def main(argv: list[str] | None = None) -> None:
         try:
             launch_command(args)
         except (ChildFailedError, SignalException) as err:
+            reported = int(status_file.read_text()) if status_file.is_file() else None
+            if reported not in (None, 0, EXIT_RANK_LOST):
+                # an ending training chose and explained (a user error, too many skipped steps): a process that
+                # then dies on its way out (an abort in a library's exit handlers) changes nothing about it
+                sys.exit(reported)
             if isinstance(err, ChildFailedError) and (death := died(err)) is not None:
                 run_dir = Path(run_dir_file.read_text()) if run_dir_file.is_file() else None
                 sys.exit(report_death(*death, run_dir))
-            reported = int(status_file.read_text()) if status_file.is_file() else None
             if reported in (None, EXIT_RANK_LOST) or (reported == 0 and isinstance(err, ChildFailedError)):
                 held.replay()
                 raise  # a crash, not an ending training chose: the launcher's report is the information
