@@ -32,20 +32,18 @@ import contextlib
 import functools
 import io
 import json
-import os
-import platform
 import statistics
 import struct
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
 import av
 
+from bench.harness import command_line, cpus_summary, print_json, shared_dir, timed
 from common.clips import (
     BadClipError,
     VideoInfo,
@@ -137,12 +135,6 @@ def route(path: Path) -> tuple[str, str, float, float]:
     return ("full decode" if count.unproven else "packets"), count.unproven, opened, checked
 
 
-def timed(call: Callable[[], object]) -> tuple[float, object]:
-    start = time.perf_counter()
-    value = call()
-    return time.perf_counter() - start, value
-
-
 def probe_rows(paths: list[Path], repeats: int) -> list[dict]:
     """Per file: both results, their median seconds over ``repeats`` alternating rounds,
     and why the packet count decodes it."""
@@ -209,8 +201,9 @@ def annotate(folder: Path, out: Path, workers: int, exact_decode: bool) -> tuple
 
 def main() -> int:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    default_dir = Path(__file__).resolve().parents[2] / "shared" / "videos"
-    parser.add_argument("--videos_dir", type=Path, default=default_dir, help="the intact videos (default: %(default)s)")
+    parser.add_argument(
+        "--videos_dir", type=Path, default=shared_dir() / "videos", help="the intact videos (default: %(default)s)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="rounds per measurement (medians)")
     parser.add_argument("--workers", type=int, default=1, help="make_annotations' probing processes")
     args = parser.parse_args()
@@ -249,8 +242,8 @@ def main() -> int:
         identical = outputs[True] == outputs[False] and status[True] == status[False]
         kept = sum(json.loads(outputs[True][part])["total"] for part in ("train", "val"))
         result = {
-            "command": " ".join([Path(sys.executable).name, "-m", "bench.bench_annotate", *sys.argv[1:]]),
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+            "command": command_line("bench.bench_annotate"),
+            "machine": cpus_summary(),
             "videos_dir": str(args.videos_dir),
             "repeats": args.repeats,
             "probe_intact": summary(intact_rows),
@@ -269,7 +262,7 @@ def main() -> int:
             "intact": intact_rows,
             "damaged": damaged_rows,
         }
-    print(json.dumps(result, indent=1))
+    print_json(result)
     return 0 if same_results and identical else 1
 
 

@@ -14,17 +14,16 @@ right after a save.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
+import functools
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 from diffusers.training_utils import EMAModel
 
+from bench.harness import cpu_name, print_json, timed
 from common.flags import ArgumentParser
 from common.run_files import read_checkpoint_manifest
 from models.taehv import TAEHV
@@ -45,22 +44,22 @@ def measure(variant: str, directory: Path, repeats: int) -> dict:
     objects = TrainingObjects(accelerator, model, optimizer, scheduler, ema, torch.Generator())
     saves, checksums, verifies, sizes = [], [], [], []
     for step in range(1, repeats + 1):
-        start = time.perf_counter()
-        path = save_checkpoint(
-            objects,
-            directory,
-            step,
-            keep=1,
-            trainer_state={"step": step},
-            export=lambda d: export_weights(accelerator, model, ema, d, "weights", (".safetensors",)),
+        seconds, path = timed(
+            functools.partial(
+                save_checkpoint,
+                objects,
+                directory,
+                step,
+                keep=1,
+                trainer_state={"step": step},
+                export=lambda d: export_weights(accelerator, model, ema, d, "weights", (".safetensors",)),
+            )
         )
-        saves.append(time.perf_counter() - start)
+        saves.append(seconds)
         manifest = read_checkpoint_manifest(path)
         checksums.append(manifest["checksum_seconds"])
         sizes.append(sum(entry["size"] for entry in manifest["files"].values()))
-        start = time.perf_counter()
-        read_checkpoint_manifest(path, verify_checksums=True)
-        verifies.append(time.perf_counter() - start)
+        verifies.append(timed(functools.partial(read_checkpoint_manifest, path, verify_checksums=True))[0])
     save_s, checksum_s = statistics.median(saves), statistics.median(checksums)
     return {
         "variant": variant,
@@ -83,11 +82,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         runs = [measure(variant, Path(folder) / variant, args.repeats) for variant in args.variants]
     machine = {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
-    print(json.dumps({"benchmark": "checkpoint", "machine": machine, "runs": runs}, indent=2))
+    print_json({"benchmark": "checkpoint", "machine": machine, "runs": runs}, indent=2)
 
 
 if __name__ == "__main__":

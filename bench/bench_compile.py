@@ -29,7 +29,6 @@ what a later launch pays). Timings are synchronised on CUDA.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -37,10 +36,10 @@ import sys
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import torch
 
+from bench.harness import command_line, device_label, print_json
 from common.flags import ArgumentParser
 from evaluation.timing import median_seconds, timed
 from models.taehv import TAEHV
@@ -80,7 +79,7 @@ def inference_case(config: dict, device: torch.device) -> dict:
 
 def train_case(config: dict, device: torch.device) -> dict:
     """First and steady steps of ``TrainStep`` with cached reference latents."""
-    from bench.bench_train_step import train_step
+    from bench.step_builder import train_step
     from common.config import TrainConfig
     from training.data.loading import ReferenceLatents
 
@@ -215,9 +214,9 @@ def main(argv: list[str] | None = None) -> dict:
         )
     return {
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, {os.cpu_count()} cores",
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "device": device_label(device),
         "torch": torch.__version__,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": command_line(),
         "threads": args.threads or torch.get_num_threads(),
         **{k: v for k, v in common.items() if k not in ("device", "threads")},
         "inductor_cache": "default" if args.warm_cache else "fresh per process",
@@ -226,4 +225,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(), indent=1))
+    print_json(main())

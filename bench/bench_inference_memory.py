@@ -28,10 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.harness import REPO_ROOT, cpu_name, shared_dir
 from common.flags import ArgumentParser  # argparse only: this process stays free of torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CLIP = REPO_ROOT.parent / "shared" / "videos" / "udacity_alf_project_video_start_200f.mp4"
+DEFAULT_CLIP = shared_dir() / "videos" / "udacity_alf_project_video_start_200f.mp4"
 SAVE_WEIGHTS = """
 import torch
 from models.taehv import TAEHV
@@ -185,7 +185,7 @@ def main() -> None:
     machine = {
         "python": platform.python_version(),
         "torch": torch_version,
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
     }

@@ -24,7 +24,6 @@ the reference gets NCTHW frames in [-1, 1] or random latents of its own latent s
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import platform
 import sys
@@ -33,6 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
+from bench.harness import cpu_name, cuda_name, print_json
 from bench.make_reference_vae import COGVIDEOX_2B
 from common.config import DTYPES
 from common.flags import ArgumentParser
@@ -212,11 +212,11 @@ def main() -> None:
     machine = {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
         "threads": torch.get_num_threads(),
-        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "cuda": cuda_name(),
     }
-    print(json.dumps({"benchmark": "model", "machine": machine, "runs": runs}, indent=2))
+    print_json({"benchmark": "model", "machine": machine, "runs": runs}, indent=2)
 
 
 if __name__ == "__main__":

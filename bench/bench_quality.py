@@ -32,34 +32,28 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import cv2
-import numpy as np
 import torch
-
-from models.ecosystem import export_stem
-from models.latent_spaces import OWN
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 from accelerate import Accelerator
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from bench.harness import REPO_ROOT, command_line, print_json, shared_dir, threads_summary
+from bench.quality_plot import PALETTE, plot
 from common.clips import find_videos, frames_to_unit
 from common.config import TrainConfig, load_config
 from common.flags import ArgumentParser
+from models.ecosystem import export_stem
+from models.latent_spaces import OWN
 from models.taehv import TAEHV
 from training.data.loading import build_datasets, build_train_loader
 from training.loop.validation import validate
 from training.make_annotations import write_annotation
 
-SHARED_VIDEOS = Path(os.environ.get("TAEHV_SHARED_DIR", REPO_ROOT.parent / "shared")) / "videos"
 RECIPE_CONFIG = REPO_ROOT / "training" / "configs" / "taehv_config_scratch.py"
 
 
@@ -221,78 +215,11 @@ def run_naive(config: TrainConfig, every: int) -> list[dict]:
     return curve
 
 
-PALETTE = [
-    (216, 125, 59),
-    (44, 72, 224),
-    (60, 160, 60),
-    (160, 60, 160),
-    (40, 170, 200),
-    (120, 120, 120),
-    (30, 30, 30),
-    (200, 80, 140),
-    (0, 140, 255),
-]  # BGR
-
-
-def plot(
-    curves: dict[str, list[dict]],
-    path: Path,
-    title: str,
-    x: str = "step",
-    colours: dict[str, tuple[int, int, int]] | None = None,
-) -> None:
-    """Two panels (PSNR and SSIM against ``x``: "step" or "seconds"), one line per curve,
-    drawn with OpenCV; ``colours`` per curve name (default: one per arm in ARMS order)."""
-    colours = colours or dict(zip(ARMS, PALETTE))
-    width, height, margin = 560, 360, 60
-    panels = []
-    for key, label in (("psnr", "held-out PSNR (dB)"), ("ssim", "held-out SSIM")):
-        image = np.full((height, width, 3), 255, np.uint8)
-        values = [p[key] for curve in curves.values() for p in curve]
-        low, high = min(values), max(values)
-        low, high = low - 0.05 * (high - low + 1e-6), high + 0.05 * (high - low + 1e-6)
-        last = max(p[x] for curve in curves.values() for p in curve)
-
-        def xy(step: float, value: float) -> tuple[int, int]:
-            return (
-                int(margin + (width - 1.5 * margin) * step / last),  # noqa: B023
-                int(height - margin - (height - 1.6 * margin) * (value - low) / (high - low)),  # noqa: B023
-            )
-
-        cv2.line(image, xy(0, low), xy(last, low), (0, 0, 0), 1)
-        cv2.line(image, xy(0, low), xy(0, high), (0, 0, 0), 1)
-        for i in range(5):
-            value = low + (high - low) * i / 4
-            cv2.putText(image, f"{value:.3g}", (4, xy(0, value)[1] + 4), cv2.FONT_HERSHEY_SIMPLEX, 0.38, (0, 0, 0), 1)
-            step = last * i / 4
-            cv2.putText(
-                image,
-                f"{step:.0f}",
-                (xy(step, low)[0] - 8, height - margin + 16),
-                cv2.FONT_HERSHEY_SIMPLEX,
-                0.38,
-                (0, 0, 0),
-                1,
-            )
-        cv2.putText(image, x, (width // 2 - 12, height - 14), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1)
-        cv2.putText(image, label, (margin, 24), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1)
-        for n, (arm, curve) in enumerate(curves.items()):
-            points = np.array([xy(p[x], p[key]) for p in curve], np.int32)
-            cv2.polylines(image, [points], False, colours[arm], 2, cv2.LINE_AA)
-            for point in points:  # a curve of one point (one budget) shows too
-                cv2.circle(image, (int(point[0]), int(point[1])), 3, colours[arm], -1, cv2.LINE_AA)
-            legend_y = height - margin - 12 - 18 * (len(curves) - 1 - n)  # bottom right: the curves rise to the top
-            cv2.putText(image, arm, (width - 120, legend_y), cv2.FONT_HERSHEY_SIMPLEX, 0.45, colours[arm], 1)
-        panels.append(image)
-    header = np.full((30, 2 * width, 3), 255, np.uint8)
-    cv2.putText(header, title, (10, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1)
-    if not cv2.imwrite(str(path), np.concatenate([header, np.concatenate(panels, 1)], 0)):
-        raise OSError(f"cannot write {path}")
-
-
 def main() -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--videos", type=Path, default=SHARED_VIDEOS, help="clip folder (default: ../shared/videos)")
+    parser.add_argument(
+        "--videos", type=Path, default=shared_dir() / "videos", help="clip folder (default: ../shared/videos)"
+    )
     parser.add_argument("--hold_out_every", type=int, default=3, help="every N-th file (sorted) is held out")
     parser.add_argument("--config", type=Path, default=RECIPE_CONFIG, help="the recipe's config file")
     parser.add_argument("--variant", default="taehv")
@@ -334,9 +261,9 @@ def main() -> None:
             arm: run[arm]() if arm in run else run_recipe(args, settings, out, arm) for arm in dict.fromkeys(args.arms)
         }
     result = {
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
+        "machine": threads_summary(),
         "torch": torch.__version__,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": command_line(),
         "videos": str(folder),
         "held_out": held_out,
         "variant": args.variant,
@@ -358,8 +285,10 @@ def main() -> None:
         out / "quality.png",
         f"{args.variant}, {args.frames} frames at {args.size}x{args.size}, batch {args.batch}, lr {args.lr:g}, "
         f"{args.steps} steps; held out: {', '.join(held_out)}",
+        "step",
+        dict(zip(ARMS, PALETTE)),
     )
-    print(json.dumps(result, indent=1))
+    print_json(result)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ gradient all-reduce and the process split, not added hardware.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -34,6 +33,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
+from bench.harness import cuda_name, print_json
 from common.flags import ArgumentParser
 from training.demo_data import make_demo_dataset
 
@@ -143,9 +143,9 @@ def main() -> None:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpus": os.cpu_count(),
-        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "cuda": cuda_name(),
     }
-    print(json.dumps({"benchmark": "scaling", "machine": machine, "config": vars(args), "runs": rows}, indent=2))
+    print_json({"benchmark": "scaling", "machine": machine, "config": vars(args), "runs": rows}, indent=2)
 
 
 if __name__ == "__main__":

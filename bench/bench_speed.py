@@ -50,311 +50,24 @@ default the first decode case, parallel) and reports the top 15 ops by self CPU 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
-import datetime
-import gc
-import importlib.util
-import json
-import math
-import multiprocessing as mp
-import os
-import platform
 import statistics
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 import models.taehv as taehv_module
+from bench.cpu_memory import measure_memory
+from bench.harness import machine_info, print_json, published_file, time_alternating, utc_now
+from bench.published_model import build_pair, operation
+from bench.roofline import add_roofline, count_flops, measure_peak
 from common.flags import ArgumentParser
-from models.taehv import TAEHV
 
 DEFAULT_CASES = [(9, 128, 128), (17, 128, 128), (49, 128, 128), (9, 256, 256)]
 PEAK_CONVS = ["8,256,256,32", "12,128,64,64", "12,64,64,64", "3,512,256,16"]  # N, C_in, C_out, H (= W)
 TOLERANCE = 1e-4
-
-
-# -- the published implementation -----------------------------------------------------------
-
-
-def shared_dir() -> Path:
-    """``../shared`` next to the repository, or ``TAEHV_SHARED_DIR`` (tests/conftest.py's rule)."""
-    return Path(os.environ.get("TAEHV_SHARED_DIR", REPO_ROOT.parent / "shared")).resolve()
-
-
-def published_file(variant: str) -> Path:
-    name = "taehv_published_wide.py" if variant == "taeltx2_3_wide" else "taehv_published.py"
-    return shared_dir() / "reference" / name
-
-
-_MODULES: dict[Path, object] = {}
-
-
-def load_published(path: Path):
-    """The published module, imported by path (once per file, never copied)."""
-    if path not in _MODULES:
-        if not path.is_file():
-            sys.exit(f"the published implementation is not at {path} (set TAEHV_SHARED_DIR to the shared/ folder)")
-        spec = importlib.util.spec_from_file_location(f"taehv_published_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # torch.compile imports the module of the code it traces by name
-        spec.loader.exec_module(module)
-        _MODULES[path] = module
-    return _MODULES[path]
-
-
-def build_pair(variant: str, workdir: Path, seed: int = 0) -> tuple[TAEHV, torch.nn.Module, Path]:
-    """Ours (seeded random init) and the published model with the same weights, loaded by the
-    published constructor from a file under the published name."""
-    torch.manual_seed(seed)
-    ours = TAEHV(variant=variant).eval()
-    checkpoint = workdir / f"{variant}.pth"
-    torch.save(ours.state_dict(), checkpoint)
-    published = load_published(published_file(variant)).TAEHV(checkpoint_path=str(checkpoint)).eval()
-    return ours, published, checkpoint
-
-
-def operation(
-    model: torch.nn.Module, published: bool, op: str, parallel: bool, x: torch.Tensor
-) -> Callable[[], torch.Tensor]:
-    kwargs = {"show_progress_bar": False} if published else {}
-    fn = model.encode_video if op == "encode" else model.decode_video
-    return lambda: fn(x, parallel=parallel, **kwargs)
-
-
-# -- timing and outputs ---------------------------------------------------------------------
-
-
-def time_alternating(
-    ours: Callable[[], torch.Tensor], published: Callable[[], torch.Tensor], warmup: int, repeats: int
-) -> tuple[list[float], list[float], torch.Tensor, torch.Tensor]:
-    """Run times of ``ours`` and ``published``, alternating call by call, and their last outputs."""
-    for _ in range(warmup):
-        ours()
-        published()
-    times: tuple[list[float], list[float]] = ([], [])
-    outs: list[torch.Tensor | None] = [None, None]
-    for _ in range(repeats):
-        for k, fn in enumerate((ours, published)):
-            outs[k] = None  # the previous output is not kept alive during the call
-            start = time.perf_counter()
-            outs[k] = fn()
-            times[k].append(time.perf_counter() - start)
-    return times[0], times[1], outs[0], outs[1]
-
-
-# -- FLOPs and the roofline -----------------------------------------------------------------
-
-
-def _fused_conv_flop(*args, out_shape=None, **kwargs) -> int:
-    """``mkldnn._convolution_pointwise`` (X, W, B, ...) and its ``.binary`` overload
-    (X, other, W, B, ...): 2 x MACs, FlopCounterMode's convolution rule."""
-    from torch.utils.flop_counter import conv_flop_count
-
-    x_shape, w_shape = args[0], args[2] if len(args) > 10 else args[1]
-    return conv_flop_count(list(x_shape), list(w_shape), list(out_shape))
-
-
-def count_flops(fn: Callable[[], torch.Tensor]) -> dict[str, int]:
-    """Convolution FLOPs and all FLOPs FlopCounterMode sees in one call of ``fn``."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    mapping = {}
-    if hasattr(torch.ops.mkldnn, "_convolution_pointwise"):
-        mapping[torch.ops.mkldnn._convolution_pointwise] = _fused_conv_flop
-    with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
-        fn()
-    counts = counter.get_flop_counts().get("Global", {})
-    conv = sum(v for k, v in counts.items() if "convolution" in str(k))
-    return {"conv": int(conv), "total": int(sum(counts.values()))}
-
-
-def _best_seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def measure_peak(conv_shapes: list[str], matmul_n: int, repeats: int = 3) -> dict:
-    """GFLOP/s of large fp32 3x3 convolutions (channels_last) and of an n x n matmul on this
-    CPU at the current thread count; ``peak_gflops`` is the best of them."""
-    convs = []
-    with torch.inference_mode():
-        for shape in conv_shapes:
-            n, c_in, c_out, hw = (int(v) for v in shape.split(","))
-            x = torch.randn(n, c_in, hw, hw).contiguous(memory_format=torch.channels_last)
-            w = torch.randn(c_out, c_in, 3, 3).contiguous(memory_format=torch.channels_last)
-            flops = 2 * n * c_out * c_in * 9 * hw * hw
-            seconds = _best_seconds(lambda: F.conv2d(x, w, padding=1), repeats)  # noqa: B023
-            convs.append(
-                {
-                    "shape": {"n": n, "c_in": c_in, "c_out": c_out, "h": hw, "w": hw},
-                    "gflop": flops / 1e9,
-                    "seconds": seconds,
-                    "gflops": flops / seconds / 1e9,
-                }
-            )
-        matmul = None
-        if matmul_n:
-            a, b = torch.randn(matmul_n, matmul_n), torch.randn(matmul_n, matmul_n)
-            seconds = _best_seconds(lambda: a @ b, repeats)
-            matmul = {"n": matmul_n, "seconds": seconds, "gflops": 2 * matmul_n**3 / seconds / 1e9}
-    conv_peak = max((c["gflops"] for c in convs), default=0.0)
-    return {
-        "convs": convs,
-        "conv_peak_gflops": conv_peak,
-        "matmul": matmul,
-        "peak_gflops": max(conv_peak, matmul["gflops"] if matmul else 0.0),
-    }
-
-
-def add_roofline(row: dict, peak_gflops: float) -> None:
-    pub_flops, our_flops = row["published_flops"]["conv"], row["ours_flops"]["conv"]
-    peak = peak_gflops * 1e9
-    row["published_gflops_s"] = pub_flops / row["published_s"] / 1e9
-    row["ours_gflops_s"] = pub_flops / row["ours_s"] / 1e9  # on the published FLOPs: work done per second
-    row["ours_actual_gflops_s"] = our_flops / row["ours_s"] / 1e9
-    row["published_peak_fraction"] = row["published_gflops_s"] * 1e9 / peak
-    row["ours_peak_fraction"] = row["ours_gflops_s"] * 1e9 / peak
-    row["ours_actual_peak_fraction"] = row["ours_actual_gflops_s"] * 1e9 / peak
-    row["ratio_at_peak_same_flops"] = row["published_s"] * peak / pub_flops
-    row["max_ratio_at_peak"] = row["published_s"] / (our_flops / peak)
-
-
-# -- peak memory, one fresh process per measurement -------------------------------------
-
-
-def _status_bytes(key: str) -> int | None:
-    """A memory figure of /proc/self/status (VmRSS: now, VmHWM: the peak), None without /proc."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _peak_bytes() -> int:
-    peak = _status_bytes("VmHWM")
-    if peak is None:  # not Linux: the training monitor's fallback (imported only here: it loads accelerate)
-        from training.loop.monitoring import peak_rss_bytes
-
-        peak = peak_rss_bytes()
-    return peak
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
-def heap_in_use() -> Callable[[], int] | None:
-    """glibc's bytes allocated through malloc and not yet freed (mallinfo2: heap chunks in
-    use + mmapped chunks), or None where there is no glibc >= 2.33."""
-    try:
-        mallinfo2 = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
-    except (OSError, AttributeError):
-        return None
-    mallinfo2.restype = _MallInfo2
-    return lambda: (lambda info: info.uordblks + info.hblkhd)(mallinfo2())
-
-
-def with_heap_peak(
-    fn: Callable[[], torch.Tensor], in_use: Callable[[], int], interval: float = 2e-4
-) -> tuple[torch.Tensor, int]:
-    """``fn()`` and the peak of ``in_use()`` during it over the value before, sampled every
-    ``interval`` s by a thread (torch ops release the GIL): the memory a call really
-    allocates, whatever the allocator keeps from earlier calls."""
-    base = peak = in_use()
-    done = threading.Event()
-
-    def poll() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, in_use())
-            time.sleep(interval)
-
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
-    try:
-        out = fn()
-    finally:
-        done.set()
-        thread.join()
-    return out, max(peak, in_use()) - base
-
-
-def _reset_peak() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0); False where not allowed."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def memory_worker(config: dict) -> dict:
-    """In a fresh process: peak RSS growth of one call over the loaded model and input."""
-    torch.set_num_threads(config["threads"])
-    taehv_module.SEQUENTIAL_CHUNK_BYTES = config["sequential_chunk_bytes"]
-    if config["impl"] == "ours":
-        model = TAEHV(variant=config["variant"])
-        model.load_state_dict(torch.load(config["checkpoint"], map_location="cpu", weights_only=True))
-    else:
-        model = load_published(Path(config["published_file"])).TAEHV(checkpoint_path=config["checkpoint"])
-    model.eval()
-    x = torch.load(config["input"], weights_only=True)
-    fn = operation(model, config["impl"] == "published", config["op"], config["mode"] == "parallel", x)
-    gc.collect()
-    base = _status_bytes("VmRSS") or 0
-    with torch.inference_mode():
-        out = fn()  # warm-up at the same size
-        del out
-        gc.collect()
-        reset = _reset_peak()
-        in_use = heap_in_use()
-        out, heap = with_heap_peak(fn, in_use) if in_use else (fn(), None)
-        peak = _peak_bytes()
-    return {
-        "peak_mb": (peak - base) / 2**20,
-        "heap_mb": None if heap is None else heap / 2**20,
-        "baseline_mb": base / 2**20,
-        "hwm_reset": reset,
-        "output_shape": list(out.shape),
-    }
-
-
-def measure_memory(config: dict) -> dict:
-    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
-        return pool.submit(memory_worker, config).result()
 
 
 # -- profile ----------------------------------------------------------------------------------
@@ -474,7 +187,7 @@ def run(args: argparse.Namespace) -> dict:
     }
     report: dict = {
         "benchmark": "speed",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": utc_now(),
         "machine": machine_info(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -567,24 +280,6 @@ def run(args: argparse.Namespace) -> dict:
     report["max_abs_diff"] = max((r["max_abs_diff"] for r in report["rows"]), default=0.0)
     report["all_within_tolerance"] = report["max_abs_diff"] < args.tolerance
     return report
-
-
-def machine_info() -> dict:
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return {
-        "processor": platform.processor() or platform.machine(),
-        "cpu_model": model,
-        "cpu_count": os.cpu_count(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "mkldnn": torch.backends.mkldnn.is_available(),
-    }
 
 
 def _fmt(value, spec: str = ".3f") -> str:
@@ -752,11 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     report = run(args)
-    text = json.dumps(report, indent=2)
-    print(text, flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    print_json(report, indent=2, out=args.out)
     if args.markdown:
         table = markdown(report)
         print("\n" + table, flush=True)

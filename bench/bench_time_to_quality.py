@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -55,9 +54,18 @@ import torch
 from accelerate import Accelerator
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from bench.bench_quality import PALETTE, SHARED_VIDEOS, plot
-from bench.bench_speed import load_published, published_file
-from bench.bench_train_speed import published_loss
+from bench.harness import (
+    REPO_ROOT,
+    command_line,
+    cpu_name,
+    load_published,
+    print_json,
+    published_file,
+    shared_dir,
+    threads_summary,
+)
+from bench.published_model import published_loss
+from bench.quality_plot import PALETTE, plot
 from common.clips import ClipTable, VideoClipDataset, area_resize, find_videos
 from common.config import load_config
 from common.flags import ArgumentParser
@@ -69,7 +77,6 @@ from training.loop.optimisation import parse_duration
 from training.loop.validation import validate
 from training.make_annotations import write_annotation
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 PRESET = REPO_ROOT / "training" / "configs" / "taehv_config_scratch.py"
 ARMS = ("ours", "bare")
 HELD_OUT_SETS = ("choose", "report")
@@ -324,7 +331,9 @@ def plots(result: dict, out: Path) -> None:
 
 def main() -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--videos", type=Path, default=SHARED_VIDEOS, help="clip folder (default: ../shared/videos)")
+    parser.add_argument(
+        "--videos", type=Path, default=shared_dir() / "videos", help="clip folder (default: ../shared/videos)"
+    )
     parser.add_argument("--hold_out_every", type=int, default=3, help="every N-th file (sorted) is held out")
     parser.add_argument(
         "--held_out",
@@ -384,9 +393,9 @@ def main() -> None:
                     )
                     print(json.dumps({"arm": arm, "budget": budget, "seed": seed, **metrics}), flush=True)
     result = {
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads",
+        "machine": threads_summary(cpu_name()),
         "torch": torch.__version__,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": command_line(),
         "videos": str(folder),
         "clip_sets": sets,
         "held_out_set": args.held_out,
@@ -410,7 +419,7 @@ def main() -> None:
     (out / "time_to_quality.json").write_text(json.dumps(result, indent=1))
     plots(result, out)
     stills(clips, first_seed, out / "time_to_quality_stills.png")
-    print(json.dumps(result, indent=1))
+    print_json(result)
     if len(runs) == 2:
         table = markdown(result)
         (out / "time_to_quality.md").write_text(table + "\n")

@@ -15,7 +15,7 @@ Each case (batch x frames x height x width) runs the reconstruction objective
   its ``decode_video`` trims (without its in-place clamp).
 
 Weights: ours seeded, saved under the published file name and loaded by the published
-constructor (``bench.bench_speed.build_pair``). Timing: ``--warmup`` calls of each, then
+constructor (``bench.published_model.build_pair``). Timing: ``--warmup`` calls of each, then
 ``--repeats`` calls alternating ours and the published; medians; ``ratio`` = published /
 ours (CUDA synchronised after each call). ``bf16`` runs both under ``torch.autocast``
 in bfloat16 (on CPU fast with AVX512-BF16 or AMX). Gradients: after the last timed call, the largest relative
@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.bench_speed import build_pair, load_published, machine_info, published_file, time_alternating
+from bench.harness import device_label, load_published, machine_info, print_json, published_file, time_alternating
+from bench.published_model import build_pair, published_loss
 
 DEFAULT_CASES = ("4x13x64x64", "2x9x32x48", "1x17x128x128")
 
@@ -44,13 +45,6 @@ DEFAULT_CASES = ("4x13x64x64", "2x9x32x48", "1x17x128x128")
 def ours_loss(model, x: torch.Tensor) -> torch.Tensor:
     decoded = model(x).decoded
     return F.mse_loss(decoded, x[:, : decoded.shape[1]])
-
-
-def published_loss(module, model, x: torch.Tensor) -> torch.Tensor:
-    z = model.encode_video(x, show_progress_bar=False)
-    decoded = module.apply_model_with_memblocks(model.decoder, z, True, False)[:, model.frames_to_trim :]
-    decoded = F.pixel_shuffle(decoded, model.patch_size)
-    return F.mse_loss(decoded.float(), x[:, : decoded.shape[1]])
 
 
 def step(model, loss_fn, x: torch.Tensor, bf16: bool):
@@ -108,7 +102,7 @@ def run(args: argparse.Namespace) -> dict:
                 rows.append(row)
     return {
         "machine": machine_info(),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "device": device_label(device),
         "torch": torch.__version__,
         "variant": args.variant,
         "threads": args.threads,
@@ -143,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
     report = run(args)
-    print(json.dumps(report, indent=1))
+    print_json(report)
     if args.markdown:
         print(markdown(report))
 

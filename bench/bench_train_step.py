@@ -25,46 +25,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import platform
 import sys
-from pathlib import Path
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration
-from torch.utils.data import DataLoader
 
+from bench.harness import command_line, device_label, print_json, threads_summary
+from bench.step_builder import train_step
 from common.config import TrainConfig
 from common.flags import ArgumentParser
 from common.reference_vae import ReferenceVAE
 from evaluation.timing import median_seconds
 from models.taehv import TAEHV
 from training.data.loading import ReferenceLatents
-from training.loop.step import TrainStep, accumulation_plugin
-
-
-def build_step(
-    config: TrainConfig, device: torch.device, latents: ReferenceLatents, loader: DataLoader | None = None
-) -> tuple[TrainStep, DataLoader | None]:
-    """The training loop's step, built the way the loop builds it (one process), and the
-    training ``loader`` prepared with it; its windows are ``config``'s
-    ``gradient_accumulation_steps`` micro-batches, and on CUDA the prepared loader copies its
-    pinned batches to the GPU asynchronously, as in training (``make_accelerator``)."""
-    accelerator = Accelerator(
-        cpu=device.type == "cpu",
-        mixed_precision=config.mixed_precision,
-        gradient_accumulation_plugin=accumulation_plugin(config),
-        dataloader_config=DataLoaderConfiguration(non_blocking=device.type == "cuda"),
-    )
-    step, loader = TrainStep.build(config, accelerator, TAEHV(variant=config.variant), latents, loader=loader)
-    step.model.train()
-    return step, loader
-
-
-def train_step(config: TrainConfig, device: torch.device, latents: ReferenceLatents, seraena: bool) -> TrainStep:
-    """``build_step`` without a loader (batches handed to the step), with or without Seraena."""
-    return build_step(config.replace(use_seraena=seraena), device, latents)[0]
+from training.loop.step import TrainStep
 
 
 def forward_backward(step: TrainStep, frames: torch.Tensor, z_ref: torch.Tensor) -> None:
@@ -76,7 +49,7 @@ def forward_backward(step: TrainStep, frames: torch.Tensor, z_ref: torch.Tensor)
 def main() -> None:
     with contextlib.redirect_stdout(sys.stderr):  # libraries' log lines (DeepSpeed's) stay out of the JSON
         result = run()
-    print(json.dumps(result, indent=1))
+    print_json(result)
 
 
 def run() -> dict:
@@ -158,10 +131,10 @@ def run() -> dict:
     for row in rows:
         row["ratio_to_bare"] = round(row["step_s"] / bare, 3)
     return {
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "machine": threads_summary(),
+        "device": device_label(device),
         "torch": torch.__version__,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": command_line(),
         "variant": args.variant,
         "frames": args.frames,
         "height": args.height,

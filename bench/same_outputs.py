@@ -32,9 +32,9 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from bench.harness import REPO_ROOT
 from common.flags import ArgumentParser
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 TEST_CONFIG = "training/configs/taehv_config_test.py"
 ZERO2 = [
     str(Path(sys.executable).with_name("accelerate")),

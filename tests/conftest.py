@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness import shared_dir  # the one rule for ../shared, shared with the benchmarks
+
 REPO_ROOT = Path(__file__).resolve().parents[1]  # on sys.path through pytest.ini's pythonpath
 
 
@@ -35,10 +37,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             "for its training checkpoints: free some space or pass --basetemp=DIR on a larger disk",
             returncode=1,
         )
-
-
-def shared_dir() -> Path:
-    return Path(os.environ.get("TAEHV_SHARED_DIR", REPO_ROOT.parent / "shared")).resolve()
 
 
 def _require(path: Path, what: str) -> Path:

@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, _require, shared_dir
+from bench.harness import published_file
+from conftest import REPO_ROOT, _require
 
 pytestmark = pytest.mark.slow  # a benchmark
 
@@ -23,7 +24,7 @@ VARIANTS = {"taehv1_5": (2, 32)}  # patch size, latent channels (the default's t
 
 
 def test_gpu_benchmark_tiny_compares_ours_with_the_published_model():
-    published = _require(shared_dir() / "reference" / "taehv_published.py", "the published taehv.py")
+    published = _require(published_file(), "the published taehv.py")
     args = [
         sys.executable,
         "-m",

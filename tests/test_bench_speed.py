@@ -12,14 +12,15 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO_ROOT, shared_dir
+from bench.harness import published_file
+from conftest import REPO_ROOT
 
 TINY = ["--variants", "taehv", "--frames", "5", "--sizes", "16x16"]
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
-        not (shared_dir() / "reference" / "taehv_published.py").exists(),
+        not published_file().exists(),
         reason="the published implementation (shared/reference) is not here",
     ),
 ]
@@ -91,7 +92,7 @@ def test_speed_rows_roofline_and_markdown(tmp_path):
 
 
 def test_peak_memory_in_fresh_processes():
-    from bench.bench_speed import heap_in_use
+    from bench.cpu_memory import heap_in_use
 
     report, _ = _run("--ops", "decode", "--modes", "sequential", "--repeats", "1", "--warmup", "0", "--no-roofline")
     (row,) = report["rows"]

@@ -21,13 +21,13 @@ as ``decode_video`` does for an odd latent count; the published stream keeps the
 from __future__ import annotations
 
 import copy
-import importlib.util
 import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from bench.harness import load_published, published_file
 from conftest import _require, shared_dir
 from models.taehv import TAEHV, StreamingTAEHV
 
@@ -71,22 +71,12 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def _import(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def pub():
     """The published modules: ``pub["base"]`` (taehv.py) and ``pub["wide"]`` (the
     ``2026_03_11_taeltx23_wide`` branch's taehv.py, for taeltx2_3_wide)."""
-    folder = _require(shared_dir() / "reference", "published taehv.py")
-    return {
-        "base": _import(folder / "taehv_published.py", "taehv_published"),
-        "wide": _import(folder / "taehv_published_wide.py", "taehv_published_wide"),
-    }
+    _require(shared_dir() / "reference", "published taehv.py")
+    return {"base": load_published(published_file()), "wide": load_published(published_file("taeltx2_3_wide"))}
 
 
 def _module_for(pub, name):

@@ -5,14 +5,12 @@ latent space, or its model card says that a tool takes it for another and what t
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from bench.harness import load_published, published_file
 from common.errors import UserError
-from conftest import shared_dir
 from models.taehv import TAEHV
 from models.weights import save_weights
 from training.export import write_bundle
@@ -53,13 +51,10 @@ CASES = [
 @pytest.fixture(scope="module")
 def published_taehv():
     """madebyollin's taehv.py (``../shared/reference``), imported by path."""
-    path = shared_dir() / "reference" / "taehv_published.py"
+    path = published_file()
     if not path.is_file():
         pytest.fail(f"the published taehv.py is missing at {path}")
-    spec = importlib.util.spec_from_file_location("taehv_published_for_export", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_published(path)
 
 
 @pytest.mark.parametrize("variant, space, stem, comfyui, comfyui_right, lightx2v", CASES, ids=[c[2] for c in CASES])

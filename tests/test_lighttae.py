@@ -20,7 +20,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import save_file
 from test_dropin import (
-    _import,
     assert_not_saturated,
     assert_same,
     encode_decode_loop,
@@ -28,6 +27,7 @@ from test_dropin import (
     save_fresh_published,
 )
 
+from bench.harness import load_published, published_file
 from conftest import _require, shared_dir
 from models import fast_paths
 from models.taehv import TAEHV, StreamingTAEHV
@@ -39,7 +39,8 @@ FRAMES, SIDE = 5, 16  # two latents; H and W multiples of 8 * patch size 2
 
 @pytest.fixture(scope="module")
 def published():
-    return _import(_require(shared_dir() / "reference", "published taehv.py") / "taehv_published.py", "taehv_lighttae")
+    _require(shared_dir() / "reference", "published taehv.py")
+    return load_published(published_file())
 
 
 def leaky(model: nn.Module) -> nn.Module:
