@@ -4,7 +4,7 @@ A config file is a plain Python module that defines ``config`` (a ``TrainConfig`
 by ``replace``-ing the documented base in ``training/configs/taehv_config.py``. Overrides
 on the command line are parsed to each field's type; an unknown key is an error that
 names the closest valid key. Paths are made absolute here, once. This is the ground floor:
-each component checks its own keys (``problems(config)`` next to its code), and
+each component checks its own keys (``config_errors(config)`` next to its code), and
 ``training.preflight.check`` asks them all before heavy work starts. ``inference.py
 --config`` reads the same files for its data, sizes and reference VAE.
 """

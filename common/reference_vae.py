@@ -205,7 +205,7 @@ def _model_shapes(diffusers_class: str, config: dict) -> dict[str, tuple[int, ..
     return {key: tuple(value.shape) for key, value in model.state_dict().items()}
 
 
-def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
+def config_errors(config: TrainConfig, spec: VariantSpec) -> list[str]:
     """What is wrong with the ``ref_vae_*`` keys: the class, the dtype, the frame count the
     reference VAE takes, and the model folder itself."""
     found = []

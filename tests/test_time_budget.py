@@ -184,9 +184,9 @@ def test_a_budget_typed_without_a_step_count_is_the_runs_length():
     assert load_config(TEST_CONFIG, ["--max_train_time=8m", "--max_train_steps=300"]).max_train_steps == 300
     assert load_config(TEST_CONFIG, ["--max_train_time="]).max_train_steps == 4
     assert "max_train_steps=0 (no step limit) needs a time budget" in " ".join(
-        optimisation.problems(TrainConfig(max_train_steps=0))
+        optimisation.config_errors(TrainConfig(max_train_steps=0))
     )
-    assert not optimisation.problems(TrainConfig(max_train_steps=0, max_train_time="8m"))
+    assert not optimisation.config_errors(TrainConfig(max_train_steps=0, max_train_time="8m"))
     # a resume line: the same rule over the run's own config
     preset = load_config(TEST_CONFIG)
     saved = {**preset.to_dict(), "max_train_steps": 500}

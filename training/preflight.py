@@ -1,4 +1,4 @@
-"""The config check before any heavy work: every component's ``problems(config)``, asked in one go.
+"""The config check before any heavy work: every component's ``config_errors(config)``, asked in one go.
 
 Each component owns the rules of its keys (data sizes and frames, the reference VAE, the
 losses, Seraena, optimisation, validation, checkpoints, early stopping, fault handling);
@@ -20,8 +20,8 @@ from training.state import checkpoints
 def check(config: TrainConfig) -> list[str]:
     """Validate a config before any heavy work. Raises UserError listing every problem;
     returns informational notes (e.g. frames the reconstruction loss does not cover)."""
-    if problems := type_problems(config):
-        raise invalid_config(problems)
+    if errors := type_problems(config):
+        raise invalid_config(errors)
     if config.variant == "auto":  # with_auto_variant could not tell: say why
         folder_problems = (
             reference_vae.folder_problems(config, "auto")
@@ -36,20 +36,20 @@ def check(config: TrainConfig) -> list[str]:
             ]
         )
     spec = spec_of(config)
-    problems = [
-        *loading.problems(config, spec),
-        *reference_vae.problems(config, spec),
-        *losses.problems(config),
-        *adversarial.problems(config, spec),
-        *optimisation.problems(config),
-        *latent_cache.problems(config),
-        *monitoring.problems(config),
-        *validation.problems(config),
-        *checkpoints.problems(config),
-        *best_model.problems(config),
-        *resilience.problems(config),
+    errors = [
+        *loading.config_errors(config, spec),
+        *reference_vae.config_errors(config, spec),
+        *losses.config_errors(config),
+        *adversarial.config_errors(config, spec),
+        *optimisation.config_errors(config),
+        *latent_cache.config_errors(config),
+        *monitoring.config_errors(config),
+        *validation.config_errors(config),
+        *checkpoints.config_errors(config),
+        *best_model.config_errors(config),
+        *resilience.config_errors(config),
         *missing_paths(config),
     ]
-    if problems:
-        raise invalid_config(problems)
+    if errors:
+        raise invalid_config(errors)
     return [*losses.notes(config, spec), *loading.notes(config)]

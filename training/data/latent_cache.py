@@ -59,7 +59,7 @@ def latent_sample_generator(seed: int, epoch: int, index: int, device: torch.dev
     return torch.Generator(device).manual_seed(int(state))
 
 
-def problems(config: TrainConfig) -> list[str]:
+def config_errors(config: TrainConfig) -> list[str]:
     """What is wrong with the latent-cache keys."""
     found = below(config, ("latent_cache_epochs",), 1)
     if config.latent_cache_dir and not config.ref_vae_path:

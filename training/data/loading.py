@@ -39,7 +39,7 @@ from training.data.latent_cache import CachedLatentDataset
 logger = logging.getLogger(__name__)
 
 
-def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
+def config_errors(config: TrainConfig, spec: VariantSpec) -> list[str]:
     """What is wrong with the data keys: sizes the variant can take, frames, strides, crops."""
     found, multiple = [], 8 * spec.patch_size
     if config.height <= 0 or config.width <= 0:

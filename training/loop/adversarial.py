@@ -25,7 +25,7 @@ from models.variants import VariantSpec
 logger = logging.getLogger(__name__)
 
 
-def problems(config: TrainConfig, spec: VariantSpec) -> list[str]:
+def config_errors(config: TrainConfig, spec: VariantSpec) -> list[str]:
     """What is wrong with the Seraena keys: the group size must divide the decoded frames
     and leave an even number of groups per batch (the discriminator takes halves)."""
     found = below(config, ("n_seraena_frames",), 1) + below(config, ("seraena_loss_weight",), 0)

@@ -30,7 +30,7 @@ METRIC_DIRECTIONS = {
 }
 
 
-def problems(config: TrainConfig) -> list[str]:
+def config_errors(config: TrainConfig) -> list[str]:
     """What is wrong with the best-model and early-stopping keys."""
     found = below(config, ("early_stopping_patience", "early_stopping_min_delta"), 0)
     if config.best_metric not in METRIC_DIRECTIONS:

@@ -17,7 +17,7 @@ from models.taehv import AutoencoderOutput
 from models.variants import VariantSpec
 
 
-def problems(config: TrainConfig) -> list[str]:
+def config_errors(config: TrainConfig) -> list[str]:
     """What is wrong with the loss weights: the recipe needs at least one loss that trains."""
     found = below(
         config, ("encoder_loss_weight", "decoder_loss_weight", "reconstruction_loss_weight", "lpips_loss_weight"), 0

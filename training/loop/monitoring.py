@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 HPARAM_TYPES = (int, float, str, bool)
 
 
-def problems(config: TrainConfig) -> list[str]:
+def config_errors(config: TrainConfig) -> list[str]:
     """What is wrong with the logging and profiling keys."""
     return below(config, ("log_every", "validation_every"), 1) + below(config, ("image_log_every", "profile_steps"), 0)
 

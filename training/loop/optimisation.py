@@ -18,7 +18,7 @@ MIXED_PRECISION = ("no", "fp16", "bf16")
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
 
 
-def problems(config: TrainConfig) -> list[str]:
+def config_errors(config: TrainConfig) -> list[str]:
     """What is wrong with the optimisation and model keys."""
     found = below(config, ("train_batch_size", "gradient_accumulation_steps"), 1)
     found += below(

@@ -190,7 +190,7 @@ class WindowTrouble:
         return Settled(*(value > 0 for value in flags.tolist()))
 
 
-def problems(config: TrainConfig) -> list[str]:
+def config_errors(config: TrainConfig) -> list[str]:
     """What is wrong with the fault-handling keys."""
     found = below(config, ("max_consecutive_skipped_steps",), 1)
     try:

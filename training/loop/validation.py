@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 STRIP_FRAMES = 6
 
 
-def problems(config: TrainConfig) -> list[str]:
+def config_errors(config: TrainConfig) -> list[str]:
     """What is wrong with the validation keys."""
     return below(config, ("validation_batch_size",), 1) + below(config, ("num_validation_samples",), 0)
 

@@ -75,7 +75,7 @@ class Stateful(Protocol):
 # ----------------------------------------------------------------------------------------
 
 
-def problems(config: TrainConfig) -> list[str]:
+def config_errors(config: TrainConfig) -> list[str]:
     """What is wrong with the checkpoint keys."""
     return below(config, ("checkpointing_steps", "checkpoints_total_limit"), 1)
 
