@@ -99,11 +99,11 @@ def train_case(config: dict, device: torch.device) -> dict:
     step = train_step(train_config, device, ReferenceLatents(None, cached=True), seraena=False)
     torch.manual_seed(1)
     frames = torch.randint(0, 256, (config["batch"], config["frames"], 3, *size), dtype=torch.uint8)
-    scale = 8 * step.net.patch_size
+    scale = 8 * step.unwrapped_model.patch_size
     latents = torch.randn(
         config["batch"],
-        step.net.plan(config["frames"]).latent_frames,
-        step.net.latent_channels,
+        step.unwrapped_model.plan(config["frames"]).latent_frames,
+        step.unwrapped_model.latent_channels,
         size[0] // scale,
         size[1] // scale,
         device=device,

@@ -80,10 +80,10 @@ def train_row(
     )
     how = "eager"
     if compiled:
-        if step.net.run_chunk is not taehv_module.run_chunk:
+        if step.unwrapped_model.run_chunk is not taehv_module.run_chunk:
             how = f"config.replace(compile=True, compile_backend={config.compile_backend!r})"
         else:
-            step.net.compile(**compile_kwargs)
+            step.unwrapped_model.compile(**compile_kwargs)
             how = f"model.compile({kwargs_text(compile_kwargs)}) on the step's model" + (
                 " (config.compile=True did not compile it)" if has_key else " (the config has no compile keys)"
             )

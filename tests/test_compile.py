@@ -208,8 +208,10 @@ def test_train_step_compiles_the_model_and_matches_eager():
     latents' decoding) and gradients, then a whole step's losses and gradient norm, are
     the uncompiled step's."""
     eager, compiled = make_step(), make_step(compile=True, compile_backend="aot_eager")
-    assert eager.net.run_chunk is run_chunk and compiled.net.run_chunk is not run_chunk
-    assert all(torch.equal(a, b) for a, b in zip(eager.net.parameters(), compiled.net.parameters()))
+    assert eager.unwrapped_model.run_chunk is run_chunk and compiled.unwrapped_model.run_chunk is not run_chunk
+    assert all(
+        torch.equal(a, b) for a, b in zip(eager.unwrapped_model.parameters(), compiled.unwrapped_model.parameters())
+    )
     torch.manual_seed(1)
     frames = torch.randint(0, 256, (2, 9, 3, 16, 16), dtype=torch.uint8)
     z_ref = torch.randn(2, 3, 16, 2, 2)
@@ -219,7 +221,7 @@ def test_train_step_compiles_the_model_and_matches_eager():
         forward = step.forward(frames.float() / 255, z_ref)
         step.accelerator.backward(forward.losses["loss"])
         outputs.append([t.detach() for t in forward.out])
-        grads.append([p.grad.clone() for p in step.net.parameters()])
+        grads.append([p.grad.clone() for p in step.unwrapped_model.parameters()])
         step.optimizer.zero_grad(set_to_none=True)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= graphs + 3  # encoder, 2 decoder calls
     assert [o.shape for o in outputs[0]] == [(2, 3, 16, 2, 2), (2, 9, 3, 16, 16), (2, 9, 3, 16, 16)]

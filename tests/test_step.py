@@ -56,11 +56,11 @@ def batch(**extra) -> dict:
 
 
 def weights(train_step: TrainStep) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in train_step.net.parameters()]
+    return [p.detach().clone() for p in train_step.unwrapped_model.parameters()]
 
 
 def changed(before: list[torch.Tensor], train_step: TrainStep) -> bool:
-    return any(not torch.equal(a, b) for a, b in zip(before, train_step.net.parameters()))
+    return any(not torch.equal(a, b) for a, b in zip(before, train_step.unwrapped_model.parameters()))
 
 
 def test_a_window_of_two_micro_batches_steps_once():
@@ -92,7 +92,7 @@ def test_a_non_finite_loss_skips_the_window_and_leaves_the_weights():
     assert not result.applied and result.skip_reason == "non-finite loss"
     assert result.losses == [] and not changed(before, train_step)
     assert all(torch.equal(a, b) for a, b in zip(ema_before, train_step.ema.shadow_params))
-    assert all(p.grad is None for p in train_step.net.parameters())  # nothing leaks into the next window
+    assert all(p.grad is None for p in train_step.unwrapped_model.parameters())  # nothing leaks into the next window
     assert train_step(iter([batch()]), window=2).applied
 
 
@@ -137,7 +137,7 @@ def test_a_batch_that_cannot_be_loaded_drops_the_window():
     assert shapes == [SIZE, 8, 8]  # the batch, then a placeholder for the lost one and for the rest of the window
     assert not result.applied and result.skip_reason is None and result.grad_norm is None and result.losses == []
     assert not changed(before, train_step)
-    assert all(p.grad is None for p in train_step.net.parameters())
+    assert all(p.grad is None for p in train_step.unwrapped_model.parameters())
 
 
 class Clips(Dataset):

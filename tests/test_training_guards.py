@@ -147,7 +147,7 @@ def test_seraena_stays_out_of_prepare_and_trains_on_its_own():
     accelerator = Accelerator(cpu=True)
     step, _ = TrainStep.build(config, accelerator, TAEHV(variant="taecvx"), ReferenceLatents(None, cached=False))
     discriminator = {id(p) for p in step.seraena.parameters()}
-    assert accelerator._models == [step.model] and step.model is step.net
+    assert accelerator._models == [step.model] and step.model is step.unwrapped_model
     assert not any(id(p) in discriminator for group in step.optimizer.param_groups for p in group["params"])
     before = [p.detach().clone() for p in step.seraena.parameters()]
     batch = {"frames": torch.randint(0, 256, (2, 9, 3, 16, 16), dtype=torch.uint8)}

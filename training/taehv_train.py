@@ -277,7 +277,9 @@ class Run:
         config, train_step, step = self.config, self.train_step, self.progress.step
         acc = train_step.accelerator
         with train_step.averaged_weights():
-            metrics = validate(acc, train_step.net, self.val_set, config, self.ref_vae, train_step.input_dtype)
+            metrics = validate(
+                acc, train_step.unwrapped_model, self.val_set, config, self.ref_vae, train_step.input_dtype
+            )
         self.monitor.log_validation(step, metrics, draw)
         train_step.model.train()
         scalars = {k: v for k, v in metrics.items() if isinstance(v, float)}
@@ -292,7 +294,7 @@ class Run:
                     "metric": config.best_metric,
                     "value": scalars[config.best_metric],
                     "metrics": scalars,
-                    "variant": train_step.net.variant,
+                    "variant": train_step.unwrapped_model.variant,
                     "ema": train_step.ema is not None,
                     "config_file": config.config_file,
                 },
@@ -529,7 +531,7 @@ def check_latent_scale(train_step: TrainStep, data: TrainingData, pretrained: bo
     reference = data.latents(batch, frames, torch.Generator(device).manual_seed(0))
     vae = data.latents.vae
     check_at_start(
-        train_step.net.encode_video(frames.to(train_step.input_dtype)),
+        train_step.unwrapped_model.encode_video(frames.to(train_step.input_dtype)),
         reference,
         pretrained,
         vae.transform,

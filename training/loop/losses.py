@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -54,6 +56,25 @@ def notes(config: TrainConfig, spec: VariantSpec) -> list[str]:
     return found
 
 
+@dataclass(frozen=True)
+class LossWeights:
+    """What each term counts in the total ``loss``; a term that is not computed counts nothing."""
+
+    encoder: float
+    decoder: float
+    reconstruction: float
+    lpips: float = 0.0
+
+    @classmethod
+    def of(cls, config: TrainConfig) -> LossWeights:
+        return cls(
+            encoder=config.encoder_loss_weight,
+            decoder=config.decoder_loss_weight,
+            reconstruction=config.reconstruction_loss_weight,
+            lpips=config.lpips_loss_weight,
+        )
+
+
 def _mse(pred: torch.Tensor, target: torch.Tensor, what: str) -> torch.Tensor:
     if pred.shape != target.shape:
         raise RuntimeError(
@@ -67,23 +88,20 @@ def compute_losses(
     out: AutoencoderOutput,
     targets: torch.Tensor,
     reference_latents: torch.Tensor | None,
-    encoder_weight: float,
-    decoder_weight: float,
-    reconstruction_weight: float,
-    lpips_weight: float = 0.0,
+    weights: LossWeights,
 ) -> dict[str, torch.Tensor]:
     """Weighted total ``loss`` plus each term that was computed (unweighted, for logging),
     and the latent RMS ratio to the reference (``common.metrics.rms_ratio``) when there is one."""
     terms: dict[str, tuple[torch.Tensor, float]] = {}
     if reference_latents is not None:
-        terms["encoder_loss"] = (_mse(out.latents, reference_latents, "encoder loss"), encoder_weight)
-        terms["decoder_loss"] = (_mse(out.decoded_from_reference, targets, "decoder loss"), decoder_weight)
+        terms["encoder_loss"] = (_mse(out.latents, reference_latents, "encoder loss"), weights.encoder)
+        terms["decoder_loss"] = (_mse(out.decoded_from_reference, targets, "decoder loss"), weights.decoder)
     if out.decoded is not None:
-        terms["reconstruction_loss"] = (_mse(out.decoded, targets, "reconstruction loss"), reconstruction_weight)
-        if lpips_weight > 0:
+        terms["reconstruction_loss"] = (_mse(out.decoded, targets, "reconstruction loss"), weights.reconstruction)
+        if weights.lpips > 0:
             from common.metrics import video_lpips
 
-            terms["lpips_loss"] = (video_lpips(out.decoded, targets).mean(), lpips_weight)
+            terms["lpips_loss"] = (video_lpips(out.decoded, targets).mean(), weights.lpips)
     if not terms:
         raise RuntimeError("no loss term was computed: give reference latents or decode the model's own latents")
     losses = {name: value for name, (value, _) in terms.items()}

@@ -43,7 +43,7 @@ from training.data.loading import ReferenceLatents
 from training.data.prefetch import Fetched
 from training.loop.adversarial import build_seraena, seraena_loss
 from training.loop.idle_clock import IdleClock
-from training.loop.losses import compute_losses
+from training.loop.losses import LossWeights, compute_losses
 from training.loop.optimisation import LearningRateSchedule, compiles
 from training.loop.resilience import FaultPlan, Settled, StopRequest, WindowTrouble, poisoned
 from training.state.checkpoints import TrainingObjects
@@ -96,15 +96,7 @@ def training_forward(
             None if z_ref is None else z_ref.to(input_dtype),
             decode_own=z_ref is None or config.reconstruction_loss_weight > 0,
         )
-    losses = compute_losses(
-        out,
-        targets,
-        z_ref,
-        config.encoder_loss_weight,
-        config.decoder_loss_weight,
-        config.reconstruction_loss_weight,
-        config.lpips_loss_weight,
-    )
+    losses = compute_losses(out, targets, z_ref, LossWeights.of(config))
     return Forward(out, targets, losses)
 
 
@@ -148,10 +140,11 @@ class TrainStep:
         if accelerator.gradient_state.sync_with_dataloader and config.gradient_accumulation_steps > 1:
             raise ValueError("TrainStep ends its windows: build the Accelerator with accumulation_plugin(config)")
         self.config, self.accelerator = config, accelerator
-        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.model = model  # as Accelerate prepared it (a DDP or DeepSpeed wrapper): what trains
+        self.optimizer, self.scheduler = optimizer, scheduler
         self.latents, self.faults, self.stop = latents, faults, stop
-        self.net: TAEHV = accelerator.unwrap_model(model)
-        self.trainable = [p for p in self.net.parameters() if p.requires_grad]  # all but a frozen encoder
+        self.unwrapped_model: TAEHV = accelerator.unwrap_model(model)  # the TAEHV itself: its methods and sizes
+        self.trainable = [p for p in self.unwrapped_model.parameters() if p.requires_grad]  # all but a frozen encoder
         # fp32 shadow weights even when DeepSpeed keeps the model itself in bf16/fp16
         self.ema = (
             EMAModel([p.detach().float() for p in self.trainable], decay=config.ema_decay) if config.use_ema else None
@@ -162,7 +155,7 @@ class TrainStep:
         self.generator = torch.Generator(accelerator.device).manual_seed(config.seed * 1000 + accelerator.process_index)
         # kept out of accelerator.prepare: it synchronises itself across ranks (models/seraena.py)
         self.seraena: Seraena | None = (
-            build_seraena(config, self.net, accelerator.device) if config.use_seraena else None
+            build_seraena(config, self.unwrapped_model, accelerator.device) if config.use_seraena else None
         )
         self.objects = TrainingObjects(
             accelerator,
@@ -175,7 +168,8 @@ class TrainStep:
             frozen,
         )
         self.idle = IdleClock(accelerator.device)  # what the monitor reports as train/gpu_idle
-        self.input_dtype = next(self.net.parameters()).dtype  # DeepSpeed bf16/fp16 casts the weights themselves
+        # DeepSpeed bf16/fp16 casts the weights themselves
+        self.input_dtype = next(self.unwrapped_model.parameters()).dtype
 
     @classmethod
     def build(
@@ -393,12 +387,12 @@ class TrainStep:
         """A tiny clip (and reference latents) with the training frame count: the forward
         pass a rank runs when its own ran out of memory, so its backward pass joins the same
         gradient collectives as the other ranks."""
-        device, size = self.accelerator.device, 8 * self.net.patch_size
-        frames = torch.zeros(1, self.config.n_frames, self.net.image_channels, size, size, device=device)
+        device, size = self.accelerator.device, 8 * self.unwrapped_model.patch_size
+        frames = torch.zeros(1, self.config.n_frames, self.unwrapped_model.image_channels, size, size, device=device)
         if not self.latents.available:
             return frames, None
-        latents = self.net.plan(self.config.n_frames).latent_frames
-        return frames, torch.zeros(1, latents, self.net.latent_channels, 1, 1, device=device)
+        latents = self.unwrapped_model.plan(self.config.n_frames).latent_frames
+        return frames, torch.zeros(1, latents, self.unwrapped_model.latent_channels, 1, 1, device=device)
 
     @contextlib.contextmanager
     def averaged_weights(self) -> Iterator[None]:
