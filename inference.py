@@ -36,7 +36,7 @@ from common.flags import ArgumentParser
 from common.metrics import lpips_unavailable_reason
 from common.reference_vae import ReferenceVAE
 from common.run_files import run_folder_of, run_weights
-from evaluation.evaluator import Evaluator, out_of_memory_hint, summarise
+from evaluation.evaluator import EvaluationOptions, Evaluator, out_of_memory_hint, summarise
 from evaluation.report import write_report
 from models.latent_spaces import AUTO_SPACE, SPACES
 from models.taehv import TAEHV
@@ -139,6 +139,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.dtype == "fp16" and not args.device.startswith("cuda"):
         p.error("--dtype fp16 needs a CUDA device")
     return args
+
+
+def evaluation_options(args: argparse.Namespace) -> EvaluationOptions:
+    """The flags the evaluation engine uses."""
+    return EvaluationOptions(
+        device=args.device,
+        dtype=args.dtype,
+        parallel=args.parallel,
+        compile=args.compile,
+        use_ref_vae=args.use_ref_vae,
+        fps=args.fps,
+    )
 
 
 def checked_variant(name: str) -> str:
@@ -349,9 +361,10 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    options = evaluation_options(args)
 
     # the models first: a wrong weight file or reference VAE folder leaves no output folder behind
-    with out_of_memory_hint(args, f"loading the model onto {device}"):
+    with out_of_memory_hint(options, f"loading the model onto {device}"):
         model, weights, note = load_model(args, device, dtype)
     n_params = sum(p.numel() for p in model.parameters())
     if note:
@@ -362,7 +375,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"✅ Defaults (data, size, frames, stride) from {config_source}")
     ref_vae = None
     if args.use_ref_vae:
-        with out_of_memory_hint(args, f"loading the reference VAE onto {device}"):
+        with out_of_memory_hint(options, f"loading the reference VAE onto {device}"):
             ref_vae = reference_vae(args, config, model, device)
     output_dir, new_folder = Path(args.output_dir), not Path(args.output_dir).exists()
     prepare_output_dir(output_dir)
@@ -373,7 +386,7 @@ def main(argv: list[str] | None = None) -> dict:
             shutil.rmtree(output_dir)
         raise
     use_lpips = lpips_unavailable_reason() is None  # metrics logs why not
-    evaluator = Evaluator(args, model, ref_vae, dataset, device, dtype, use_lpips, output_dir)
+    evaluator = Evaluator(options, model, ref_vae, dataset, device, dtype, use_lpips, output_dir)
     plan, stride = evaluator.plan, dataset.stride_range[0]
 
     count = min(args.num_samples, len(dataset))

@@ -10,7 +10,6 @@ out of memory names what was being done and what to lower.
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import statistics
@@ -52,20 +51,33 @@ def is_out_of_memory(err: RuntimeError) -> bool:
     return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err)
 
 
-def memory_advice(args: argparse.Namespace) -> str:
+@dataclass(frozen=True)
+class EvaluationOptions:
+    """The options of an evaluation that the engine uses (``inference.py`` fills them from its
+    flags; the out-of-memory advice names those flags)."""
+
+    device: str  # as given, e.g. "cuda:1"
+    dtype: str  # a key of common.config.DTYPES, e.g. "bf16"
+    parallel: bool  # all frames at once; False: frame by frame
+    compile: bool  # the model's blocks are compiled: the warm-up runs on a whole clip
+    use_ref_vae: bool  # the reference VAE is evaluated too
+    fps: float | None  # of the written videos; None: the source's
+
+
+def memory_advice(options: EvaluationOptions) -> str:
     """What the user can lower or switch, given the options of this run."""
     advice = ["lower --height/--width or --n_frames"]
-    if args.parallel:
+    if options.parallel:
         advice.append("use --sequential (memory flat in the number of frames)")
-    if args.device.startswith("cuda") and args.dtype == "fp32":
+    if options.device.startswith("cuda") and options.dtype == "fp32":
         advice.append("use --dtype bf16")
-    if args.use_ref_vae:
+    if options.use_ref_vae:
         advice.append("leave out --use_ref_vae (the reference VAE needs far more memory)")
     return "; ".join(advice)
 
 
 @contextmanager
-def out_of_memory_hint(args: argparse.Namespace, doing: str) -> Iterator[None]:
+def out_of_memory_hint(options: EvaluationOptions, doing: str) -> Iterator[None]:
     """Running out of memory while ``doing`` something becomes one line that says what it was
     and what to lower (the allocator's own message names neither)."""
     try:
@@ -73,7 +85,7 @@ def out_of_memory_hint(args: argparse.Namespace, doing: str) -> Iterator[None]:
     except RuntimeError as err:
         if not is_out_of_memory(err):
             raise
-        raise UserError(f"out of memory while {doing}{requested_memory(err)}: {memory_advice(args)}") from err
+        raise UserError(f"out of memory while {doing}{requested_memory(err)}: {memory_advice(options)}") from err
 
 
 def requested_memory(err: RuntimeError) -> str:
@@ -134,7 +146,7 @@ class Evaluator:
     """Evaluates clips one by one with everything a sample needs, and names what it is doing
     when memory runs out."""
 
-    args: argparse.Namespace
+    options: EvaluationOptions
     model: TAEHV
     ref_vae: ReferenceVAE | None
     dataset: VideoClipDataset
@@ -149,11 +161,11 @@ class Evaluator:
 
     def doing(self, what: str) -> AbstractContextManager[None]:
         """``out_of_memory_hint`` for ``what``, with the sizes and mode of this run."""
-        mode = "parallel" if self.args.parallel else "sequential"
+        mode = "parallel" if self.options.parallel else "sequential"
         return out_of_memory_hint(
-            self.args,
+            self.options,
             f"{what} ({self.dataset.n_frames} frames at {self.dataset.height}x"
-            f"{self.dataset.width}, {mode}, {self.args.dtype} on {self.device})",
+            f"{self.dataset.width}, {mode}, {self.options.dtype} on {self.device})",
         )
 
     def evaluate(self, order: np.ndarray, count: int) -> tuple[list[dict], list[dict]]:
@@ -201,10 +213,10 @@ class Evaluator:
         """First calls pay one-off costs (allocator, kernels), kept out of the timings. One
         frame at the real size does that without the memory of a whole extra clip (with
         --compile the whole clip, so that compilation sees the real shapes)."""
-        short = frames if self.args.compile else frames[:, :1]
+        short = frames if self.options.compile else frames[:, :1]
         with self.doing(f"warming up on {short.shape[1]} frame(s) of the first clip"):
             self.model.decode_video(
-                self.model.encode_video(short, parallel=self.args.parallel), parallel=self.args.parallel
+                self.model.encode_video(short, parallel=self.options.parallel), parallel=self.options.parallel
             )
             if self.ref_vae is not None:  # the fewest frames it takes (MiniMax H3: 18; Allegro: 24)
                 fewest = next(
@@ -214,7 +226,7 @@ class Evaluator:
 
     def sample(self, i: int, index: int, source: str, frames: torch.Tensor) -> dict:
         """Metrics, timings and output files of sample ``i`` (clip ``index``)."""
-        parallel, device = self.args.parallel, self.device
+        parallel, device = self.options.parallel, self.device
         with self.doing(f"encoding sample {i + 1}"):
             latents, enc_s, enc_mb = timed(lambda: self.model.encode_video(frames, parallel=parallel), device)
         with self.doing(f"decoding sample {i + 1}"):
@@ -269,7 +281,7 @@ class Evaluator:
     ) -> dict:
         """Comparison videos, poster, latent picture and stills of sample ``i``; their paths."""
         out, stem = self.output_dir, f"test_{i}"
-        fps = self.args.fps or probe_fps(source)
+        fps = self.options.fps or probe_fps(source)
         original, reconstructed = to_uint8_frames(target[0]), to_uint8_frames(decoded[0])  # RGB or RGBA
         shown_original, shown_reconstructed = rgb_beside_alpha(original), rgb_beside_alpha(reconstructed)
         codec = write_video(out / "comparison_videos" / f"{stem}_original.mp4", shown_original, fps)
