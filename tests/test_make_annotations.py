@@ -23,8 +23,9 @@ from common.clips import BadClipError, ClipTable, VideoClipDataset
 from common.errors import UserError
 from training import make_annotations
 from training.data import probe_pool
+from training.data.annotation_split import DEFAULT_GROUP_REGEX, group_key, split_train_val
 from training.data.probe_records import probes_path, read_probes, shard_of
-from training.make_annotations import DEFAULT_GROUP_REGEX, group_key, main, split_train_val
+from training.make_annotations import main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
