@@ -170,7 +170,7 @@ def test_windows_follow_the_epochs_and_a_failed_one_is_given_back():
     try:
         seen = []
         for _ in range(5):
-            result = train_step(batches, progress.window)
+            result = train_step(batches, progress.next_window)
             progress.count(result)
             seen.append((result.micro_batches, progress.epoch, progress.batch_in_epoch, progress.step))
         # the loader reads one batch ahead: clip 4 of epoch 1 fails the batch of clip 3, the window's second

@@ -39,11 +39,10 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO
 
 import torch
-from accelerate import Accelerator, PartialState
-from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, set_seed
+from accelerate import Accelerator
+from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -58,8 +57,9 @@ from training.data.latent_scale_check import check_at_start
 from training.data.loading import TrainingData, build_train_loader, build_training_data
 from training.data.prefetch import Prefetcher
 from training.export import BUNDLE_FOLDER, write_bundle
+from training.loop.accelerator import make_accelerator, setup_logging
 from training.loop.best_model import BestTracker
-from training.loop.distributed import process_group_backend, process_state
+from training.loop.distributed import process_state
 from training.loop.feed import feed_notes
 from training.loop.memory import check_fits
 from training.loop.monitoring import Monitor
@@ -71,7 +71,7 @@ from training.loop.resilience import (
     broadcast_flag,
     lost_rank_cause,
 )
-from training.loop.step import StepResult, TrainStep, accumulation_plugin, build_model
+from training.loop.step import StepResult, TrainStep, build_model
 from training.loop.time_budget import TimeBudget, keeps_plan
 from training.loop.validation import ValidationDataError, validate
 from training.preflight import check
@@ -79,12 +79,12 @@ from training.state.checkpoints import (
     DiskFullError,
     is_disk_full,
     load_training_state,
-    new_run_dir,
     remove_partial_checkpoints,
 )
-from training.state.commands import launch_command, next_command, resume_command
-from training.state.run_config import Start, describe_start, start_of
-from training.state.run_lock import lock_run_dir, release_run_dir
+from training.state.commands import launch_command, next_command, next_steps, resume_command
+from training.state.run_config import Start, describe_start
+from training.state.run_lock import release_run_dir
+from training.state.run_start import claim_run_dir, decide_start
 from training.state.trained_weights import export_best_model, export_weights, save_training_checkpoint
 
 logger = logging.getLogger("taehv_train")
@@ -120,8 +120,8 @@ class Progress:
     validation_every: int = 0  # the validation interval max_train_time spread; 0: the config's intervals
 
     @property
-    def window(self) -> int:
-        """The accumulation window being trained, counted from 1 (skipped ones included)."""
+    def next_window(self) -> int:
+        """The number of the accumulation window to train next, counted from 1 (skipped ones included)."""
         return self.step + self.skipped_steps + 1
 
     def count(self, result: StepResult) -> None:
@@ -150,96 +150,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, list[str]]:
     return args.config, overrides
 
 
-def make_accelerator(config: TrainConfig, run_dir: Path) -> Accelerator:
-    """Accelerator whose accumulation and clipping come from the Python config only."""
-    for env, value in (
-        ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", config.gradient_accumulation_steps),
-        ("ACCELERATE_GRADIENT_CLIPPING", config.max_grad_norm),
-    ):
-        given = os.environ.get(env)
-        if given not in (None, "auto") and float(given) != float(value):
-            raise UserError(
-                f"the accelerate config sets {env.removeprefix('ACCELERATE_').lower()}={given} but the training "
-                f"config says {value}: remove it from the accelerate YAML (the Python config is the single source)"
-            )
-        os.environ[env] = str(value)  # DeepSpeed's plugin reads these
-    backend = process_group_backend()
-    return Accelerator(
-        gradient_accumulation_plugin=accumulation_plugin(config),
-        # no RNG broadcast at each epoch's start: the prefetching thread starts epochs, and a collective
-        # there would race the step's; the sampler and the clips' draws are seeded by the epoch on every rank
-        rng_types=[],
-        mixed_precision=config.mixed_precision,
-        log_with="tensorboard",
-        project_dir=str(run_dir),
-        kwargs_handlers=[InitProcessGroupKwargs(backend=backend)] if backend else [],
-        # pinned batches copied asynchronously to the GPU (the loader pins them on CUDA)
-        dataloader_config=DataLoaderConfiguration(
-            non_blocking=torch.cuda.is_available()
-        ),  # device is cuda iff available
-    )
-
-
-def decide_start(state: PartialState, base: TrainConfig, given: list[str]) -> Start:
-    """How this start goes (``training.state.run_config.start_of``: a fresh run, or a resume
-    with the run's own config), decided once on the main process and shared, so every rank
-    trains the same config from the same checkpoint; a refusal reaches every rank, so none
-    waits for the others. Nothing is created."""
-    decision: list[Start | str | None] = [None]
-    if state.is_main_process:
-        try:
-            decision[0] = start_of(base, given)
-        except UserError as err:
-            decision[0] = str(err)
-    if torch.distributed.is_initialized():
-        torch.distributed.broadcast_object_list(decision, src=0)
-    if isinstance(decision[0], str):
-        raise UserError(decision[0])
-    return decision[0]
-
-
-def claim_run_dir(state: PartialState, start: Start) -> tuple[Path, IO[str] | None]:
-    """(run directory, its lock): the resumed run's own, else a new one, made and locked on
-    the main process and shared, so every rank writes to the same place. The main process
-    holds the lock; a refusal (another run holds it, a folder that cannot be made) reaches
-    every rank."""
-    config = start.config
-    decision, lock = [None], None
-    if state.is_main_process:
-        try:
-            run_dir = start.run or new_run_dir(config)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            lock = lock_run_dir(run_dir)
-            decision[0] = (str(run_dir),)
-        except UserError as err:
-            decision[0] = str(err)
-        except OSError as err:  # output_dir on a read-only or missing file system
-            decision[0] = (
-                f"cannot write the run directory under {config.output_dir}: {err.strerror or err}; "
-                "choose an output_dir you can write"
-            )
-    if torch.distributed.is_initialized():
-        torch.distributed.broadcast_object_list(decision, src=0)
-    if isinstance(decision[0], str):
-        raise UserError(decision[0])
-    return Path(decision[0][0]), lock
-
-
-def setup_logging(run_dir: Path, accelerator: Accelerator) -> None:
-    level = logging.INFO if accelerator.is_main_process else logging.WARNING
-    handlers = [logging.StreamHandler()]
-    if accelerator.is_main_process:
-        handlers.append(logging.FileHandler(run_dir / "train.log"))
-    logging.basicConfig(
-        level=level,
-        handlers=handlers,
-        force=True,
-        format=f"%(asctime)s [rank {accelerator.process_index}] %(levelname)s %(name)s: %(message)s",
-    )
-
-
 @dataclass
-class Run:
+class TrainingRun:
     """What the loop and the end of the run share, and the two things done beside the
     steps: validating (best model, early stopping) and checkpointing."""
 
@@ -427,7 +339,7 @@ def train(
         accelerator.end_training()
         return run_dir
     monitor = Monitor(accelerator, config, run_dir, progress.step, train_step.idle)
-    run = Run(config, run_dir, train_step, progress, tracker, monitor, faults, data.val, ref_vae)
+    run = TrainingRun(config, run_dir, train_step, progress, tracker, monitor, faults, data.val, ref_vae)
     progress_bar = tqdm(
         total=budget.last_step,
         initial=progress.step,
@@ -451,7 +363,11 @@ def train(
 
 
 def train_windows(
-    run: Run, batches: Prefetcher, budget: TimeBudget, progress_bar: tqdm, profiler: torch.profiler.profile | None
+    run: TrainingRun,
+    batches: Prefetcher,
+    budget: TimeBudget,
+    progress_bar: tqdm,
+    profiler: torch.profiler.profile | None,
 ) -> tuple[str, VideoDataError | None]:
     """The loop: each pass trains one accumulation window, then logs, validates and
     checkpoints at their intervals and decides whether to stop; returns why it stopped
@@ -463,7 +379,7 @@ def train_windows(
     data_error: VideoDataError | None = None
     train_step.model.train()
     while stop_reason is None:
-        result = train_step(batches, progress.window)  # one accumulation window: its step taken, or skipped
+        result = train_step(batches, progress.next_window)  # one accumulation window: its step taken, or skipped
         progress.count(result)
         monitor.add_window(result)
         if result.data_failed:  # on some rank: every rank dropped the unfinished window
@@ -539,7 +455,7 @@ def check_latent_scale(train_step: TrainStep, data: TrainingData, pretrained: bo
     )
 
 
-def finish(stop_reason: str, run: Run, stop: StopRequest, data_error: VideoDataError | None) -> Path:
+def finish(stop_reason: str, run: TrainingRun, stop: StopRequest, data_error: VideoDataError | None) -> Path:
     """Save what the way the run stopped calls for: a checkpoint after a signal, too many
     skipped steps (then exit 1) or the training or validation data going away (then exit 2), a checkpoint and the
     final export after early stopping, the final export when it finished."""
@@ -604,15 +520,6 @@ def finish(stop_reason: str, run: Run, stop: StopRequest, data_error: VideoDataE
             logger.info("%s: %s", what, command)
     accelerator.end_training()
     return run_dir
-
-
-def next_steps(run_dir: Path) -> list[tuple[str, str]]:
-    """The commands, run from the repository root with this interpreter, that evaluate and
-    export a finished run (its folder is all they need)."""
-    python = os.path.relpath(sys.executable) if Path(sys.executable).is_relative_to(Path.cwd()) else sys.executable
-    evaluate = [python, "inference.py", "--model_path", str(run_dir), "--output_dir", str(run_dir / "eval")]
-    export = [python, "-m", "training.export", str(run_dir), "--out", f"{run_dir}_tae"]
-    return [("evaluate it", shlex.join(evaluate)), ("export it", shlex.join(export))]
 
 
 def tell_launcher(variable: str, text: str) -> None:

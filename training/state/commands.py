@@ -1,6 +1,7 @@
 """The commands a run's messages print: the one that started it, the one that resumes it,
-and the one to run after a failure that left the run as it was. Training and the launcher
-(``training.launch``, which reports a training process that died) print the same ones."""
+the one to run after a failure that left the run as it was, and those that evaluate and
+export a finished run. Training and the launcher (``training.launch``, which reports a
+training process that died) print the same ones."""
 
 from __future__ import annotations
 
@@ -41,3 +42,12 @@ def next_command(run_dir: Path | None) -> str:
     if run_dir is not None and list_checkpoints(run_dir / "checkpoints"):
         return f"resume with: {resume_command()}"
     return f"start again with: {shlex.join(launch_command())} (nothing to resume yet)"
+
+
+def next_steps(run_dir: Path) -> list[tuple[str, str]]:
+    """The commands, run from the repository root with this interpreter, that evaluate and
+    export a finished run (its folder is all they need)."""
+    python = os.path.relpath(sys.executable) if Path(sys.executable).is_relative_to(Path.cwd()) else sys.executable
+    evaluate = [python, "inference.py", "--model_path", str(run_dir), "--output_dir", str(run_dir / "eval")]
+    export = [python, "-m", "training.export", str(run_dir), "--out", f"{run_dir}_tae"]
+    return [("evaluate it", shlex.join(evaluate)), ("export it", shlex.join(export))]
