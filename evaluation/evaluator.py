@@ -96,7 +96,8 @@ def requested_memory(err: RuntimeError) -> str:
     return f"; it asked for {found.group(1) or f'{int(found.group(2)) / 2**30:.2f} GiB'} more"
 
 
-def quality(decoded: torch.Tensor, target: torch.Tensor, use_lpips: bool) -> dict[str, float]:
+def quality_metrics(decoded: torch.Tensor, target: torch.Tensor, use_lpips: bool) -> dict[str, float]:
+    """One clip's decoded frames against the frames they are aligned to (LPIPS when ``use_lpips``)."""
     metrics = {
         "mse": float(video_mse(decoded, target)[0]),
         "psnr": float(video_psnr(decoded, target)[0]),
@@ -233,7 +234,7 @@ class Evaluator:
             decoded, dec_s, dec_mb = timed(lambda: self.model.decode_video(latents, parallel=parallel), device)
         decoded, target = self.plan.aligned(decoded.float(), frames.float())
         with self.doing(f"computing the metrics of sample {i + 1}"):
-            ours = {**quality(decoded, target, self.use_lpips), "encode_s": enc_s, "decode_s": dec_s}
+            ours = {**quality_metrics(decoded, target, self.use_lpips), "encode_s": enc_s, "decode_s": dec_s}
         if enc_mb is not None:
             ours.update(encode_peak_mb=enc_mb, decode_peak_mb=dec_mb)
         result = {"index": index, "source": source, "latent_shape": list(latents.shape), "taehv": ours}
@@ -262,7 +263,7 @@ class Evaluator:
         decoded, dec_s, dec_mb = timed(lambda: self.ref_vae.decode(ref_latents), self.device)
         n = min(decoded.shape[1], frames.shape[1])
         metrics = {
-            **quality(decoded[:, :n], frames[:, :n].float(), self.use_lpips),
+            **quality_metrics(decoded[:, :n], frames[:, :n].float(), self.use_lpips),
             "encode_s": enc_s,
             "decode_s": dec_s,
         }

@@ -76,7 +76,7 @@ class Split:
 
 
 @dataclass(frozen=True)
-class Recorded:
+class RecordedSplit:
     """The split in the train and val files a former run wrote next to ``-o``."""
 
     split: Split | None  # None: files written before the settings were recorded
@@ -88,7 +88,7 @@ class Recorded:
         return sum(self.sides.values())
 
 
-def recorded_split(paths: dict[str, Path]) -> Recorded | None:
+def recorded_split(paths: dict[str, Path]) -> RecordedSplit | None:
     """The split the train and val files next to ``-o`` hold; None when neither exists."""
     sides: dict[str, bool] = {}
     split = None
@@ -108,10 +108,10 @@ def recorded_split(paths: dict[str, Path]) -> Recorded | None:
             ) from None
     if not any(paths[part].is_file() for part in ("train", "val")):
         return None
-    return Recorded(split, sides, paths["val"])
+    return RecordedSplit(split, sides, paths["val"])
 
 
-def kept_sides(recorded: Recorded | None, split: Split, resplit: bool) -> tuple[dict[str, bool], str]:
+def kept_sides(recorded: RecordedSplit | None, split: Split, resplit: bool) -> tuple[dict[str, bool], str]:
     """The side of each clip of a former split that this run keeps, and how the split is
     made, in words. Known clips keep their side under the same settings, or under settings
     the files do not record; other settings split anew when nothing was held out, and are
