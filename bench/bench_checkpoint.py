@@ -27,8 +27,8 @@ from bench.harness import cpu_name, print_json, timed
 from common.flags import ArgumentParser
 from common.run_files import read_checkpoint_manifest
 from models.taehv import TAEHV
+from training.loop.resilience import FaultPlan
 from training.state.checkpoints import TrainingObjects, save_checkpoint
-from training.state.trained_weights import export_weights
 
 
 def measure(variant: str, directory: Path, repeats: int) -> dict:
@@ -52,7 +52,7 @@ def measure(variant: str, directory: Path, repeats: int) -> dict:
                 step,
                 keep=1,
                 trainer_state={"step": step},
-                export=lambda d: export_weights(accelerator, model, ema, d, "weights", (".safetensors",)),
+                faults=FaultPlan(),
             )
         )
         saves.append(seconds)

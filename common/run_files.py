@@ -2,7 +2,7 @@
 export bundle read it.
 
 A checkpoint (or ``best_model``) folder holds a manifest, ``checkpoint.json``, listing every
-file with its size and CRC-32 (``training.state.checkpoints`` writes it). A weight file
+file with its size and CRC-32 (``training.state.atomic_folders`` writes it). A weight file
 inside such a folder is trusted only once the manifest vouches for it (``verified_weights``);
 a run folder is the one that holds the run's ``config.json`` (``run_folder_of``).
 """

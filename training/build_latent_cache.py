@@ -50,7 +50,7 @@ from training.data.latent_cache import (
 from training.data.loading import build_datasets
 from training.loop.distributed import process_state, started_command
 from training.preflight import check
-from training.state.checkpoints import DiskFullError, is_disk_full
+from training.state.atomic_folders import DiskFullError, is_disk_full
 
 logger = logging.getLogger(__name__)
 

@@ -75,17 +75,13 @@ from training.loop.step import StepResult, TrainStep, build_model
 from training.loop.time_budget import TimeBudget, keeps_plan
 from training.loop.validation import ValidationDataError, validate
 from training.preflight import check
-from training.state.checkpoints import (
-    DiskFullError,
-    is_disk_full,
-    load_training_state,
-    remove_partial_checkpoints,
-)
+from training.state.atomic_folders import DiskFullError, is_disk_full
+from training.state.checkpoints import load_training_state, remove_partial_checkpoints, save_checkpoint
 from training.state.commands import launch_command, next_command, next_steps, resume_command
 from training.state.run_config import Start, describe_start
 from training.state.run_lock import release_run_dir
 from training.state.run_start import claim_run_dir, decide_start
-from training.state.trained_weights import export_best_model, export_weights, save_training_checkpoint
+from training.state.trained_weights import export_best_model, export_weights
 
 logger = logging.getLogger("taehv_train")
 
@@ -172,7 +168,7 @@ class TrainingRun:
             "validation_history": self.tracker.history,
             "config": self.config.to_dict(),
         }
-        return save_training_checkpoint(
+        return save_checkpoint(
             self.train_step.objects,
             self.run_dir / "checkpoints",
             self.progress.step,

@@ -3,13 +3,14 @@
 A run directory is ``output_dir/<run_name>`` or, without a fixed name,
 ``output_dir/<config name>_<timestamp>``; its checkpoints are ``checkpoints/checkpoint-<step>``.
 
-A checkpoint is written into ``checkpoints/.tmp-checkpoint-<step>`` by every rank, then the
-main process writes ``checkpoint.json`` (the manifest: step, world size, every file with its
-size and CRC-32) and renames the folder into place. A crash at any moment therefore leaves
-either the previous checkpoints untouched or a complete new one: only folders with a
-manifest whose files all exist with their sizes count. Before a resume the checksums are
-verified too, so a file damaged in place (same size) is caught before it is trained on,
-and "latest" names the newest checkpoint that is complete and intact.
+``save_checkpoint`` is the whole save, in order: every rank writes its part into
+``checkpoints/.tmp-checkpoint-<step>``, then the main process writes ``checkpoint.json``
+(the manifest: step, world size, every file with its size and CRC-32) and renames the
+folder into place (the steps are ``training.state.atomic_folders``'). A crash at any
+moment therefore leaves either the previous checkpoints untouched or a complete new one:
+only folders with a manifest whose files all exist with their sizes count. Before a resume
+the checksums are verified too, so a file damaged in place (same size) is caught before it
+is trained on, and "latest" names the newest checkpoint that is complete and intact.
 
 Nothing here unpickles: weights are safetensors, every other state goes through
 ``training.state.serialisation`` (safetensors + JSON).
@@ -18,15 +19,12 @@ Nothing here unpickles: weights are safetensors, every other state goes through
 from __future__ import annotations
 
 import datetime
-import errno
 import json
 import logging
-import os
 import random
 import re
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, broadcast_object_list, gather_object
+from accelerate.utils import DistributedType
 from safetensors.torch import load_file, save_file
 
 from common.config import (
@@ -46,17 +44,26 @@ from common.config import (
     run_prefix,
     same_config_file,
 )
-from common.errors import UserError, readable_size
+from common.errors import UserError
 from common.run_files import (
     CHECKPOINT_MANIFEST,
     DamagedCheckpointError,
-    file_checksum,
     finished_info,
     newest_intact,
     read_checkpoint_manifest,
 )
-from models.atomic import TMP_PREFIX, atomic_write, fsync_directory, temporary_name
+from models.atomic import TMP_PREFIX
+from training.state.atomic_folders import (
+    abandon,
+    checksum_files,
+    failed_ranks,
+    make_temporary_folder,
+    ran_out_of_space,
+    rename_into_place,
+    write_manifest,
+)
 from training.state.serialisation import load_tree, save_tree, tensor_bytes
+from training.state.trained_weights import export_weights
 
 logger = logging.getLogger(__name__)
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -278,134 +285,12 @@ def new_run_dir(config: TrainConfig) -> Path:
     return root / f"{run_prefix(config)}_{datetime.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}"
 
 
-# ----------------------------------------------------------------------------------------
-# Atomic writing
-# ----------------------------------------------------------------------------------------
-
-
 def remove_partial_checkpoints(directory: Path) -> None:
     """Delete temporary folders left by a save that was interrupted (main process only)."""
     if directory.is_dir():
         for leftover in directory.glob(TMP_PREFIX + "*"):
             logger.warning("removing %s, left by a checkpoint save that did not finish", leftover)
             shutil.rmtree(leftover)
-
-
-class DiskFullError(UserError):
-    """A save failed for lack of space; the previous checkpoints are untouched."""
-
-
-_DISK_FULL_MESSAGES = ("No space left on device", "os error 28", "Disk quota exceeded", "unexpected pos")
-
-
-def is_disk_full(error: BaseException | None) -> bool:
-    """``error``, or one it was raised from, says the disk or the quota is full: an OSError
-    with ENOSPC/EDQUOT, or the same surfaced in a message by safetensors ("os error 28") or
-    torch.save ("unexpected pos")."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if any(text in str(error) for text in _DISK_FULL_MESSAGES):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
-def _folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
-
-
-def _disk_full_message(final: Path, needed: int) -> str:
-    """What was being saved where, how much it needs (the newest complete save beside it,
-    else ``needed``, the estimate of the ranks' state) and how much is free."""
-    previous = [p for p in final.parent.iterdir() if p.is_dir() and (p / CHECKPOINT_MANIFEST).is_file()]
-    if previous:
-        needed = _folder_bytes(max(previous, key=lambda p: p.stat().st_mtime))
-    free = shutil.disk_usage(final.parent).free
-    kept = [p.name for p in previous if p.name != final.name]
-    return (
-        f"no space left to save {final.name} in {final.parent}: it needs about {readable_size(needed)} and "
-        f"{readable_size(free)} are free; "
-        + (f"{', '.join(sorted(kept))} kept intact" if kept else "nothing was saved")
-        + ". Free some space (or lower checkpoints_total_limit, or move output_dir)"
-    )
-
-
-def _write_on_every_rank(
-    accelerator: Accelerator, final: Path, tmp: Path, write: Callable[[Path], None], expected_bytes: Callable[[], int]
-) -> None:
-    """Run ``write(tmp)`` on every rank and act on failures together, so that no rank waits
-    in a collective for one that failed: a full disk is a DiskFullError on every rank
-    (the partial folder is removed; ``expected_bytes()``, summed over the ranks, says what
-    the save needs when nothing was saved before); another error is raised where it
-    happened and the other ranks say which rank failed."""
-    failure = None
-    try:
-        write(tmp)
-    except Exception as error:  # shared with the other ranks below, then raised
-        failure = error
-    described = (
-        None if failure is None else ("disk full" if is_disk_full(failure) else f"{type(failure).__name__}: {failure}")
-    )
-    failed = [
-        (rank, what) for rank, what in gather_object([(accelerator.process_index, described)]) if what is not None
-    ]
-    if not failed:
-        return
-    message = None
-    if any(what == "disk full" for _, what in failed):
-        message = _disk_full_message(final, sum(gather_object([expected_bytes()])))
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if message is not None:
-        raise DiskFullError(message) from failure
-    if failure is not None:
-        raise failure
-    raise RuntimeError(f"{final.name} was not saved: " + "; ".join(f"rank {r} failed ({what})" for r, what in failed))
-
-
-def _checksums(accelerator: Accelerator, tmp: Path) -> dict[str, str]:
-    """CRC-32 of every file in ``tmp``, the files shared out among the ranks."""
-    names = [[p.relative_to(tmp).as_posix() for p in sorted(tmp.rglob("*")) if p.is_file()]]
-    broadcast_object_list(names)  # the main process's listing is the one that counts
-    mine = {
-        name: file_checksum(tmp / name) for name in names[0][accelerator.process_index :: accelerator.num_processes]
-    }
-    return {name: crc for part in gather_object([mine]) for name, crc in part.items()}
-
-
-def write_atomically(
-    accelerator: Accelerator,
-    final: Path,
-    write: Callable[[Path], None],
-    info: dict[str, Any],
-    before_commit: Callable[[], None] = lambda: None,
-    expected_bytes: Callable[[], int] = lambda: 0,
-) -> Path:
-    """Every rank calls ``write(tmp)``; then the ranks checksum the files, the main process
-    writes the manifest and renames ``tmp`` to ``final``. ``before_commit`` runs on every
-    rank just before the manifest (the test hook for a crash during saving);
-    ``expected_bytes()`` (this rank's share of the save) is asked only when the disk is full."""
-    tmp = temporary_name(final)
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    _write_on_every_rank(accelerator, final, tmp, write, expected_bytes)
-    start = time.perf_counter()
-    checksums = _checksums(accelerator, tmp)
-    seconds = time.perf_counter() - start
-    before_commit()
-    if accelerator.is_main_process:
-        files = {name: {"size": (tmp / name).stat().st_size, "crc32": crc} for name, crc in sorted(checksums.items())}
-        manifest = {**info, "files": files, "checksum_seconds": round(seconds, 4)}
-        atomic_write(tmp / CHECKPOINT_MANIFEST, json.dumps(manifest, indent=1))
-        if final.exists():  # an incomplete leftover of the same name
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        fsync_directory(final.parent)
-    accelerator.wait_for_everyone()
-    return final
 
 
 # ----------------------------------------------------------------------------------------
@@ -556,33 +441,63 @@ def load_training_state(objects: TrainingObjects, path: Path) -> dict:
     return read_trainer_state(path)
 
 
+# ----------------------------------------------------------------------------------------
+# Saving a checkpoint
+# ----------------------------------------------------------------------------------------
+
+
+class SaveFaults(Protocol):
+    """Deliberate failures of a checkpoint save (``training.loop.resilience.FaultPlan``)."""
+
+    def maybe_fill_disk(self, step: int, rank: int) -> None: ...
+
+    def maybe_crash_in_save(self, step: int, rank: int) -> None: ...
+
+
 def save_checkpoint(
-    objects: TrainingObjects,
-    directory: Path,
-    step: int,
-    keep: int,
-    trainer_state: dict,
-    export: Callable[[Path], None],
-    before_commit: Callable[[], None] = lambda: None,
+    objects: TrainingObjects, directory: Path, step: int, keep: int, trainer_state: dict, faults: SaveFaults
 ) -> Path:
-    """Atomically write ``checkpoint-<step>`` (full training state, plus ``export(tmp)`` of
-    the fp32 weights inference loads, run on every rank), then keep the newest ``keep``.
+    """Atomically write ``directory/checkpoint-<step>``: the full training state and the fp32
+    weights inference loads, ``weights.safetensors``; then keep the newest ``keep``. Every
+    rank calls it. ``faults`` may make the save fail as a full disk does once the training
+    state is written, or kill the process before the manifest.
 
     An intact checkpoint of the same step is kept as it is: it holds the same weights,
     and a run resumed from it replays any steps skipped since (deterministically). A
     damaged one is replaced."""
-    acc = objects.accelerator
+    acc, rank = objects.accelerator, objects.accelerator.process_index
     final = directory / f"checkpoint-{step}"
     if is_complete(final) and newest_intact([final]):
         return final
+    tmp = make_temporary_folder(acc, final)  # .tmp-checkpoint-<step>
 
-    def write(tmp: Path) -> None:
+    # every rank writes its part; a failure is held until all ranks know of it
+    failure = None
+    try:
+        # this rank's RNG streams, extras and ZeRO shard; on the main process the module,
+        # optimizer (without DeepSpeed), scheduler, grad scaler, EMA and trainer_state.json
         write_training_state(objects, tmp, trainer_state)
-        export(tmp)
+        faults.maybe_fill_disk(step, rank)
+        # every rank gathers the fp32 weights (ZeRO shards them); the main process writes them
+        export_weights(acc, objects.model, objects.ema, tmp, "weights", (".safetensors",), objects.frozen)
+    except Exception as error:  # shared with the other ranks below, then raised
+        failure = error
+    if failed := failed_ranks(acc, failure):  # every rank stops; a full disk says the room needed
+        abandon(acc, final, tmp, failure, failed, training_state_bytes(objects) if ran_out_of_space(failed) else 0)
 
-    info = {"step": step, "world_size": acc.num_processes, "distributed_type": str(acc.distributed_type)}
-    write_atomically(acc, final, write, info, before_commit, lambda: training_state_bytes(objects))
+    # the ranks checksum the files; the main process writes the manifest last and renames
+    # the folder into place, so a crash before the rename leaves only the .tmp- folder
+    start = time.perf_counter()
+    checksums = checksum_files(acc, tmp)
+    seconds = time.perf_counter() - start
+    faults.maybe_crash_in_save(step, rank)
     if acc.is_main_process:
+        info = {"step": step, "world_size": acc.num_processes, "distributed_type": str(acc.distributed_type)}
+        write_manifest(tmp, info, checksums, seconds)
+        rename_into_place(tmp, final)
+    acc.wait_for_everyone()
+
+    if acc.is_main_process:  # rotation: only complete checkpoints count, the newest kept
         for old in list_checkpoints(directory)[:-keep]:
             shutil.rmtree(old)
         manifest = read_checkpoint_manifest(final)

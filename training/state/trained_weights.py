@@ -2,8 +2,9 @@
 
 What gets exported is the EMA weights when they are kept, else the optimizer's fp32 master
 weights (DeepSpeed bf16/fp16 keeps the module itself in low precision), under every
-distributed mode: ``weights.safetensors`` in each checkpoint (``save_training_checkpoint``),
-``best_model/`` and the run's ``final_model.pth`` / ``final_model.safetensors``. The bundle a user takes away is
+distributed mode: ``weights.safetensors`` in each checkpoint
+(``training.state.checkpoints.save_checkpoint``), ``best_model/`` and the run's
+``final_model.pth`` / ``final_model.safetensors``. The bundle a user takes away is
 ``training/export.py``'s.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Protocol
 
 import torch
 from accelerate import Accelerator
@@ -19,7 +19,7 @@ from accelerate.utils import DistributedType
 from diffusers.training_utils import EMAModel
 
 from models.weights import save_weights
-from training.state.checkpoints import TrainingObjects, save_checkpoint, write_atomically
+from training.state.atomic_folders import write_atomically
 
 
 def fp32_weights(
@@ -62,39 +62,6 @@ def export_weights(
     if accelerator.is_main_process:
         for suffix in suffixes:
             save_weights(accelerator.unwrap_model(model), directory / f"{stem}{suffix}", state)
-
-
-class SaveFaults(Protocol):
-    """Deliberate failures of a checkpoint save (``training.loop.resilience.FaultPlan``)."""
-
-    def maybe_fill_disk(self, step: int, rank: int) -> None: ...
-
-    def maybe_crash_in_save(self, step: int, rank: int) -> None: ...
-
-
-def save_training_checkpoint(
-    objects: TrainingObjects, directory: Path, step: int, keep: int, trainer_state: dict, faults: SaveFaults
-) -> Path:
-    """``checkpoint-<step>`` in ``directory`` (``training.state.checkpoints.save_checkpoint``:
-    the full training state, atomically, the newest ``keep`` kept) with the fp32 weights
-    inference loads, ``weights.safetensors``; every rank calls it. ``faults`` may make the
-    save fail as a full disk does once the training state is written, or kill the process
-    before the manifest."""
-    acc, rank = objects.accelerator, objects.accelerator.process_index
-
-    def export(tmp: Path) -> None:
-        faults.maybe_fill_disk(step, rank)
-        export_weights(acc, objects.model, objects.ema, tmp, "weights", (".safetensors",), objects.frozen)
-
-    return save_checkpoint(
-        objects,
-        directory,
-        step,
-        keep,
-        trainer_state,
-        export=export,
-        before_commit=lambda: faults.maybe_crash_in_save(step, rank),
-    )
 
 
 def export_best_model(
