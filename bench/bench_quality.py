@@ -51,9 +51,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 from accelerate import Accelerator
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from common.clips import find_videos, frames_to_unit
+from common.clips import frames_to_unit
 from common.config import TrainConfig, load_config
 from common.flags import ArgumentParser
+from common.video.files import find_videos
 from models.taehv import TAEHV
 from training.data.loading import build_datasets, build_train_loader
 from training.loop.validation import validate

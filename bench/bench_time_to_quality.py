@@ -58,10 +58,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from bench.bench_quality import PALETTE, SHARED_VIDEOS, plot
 from bench.bench_speed import load_published, published_file
 from bench.bench_train_speed import published_loss
-from common.clips import ClipTable, VideoClipDataset, area_resize, find_videos
+from common.clip_table import ClipTable
+from common.clips import VideoClipDataset
 from common.config import load_config
 from common.flags import ArgumentParser
 from common.metrics import video_psnr, video_sharpness, video_ssim
+from common.video.files import find_videos
+from common.video.resize import area_resize
 from models.taehv import TAEHV
 from models.weights import load_weights
 from training.data.loading import build_datasets

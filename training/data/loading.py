@@ -23,16 +23,11 @@ from typing import Protocol
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from common.clips import (
-    VideoClipDataset,
-    VideoDataError,
-    build_dataloader,
-    clip_extensions,
-    holds_clips,
-    stop_signals_held,
-)
+from common.clip_loader import build_dataloader, stop_signals_held
+from common.clips import VideoClipDataset, VideoDataError
 from common.config import TrainConfig, below, spec_of
 from common.reference_vae import ReferenceVAE
+from common.video.files import clip_extensions, holds_clips
 from models.variants import VariantSpec
 from training.data.latent_cache import CachedLatentDataset
 
