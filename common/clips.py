@@ -40,6 +40,16 @@ logger = logging.getLogger(__name__)
 ShortClipPolicy = Literal["lower_stride", "skip"]
 
 
+def valid_short_clip_policy(policy: str) -> bool:
+    """Whether ``policy`` is a ``ShortClipPolicy`` (see ``fit_stride``)."""
+    return policy in ("lower_stride", "skip")
+
+
+def valid_crop_scale(low: float, high: float) -> bool:
+    """Whether ``(low, high)`` is a range of crop area fractions: 0 < low <= high <= 1."""
+    return 0 < low <= high <= 1
+
+
 class VideoDataError(UserError):
     """The data cannot feed training (empty, too many bad files); the message says what to do
     (a user's problem: one line and exit status 2 from the command-line tools)."""
@@ -142,11 +152,11 @@ class VideoClipDataset(EpochDataset):
     ):
         if mode not in ("train", "val"):
             raise ValueError(f"mode must be 'train' or 'val', got {mode!r}")
-        if short_clip_policy not in ("lower_stride", "skip"):
+        if not valid_short_clip_policy(short_clip_policy):
             raise ValueError(f"short_clip_policy must be 'lower_stride' or 'skip', got {short_clip_policy!r}")
         if not 1 <= stride_range[0] <= stride_range[1]:
             raise ValueError(f"stride_range must be (min, max) with 1 <= min <= max, got {stride_range}")
-        if not 0 < crop_scale[0] <= crop_scale[1] <= 1:
+        if not valid_crop_scale(*crop_scale):
             raise ValueError(f"crop_scale must be (min, max) with 0 < min <= max <= 1, got {crop_scale}")
         if min(n_frames, height, width) < 1:
             raise ValueError(f"n_frames, height and width must be positive, got {n_frames}, {height}, {width}")
