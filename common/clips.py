@@ -52,7 +52,26 @@ def valid_crop_scale(low: float, high: float) -> bool:
 
 class VideoDataError(UserError):
     """The data cannot feed training (empty, too many bad files); the message says what to do
-    (a user's problem: one line and exit status 2 from the command-line tools)."""
+    (a user's problem: one line and exit status 2 from the command-line tools).
+
+    The message is ``reason``, what went wrong, then ``advice`` when there is some
+    (``"{reason}. {advice}"``); a run that stops on the error quotes the reason alone.
+    """
+
+    def __init__(self, reason: str, advice: str = ""):
+        super().__init__(f"{reason}. {advice}" if advice else reason)
+        self.reason, self.advice = reason, advice
+
+    def as_raised(self) -> VideoDataError:
+        """This error with the reason and advice it was raised with. The DataLoader re-raises
+        a worker's error as a new one built from the worker's traceback text, whose last line
+        is ``module.Class: message``: the reason and advice are read back from that line."""
+        *traceback, last = str(self).strip().splitlines()
+        if not traceback:  # raised in this process
+            return self
+        message = last.removeprefix(f"{type(self).__module__}.{type(self).__qualname__}: ")
+        reason, _, advice = message.partition(". ")
+        return type(self)(reason, advice)
 
 
 def frames_to_unit(
@@ -268,9 +287,9 @@ class VideoClipDataset(EpochDataset):
                 continue
             return {"frames": frames, "index": clip, "failures": failures}
         raise VideoDataError(
-            f"sample {index}: {self.max_replacement_attempts + 1} clips in a row were unusable, see the warnings "
-            "above. If files were removed or a storage mount went away, restore them; otherwise clean the "
-            "annotation with `python -m training.make_annotations` or raise max_replacement_attempts"
+            f"sample {index}: {self.max_replacement_attempts + 1} clips in a row were unusable, see the warnings above",
+            "If files were removed or a storage mount went away, restore them; otherwise clean the "
+            "annotation with `python -m training.make_annotations` or raise max_replacement_attempts",
         )
 
     def load_clip(self, index: int) -> torch.Tensor:
@@ -378,7 +397,8 @@ class VideoClipDataset(EpochDataset):
             raise VideoDataError(
                 f"{report.failed} of {n} probed clips are unusable ({report.failure_fraction:.0%} > "
                 f"max_failure_fraction={self.max_failure_fraction:.0%}) in {self.source}; reasons: {reasons}; e.g. "
-                f"{examples[:3]}. Check it and data_root, regenerate the annotation with "
+                f"{examples[:3]}",
+                "Check it and data_root, regenerate the annotation with "
                 f"`python -m training.make_annotations DIR -o annotations.json{min_frames}` (it drops unusable "
                 "files"
                 + (" and clips shorter than n_frames" if min_frames else "")

@@ -201,7 +201,7 @@ def batches_until_data_error(loader: Iterable[dict]) -> Iterator[dict | VideoDat
         except StopIteration:
             return
         except VideoDataError as err:  # raised in a worker process, re-raised here by the DataLoader
-            yield err
+            yield err.as_raised()
             return
         yield batch
 
