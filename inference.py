@@ -21,21 +21,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.clips import (
-    BadClipError,
-    ClipTable,
-    VideoClipDataset,
-    VideoDataError,
-    clip_extensions,
-    find_videos,
-    open_clip,
-)
+from common.clip_table import ClipTable
+from common.clips import VideoClipDataset, VideoDataError
 from common.config import DTYPES, TrainConfig, load_config
 from common.errors import USER_ERRORS, UserError, exit_on_user_error
 from common.flags import ArgumentParser
 from common.metrics import lpips_unavailable_reason
 from common.reference_vae import ReferenceVAE
 from common.run_files import run_folder_of, run_weights
+from common.video.files import BadClipError, clip_extensions, find_videos
+from common.video.probe import open_clip
 from evaluation.evaluator import EvaluationOptions, Evaluator, out_of_memory_hint, summarise
 from evaluation.report import write_report
 from models.latent_spaces import AUTO_SPACE, SPACES

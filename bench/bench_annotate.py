@@ -44,15 +44,11 @@ from unittest import mock
 import av
 
 from bench.harness import command_line, cpus_summary, print_json, shared_dir, timed
-from common.clips import (
-    BadClipError,
-    VideoInfo,
-    VideoReader,
-    count_frames_from_packets,
-    find_videos,
-    probe_video,
-)
 from common.flags import ArgumentParser
+from common.packet_count import count_frames_from_packets
+from common.video.files import BadClipError, find_videos
+from common.video.probe import VideoInfo, probe_video
+from common.video.reader import VideoReader
 from training import make_annotations
 from training.data import probe_pool
 

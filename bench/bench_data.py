@@ -88,27 +88,25 @@ from bench.loader_baselines import (
     resize_cost,
     sample_crops,
 )
-from common.clips import (
-    VideoClipDataset,
-    VideoReader,
-    _ClipWriter,
-    find_videos,
-    probe_video,
-)
+from common.clips import VideoClipDataset
 from common.config import TrainConfig
 from common.flags import ArgumentParser
+from common.video.crop import ClipWriter
+from common.video.files import find_videos
+from common.video.probe import probe_video
+from common.video.reader import VideoReader
 from training.make_annotations import write_annotation
 
 
 def time_split(dataset: VideoClipDataset) -> dict:
     """Where a sample's time goes, in this process with one OpenCV thread.
 
-    ``seek`` is ``VideoReader._seek`` (decoding from the keyframe before the target),
-    ``writer`` the per-frame crop, area resize, flip and RGB planes (``_ClipWriter``), and
+    ``seek`` is ``VideoReader.seek`` (decoding from the keyframe before the target),
+    ``writer`` the per-frame crop, area resize, flip and RGB planes (``ClipWriter``), and
     ``rest`` everything else: opening the file, decoding the frames read, sampling.
     """
     totals = {"seek": 0.0, "writer": 0.0}
-    targets = {"seek": (VideoReader, "_seek"), "writer": (_ClipWriter, "__call__")}
+    targets = {"seek": (VideoReader, "seek"), "writer": (ClipWriter, "__call__")}
     originals = {name: getattr(owner, attr) for name, (owner, attr) in targets.items()}
 
     def timed(name: str):
@@ -186,7 +184,7 @@ class Request:
     start: int
     stride: int
     count: int  # frames the loader got from this read (fewer than asked where the stream ends)
-    crop: tuple[float, float, float, bool]  # area, u_y, u_x, flip of the sample's _ClipWriter
+    crop: tuple[float, float, float, bool]  # area, u_y, u_x, flip of the sample's ClipWriter
 
     @property
     def indices(self) -> list[int]:
@@ -343,7 +341,7 @@ def one_torch_thread() -> Iterator[None]:
 def produce(decoder: Decoder, request: Request, n_frames: int, size: tuple[int, int] | None) -> int:
     """The request's frames from ``decoder``, through the loader's writer for a ``size``
     (WxH), else as decoded (uint8 HWC, source resolution); returns how many."""
-    writer = None if size is None else _ClipWriter(n_frames, size[1], size[0], *request.crop)
+    writer = None if size is None else ClipWriter(n_frames, size[1], size[0], *request.crop)
     frames = 0
     for k, frame in enumerate(decoder.frames(request)):
         if writer is not None:

@@ -44,9 +44,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from bench.harness import REPO_ROOT, command_line, print_json, shared_dir, threads_summary
 from bench.quality_plot import PALETTE, plot
-from common.clips import find_videos, frames_to_unit
+from common.clips import frames_to_unit
 from common.config import TrainConfig, load_config
 from common.flags import ArgumentParser
+from common.video.files import find_videos
 from models.ecosystem import export_stem
 from models.latent_spaces import OWN
 from models.taehv import TAEHV

@@ -66,10 +66,13 @@ from bench.harness import (
 )
 from bench.published_model import published_loss
 from bench.quality_plot import PALETTE, plot
-from common.clips import ClipTable, VideoClipDataset, area_resize, find_videos
+from common.clip_table import ClipTable
+from common.clips import VideoClipDataset
 from common.config import load_config
 from common.flags import ArgumentParser
 from common.metrics import video_psnr, video_sharpness, video_ssim
+from common.video.files import find_videos
+from common.video.resize import area_resize
 from models.taehv import TAEHV
 from models.weights import load_weights
 from training.data.loading import build_datasets

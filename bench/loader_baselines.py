@@ -16,7 +16,11 @@ import cv2
 import numpy as np
 
 from bench.harness import timed
-from common.clips import VideoClipDataset, VideoReader, area_resize, build_dataloader, crop_box
+from common.clip_loader import build_dataloader
+from common.clips import VideoClipDataset
+from common.video.crop import crop_box
+from common.video.reader import VideoReader
+from common.video.resize import area_resize
 
 Window = tuple[str, int, int, int]  # path, start, stride, count
 

@@ -13,7 +13,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from common.clips import AreaResizer, VideoReader, crop_box, find_videos
+from common.video.crop import crop_box
+from common.video.files import find_videos
+from common.video.reader import VideoReader
+from common.video.resize import AreaResizer
 from common.video_writer import write_video
 
 DASH_CAMERA_GOP = 30

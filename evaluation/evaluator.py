@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from common.clips import BadClipError, VideoClipDataset, frames_to_unit
+from common.clips import VideoClipDataset, frames_to_unit
 from common.errors import UserError
 from common.metrics import (
     frame_psnr,
@@ -37,6 +37,7 @@ from common.metrics import (
     video_temporal_error,
 )
 from common.reference_vae import ReferenceVAE
+from common.video.files import BadClipError
 from common.video_writer import write_video
 from evaluation.stills import comparison_stills
 from evaluation.timing import timed

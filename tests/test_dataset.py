@@ -22,23 +22,14 @@ import pytest
 import torch
 from accelerate.data_loader import DataLoaderShard
 
-from common.clips import (
-    AreaResizer,
-    BadClipError,
-    ClipTable,
-    EpochShuffleSampler,
-    VideoClipDataset,
-    VideoDataError,
-    VideoReader,
-    _ClipWriter,
-    area_resize,
-    build_dataloader,
-    crop_box,
-    find_videos,
-    fit_stride,
-    leave_stop_signals_to_parent,
-    probe_video,
-)
+from common.clip_loader import EpochShuffleSampler, build_dataloader, leave_stop_signals_to_parent
+from common.clip_table import ClipTable
+from common.clips import VideoClipDataset, VideoDataError, fit_stride
+from common.video.crop import ClipWriter, crop_box
+from common.video.files import BadClipError, find_videos
+from common.video.probe import probe_video
+from common.video.reader import VideoReader
+from common.video.resize import AreaResizer, area_resize
 from training.data.loading import batches_until_data_error
 from training.demo_data import make_demo_dataset
 from training.make_annotations import write_annotation
@@ -338,7 +329,7 @@ def test_clip_writer_writes_each_frame_as_rgb_planes(flip):
     # crop of input k, area-resized, flipped if asked, as RGB planes.
     rng = np.random.default_rng(4)
     frames = [rng.integers(0, 256, (720, 1280, 3), dtype=np.uint8) for _ in range(3)]
-    writer = _ClipWriter(3, 480, 720, area=0.7975, u_y=0.3, u_x=0.7, flip=flip)
+    writer = ClipWriter(3, 480, 720, area=0.7975, u_y=0.3, u_x=0.7, flip=flip)
     for k, frame in enumerate(frames):
         writer(frame, k)
     y, x, h, w = crop_box(720, 1280, 480, 720, 0.7975, 0.3, 0.7)
@@ -770,7 +761,8 @@ def test_persistent_workers_follow_set_epoch(index_dir, tmp_path):
 ACCELERATE_SHARDS = """
 import sys
 from accelerate.data_loader import prepare_data_loader
-from common.clips import EpochShuffleSampler, VideoClipDataset, build_dataloader
+from common.clip_loader import EpochShuffleSampler, build_dataloader
+from common.clips import VideoClipDataset
 
 root = sys.argv[1]
 ds = VideoClipDataset(root, root + "/annotations_train.json", n_frames=2, height=8, width=8)
@@ -832,3 +824,16 @@ def test_a_stop_signal_before_a_workers_init_leaves_it_running():
     for loader_class in (torch.utils.data.DataLoader, DataLoaderShard):  # plain, and as Accelerate prepares it
         loader = loader_class(list(range(6)), batch_size=2, num_workers=1, worker_init_fn=signalled_before_init)
         assert [batch.tolist() for batch in batches_until_data_error(loader)] == [[0, 1], [2, 3], [4, 5]]
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_data_error_keeps_its_reason_from_a_worker(tmp_path, num_workers):
+    """Every clip gone: the sample's VideoDataError reaches the training loop with the reason
+    it was raised with, from this process or rebuilt from a worker's traceback."""
+    ds = VideoClipDataset(tmp_path, annotate(tmp_path / "ann.json", [{"path": "gone.mp4", "frames": 24}]), n_frames=4)
+    with pytest.raises(VideoDataError) as raised:
+        ds[0]
+    loader = torch.utils.data.DataLoader(ds, batch_size=1, num_workers=num_workers)
+    [error] = list(batches_until_data_error(loader))
+    assert (type(error), error.reason, str(error)) == (VideoDataError, raised.value.reason, str(raised.value))
+    assert error.reason == "sample 0: 11 clips in a row were unusable, see the warnings above"

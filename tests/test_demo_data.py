@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.clips import VideoClipDataset, probe_video
+from common.clips import VideoClipDataset
+from common.video.probe import probe_video
 from training.demo_data import make_demo_dataset, render_clip
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

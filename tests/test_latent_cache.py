@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.clips import VideoClipDataset, VideoDataError, build_dataloader, frames_to_unit
+from common.clip_loader import build_dataloader
+from common.clips import VideoClipDataset, VideoDataError, frames_to_unit
 from common.config import TrainConfig, load_config
 from common.errors import UserError
 from common.reference_vae import ReferenceVAE

@@ -19,8 +19,10 @@ import numpy as np
 import pytest
 from test_launch_script import TINY_SCRATCH, launch
 
-from common.clips import BadClipError, ClipTable, VideoClipDataset
+from common.clip_table import ClipTable
+from common.clips import VideoClipDataset
 from common.errors import UserError
+from common.video.files import BadClipError
 from training import make_annotations
 from training.data import probe_pool
 from training.data.annotation_split import DEFAULT_GROUP_REGEX, group_key, split_train_val

@@ -13,8 +13,10 @@ import pytest
 from test_dataset import DOG, GOPRO, SHADOW, START, VEHDET, write_audio_only_mp4, write_rgba
 
 from bench.bench_annotate import damaged_copies
-from common.clips import BadClipError, VideoInfo, VideoReader, probe_video
 from common.packet_count import PacketCount, count_frames_from_packets
+from common.video.files import BadClipError
+from common.video.probe import VideoInfo, probe_video
+from common.video.reader import VideoReader
 
 
 def write_encoded_clip(

@@ -8,7 +8,7 @@ prints the launch command that trains on them.
 
 Every video under DIR is probed once for how many frames really decode (container counts
 can be wrong), its fps and size: an intact H.264/HEVC file from its packets, anything else
-by decoding it (``common.clips.probe_video``). With ``--images`` still images (.png, .webp: the
+by decoding it (``common.video.probe.probe_video``). With ``--images`` still images (.png, .webp: the
 RGBA data) are annotated too, as one-frame clips with their size; a folder with images and
 no videos gets them without the flag (a note says so). Unusable files are left out and
 reported with the reason: unreadable, no decodable frames, too short for ``--min_frames``,
@@ -81,9 +81,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from common.clips import IMAGE_EXTENSIONS, counts_in_words, find_videos
+from common.clips import counts_in_words
 from common.errors import UserError, exit_on_user_error
 from common.flags import ArgumentParser
+from common.video.files import IMAGE_EXTENSIONS, find_videos
 from training.data.annotation_split import (
     DEFAULT_GROUP_REGEX,
     Split,

@@ -15,10 +15,10 @@ import hashlib
 import json
 from pathlib import Path
 
-from common.clips import clip_extensions, holds_clips
 from common.config import load_config
 from common.errors import UserError
 from common.flags import ArgumentParser
+from common.video.files import clip_extensions, holds_clips
 from training import make_annotations
 
 

@@ -467,12 +467,7 @@ def finish(stop_reason: str, run: TrainingRun, stop: StopRequest, data_error: Vi
                 f"check the data and the reference VAE, then resume with: {resume_command(path)}"
             )
         if stop_reason == "data":
-            # the first sentence of the dataset's message (from a worker, it ends a traceback)
-            cause = (
-                str(data_error).strip().splitlines()[-1].split("Error: ")[-1].split(". ")[0]
-                if data_error
-                else "on another rank"
-            )
+            cause = data_error.reason if data_error else "on another rank"
             which = "validation" if isinstance(data_error, ValidationDataError) else "training"
             raise DataGone(
                 f"the {which} data became unreadable at step {progress.step} ({cause}); "

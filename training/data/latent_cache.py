@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
-from common.clips import EpochDataset, VideoClipDataset, VideoDataError, shared_epoch
+from common.clip_loader import EpochDataset, shared_epoch
+from common.clips import VideoClipDataset, VideoDataError
 from common.config import TrainConfig, below
 from common.errors import UserError
 from models.latent_spaces import RAW

@@ -23,16 +23,11 @@ from typing import Protocol
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from common.clips import (
-    VideoClipDataset,
-    VideoDataError,
-    build_dataloader,
-    clip_extensions,
-    holds_clips,
-    stop_signals_held,
-)
+from common.clip_loader import build_dataloader, stop_signals_held
+from common.clips import VideoClipDataset, VideoDataError, valid_crop_scale, valid_short_clip_policy
 from common.config import TrainConfig, below, spec_of
 from common.reference_vae import ReferenceVAE
+from common.video.files import clip_extensions, holds_clips
 from models.variants import VariantSpec
 from training.data.latent_cache import CachedLatentDataset
 
@@ -62,9 +57,9 @@ def config_errors(config: TrainConfig, spec: VariantSpec) -> list[str]:
         found.append("n_frames must be >= 1")
     if not 1 <= config.stride_min <= config.stride_max:
         found.append("need 1 <= stride_min <= stride_max")
-    if not 0 < config.crop_scale_min <= config.crop_scale_max <= 1:
+    if not valid_crop_scale(config.crop_scale_min, config.crop_scale_max):
         found.append("need 0 < crop_scale_min <= crop_scale_max <= 1")
-    if config.short_clip_policy not in ("lower_stride", "skip"):
+    if not valid_short_clip_policy(config.short_clip_policy):
         found.append("short_clip_policy must be 'lower_stride' or 'skip'")
     if not (config.data_root or config.annotation_file):
         found.append("set data_root (a folder of videos) or annotation_file")
@@ -206,7 +201,7 @@ def batches_until_data_error(loader: Iterable[dict]) -> Iterator[dict | VideoDat
         except StopIteration:
             return
         except VideoDataError as err:  # raised in a worker process, re-raised here by the DataLoader
-            yield err
+            yield err.as_raised()
             return
         yield batch
 

@@ -15,7 +15,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import NamedTuple
 
-from common.clips import BadClipError, check_regular_file, probe_video
+from common.video.files import BadClipError, check_regular_file
+from common.video.probe import probe_video
 
 Job = tuple[Path, str]  # (root, path relative to it)
 

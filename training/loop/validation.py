@@ -107,7 +107,9 @@ def validate(
         if strip is None and accelerator.is_main_process:
             strip = reconstruction_strip(target[0], decoded[0])
     if agree([unreadable is not None], accelerator.device)[0]:  # before the gather, which would wait forever
-        raise ValidationDataError(str(unreadable) if unreadable else "validation clips unreadable on another rank")
+        if unreadable is not None:
+            raise ValidationDataError(unreadable.reason, unreadable.advice)
+        raise ValidationDataError("validation clips unreadable on another rank")
     names = (
         ["val/mse", "val/psnr", "val/ssim", "val/sharpness"]
         + (["val/alpha_psnr"] if rgba else [])

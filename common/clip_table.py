@@ -1,0 +1,96 @@
+"""``ClipTable``: the clips a dataset draws from (paths and frame counts), from a users'
+annotation file or a scanned folder, stored so forked DataLoader workers share it."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from common.video.files import find_videos
+
+
+@dataclass(frozen=True)
+class ClipTable:
+    """Paths and frame counts of all clips as three numpy arrays.
+
+    A list of millions of dicts would be copied page by page into every forked worker as
+    reference counts change; flat arrays are never written to, so workers share them.
+    ``frames`` is -1 where unknown (the container's count is used at load time).
+    """
+
+    root: str
+    path_bytes: np.ndarray  # uint8, all paths UTF-8 encoded back to back
+    offsets: np.ndarray  # int64, len(table) + 1
+    frames: np.ndarray  # int32
+    refused: tuple[tuple[str, str], ...] = ()  # annotation entries left out: (path as written, why)
+
+    @classmethod
+    def from_lists(
+        cls, root: str | Path, paths: Sequence[str], frames: Sequence[int], refused: Sequence[tuple[str, str]] = ()
+    ) -> ClipTable:
+        encoded = [p.encode("utf-8") for p in paths]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=offsets[1:])
+        path_bytes = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        return cls(str(root), path_bytes, offsets, np.asarray(frames, dtype=np.int32), tuple(refused))
+
+    @classmethod
+    def from_directory(cls, directory: str | Path, images: bool = False) -> ClipTable:
+        """All videos (and with ``images`` still images) under ``directory``, frame counts
+        unknown (read from the container)."""
+        paths = find_videos(directory, images)
+        return cls.from_lists(directory, paths, [-1] * len(paths))
+
+    @classmethod
+    def from_annotation(cls, annotation_file: str | Path, data_root: str | Path | None = None) -> ClipTable:
+        """Users' format ``{"total": N, "list": [{"path" | "full_path", "frames", ...}]}``.
+
+        With ``data_root``, ``path`` is taken relative to it (``full_path`` when there is
+        no ``path``); without, ``full_path`` wins and ``path`` is relative to the
+        annotation file's folder. Absolute paths are used as they are. An entry whose
+        ``frames`` is not a positive whole number (missing or null: the container says), or
+        whose relative path leaves the root (``../../etc/passwd``), is left out and listed
+        in ``refused``.
+        """
+        annotation_file = Path(annotation_file)
+        with open(annotation_file, encoding="utf-8") as f:
+            entries = json.load(f)["list"]
+        if data_root is not None:
+            keys = ("path", "full_path")
+            root = str(data_root)
+        else:
+            keys = ("full_path", "path")
+            root = str(annotation_file.resolve().parent)
+        paths, frames, refused = [], [], []
+        for i, entry in enumerate(entries):
+            key = next((k for k in keys if k in entry), None)
+            if key is None:
+                raise ValueError(f"{annotation_file}: entry {i} has neither 'path' nor 'full_path'")
+            path, count = str(entry[key]), entry.get("frames")
+            if isinstance(count, float) and count.is_integer():
+                count = int(count)
+            if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+                refused.append((path, f"entry {i}: frames={count!r} is not a positive whole number"))
+            elif not os.path.isabs(path) and os.path.normpath(path).split(os.sep)[0] == os.pardir:
+                refused.append((path, f"entry {i}: {path} leaves {root}"))
+            else:
+                paths.append(path)
+                frames.append(-1 if count is None else count)  # missing/null: ask the container
+        return cls.from_lists(root, paths, frames, refused)
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def subset(self, indices: Sequence[int]) -> ClipTable:
+        """The clips at ``indices``, in that order."""
+        relative = [self.path_bytes[self.offsets[i] : self.offsets[i + 1]].tobytes().decode("utf-8") for i in indices]
+        return ClipTable.from_lists(self.root, relative, self.frames[np.asarray(indices, dtype=np.int64)])
+
+    def path(self, i: int) -> str:
+        rel = self.path_bytes[self.offsets[i] : self.offsets[i + 1]].tobytes().decode("utf-8")
+        return os.path.join(self.root, rel)
