@@ -450,7 +450,7 @@ def train_row(
     )
     how = "eager"
     if compiled:
-        if step.net.run_chunk is not taehv_module.run_chunk:
+        if step.net.run_blocks is not taehv_module.run_blocks:
             how = f"config.replace(compile=True, compile_backend={config.compile_backend!r})"
         else:
             step.net.compile(**compile_kwargs)
