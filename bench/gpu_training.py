@@ -80,7 +80,7 @@ def train_row(
     )
     how = "eager"
     if compiled:
-        if step.unwrapped_model.run_chunk is not taehv_module.run_chunk:
+        if step.unwrapped_model.run_blocks is not taehv_module.run_blocks:
             how = f"config.replace(compile=True, compile_backend={config.compile_backend!r})"
         else:
             step.unwrapped_model.compile(**compile_kwargs)

@@ -1,15 +1,15 @@
 """The published TAEHV layers (``conv``, ``Clamp``, the memory blocks, ``TPool``, ``TGrow``),
-the encoder/decoder layer lists built from them, and the steps a block runner takes over
-them (``Step``: the published block calls, or a fast path's fused steps)."""
+the encoder/decoder layer lists built from them, and the state a block runner keeps while
+it takes a clip through them (``Work``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import Enum
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
+from tqdm.auto import tqdm
 
 
 def conv(n_in: int, n_out: int, **kwargs) -> nn.Conv2d:
@@ -199,29 +199,169 @@ def build_super_decoder(
     return nn.Sequential(nn.Conv2d(latent_channels, n_f[0], 1, bias=False), *stages, conv(n_f[3], out_channels))
 
 
-class Kind(Enum):
-    """What a step of a block schedule runs."""
-
-    BLOCK = "block"  # block(x)
-    MEMORY = "memory"  # block(x, past), past carried across chunks
-    CONV = "conv"  # fast paths: a conv and (``relu``) the ReLU after it
-    UPSAMPLE_CONV = "upsample_conv"  # fast paths: Upsample(2) (its TGrow run first, at low resolution), 3x3 conv
-    POOL_CONV = "pool_conv"  # fast paths: a TPool and the bias-free conv after it
-    STEM = "stem"  # fast paths: the encoder's conv, ReLU, TPool and stride-2 conv
-
-
-@dataclass(frozen=True)
-class Step:
-    """One step of a block schedule: ``kind``, from ``blocks[index]`` on."""
-
-    index: int
-    kind: Kind = Kind.BLOCK
-    relu: bool = False  # the ReLU after the step's last conv is folded in
-    parity_major: bool = False  # POOL_CONV: frame k of every group of frames is the k-th block of the input
+# ---------------------------------------------------------------------------------------
+# A run of a block sequence over a clip, kept as the published sequential runner keeps it.
+# The clip goes through in chunks of frames: all of a chunk's frames pass each block
+# together (time-parallel), and each memory block carries its last input frame into the
+# next chunk, so every chunking gives the same frames. One chunk of the whole clip is
+# parallel mode (O(T) memory); chunks of ``t_downscale`` frames (encoder) or of a few
+# latents (decoder), with the frames each TGrow makes going on one at a time, are
+# sequential mode and streaming (memory flat in T).
 
 
-TEMPORAL_KINDS = (Kind.MEMORY, Kind.POOL_CONV, Kind.STEM)  # steps that mix frames (so do TPools and TGrows)
+def stride_product(blocks: Sequence[nn.Module], kind: type) -> int:
+    """The product of the strides of the ``kind`` blocks (TPool or TGrow) in ``blocks``
+    (a plain loop: ``torch.compile`` traces it)."""
+    product = 1
+    for block in blocks:
+        if isinstance(block, kind):
+            product *= block.stride
+    return product
 
 
-def plain_step(index: int, block: nn.Module) -> Step:
-    return Step(index, Kind.MEMORY if isinstance(block, MEMORY_BLOCKS) else Kind.BLOCK)
+def output_frames(blocks: Sequence[nn.Module], input_frames: int) -> int:
+    """The frames ``blocks`` make of ``input_frames`` frames (a multiple of the TPool strides)."""
+    return input_frames * stride_product(blocks, TGrow) // stride_product(blocks, TPool)
+
+
+def split_chunks(x: torch.Tensor, chunk_frames: int | None) -> list[torch.Tensor]:
+    """NTCHW frames in chunks of even sizes, at most ``chunk_frames`` each (None: one chunk)."""
+    if x.ndim != 5:
+        raise ValueError(f"TAEHV works on NTCHW tensors, got shape {tuple(x.shape)}")
+    return [x] if chunk_frames is None else list(x.tensor_split(-(-x.shape[1] // chunk_frames), dim=1))
+
+
+class Stops(NamedTuple):
+    """Where a run's work items pause in a sequence of ``length`` steps: ``per_frame_from``,
+    the first step after the last one that mixes frames or changes their count (there the
+    trimmed frames are skipped), and ``grown``, the steps right after a TGrow of stride > 1
+    (there its frames may go on one at a time)."""
+
+    length: int
+    per_frame_from: int
+    grown: tuple[int, ...]
+
+
+def find_stops(blocks_at: Sequence[nn.Module], mixes_frames: Sequence[bool]) -> Stops:
+    """The stops of a sequence of steps: the block at each step, and whether the step mixes
+    frames (TPools and TGrows of stride > 1 count without being told)."""
+    per_frame_from, grown = 0, []
+    for k, (block, mixes) in enumerate(zip(blocks_at, mixes_frames)):
+        if mixes or (isinstance(block, (TGrow, TPool)) and block.stride > 1):
+            per_frame_from = k + 1
+        if isinstance(block, TGrow) and block.stride > 1:
+            grown.append(k + 1)
+    return Stops(len(blocks_at), per_frame_from, tuple(grown))
+
+
+class Frames:
+    """A run's output frames, written into one NTCHW tensor as they come, ``count`` in all
+    (a first piece that holds them all is the output itself)."""
+
+    def __init__(self, count: int):
+        self.count, self.written = count, 0
+        self.out: torch.Tensor | None = None
+
+    def append(self, y: torch.Tensor | None) -> None:
+        if y is None:
+            return
+        if self.out is None and y.shape[1] == self.count:
+            self.out, self.written = y, self.count
+            return
+        if self.out is None:
+            self.out = y.new_empty((y.shape[0], self.count, *y.shape[2:]))
+        self.out[:, self.written : self.written + y.shape[1]] = y
+        self.written += y.shape[1]
+
+
+class WorkItem(NamedTuple):
+    """Frames waiting for step ``start``: a chunk's NTCHW frames (start 0), else (N*T)CHW."""
+
+    frames: torch.Tensor
+    start: int
+
+
+class Work:
+    """A run of a sequence of steps (blocks, or a fast path's steps) over NTCHW frames ``x``:
+    a stack of work items taken in causal order (the chunks, and the frames a TGrow makes
+    when ``split_grown_frames``), each memory block's input frame before the next item
+    (``memory``, per block; None: zeros), the leading output frames still to skip
+    (``trimmed``: the decoder's trimmed frames, which the steps from ``per_frame_from`` on
+    never see) and the frames made. A runner takes an item, runs its steps up to the stop
+    ``take`` gives, and puts the frames back; no side effects outside the object, so
+    ``torch.compile`` takes a run whole. ``layout``: a chunk's NTCHW frames as the first
+    step takes them."""
+
+    def __init__(
+        self,
+        blocks: nn.Sequential,
+        x: torch.Tensor,
+        memory: Sequence[torch.Tensor | None] | None,
+        chunk_frames: int | None,
+        stops: Stops,
+        split_grown_frames: bool,
+        trimmed: int,
+        layout: Callable[[torch.Tensor], torch.Tensor],
+        show_progress_bar: bool,
+    ):
+        chunks = split_chunks(x, chunk_frames)
+        self.n, self.layout, self.trimmed = x.shape[0], layout, trimmed
+        self.length, self.per_frame_from = stops.length, stops.per_frame_from
+        self.grown = stops.grown if split_grown_frames else ()
+        self.stops = sorted({stops.length, *self.grown, *((stops.per_frame_from,) if trimmed else ())})
+        self.memory = [None] * len(blocks) if memory is None else list(memory)
+        self.items = [WorkItem(chunk, 0) for chunk in reversed(chunks)]
+        self.frames = Frames(output_frames(blocks, x.shape[1]) - trimmed)
+        self.progress = tqdm(total=len(chunks), desc="chunks") if show_progress_bar and len(chunks) > 1 else None
+        self.chunks_taken = 0
+
+    def take(self) -> tuple[torch.Tensor, int, int] | None:
+        """The next item's (N*T)CHW frames, its first step and the step it stops before;
+        None when the run is done. Items at the end are output, and the trimmed frames
+        skipped, on the way."""
+        while self.items:
+            x, start = self.items.pop()
+            if start == 0:
+                self.chunks_taken += 1
+                if self.progress is not None and self.chunks_taken > 1:
+                    self.progress.update()  # the previous chunk is done
+                x = self.layout(x)
+            if start == self.per_frame_from and self.trimmed:
+                x = self.skip_trimmed(x)
+                if x is None:
+                    continue
+            if start == self.length:
+                self.frames.append(x.unflatten(0, (self.n, -1)))
+                continue
+            for stop in self.stops:
+                if stop > start:
+                    return x, start, stop
+        return None
+
+    def put(self, x: torch.Tensor, stop: int) -> None:
+        """(N*T)CHW frames made by the steps before ``stop``: after a TGrow that splits, one
+        item per frame."""
+        if stop in self.grown and x.shape[0] > self.n:
+            self.items += [WorkItem(frame, stop) for frame in reversed(x.unflatten(0, (self.n, -1)).unbind(1))]
+        else:
+            self.items.append(WorkItem(x, stop))
+
+    def carry(self, index: int, x: torch.Tensor) -> torch.Tensor | None:
+        """The memory of block ``index`` before ``x``'s (N*T)CHW frames (NCHW; None: zeros);
+        ``x``'s last frame becomes it."""
+        past, self.memory[index] = self.memory[index], x.unflatten(0, (self.n, -1))[:, -1].clone()
+        return past
+
+    def skip_trimmed(self, x: torch.Tensor) -> torch.Tensor | None:
+        """(N*T)CHW frames without the leading ones still to skip; None if none is left."""
+        frames = x.shape[0] // self.n
+        skip = min(self.trimmed, frames)
+        self.trimmed -= skip
+        return None if skip == frames else x.unflatten(0, (self.n, frames))[:, skip:].flatten(0, 1)
+
+    def result(self) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
+        """The NTCHW output frames (None if all were skipped) and the memory after them."""
+        if self.progress is not None:
+            self.progress.update()
+            self.progress.close()
+        return self.frames.out, self.memory

@@ -1,18 +1,19 @@
 """CPU fast paths of the block runner: fused oneDNN inference and the CPU training schedule.
 
-``models.taehv.run_chunk`` asks ``select`` (the one hook) which path a chunk takes; None
-means the published blocks, each block's ``forward``: on GPUs, for inference under
-``torch.compile``, and on CPU for inference in other dtypes or under autocast. The fast
-paths compute the published function (within float rounding) with fewer operations:
+``models.taehv.run_blocks`` asks ``choose`` once per run which path it takes and hands a
+fast path the whole run (``FastPath.run``); None means the published blocks, each block's
+``forward``: on GPUs, for inference under ``torch.compile``, and on CPU for inference in
+other dtypes or under autocast. The fast paths compute the published function (within
+float rounding) with fewer operations:
 
-* fused inference (``fused_steps``), on CPU for fp32 input and weights, no autocast,
+* fused inference (``fused_schedule``), on CPU for fp32 input and weights, no autocast,
   eager, no gradient wanted: each convolution is one oneDNN call with its bias, ReLU and
   residual fused (``mkldnn._convolution_pointwise``, what inductor emits on CPU),
   channels-last; the encoder's first stage runs in row bands that stay in cache
   (``stem``); a TPool and the bias-free conv after it are one conv per frame of the group
   (``pool_conv``); an Upsample(2), a TGrow and a 3x3 conv are the TGrow at low resolution,
   then four 2x2 sub-pixel convs (``upsample_conv``).
-* CPU training (``autograd_steps``), on CPU with gradients, eager or compiled: the same
+* CPU training (``training_schedule``), on CPU with gradients, eager or compiled: the same
   TPool and upsampling folds as differentiable ops, the derived weights made inside
   autograd so the gradients reach the published parameters (a full-resolution 1x1
   convolution's backward pass is slow on CPU).
@@ -28,57 +29,128 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blocks import Kind, Step, SuperMemBlock, TGrow, TPool, frames_to_channels, is_channels_last, plain_step
+from .blocks import (
+    MEMORY_BLOCKS,
+    Stops,
+    SuperMemBlock,
+    TGrow,
+    TPool,
+    Work,
+    find_stops,
+    frames_to_channels,
+    is_channels_last,
+)
 
 _ONEDNN_POINTWISE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise")
 
 
+class Kind(Enum):
+    """What a step of a fast path's schedule runs."""
+
+    FORWARD = "forward"  # the block's own forward: block(x)
+    MEMORY = "memory"  # a memory block, its ReLUs and residual folded into its convs (forward_stacked)
+    CONV = "conv"  # a conv and (``relu``) the ReLU after it
+    UPSAMPLE_CONV = "upsample_conv"  # Upsample(2) (its TGrow run first, at low resolution), 3x3 conv
+    POOL_CONV = "pool_conv"  # a TPool and the bias-free conv after it
+    STEM = "stem"  # the encoder's conv, ReLU, TPool and stride-2 conv
+
+
 @dataclass(frozen=True)
-class FastPath:
-    """A chunk's fast schedule: fused inference (``onednn`` set) or CPU training (None)."""
+class Step:
+    """One step of a schedule: ``kind``, from ``blocks[index]`` on."""
+
+    index: int
+    kind: Kind = Kind.FORWARD
+    relu: bool = False  # the ReLU after the step's last conv is folded in
+    parity_major: bool = False  # POOL_CONV: frame k of every group of frames is the k-th block of the input
+
+
+MIXING_KINDS = (Kind.MEMORY, Kind.POOL_CONV, Kind.STEM)  # steps that mix frames (so do TPools and TGrows)
+
+
+def block_step(index: int, block: nn.Module) -> Step:
+    """The step that runs one block alone."""
+    return Step(index, Kind.MEMORY if isinstance(block, MEMORY_BLOCKS) else Kind.FORWARD)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A fast path's steps over a block sequence (made once per sequence)."""
 
     steps: list[Step]
-    onednn: OneDNN | None = None
+    stops: Stops
     parity_stride: int = 0  # frames laid out parity-major for the first TPool (0: not)
 
+
+def make_schedule(blocks: nn.Sequential, steps: list[Step], parity_stride: int = 0) -> Schedule:
+    stops = find_stops([blocks[step.index] for step in steps], [step.kind in MIXING_KINDS for step in steps])
+    return Schedule(steps, stops, parity_stride)
+
+
+@dataclass(frozen=True)
+class FastPath:
+    """A run's fast path: fused inference (``onednn`` set) or CPU training (None)."""
+
+    schedule: Schedule
+    onednn: OneDNN | None = None
+
     def layout(self, x: torch.Tensor) -> torch.Tensor:
-        """NTCHW frames as the (N*T)CHW input of the first step."""
-        if self.parity_stride:
-            return parity_major(x, self.parity_stride)
+        """A chunk's NTCHW frames as the (N*T)CHW input of the first step."""
+        if self.schedule.parity_stride:
+            return parity_major(x, self.schedule.parity_stride)
         x = x.flatten(0, 1)
         return x.contiguous(memory_format=torch.channels_last) if self.onednn is not None else x
 
-    def memory_block(self, block: nn.Module, x: torch.Tensor, n: int, past: torch.Tensor | None) -> torch.Tensor:
-        """A memory block on (N*T)CHW frames, ``past`` (NCHW) before the first of each sequence."""
-        return forward_stacked(block, x, with_past(x, n, past), self.onednn)
+    def run(
+        self,
+        blocks: nn.Sequential,
+        x: torch.Tensor,
+        memory: Sequence[torch.Tensor | None] | None,
+        chunk_frames: int | None,
+        split_grown_frames: bool,
+        trimmed: int,
+        show_progress_bar: bool,
+    ) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
+        """``models.taehv.run_blocks`` on this path's steps."""
+        steps, onednn, n = self.schedule.steps, self.onednn, x.shape[0]
+        stops = self.schedule.stops
+        work = Work(blocks, x, memory, chunk_frames, stops, split_grown_frames, trimmed, self.layout, show_progress_bar)
+        while (item := work.take()) is not None:
+            x, start, stop = item
+            for step in steps[start:stop]:
+                block = blocks[step.index]
+                if step.kind is Kind.MEMORY:
+                    x = forward_stacked(block, x, with_past(x, n, work.carry(step.index, x)), onednn)
+                elif step.kind is Kind.FORWARD:
+                    x = block(x)
+                elif step.kind is Kind.CONV:
+                    x = conv_act(block, x, onednn, step.relu)
+                elif step.kind is Kind.UPSAMPLE_CONV:
+                    x = upsample_conv(block, x, onednn, step.relu)
+                elif step.kind is Kind.POOL_CONV:
+                    x = pool_conv(block, blocks[step.index + 1], x, onednn, step.parity_major)
+                else:
+                    x = stem(block, blocks[step.index + 2], blocks[step.index + 3], x, onednn)
+            work.put(x, stop)
+        return work.result()
 
-    def run(self, step: Step, blocks: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
-        """A fused step (``Kind.CONV``, ``UPSAMPLE_CONV``, ``POOL_CONV`` or ``STEM``)."""
-        block, i = blocks[step.index], step.index
-        if step.kind is Kind.CONV:
-            return conv_act(block, x, self.onednn, step.relu)
-        if step.kind is Kind.UPSAMPLE_CONV:
-            return upsample_conv(block, x, self.onednn, step.relu)
-        if step.kind is Kind.POOL_CONV:
-            return pool_conv(block, blocks[i + 1], x, self.onednn, step.parity_major)
-        return stem(block, blocks[i + 2], blocks[i + 3], x, self.onednn)
 
-
-def select(blocks: nn.Sequential, x: torch.Tensor, onednn: OneDNN | None = None) -> FastPath | None:
-    """The hook: the fast path of ``blocks`` on the NTCHW chunk ``x``, or None (the
-    published blocks). ``onednn``: the fused path's state for a run of several chunks."""
+def choose(blocks: nn.Sequential, x: torch.Tensor, onednn: OneDNN | None, keep_weights: bool) -> FastPath | None:
+    """The fast path of a run of ``blocks`` on the NTCHW frames ``x``, or None (the
+    published blocks). ``onednn``: the fused path's state when it outlives the run (a
+    stream), else one is made that keeps derived weights for the run if ``keep_weights``."""
     if not relu_only(blocks):
         return None
     if fused_path(x, blocks):
-        parity_stride, steps = fused_steps(blocks)
-        return FastPath(steps, onednn or OneDNN(keep=False), parity_stride)
+        return FastPath(fused_schedule(blocks), onednn or OneDNN(keep_weights))
     if cpu_training(x, blocks):
-        return autograd_path(blocks)
+        return training_path(blocks)
     return None
 
 
@@ -99,7 +171,7 @@ def fused_path(x: torch.Tensor, blocks: nn.Module) -> bool:
 
 
 def cpu_training(x: torch.Tensor, blocks: nn.Module) -> bool:
-    """Whether a run takes ``autograd_steps``: with gradients on a CPU (on GPUs the
+    """Whether a run takes ``training_steps``: with gradients on a CPU (on GPUs the
     published blocks are faster). A shape-only run on the ``meta`` device (the pre-flight's
     memory estimate) takes the schedule this machine would train with."""
     device = x.device.type
@@ -325,14 +397,14 @@ def parity_major(x: torch.Tensor, stride: int) -> torch.Tensor:
 # Schedules, made once per block sequence.
 
 
-def fused_steps(blocks: nn.Sequential) -> tuple[int, list[Step]]:
-    """The fused path's schedule for ``blocks``: the stride for a parity-major input
-    layout (0: none), and the steps. Convolutions take the ReLU that follows; a TPool and
+def fused_schedule(blocks: nn.Sequential) -> Schedule:
+    """The fused path's schedule for ``blocks`` (made once): the steps, and the stride for
+    a parity-major input layout (0: none). Convolutions take the ReLU that follows; a TPool and
     the bias-free conv after it become ``pool_conv`` (the first one, if only convs and
     ReLUs precede it, reads a parity-major input without strides); an Upsample(2), a TGrow
     and a 3x3 conv become the TGrow at low resolution (1x1 convs commute with nearest
     upsampling), then ``upsample_conv``."""
-    cached = blocks.__dict__.get("_fused_steps")
+    cached = blocks.__dict__.get("_fused_schedule")
     if cached is not None:
         return cached
     parity_stride, steps = 0, []
@@ -362,13 +434,13 @@ def fused_steps(blocks: nn.Sequential) -> tuple[int, list[Step]]:
             steps.append(Step(i, Kind.CONV, relu=relu))
             i += 1 + relu
         else:
-            steps.append(plain_step(i, block))
+            steps.append(block_step(i, block))
             i += 1
-    blocks.__dict__["_fused_steps"] = parity_stride, steps
-    return parity_stride, steps
+    blocks.__dict__["_fused_schedule"] = make_schedule(blocks, steps, parity_stride)
+    return blocks.__dict__["_fused_schedule"]
 
 
-def autograd_steps(blocks: nn.Sequential) -> list[Step]:
+def training_steps(blocks: nn.Sequential) -> list[Step]:
     """The CPU training schedule: every block as published, except that a TPool and the
     bias-free conv after it become one conv over the stacked frames (``pool_conv``: no
     full-resolution 1x1 convolution, whose backward pass is slow on CPU), and an
@@ -397,16 +469,16 @@ def autograd_steps(blocks: nn.Sequential) -> list[Step]:
             steps += [Step(i + 1), Step(i + 2, Kind.UPSAMPLE_CONV)]
             i += 3
         else:
-            steps.append(plain_step(i, blocks[i]))
+            steps.append(block_step(i, blocks[i]))
             i += 1
     return steps
 
 
-def autograd_path(blocks: nn.Sequential) -> FastPath:
+def training_path(blocks: nn.Sequential) -> FastPath:
     """The CPU training path of ``blocks`` (made once)."""
-    cached = blocks.__dict__.get("_autograd_path")
+    cached = blocks.__dict__.get("_training_path")
     if cached is None:
-        cached = blocks.__dict__["_autograd_path"] = FastPath(autograd_steps(blocks))
+        cached = blocks.__dict__["_training_path"] = FastPath(make_schedule(blocks, training_steps(blocks)))
     return cached
 
 

@@ -18,30 +18,31 @@ Published name -> here:
     conv, Clamp, MemBlock, SuperMemBlock, WideMemBlock, TPool, TGrow -> the same
     the layer lists in TAEHV.__init__ -> build_encoder, build_decoder, build_super_decoder
     apply_model_with_memblocks(_parallel, _sequential) -> run_blocks
-    apply_model_with_memblocks_sequential_single_step, TWorkItem -> BlockRunner (a chunk at a time)
+    apply_model_with_memblocks_sequential_single_step, TWorkItem -> models.blocks.Work, WorkItem
+    StreamingTAEHV's chunk at a time -> BlockStream
     TAEHV.patch_tgrow_layers -> TAEHV.adapt_state_dict (used by models.weights.load_weights)
     TAEHV._encode_h3_video / _decode_h3_video -> encode_h3_chunks / decode_video's h3_kept_frames
     TAEHV.encode_video, decode_video, preprocess_input_frames, postprocess_output_frames,
     StreamingTAEHV (encode, decode, flush_encoder, flush_decoder, flush, reset) -> the same
     main() -> inference.py
 
-One block runner (``run_chunk``) serves every call: all frames of a chunk pass each block
-together, and memory blocks carry their last input to the next chunk. On GPUs, under
-``torch.compile`` and in dtypes other than fp32 it runs the blocks' ``forward``s; on CPU
-it takes the fast paths of ``models.fast_paths`` (fused fp32 inference, the CPU training
-schedule; ReLU networks only), which do not call the memory blocks' and folded
-convolutions' ``forward``.
+One block runner (``run_blocks``) serves every call: all frames of a chunk pass each block
+together, and memory blocks carry their last input to the next chunk. It chooses its path
+once per call: on GPUs, under ``torch.compile`` and in dtypes other than fp32 it runs the
+blocks' ``forward``s; on CPU a fast path of ``models.fast_paths`` (fused fp32 inference,
+the CPU training schedule; ReLU networks only) takes the whole run, without calling the
+memory blocks' and folded convolutions' ``forward``.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from fractions import Fraction
 from pathlib import Path
 from typing import NamedTuple
 
@@ -52,15 +53,16 @@ from tqdm.auto import tqdm
 
 from . import fast_paths
 from .blocks import (
-    TEMPORAL_KINDS,
-    Kind,
-    Step,
+    MEMORY_BLOCKS,
+    Frames,
     TGrow,
-    TPool,
+    Work,
     build_decoder,
     build_encoder,
     build_super_decoder,
-    plain_step,
+    find_stops,
+    output_frames,
+    split_chunks,
 )
 from .frames import H3_CHUNK_FRAMES, H3_DROPPED_LATENTS, H3_LEFT_PAD, FramePlan, h3_kept_frames, plan_frames
 from .vae_registry import file_space
@@ -70,11 +72,8 @@ from .weights import FORMAT_NAME, load_weights, read_metadata, run_config_hint
 logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------
-# Running a block sequence over time. The clip goes through in chunks of frames: all of a
-# chunk's frames pass each block together (time-parallel), and each memory block carries
-# its last input into the next chunk, so every chunking gives the same frames. One chunk
-# of the whole clip is parallel mode (O(T) memory); chunks of ``t_downscale`` frames
-# (encoder) or of a few latents (decoder) are sequential mode and streaming (memory flat in T).
+# Running a block sequence over a clip (the published ``apply_model_with_memblocks``; how
+# chunks, memory and trimmed frames go: ``models.blocks.Work``).
 
 
 def past_frames(x: torch.Tensor, n: int, first: torch.Tensor | None) -> torch.Tensor:
@@ -87,165 +86,93 @@ def past_frames(x: torch.Tensor, n: int, first: torch.Tensor | None) -> torch.Te
     return past
 
 
-def run_chunk(
+def run_blocks(
     blocks: nn.Sequential,
     x: torch.Tensor,
-    memory: list[torch.Tensor | None],
+    memory: Sequence[torch.Tensor | None] | None = None,
+    chunk_frames: int | None = None,
+    split_grown_frames: bool = False,
+    trimmed: int = 0,
+    show_progress_bar: bool = False,
     onednn: fast_paths.OneDNN | None = None,
-    frame_by_frame: bool = False,
-    drop: int = 0,
 ) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
-    """One NTCHW chunk through ``blocks`` (TPool strides must divide T): the NTCHW frames
-    it yields, and ``memory`` updated (per block, the memory block's input frame before
-    the chunk; None: zeros). No side effects, so ``torch.compile`` takes it whole.
-    ``onednn``: the fused path's state for a run of several chunks. ``frame_by_frame``:
-    the frames a TGrow makes go on one at a time (sequential mode: one frame, not
-    ``t_upscale``, at full resolution). ``drop``: leading output frames nobody wants
-    (the decoder's trimmed frames); the blocks after the last temporal one skip them,
-    and None comes back when every frame is dropped."""
-    n = x.shape[0]
-    fast = fast_paths.select(blocks, x, onednn)
-    steps = fast.steps if fast else [plain_step(i, block) for i, block in enumerate(blocks)]
-    x = fast.layout(x) if fast else x.flatten(0, 1)
-    memory = list(memory)
-    y = run_steps(blocks, steps, x, n, memory, fast, frame_by_frame, drop)
-    return (None if y is None else y.unflatten(0, (n, -1))), memory
+    """Apply ``blocks`` to NTCHW frames: all at once, or ``chunk_frames`` at a time (TPool
+    strides must divide it; memory flat in T), the frames each TGrow makes going on one at
+    a time if ``split_grown_frames``. Returns the NTCHW output frames without the first
+    ``trimmed`` (which the blocks after the last temporal one never see; None if that is
+    all of them) and ``memory`` after them (per block, the memory block's last input frame;
+    None: zeros, as at the start). The path is chosen once: a CPU fast path of
+    ``models.fast_paths`` takes the whole run (``onednn``: its fused state when that
+    outlives the run), else each block's ``forward``."""
+    fast = fast_paths.choose(blocks, x, onednn, keep_weights=chunk_frames is not None or split_grown_frames)
+    if fast is not None:
+        return fast.run(blocks, x, memory, chunk_frames, split_grown_frames, trimmed, show_progress_bar)
+    n, stops = x.shape[0], find_stops(blocks, [isinstance(block, MEMORY_BLOCKS) for block in blocks])
+    work = Work(blocks, x, memory, chunk_frames, stops, split_grown_frames, trimmed, flatten_frames, show_progress_bar)
+    while (item := work.take()) is not None:
+        x, start, stop = item
+        for i in range(start, stop):
+            block = blocks[i]
+            if isinstance(block, MEMORY_BLOCKS):
+                x = block(x, past_frames(x, n, work.carry(i, x)))
+            else:
+                x = block(x)
+        work.put(x, stop)
+    return work.result()
 
 
-def run_steps(
-    blocks: nn.Sequential,
-    steps: list[Step],
-    x: torch.Tensor,
-    n: int,
-    memory: list[torch.Tensor | None],
-    fast: fast_paths.FastPath | None,
-    frame_by_frame: bool,
-    drop: int = 0,
-) -> torch.Tensor | None:
-    """``steps`` on (N*T)CHW frames, updating ``memory`` in place (see ``run_chunk``)."""
-    tail = per_frame_tail(blocks, steps)
-    for k, step in enumerate(steps):
-        if k == tail and drop:
-            x = drop_frames(x, n, drop)
-            if x is None:
-                return None
-        block = blocks[step.index]
-        if step.kind is Kind.MEMORY:
-            past, memory[step.index] = memory[step.index], x.unflatten(0, (n, -1))[:, -1].clone()
-            x = fast.memory_block(block, x, n, past) if fast else block(x, past_frames(x, n, past))
-        elif step.kind is Kind.BLOCK:
-            x = block(x)
-        else:
-            x = fast.run(step, blocks, x)
-        if frame_by_frame and isinstance(block, TGrow) and block.stride > 1 and x.shape[0] > n:
-            rest = steps[k + 1 :]
-            each = stride_product(blocks, TGrow, step.index + 1)  # output frames per frame from here
-            outs = [
-                run_steps(blocks, rest, frame, n, memory, fast, frame_by_frame, min(max(drop - j * each, 0), each))
-                for j, frame in enumerate(x.unflatten(0, (n, -1)).unbind(1))
-            ]
-            outs = [o.unflatten(0, (n, -1)) for o in outs if o is not None]
-            return torch.cat(outs, 1).flatten(0, 1) if outs else None
-    return drop_frames(x, n, drop) if tail == len(steps) and drop else x
+def flatten_frames(x: torch.Tensor) -> torch.Tensor:
+    return x.flatten(0, 1)
 
 
-def drop_frames(x: torch.Tensor, n: int, drop: int) -> torch.Tensor | None:
-    """(N*T)CHW frames without the first ``drop`` of each sequence; None if none is left."""
-    frames = x.shape[0] // n
-    return None if drop >= frames else x.unflatten(0, (n, frames))[:, drop:].flatten(0, 1)
-
-
-def per_frame_tail(blocks: nn.Sequential, steps: list[Step]) -> int:
-    """The index of the first of the steps after the last one that mixes or changes frames."""
-    tail = 0
-    for k, step in enumerate(steps):
-        block = blocks[step.index]
-        if step.kind in TEMPORAL_KINDS or (isinstance(block, (TGrow, TPool)) and block.stride > 1):
-            tail = k + 1
-    return tail
-
-
-def stride_product(blocks: nn.Sequential, kind: type, first: int = 0) -> int:
-    """The product of the strides of the ``kind`` blocks (TPool or TGrow) in ``blocks[first:]``
-    (a plain loop: ``torch.compile`` traces it)."""
-    product = 1
-    for block in list(blocks)[first:]:
-        if isinstance(block, kind):
-            product *= block.stride
-    return product
-
-
-def time_scale(blocks: nn.Sequential, first: int = 0) -> Fraction:
-    """Output frames per input frame of ``blocks[first:]``, exact (strides of 3 too)."""
-    return Fraction(stride_product(blocks, TGrow, first), stride_product(blocks, TPool, first))
-
-
-class BlockRunner:
-    """Runs ``blocks`` over successive chunks of a clip, carrying the memory between them;
-    the first ``drop`` output frames of the clip are skipped (see ``run_chunk``)."""
+class BlockStream:
+    """``blocks`` over the chunks of a clip as they come, one ``run`` call per chunk (the
+    streaming API; a compiled model, one graph per chunk shape): the memory, the fused
+    path's derived weights and the leading frames still to skip carried between calls."""
 
     def __init__(
         self,
         blocks: nn.Sequential,
-        run: Callable = run_chunk,
-        keep_weights: bool = True,
-        frame_by_frame: bool = True,
-        drop: int = 0,
+        run: Callable = run_blocks,
+        split_grown_frames: bool = True,
+        trimmed: int = 0,
+        memory: Sequence[torch.Tensor | None] | None = None,
     ):
-        self.blocks, self.run, self.frame_by_frame, self.drop = blocks, run, frame_by_frame, drop
-        self.memory: list[torch.Tensor | None] = [None] * len(blocks)
-        self.onednn = fast_paths.OneDNN(keep_weights)
-        self.scale = time_scale(blocks)
+        self.blocks, self.run, self.split_grown_frames, self.trimmed = blocks, run, split_grown_frames, trimmed
+        self.memory = [None] * len(blocks) if memory is None else list(memory)
+        self.onednn = fast_paths.OneDNN(keep=True)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
-        """The chunk's NTCHW output frames (None while all of them are dropped)."""
-        drop = min(self.drop, int(x.shape[1] * self.scale))
-        if self.run is run_chunk:
-            y, memory = run_chunk(self.blocks, x, self.memory, self.onednn, self.frame_by_frame, drop)
-        else:  # compiled; CUDA graphs reuse their output buffers on the next call
-            y, memory = self.run(self.blocks, x, self.memory, None, self.frame_by_frame, drop)
-            y, memory = None if y is None else y.clone(), [None if m is None else m.clone() for m in memory]
-        self.memory, self.drop = memory, self.drop - drop
+        """The chunk's NTCHW output frames (None while all of them are skipped)."""
+        trimmed = min(self.trimmed, output_frames(self.blocks, x.shape[1]))
+        split = self.split_grown_frames
+        y, self.memory = self.run(self.blocks, x, self.memory, None, split, trimmed, False, self.onednn)
+        self.trimmed -= trimmed
         return y
 
 
-SEQUENTIAL_CHUNK_BYTES = 1 << 20  # sequential decoding's first-stage activations per chunk (see latents_per_chunk)
-
-
-def run_blocks(
+def run_per_chunk(
+    run_chunk: Callable,
     blocks: nn.Sequential,
     x: torch.Tensor,
-    parallel: bool,
-    chunk: int,
+    memory: Sequence[torch.Tensor | None] | None = None,
+    chunk_frames: int | None = None,
+    split_grown_frames: bool = False,
+    trimmed: int = 0,
     show_progress_bar: bool = False,
-    run: Callable = run_chunk,
-    drop: int = 0,
-) -> torch.Tensor:
-    """Apply ``blocks`` to an NTCHW tensor: all frames at once (``parallel``) or ``chunk``
-    frames at a time (memory flat in T), without the first ``drop`` output frames (which
-    the blocks after the last temporal one skip). Chunks are written into one output."""
-    if x.ndim != 5:
-        raise ValueError(f"TAEHV works on NTCHW tensors, got shape {tuple(x.shape)}")
-    chunks = [x] if parallel else x.tensor_split(-(-x.shape[1] // chunk), dim=1)  # even sizes
-    runner = BlockRunner(
-        blocks,
-        run,
-        keep_weights=len(chunks) > 1 or not parallel,  # blocks run more than once
-        frame_by_frame=not parallel,
-        drop=drop,
-    )
-    if len(chunks) == 1:
-        return runner(x)
-    out, t = None, 0
-    for c in tqdm(chunks, desc="chunks", disable=not show_progress_bar):
-        y = runner(c)
-        if y is None:
-            continue
-        if out is None:
-            out = y.new_empty((x.shape[0], int(x.shape[1] * runner.scale) - drop, *y.shape[2:]))
-        out[:, t : t + y.shape[1]] = y
-        t += y.shape[1]
-    return out
+    onednn: fast_paths.OneDNN | None = None,
+) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
+    """``run_blocks`` with ``run_chunk`` (``run_blocks``'s signature) called on one chunk
+    at a time: a compiled ``run_blocks`` makes one graph per chunk shape, not per clip."""
+    stream = BlockStream(blocks, run_chunk, split_grown_frames, trimmed, memory)
+    chunks = split_chunks(x, chunk_frames)
+    frames = Frames(output_frames(blocks, x.shape[1]) - trimmed)
+    for chunk in tqdm(chunks, desc="chunks", disable=not show_progress_bar or len(chunks) == 1):
+        frames.append(stream(chunk))
+    return frames.out, stream.memory
+
+
+SEQUENTIAL_CHUNK_BYTES = 1 << 20  # sequential decoding's first-stage activations per chunk (see latents_per_chunk)
 
 
 class AutoencoderOutput(NamedTuple):
@@ -257,7 +184,7 @@ class AutoencoderOutput(NamedTuple):
 
 
 PUBLISHED_DEFAULT_CHECKPOINT = "taehv.pth"
-COMPILE_CACHE_LIMIT = 64  # compiled graphs of run_chunk kept (dynamo's default, 8, is hit by training + validation)
+COMPILE_CACHE_LIMIT = 64  # compiled graphs of run_blocks kept (dynamo's default, 8, is hit by training + validation)
 _UNSET = object()
 
 
@@ -353,14 +280,14 @@ class TAEHV(nn.Module):
         self.t_downscale = math.prod(encoder_strides)
         self.t_upscale = math.prod(decoder_strides)
         self.frames_to_trim = self.t_upscale - 1 if self.causal else 0
-        self.run_chunk: Callable = run_chunk  # torch.compile'd by ``compile()``
+        self.run_blocks: Callable = run_blocks  # torch.compile'd by ``compile()``
         if checkpoint_path is not None:
             load_weights(self, checkpoint_path)
 
     def compile(self, **kwargs) -> None:
         """``torch.compile`` what every call runs (encode_video, decode_video, forward,
-        streaming): the chunk of work through one block sequence, with ``fullgraph=True``
-        (the blocks have no graph break). One graph per block sequence and chunk shape
+        streaming): ``run_blocks`` on one chunk at a time, with ``fullgraph=True`` (the
+        blocks have no graph break). One graph per block sequence and chunk shape
         (``dynamic=False`` unless given); ``kwargs`` go to ``torch.compile`` (``mode``,
         ``backend``, ...). ``mode="reduce-overhead"`` replays CUDA graphs on GPUs.
 
@@ -368,22 +295,22 @@ class TAEHV(nn.Module):
         grad mode). A compilation that fails (no C compiler or Triton, a backend error)
         leaves the model eager from then on, with one warning that says why: the results
         are the same, only slower."""
-        compiled = torch.compile(run_chunk, fullgraph=True, **{"dynamic": False, **kwargs})
+        compiled = torch.compile(run_blocks, fullgraph=True, **{"dynamic": False, **kwargs})
         seen: set[tuple] = set()
 
-        def run(blocks: nn.Sequential, x: torch.Tensor, *rest):
-            # every model, block sequence, shape and grad mode is a cache entry of run_chunk's code
+        def run_chunk(blocks: nn.Sequential, x: torch.Tensor, memory, chunk_frames, split_grown_frames, trimmed, *_):
+            # every model, block sequence, shape and grad mode is a cache entry of run_blocks's code
             key = (id(blocks), tuple(x.shape), x.dtype, torch.is_grad_enabled())
             started = time.perf_counter()
             try:
                 with torch._dynamo.config.patch(recompile_limit=COMPILE_CACHE_LIMIT):
-                    out = compiled(blocks, x, *rest)
+                    y, memory = compiled(blocks, x, memory, None, split_grown_frames, trimmed)
             except torch._dynamo.exc.TorchDynamoException as err:
                 cause = getattr(err, "inner_exception", None) or err  # a backend's own error, else dynamo's
                 reason = (str(cause).strip().splitlines() or [""])[0]
                 logger.warning("torch.compile failed (%s: %s): running eager from now on", type(cause).__name__, reason)
-                self.run_chunk = run_chunk
-                return run_chunk(blocks, x, *rest)
+                self.run_blocks = run_blocks
+                return run_blocks(blocks, x, memory, None, split_grown_frames, trimmed)
             if key not in seen:
                 seen.add(key)
                 logger.info(
@@ -394,9 +321,10 @@ class TAEHV(nn.Module):
                     " with gradients" if key[-1] else "",
                     time.perf_counter() - started,
                 )
-            return out
+            # CUDA graphs reuse their output buffers on the next call
+            return (None if y is None else y.clone()), [None if m is None else m.clone() for m in memory]
 
-        self.run_chunk = run
+        self.run_blocks = functools.partial(run_per_chunk, run_chunk)
 
     def adapt_state_dict(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Fit weights trained with more temporal upscaling into a preview decoder: a TGrow
@@ -449,19 +377,22 @@ class TAEHV(nn.Module):
             x = torch.cat([x, x[:, -1:].expand(-1, pad, -1, -1, -1)], 1)
         if self.h3_chunks:
             return self.encode_h3_chunks(x, parallel, show_progress_bar)
-        return run_blocks(self.encoder, x, parallel, self.t_downscale, show_progress_bar, self.run_chunk).contiguous()
+        chunk_frames = None if parallel else self.t_downscale
+        latents, _ = self.run_blocks(self.encoder, x, None, chunk_frames, not parallel, 0, show_progress_bar)
+        return latents.contiguous()
 
     def encode_h3_chunks(self, x: torch.Tensor, parallel: bool, show_progress_bar: bool) -> torch.Tensor:
         """MiniMax H3's time axis: each 17-frame chunk of the (padded) input, after 3 zero
         frames, is encoded on its own (no memory across chunks); the last 3 latents of
         the clip are dropped (``models.frames.plan_frames``)."""
         lead = x.new_zeros(x.shape[0], H3_LEFT_PAD, *x.shape[2:])
-        latents = [
-            run_blocks(
-                self.encoder, torch.cat([lead, chunk], 1), parallel, self.t_downscale, show_progress_bar, self.run_chunk
+        chunk_frames = None if parallel else self.t_downscale
+        latents = []
+        for chunk in x.split(H3_CHUNK_FRAMES, dim=1):  # a loop, not a comprehension: one frame less to each conv
+            z, _ = self.run_blocks(
+                self.encoder, torch.cat([lead, chunk], 1), None, chunk_frames, not parallel, 0, show_progress_bar
             )
-            for chunk in x.split(H3_CHUNK_FRAMES, dim=1)
-        ]
+            latents.append(z)
         return torch.cat(latents, 1)[:, :-H3_DROPPED_LATENTS].contiguous()
 
     def decode_video(
@@ -472,8 +403,9 @@ class TAEHV(nn.Module):
         frame after each TGrow (memory flat in T)."""
         if z.ndim != 5 or z.shape[2] != self.latent_channels:
             raise ValueError(f"expected NTCHW latents with {self.latent_channels} channels, got shape {tuple(z.shape)}")
-        drop = 0 if self.h3_chunks else self._frames_to_trim(z.shape[1])  # never computed in full
-        x = run_blocks(self.decoder, z, parallel, self.latents_per_chunk(z), show_progress_bar, self.run_chunk, drop)
+        trimmed = 0 if self.h3_chunks else self._frames_to_trim(z.shape[1])  # never computed in full
+        chunk_frames = None if parallel else self.latents_per_chunk(z)
+        x, _ = self.run_blocks(self.decoder, z, None, chunk_frames, not parallel, trimmed, show_progress_bar)
         if self.h3_chunks:  # the first t_upscale - 1 frames of every chunk's frames go
             x = x[:, h3_kept_frames(z.shape[1], self.t_downscale, self.t_upscale)]
         return self.postprocess_output_frames(x, clamp, in_place=True)
@@ -544,8 +476,8 @@ class StreamingTAEHV(nn.Module):
 
     def reset(self) -> None:
         """Forget everything: the next frame starts a new stream."""
-        self._encoder = BlockRunner(self.taehv.encoder, self.taehv.run_chunk)
-        self._decoder = BlockRunner(self.taehv.decoder, self.taehv.run_chunk)
+        self._encoder = BlockStream(self.taehv.encoder, self.taehv.run_blocks)
+        self._decoder = BlockStream(self.taehv.decoder, self.taehv.run_blocks)
         self._frames_in: list[torch.Tensor] = []  # preprocessed frames waiting for a full group
         self._latents_out: deque[torch.Tensor] = deque()
         self._latents_in: deque[torch.Tensor] = deque()

@@ -26,7 +26,7 @@ from common.config import TrainConfig
 from common.errors import UserError
 from conftest import valid_config
 from models.diffusers_vae import TAEVideoVAE
-from models.taehv import TAEHV, run_chunk
+from models.taehv import TAEHV, run_blocks
 from models.variants import known_variants
 from models.weights import save_weights
 from train_runs import ONE_PROCESS, run_dir, train, train_here
@@ -42,7 +42,7 @@ ATOL = 1e-5
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
-    """Every compiled ``run_chunk`` shares one code object, so its dynamo cache (and the
+    """Every compiled ``run_blocks`` shares one code object, so its dynamo cache (and the
     recompile limit, a hard error under ``fullgraph=True``) is shared by all tests here."""
     torch._dynamo.reset()
     yield
@@ -108,7 +108,7 @@ def test_no_graph_breaks_in_the_blocks(variant):
     frames = torch.rand(1, model.t_downscale, 3 * p * p, 16, 16)  # after pixel_unshuffle: (16p)x(16p) pixels
     latents = torch.randn(1, 1, model.latent_channels, 2, 2)
     for blocks, x, drop in ((model.encoder, frames, 0), (model.decoder, latents, model.frames_to_trim)):
-        explained = torch._dynamo.explain(run_chunk)(blocks, x, [None] * len(blocks), None, True, drop)
+        explained = torch._dynamo.explain(run_blocks)(blocks, x, [None] * len(blocks), None, True, drop)
         torch._dynamo.reset()
         assert explained.graph_break_count == 0, explained.break_reasons
         assert explained.graph_count == 1
@@ -159,7 +159,7 @@ def test_compiled_and_eager_models_follow_in_place_weight_updates():
 def test_a_compiled_model_takes_the_shapes_of_a_training_run():
     """Training steps, validation at another size with a smaller last batch, then
     sequential inference, in one process: each shape and mode adds dynamo cache entries
-    for the one ``run_chunk`` code object, and under ``fullgraph=True`` running out of
+    for the one ``run_blocks`` code object, and under ``fullgraph=True`` running out of
     them (``torch._dynamo.config.recompile_limit``) is an error, not a fallback."""
     torch.manual_seed(0)
     model = TAEHV(variant="taehv")
@@ -208,7 +208,7 @@ def test_train_step_compiles_the_model_and_matches_eager():
     latents' decoding) and gradients, then a whole step's losses and gradient norm, are
     the uncompiled step's."""
     eager, compiled = make_step(), make_step(compile=True, compile_backend="aot_eager")
-    assert eager.unwrapped_model.run_chunk is run_chunk and compiled.unwrapped_model.run_chunk is not run_chunk
+    assert eager.unwrapped_model.run_blocks is run_blocks and compiled.unwrapped_model.run_blocks is not run_blocks
     assert all(
         torch.equal(a, b) for a, b in zip(eager.unwrapped_model.parameters(), compiled.unwrapped_model.parameters())
     )
@@ -265,7 +265,7 @@ def test_a_compilation_that_fails_leaves_the_model_eager_with_one_warning(caplog
         first, second = model.encode_video(frames), model.encode_video(frames)
     warnings = [r.getMessage() for r in caplog.records if "torch.compile failed" in r.getMessage()]
     assert warnings == ["torch.compile failed (RuntimeError: no C compiler found): running eager from now on"]
-    assert model.run_chunk is run_chunk
+    assert model.run_blocks is run_blocks
     assert torch.equal(first, eager.encode_video(frames)) and torch.equal(second, first)
 
 
@@ -290,14 +290,14 @@ def test_diffusers_wrapper_compiles_on_request(tmp_path, cheap_compile):
     torch.manual_seed(0)
     path = save_weights(TAEHV(variant="taecvx"), tmp_path / "taecvx.pth")
     plain, compiled = TAEVideoVAE.from_file(path), TAEVideoVAE.from_file(path, compile=True)
-    assert plain.tae.run_chunk is run_chunk and compiled.tae.run_chunk is not run_chunk
+    assert plain.tae.run_blocks is run_blocks and compiled.tae.run_blocks is not run_blocks
     video = torch.rand(1, 3, 9, 16, 16) * 2 - 1  # NCTHW in [-1, 1]
     latents = plain.encode(video).latents
     torch.testing.assert_close(compiled.encode(video).latents, latents, atol=ATOL, rtol=0)
     torch.testing.assert_close(compiled.decode(latents).sample, plain.decode(latents).sample, atol=2 * ATOL, rtol=0)
     tae = TAEHV(variant="taecvx")
     TAEVideoVAE(tae, compiled.config, compile=True)
-    assert tae.run_chunk is not run_chunk
+    assert tae.run_blocks is not run_blocks
 
 
 def test_inference_compile_gives_the_uncompiled_metrics(tmp_path, videos_dir, cheap_compile):

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import copy
 import shutil
+import sys
 
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from bench.harness import load_published, published_file
@@ -206,6 +208,58 @@ def test_training_gradients_are_the_published_models(name, published, pub, ours)
         for key, grad in expected.items():
             error = ((got[key].double() - grad).norm() / grad.norm()).item()
             assert error < tolerance, f"{dtype} gradient of {key}: relative error {error:.2e}"
+
+
+def conv_depths(model, call, *entries):
+    """Qualified name -> the Python frames from the innermost of ``entries`` (functions) down
+    to ``nn.Conv2d.forward``, inclusive, at each call ``call()`` makes of a conv of ``model``."""
+    codes, names = {f.__code__ for f in entries}, {m: k for k, m in model.named_modules()}
+    depths = {}
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is nn.Conv2d.forward.__code__:
+            depth, caller = 1, frame
+            while caller.f_code not in codes:
+                caller, depth = caller.f_back, depth + 1
+            depths.setdefault(names[frame.f_locals["self"]], set()).add(depth)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return depths
+
+
+@pytest.mark.parametrize("name", ["taehv", "taehv1_5_super", "taeltx2_3_wide"])  # base, super and wide decoders
+@torch.no_grad()
+def test_the_plain_path_calls_each_conv_no_deeper_than_the_published_runner(name, published, pub, ours):
+    """Where no fast path is taken (float64), a conv is as few Python frames below
+    ``TAEHV.forward`` as the published model's below ``encode_video`` / ``decode_video``
+    (the runner calls the blocks itself, as ``apply_model_with_memblocks`` does), and in
+    sequential mode no deeper below ``encode_video`` / ``decode_video`` than the published
+    sequential runner's. A structural check, not a timing one."""
+    published_class = _module_for(pub, name).TAEHV
+    reference, model = copy.deepcopy(published[name][1]).double(), copy.deepcopy(ours[name]).double()
+    x = video(name).double()
+
+    def published_depths(parallel):
+        def call():
+            reference.decode_video(reference.encode_video(x, parallel, False), parallel, False)
+
+        return conv_depths(reference, call, published_class.encode_video, published_class.decode_video)
+
+    def sequential():
+        model.decode_video(model.encode_video(x, parallel=False), parallel=False)
+
+    for parallel, got in (
+        (True, conv_depths(model, lambda: model(x), TAEHV.forward)),
+        (False, conv_depths(model, sequential, TAEHV.encode_video, TAEHV.decode_video)),
+    ):
+        expected = published_depths(parallel)
+        assert got.keys() == expected.keys()
+        deeper = {k: (max(got[k]), min(expected[k])) for k in got if max(got[k]) > min(expected[k])}
+        assert not deeper, f"parallel={parallel}: conv -> (our depth, published depth): {deeper}"
 
 
 # ---------------------------------------------------------------------------------------

@@ -76,7 +76,9 @@ def test_lighttaehy1_5_is_the_leaky_published_network_on_signed_pixels(parallel,
     assert (model.variant, model.activation, model.signed_pixels) == ("lighttaehy1_5", "leaky_relu", True)
     assert (model.patch_size, model.latent_channels) == (2, 32)
     assert model.state_dict().keys() == reference.state_dict().keys()
-    assert fast_paths.select(model.encoder, torch.zeros(1, 4, 12, SIDE // 2, SIDE // 2)) is None
+    assert (
+        fast_paths.choose(model.encoder, torch.zeros(1, 4, 12, SIDE // 2, SIDE // 2), None, keep_weights=False) is None
+    )
     x = clip()
     z = reference.encode_video(x * 2 - 1, parallel, show_progress_bar=False)
     assert_same(model.encode_video(x, parallel), z, "encode_video")

@@ -13,8 +13,8 @@ import torch
 import models.fast_paths as fast_paths
 import models.taehv as taehv_module
 from conftest import REPO_ROOT
-from models.blocks import Kind, MemBlock, SuperMemBlock, WideMemBlock
-from models.fast_paths import forward_stacked, fused_steps, with_past
+from models.blocks import MemBlock, SuperMemBlock, WideMemBlock
+from models.fast_paths import Kind, forward_stacked, fused_schedule, with_past
 from models.taehv import TAEHV
 from models.variants import built_name, detect_variant, get_variant, known_variants, split_time
 from models.weights import CheckpointMismatchError, WeightsError, read_metadata, read_state_dict, save_weights
@@ -345,7 +345,7 @@ def test_encoder_stem_in_bands_of_one_row_gives_the_same_latents(variant, monkey
     the borders); one output row per band gives what the whole frame gives."""
     torch.manual_seed(0)
     model = TAEHV(variant=variant).eval()
-    assert fused_steps(model.encoder)[1][0].kind is Kind.STEM
+    assert fused_schedule(model.encoder).steps[0].kind is Kind.STEM
     x = torch.rand(1, 9, 3, 16 * model.patch_size, 24 * model.patch_size)
     whole = model.encode_video(x)
     monkeypatch.setattr(fast_paths, "BAND_BYTES", 1)
@@ -389,7 +389,8 @@ def test_module_hooks_fire_on_the_published_path(variant):
     """Where no fast path is taken (here float64 on CPU; GPUs, compiled inference), every
     block and every convolution runs its ``forward``, so forward hooks see all of them."""
     model = TAEHV(variant=variant).double().eval()
-    assert fast_paths.select(model.decoder, torch.zeros(1, 1, model.latent_channels, 2, 2, dtype=torch.double)) is None
+    z = torch.zeros(1, 1, model.latent_channels, 2, 2, dtype=torch.double)
+    assert fast_paths.choose(model.decoder, z, None, keep_weights=False) is None
     modules = [m for m in model.modules() if isinstance(m, (torch.nn.Conv2d, MemBlock, SuperMemBlock))]
     fired = set()
     for m in modules:
