@@ -1,5 +1,6 @@
 """The DataLoader over a clip dataset: an epoch counter the workers share, a shuffle that
-depends only on (seed, epoch), and workers that leave stop signals to the training process."""
+depends only on (seed, epoch), workers that leave stop signals to the training process, and
+a worker's ``VideoDataError`` raised again in the training process with its reason and advice."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from typing import NoReturn
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch._utils import ExceptionWrapper
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+
+from common.errors import VideoDataError
 
 
 def shared_epoch() -> torch.Tensor:
@@ -88,6 +93,49 @@ def _exit_on_sigterm_from(parent: int) -> None:
             os._exit(0)
 
 
+class WorkerDataError(ExceptionWrapper):
+    """A worker's ``VideoDataError``, handed to the training process in place of the batch.
+
+    An exception raised in a worker reaches the training process as its traceback's text, from
+    which the DataLoader builds a new one; this record carries the reason and advice as data
+    instead. It is an ``ExceptionWrapper`` because the DataLoader raises any of those that a
+    worker hands back (its ``reraise``), in its own iteration: the loaders that Accelerate
+    rebuilds from this one (``prepare``, ``skip_first_batches``) raise it too.
+    """
+
+    def __init__(self, error: VideoDataError):
+        super().__init__((type(error), error, error.__traceback__), where="in a DataLoader worker")
+        self.reason, self.advice = error.reason, error.advice
+
+    def reraise(self) -> NoReturn:
+        raise self.exc_type(self.reason, self.advice)
+
+
+class _DataErrorsAsSamples(Dataset):
+    """``dataset`` as a worker reads it: a ``VideoDataError`` becomes the sample (a ``WorkerDataError``)."""
+
+    def __init__(self, dataset: EpochDataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def __getitem__(self, index: int) -> dict | WorkerDataError:
+        try:
+            return self.dataset[index]
+        except VideoDataError as err:
+            return WorkerDataError(err)
+
+
+def _collate_or_data_error(samples: list[dict | WorkerDataError]) -> dict | WorkerDataError:
+    """The samples as one batch, or the ``WorkerDataError`` among them, which the DataLoader raises."""
+    errors = [sample for sample in samples if isinstance(sample, WorkerDataError)]
+    return errors[0] if errors else default_collate(samples)
+
+
 def build_dataloader(
     dataset: EpochDataset,
     batch_size: int,
@@ -103,20 +151,26 @@ def build_dataloader(
     ``{"frames": [N, T, C, H, W], ...}`` (C = 3, or 4 for RGBA).
 
     Pass it to ``accelerator.prepare`` for rank sharding, and call
-    ``dataset.set_epoch(epoch)`` (or the prepared loader's ``set_epoch``) each epoch.
+    ``dataset.set_epoch(epoch)`` (or the prepared loader's ``set_epoch``) each epoch. A
+    ``VideoDataError`` raised by ``dataset`` comes out of the loader's iteration with its
+    reason and advice, with workers or without.
     """
     # Do not call cv2.setNumThreads in a worker_init_fn: in a forked worker it can block
     # forever on the parent's OpenCV thread-pool state. Decoding is already 1 thread/clip.
     # Workers leave SIGTERM/SIGINT to the training process, which stops them itself.
     workers_kwargs = {}
     if num_workers > 0:
-        workers_kwargs = dict(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers)
+        workers_kwargs = dict(
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            worker_init_fn=leave_stop_signals_to_parent,
+            collate_fn=_collate_or_data_error,
+        )
     return DataLoader(
-        dataset,
+        _DataErrorsAsSamples(dataset) if num_workers > 0 else dataset,
         batch_size=batch_size,
         sampler=EpochShuffleSampler(dataset, seed) if shuffle else None,
         num_workers=num_workers,
-        worker_init_fn=leave_stop_signals_to_parent if num_workers > 0 else None,
         drop_last=drop_last,
         pin_memory=pin_memory,
         generator=torch.Generator().manual_seed(seed),

@@ -28,7 +28,7 @@ import torch
 from common.clip_loader import EpochDataset, shared_epoch
 from common.clip_loader import build_dataloader as build_dataloader  # re-exported: docs/data.md imports it from here
 from common.clip_table import ClipTable
-from common.errors import UserError
+from common.errors import VideoDataError as VideoDataError  # re-exported: lives in errors.py for clip_loader
 from common.video.crop import ClipWriter, crop_box
 from common.video.files import IMAGE_EXTENSIONS, BadClipError, clip_extensions
 from common.video.in_memory import DecodedVideo, ImageReader
@@ -48,30 +48,6 @@ def valid_short_clip_policy(policy: str) -> bool:
 def valid_crop_scale(low: float, high: float) -> bool:
     """Whether ``(low, high)`` is a range of crop area fractions: 0 < low <= high <= 1."""
     return 0 < low <= high <= 1
-
-
-class VideoDataError(UserError):
-    """The data cannot feed training (empty, too many bad files); the message says what to do
-    (a user's problem: one line and exit status 2 from the command-line tools).
-
-    The message is ``reason``, what went wrong, then ``advice`` when there is some
-    (``"{reason}. {advice}"``); a run that stops on the error quotes the reason alone.
-    """
-
-    def __init__(self, reason: str, advice: str = ""):
-        super().__init__(f"{reason}. {advice}" if advice else reason)
-        self.reason, self.advice = reason, advice
-
-    def as_raised(self) -> VideoDataError:
-        """This error with the reason and advice it was raised with. The DataLoader re-raises
-        a worker's error as a new one built from the worker's traceback text, whose last line
-        is ``module.Class: message``: the reason and advice are read back from that line."""
-        *traceback, last = str(self).strip().splitlines()
-        if not traceback:  # raised in this process
-            return self
-        message = last.removeprefix(f"{type(self).__module__}.{type(self).__qualname__}: ")
-        reason, _, advice = message.partition(". ")
-        return type(self)(reason, advice)
 
 
 def frames_to_unit(

@@ -19,6 +19,19 @@ class UserError(ValueError):
     a message that says what to change."""
 
 
+class VideoDataError(UserError):
+    """The data cannot feed training (empty, too many bad files); the message says what to do
+    (a user's problem: one line and exit status 2 from the command-line tools).
+
+    The message is ``reason``, what went wrong, then ``advice`` when there is some
+    (``"{reason}. {advice}"``); a run that stops on the error quotes the reason alone.
+    """
+
+    def __init__(self, reason: str, advice: str = ""):
+        super().__init__(f"{reason}. {advice}" if advice else reason)
+        self.reason, self.advice = reason, advice
+
+
 USER_ERRORS = (UserError, WeightsError)
 
 

@@ -829,11 +829,11 @@ def test_a_stop_signal_before_a_workers_init_leaves_it_running():
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_a_data_error_keeps_its_reason_from_a_worker(tmp_path, num_workers):
     """Every clip gone: the sample's VideoDataError reaches the training loop with the reason
-    it was raised with, from this process or rebuilt from a worker's traceback."""
+    it was raised with, in this process or handed over by a worker."""
     ds = VideoClipDataset(tmp_path, annotate(tmp_path / "ann.json", [{"path": "gone.mp4", "frames": 24}]), n_frames=4)
     with pytest.raises(VideoDataError) as raised:
         ds[0]
-    loader = torch.utils.data.DataLoader(ds, batch_size=1, num_workers=num_workers)
+    loader = build_dataloader(ds, batch_size=1, num_workers=num_workers, shuffle=False)
     [error] = list(batches_until_data_error(loader))
     assert (type(error), error.reason, str(error)) == (VideoDataError, raised.value.reason, str(raised.value))
     assert error.reason == "sample 0: 11 clips in a row were unusable, see the warnings above"

@@ -200,8 +200,8 @@ def batches_until_data_error(loader: Iterable[dict]) -> Iterator[dict | VideoDat
                 batch = next(batches)
         except StopIteration:
             return
-        except VideoDataError as err:  # raised in a worker process, re-raised here by the DataLoader
-            yield err.as_raised()
+        except VideoDataError as err:  # a worker's too, with its reason (common.clip_loader.WorkerDataError)
+            yield err
             return
         yield batch
 
