@@ -90,8 +90,13 @@ def test_the_cycle_finder_sees_function_level_imports(tmp_path):
     assert find_cycle(graph) == ["a", "b", "a"]
 
 
-def test_no_import_cycles():
-    graph = import_graph()
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    """The package's import graph, parsed once for the checks that only read it."""
+    return import_graph()
+
+
+def test_no_import_cycles(graph):
     assert {"inference", "training.taehv_train", "training.loop.step", "models.taehv"} <= set(graph)
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
@@ -126,12 +131,12 @@ def layer_of(module: str) -> int:
     return found[0]
 
 
-def test_imports_point_down_the_layers():
+def test_imports_point_down_the_layers(graph):
     """No arrow from models/ into training/ or evaluation/, none from the data room into the
     loop, none from the rooms into the command-line tools."""
     upward = [
         f"{name} -> {target}"
-        for name, imports in import_graph().items()
+        for name, imports in graph.items()
         if name != "training"
         for target in imports
         if target not in PACKAGES and layer_of(target) > layer_of(name)
@@ -161,23 +166,23 @@ def crossings(graph: dict[str, set[str]], importers: tuple[str, ...], targets: t
 # Whatever the layers allow, these packages stay apart: training and evaluation are siblings
 # on common/ (evaluation judges any weights, trained here or not); common/ serves both and
 # depends on neither; models/ (the drop-in TAEHV) stands on its own.
-def test_evaluation_and_inference_never_import_training():
-    found = crossings(import_graph(), ("evaluation", "inference"), ("training",))
+def test_evaluation_and_inference_never_import_training(graph):
+    found = crossings(graph, ("evaluation", "inference"), ("training",))
     assert found == [], "evaluation importing training: " + ", ".join(found)
 
 
-def test_training_never_imports_evaluation():
-    found = crossings(import_graph(), ("training",), ("evaluation", "inference"))
+def test_training_never_imports_evaluation(graph):
+    found = crossings(graph, ("training",), ("evaluation", "inference"))
     assert found == [], "training importing evaluation: " + ", ".join(found)
 
 
-def test_common_imports_neither_training_nor_evaluation():
-    found = crossings(import_graph(), ("common",), ("training", "evaluation", "inference"))
+def test_common_imports_neither_training_nor_evaluation(graph):
+    found = crossings(graph, ("common",), ("training", "evaluation", "inference"))
     assert found == [], "common importing what stands on it: " + ", ".join(found)
 
 
-def test_models_import_nothing_of_the_rest():
-    found = crossings(import_graph(), ("models",), ("common", "training", "evaluation", "inference"))
+def test_models_import_nothing_of_the_rest(graph):
+    found = crossings(graph, ("models",), ("common", "training", "evaluation", "inference"))
     assert found == [], "models importing the rest of the package: " + ", ".join(found)
 
 
@@ -191,8 +196,8 @@ def test_the_crossing_check_sees_a_crossing():
     assert crossings(graph, ("training",), ("evaluation",)) == []  # training_notes is not in training
 
 
-def test_nothing_imports_the_train_script():
-    importers = [name for name, imports in import_graph().items() if "training.taehv_train" in imports]
+def test_nothing_imports_the_train_script(graph):
+    importers = [name for name, imports in graph.items() if "training.taehv_train" in imports]
     assert importers == []
 
 
