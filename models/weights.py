@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import pickle
 import re
@@ -214,12 +215,23 @@ def fitting_variants(model_class: type[nn.Module], signature: dict[str, tuple[in
     return fits
 
 
+def non_finite_tensors(state_dict: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors that hold NaN or Inf. A tensor's sum is a cheap
+    screen (NaN and Inf carry into it, and it allocates nothing); only a tensor whose sum is
+    not finite, which large finite values can also give, is checked element by element."""
+    return [
+        key
+        for key, value in state_dict.items()
+        if value.is_floating_point() and not math.isfinite(value.sum()) and not bool(torch.isfinite(value).all())
+    ]
+
+
 def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
     """Load a weight file into a TAEHV ``model`` strictly, or raise one error that says what
     differs. ``model.adapt_state_dict`` fits full weights into a preview decoder first.
     Weights holding NaN or Inf (a damaged file) are refused."""
     state_dict = read_state_dict(path)
-    broken = [k for k, v in state_dict.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    broken = non_finite_tensors(state_dict)
     if broken:
         raise WeightsError(
             f"{path}: {len(broken)} tensor(s) hold NaN or Inf (e.g. {broken[0]}): the file is damaged; "

@@ -65,18 +65,28 @@ def weight_files(fixture_sets, tmp_path_factory):
     return files
 
 
-def _build(variant_name, variant, path):
-    if variant["checkpoint_file_name"] is None:  # constructor-only variant (preview decoder)
-        return TAEHV(checkpoint_path=path, **variant["reference_kwargs"])
-    return TAEHV(checkpoint_path=path)
+@pytest.fixture(scope="module")
+def loaded_models(fixture_sets, weight_files):
+    """Variant name -> our TAEHV built by the normal constructor from its recipe weights file,
+    once for all of its cases (they only run it)."""
+    variants = {name: v for _, manifest, _ in fixture_sets.values() for name, v in manifest["variants"].items()}
+    built = {}
+
+    def model(name: str) -> TAEHV:
+        if name not in built:
+            kwargs = variants[name]["reference_kwargs"] if variants[name]["checkpoint_file_name"] is None else {}
+            built[name] = TAEHV(checkpoint_path=weight_files[name], **kwargs).eval()  # kwargs: a preview decoder
+        return built[name]
+
+    return model
 
 
 @torch.no_grad()
-def test_case_matches_reference(fixture_set, case_name, fixture_sets, weight_files):
+def test_case_matches_reference(fixture_set, case_name, fixture_sets, loaded_models):
     recipe, manifest, expected = fixture_sets[fixture_set]
     case = next(c for c in manifest["cases"] if c["name"] == case_name)
     variant = manifest["variants"][case["variant"]]
-    model = _build(case["variant"], variant, weight_files[case["variant"]]).eval()
+    model = loaded_models(case["variant"])
     assert (model.patch_size, model.latent_channels, model.is_cogvideox) == (
         variant["patch_size"],
         variant["latent_channels"],
@@ -125,7 +135,9 @@ def test_case_matches_reference(fixture_set, case_name, fixture_sets, weight_fil
 
 
 @pytest.mark.parametrize("fixture_set", FIXTURE_SETS, ids=["original", "new_variants"])
-def test_exports_have_the_published_keys_and_load_back_without_naming_the_variant(fixture_set, fixture_sets, tmp_path):
+def test_exports_have_the_published_keys_and_load_back_without_naming_the_variant(
+    fixture_set, fixture_sets, loaded_models, tmp_path
+):
     """What we save (.pth in the published key format, .safetensors with metadata) has
     exactly the published implementation's keys and shapes for every variant, so it loads
     there; and it loads back here by its published file name or by its metadata."""
@@ -133,7 +145,7 @@ def test_exports_have_the_published_keys_and_load_back_without_naming_the_varian
     for name, variant in manifest["variants"].items():
         if variant["checkpoint_file_name"] is None:
             continue
-        model = TAEHV(variant=name)
+        model = loaded_models(name)
         pth = save_weights(model, tmp_path / variant["checkpoint_file_name"])
         saved = torch.load(pth, weights_only=True)
         assert [[k, list(v.shape)] for k, v in saved.items()] == [list(item) for item in variant["state_dict"]], name
