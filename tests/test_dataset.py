@@ -127,6 +127,13 @@ def demo_dir(tmp_path_factory) -> Path:
     return root
 
 
+def annotate_one_clip_many_times(path: Path, entry: dict, count: int) -> Path:
+    """The file ``annotate(path, [entry] * count)`` writes, built from one encoded line."""
+    line = json.dumps(entry, ensure_ascii=False)
+    path.write_text(f'{{"total": {count}, "list": [\n' + ",\n".join([line] * count) + "\n]}\n", encoding="utf-8")
+    return path
+
+
 def index_dataset(root: Path, tmp_path: Path, entries: list[dict], **kwargs) -> VideoClipDataset:
     ann = annotate(tmp_path / "ann.json", entries)
     defaults = dict(n_frames=4, height=16, width=24, stride_range=(1, 3), crop_scale=(0.5, 1.0))
@@ -805,7 +812,11 @@ def test_dataloader_without_workers_has_no_worker_options(index_dir, tmp_path):
 def test_a_million_entries_are_held_in_flat_arrays_and_the_start_up_probes_64(index_dir, tmp_path):
     """An annotation of 1e6 entries (all one clip): the table stays a few bytes per entry,
     shared by forked workers, and the start-up probe reads 64 clips, not all of them."""
-    ds = index_dataset(index_dir, tmp_path, [{"path": "long.mp4", "frames": 30}] * 1_000_000, n_frames=8)
+    entry = {"path": "long.mp4", "frames": 30}
+    small = annotate_one_clip_many_times(tmp_path / "small.json", entry, 3)
+    assert small.read_text() == annotate(tmp_path / "written.json", [entry] * 3).read_text()  # the users' format
+    ann = annotate_one_clip_many_times(tmp_path / "ann.json", entry, 1_000_000)
+    ds = VideoClipDataset(index_dir, ann, n_frames=8, height=16, width=24, stride_range=(1, 3), crop_scale=(0.5, 1.0))
     assert len(ds) == 1_000_000 and not ds.refused_entries
     table = ds.clips
     assert table.path_bytes.nbytes + table.offsets.nbytes + table.frames.nbytes <= 21 * 1_000_000  # path + 12 bytes
