@@ -844,7 +844,11 @@ def test_a_data_error_keeps_its_reason_from_a_worker(tmp_path, num_workers):
     ds = VideoClipDataset(tmp_path, annotate(tmp_path / "ann.json", [{"path": "gone.mp4", "frames": 24}]), n_frames=4)
     with pytest.raises(VideoDataError) as raised:
         ds[0]
+    expected = (VideoDataError, raised.value.reason, str(raised.value))
+    # ``raised`` holds this frame through its traceback: a cycle that would keep the loader's
+    # worker running until a garbage collection, whose shutdown then waits 5 s for it
+    del raised
     loader = build_dataloader(ds, batch_size=1, num_workers=num_workers, shuffle=False)
     [error] = list(batches_until_data_error(loader))
-    assert (type(error), error.reason, str(error)) == (VideoDataError, raised.value.reason, str(raised.value))
+    assert (type(error), error.reason, str(error)) == expected
     assert error.reason == "sample 0: 11 clips in a row were unusable, see the warnings above"
