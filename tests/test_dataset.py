@@ -813,6 +813,9 @@ def run_in_a_fork(script: str, *argv: str) -> str:
         return reading.recv()
     finally:
         process.join(10)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def test_accelerate_rank_sharding_and_set_epoch(demo_dir):
