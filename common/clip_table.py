@@ -67,16 +67,23 @@ class ClipTable:
             keys = ("full_path", "path")
             root = str(annotation_file.resolve().parent)
         paths, frames, refused = [], [], []
+        first, second = keys
         for i, entry in enumerate(entries):
-            key = next((k for k in keys if k in entry), None)
-            if key is None:
+            if first in entry:
+                key = first
+            elif second in entry:
+                key = second
+            else:
                 raise ValueError(f"{annotation_file}: entry {i} has neither 'path' nor 'full_path'")
             path, count = str(entry[key]), entry.get("frames")
-            if isinstance(count, float) and count.is_integer():
-                count = int(count)
-            if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
-                refused.append((path, f"entry {i}: frames={count!r} is not a positive whole number"))
-            elif not os.path.isabs(path) and os.path.normpath(path).split(os.sep)[0] == os.pardir:
+            if type(count) is not int or count < 1:  # a bool, float, None or anything else: look closer
+                if isinstance(count, float) and count.is_integer():
+                    count = int(count)
+                if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+                    refused.append((path, f"entry {i}: frames={count!r} is not a positive whole number"))
+                    continue
+            # only a path holding ".." can leave the root (normpath is the slow part of this loop)
+            if ".." in path and not os.path.isabs(path) and os.path.normpath(path).split(os.sep)[0] == os.pardir:
                 refused.append((path, f"entry {i}: {path} leaves {root}"))
             else:
                 paths.append(path)

@@ -29,6 +29,7 @@ from common.clip_loader import EpochDataset, shared_epoch
 from common.clip_loader import build_dataloader as build_dataloader  # re-exported: docs/data.md imports it from here
 from common.clip_table import ClipTable
 from common.errors import VideoDataError as VideoDataError  # re-exported: lives in errors.py for clip_loader
+from common.errors import counts_in_words
 from common.video.crop import ClipWriter, crop_box
 from common.video.files import IMAGE_EXTENSIONS, BadClipError, clip_extensions
 from common.video.in_memory import DecodedVideo, ImageReader
@@ -88,11 +89,6 @@ class ProbeReport:
         if not self.failed:
             return f"{self.probed} probed, all usable"
         return f"{self.probed} probed, {self.failed} unusable ({counts_in_words(self.reasons)})"
-
-
-def counts_in_words(counts: dict[str, int]) -> str:
-    """``{"too short": 2, "unreadable": 1}`` as "2 too short, 1 unreadable", most first."""
-    return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda item: -item[1]))
 
 
 class VideoClipDataset(EpochDataset):

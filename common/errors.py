@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from models.weights import WeightsError
+from models.weight_errors import WeightsError
 
 EXIT_USER_ERROR = 2
 logger = logging.getLogger(__name__)
@@ -40,6 +40,11 @@ def readable_size(size: float) -> str:
     if size >= 10 * 2**20:
         return f"{size / 2**30:.2f} GiB"
     return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
+
+
+def counts_in_words(counts: dict[str, int]) -> str:
+    """``{"too short": 2, "unreadable": 1}`` as "2 too short, 1 unreadable", most first."""
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda item: -item[1]))
 
 
 def debug_requested(argv: list[str] | None = None) -> bool:

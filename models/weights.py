@@ -23,23 +23,11 @@ from safetensors.torch import load_file, save
 
 from .atomic import TMP_PREFIX, atomic_write
 from .variants import known_variants
+from .weight_errors import CheckpointMismatchError, WeightsError, WeightsNotFoundError  # raised and imported from here
 
 logger = logging.getLogger(__name__)
 FORMAT_NAME = "taehv"
 WEIGHT_SUFFIXES = (".pth", ".pt", ".safetensors")
-
-
-class WeightsError(ValueError):
-    """A weight file that cannot be used (missing, unreadable, refused, or not fitting the
-    model); the message says what to do. CLIs turn it into one line and exit status 2."""
-
-
-class WeightsNotFoundError(WeightsError, FileNotFoundError):
-    """The weight file does not exist."""
-
-
-class CheckpointMismatchError(WeightsError):
-    """The weights do not fit the model that was built for them."""
 
 
 def _refuse_unfinished(path: Path) -> None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import struct
-import subprocess
 import sys
 import threading
+import traceback
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,6 +127,13 @@ def demo_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("demo")
     make_demo_dataset(root, num_clips=4, n_frames=16, height=48, width=64, seed=1)
     return root
+
+
+def annotate_one_clip_many_times(path: Path, entry: dict, count: int) -> Path:
+    """The file ``annotate(path, [entry] * count)`` writes, built from one encoded line."""
+    line = json.dumps(entry, ensure_ascii=False)
+    path.write_text(f'{{"total": {count}, "list": [\n' + ",\n".join([line] * count) + "\n]}\n", encoding="utf-8")
+    return path
 
 
 def index_dataset(root: Path, tmp_path: Path, entries: list[dict], **kwargs) -> VideoClipDataset:
@@ -781,16 +790,40 @@ print("ok")
 """
 
 
+def run_in_a_fork(script: str, *argv: str) -> str:
+    """What ``python -c script *argv`` prints, run in a fork of this process (its imports
+    already done): its stdout, or its traceback when it fails."""
+    reading, writing = multiprocessing.get_context("fork").Pipe(duplex=False)
+
+    def child() -> None:
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
+                sys.argv = ["-c", *argv]
+                exec(compile(script, "<script>", "exec"), {"__name__": "__main__"})
+            writing.send(printed.getvalue())
+        except BaseException:
+            writing.send(printed.getvalue() + traceback.format_exc())
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    writing.close()
+    try:
+        assert reading.poll(120), "the script did not finish in 120 s"
+        return reading.recv()
+    finally:
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
 def test_accelerate_rank_sharding_and_set_epoch(demo_dir):
-    # In a subprocess: Accelerate's state is a process-wide singleton.
-    result = subprocess.run(
-        [sys.executable, "-c", ACCELERATE_SHARDS, str(demo_dir)],
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+    # In another process: Accelerate's state is a process-wide singleton (the fork starts it
+    # afresh, as a new process would, whatever this one's tests made of it)
+    fresh = "from accelerate.state import AcceleratorState\nAcceleratorState._reset_state(reset_partial_state=True)\n"
+    output = run_in_a_fork(fresh + ACCELERATE_SHARDS, str(demo_dir))
+    assert output.strip() == "ok", output
 
 
 def test_dataloader_without_workers_has_no_worker_options(index_dir, tmp_path):
@@ -805,7 +838,11 @@ def test_dataloader_without_workers_has_no_worker_options(index_dir, tmp_path):
 def test_a_million_entries_are_held_in_flat_arrays_and_the_start_up_probes_64(index_dir, tmp_path):
     """An annotation of 1e6 entries (all one clip): the table stays a few bytes per entry,
     shared by forked workers, and the start-up probe reads 64 clips, not all of them."""
-    ds = index_dataset(index_dir, tmp_path, [{"path": "long.mp4", "frames": 30}] * 1_000_000, n_frames=8)
+    entry = {"path": "long.mp4", "frames": 30}
+    small = annotate_one_clip_many_times(tmp_path / "small.json", entry, 3)
+    assert small.read_text() == annotate(tmp_path / "written.json", [entry] * 3).read_text()  # the users' format
+    ann = annotate_one_clip_many_times(tmp_path / "ann.json", entry, 1_000_000)
+    ds = VideoClipDataset(index_dir, ann, n_frames=8, height=16, width=24, stride_range=(1, 3), crop_scale=(0.5, 1.0))
     assert len(ds) == 1_000_000 and not ds.refused_entries
     table = ds.clips
     assert table.path_bytes.nbytes + table.offsets.nbytes + table.frames.nbytes <= 21 * 1_000_000  # path + 12 bytes
@@ -833,7 +870,11 @@ def test_a_data_error_keeps_its_reason_from_a_worker(tmp_path, num_workers):
     ds = VideoClipDataset(tmp_path, annotate(tmp_path / "ann.json", [{"path": "gone.mp4", "frames": 24}]), n_frames=4)
     with pytest.raises(VideoDataError) as raised:
         ds[0]
+    expected = (VideoDataError, raised.value.reason, str(raised.value))
+    # ``raised`` holds this frame through its traceback: a cycle that would keep the loader's
+    # worker running until a garbage collection, whose shutdown then waits 5 s for it
+    del raised
     loader = build_dataloader(ds, batch_size=1, num_workers=num_workers, shuffle=False)
     [error] = list(batches_until_data_error(loader))
-    assert (type(error), error.reason, str(error)) == (VideoDataError, raised.value.reason, str(raised.value))
+    assert (type(error), error.reason, str(error)) == expected
     assert error.reason == "sample 0: 11 clips in a row were unusable, see the warnings above"

@@ -12,7 +12,7 @@ import pytest
 
 from common.clips import VideoClipDataset
 from common.video.probe import probe_video
-from training.demo_data import make_demo_dataset, render_clip
+from training.demo_data import render_clip
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,16 +27,17 @@ def test_render_is_deterministic_textured_and_moving():
     assert motion.min() > 1  # every frame moves
 
 
-def test_demo_dataset_feeds_the_dataset(tmp_path):
-    paths = make_demo_dataset(tmp_path, num_clips=5, n_frames=10, height=48, width=64, seed=0, val_fraction=0.2)
+def test_demo_dataset_feeds_the_dataset(demo_clips):
+    """The session's demo data set: make_demo_dataset with 6 clips of 12 frames (48x64)."""
+    root, paths = demo_clips["root"], demo_clips
     train = json.loads(paths["train"].read_text())
     val = json.loads(paths["val"].read_text())
-    assert (train["total"], val["total"]) == (4, 1)
+    assert (train["total"], val["total"]) == (5, 1)
     entry = train["list"][0]
-    assert set(entry) >= {"path", "frames", "duration"} and entry["frames"] == 10
-    assert probe_video(tmp_path / entry["path"]).frames == 10
+    assert set(entry) >= {"path", "frames", "duration"} and entry["frames"] == 12
+    assert probe_video(root / entry["path"]).frames == 12
 
-    ds = VideoClipDataset(tmp_path, paths["train"], n_frames=6, height=32, width=48)
+    ds = VideoClipDataset(root, paths["train"], n_frames=6, height=32, width=48)
     sample = ds[3]
     assert sample["frames"].shape == (6, 3, 32, 48) and sample["failures"] == 0
     ds.probe()  # no unusable clips

@@ -21,7 +21,7 @@ from test_launch_script import TINY_SCRATCH, launch
 
 from common.clip_table import ClipTable
 from common.clips import VideoClipDataset
-from common.errors import UserError
+from common.errors import UserError, exit_on_user_error
 from common.video.files import BadClipError
 from training import make_annotations
 from training.data import probe_pool
@@ -40,6 +40,17 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=120,
     )
+
+
+def refused_as_on_the_command_line(capsys, *args: str) -> tuple[int, str, list[str]]:
+    """Run the tool in this process as ``python -m training.make_annotations`` runs it, where
+    it is expected to refuse: its exit status, stdout and stderr lines (the command line's
+    own process is checked by test_cli_refuses_to_overwrite_in_one_line)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        exit_on_user_error(make_annotations._exit_with_status, list(args))
+    stdout, stderr = capsys.readouterr()
+    return exit_info.value.code, stdout, stderr.splitlines()
 
 
 @pytest.mark.slow  # a process of the tool
@@ -323,15 +334,17 @@ def test_a_rerun_keeps_each_clips_side_and_refuses_another_split(demo_clips, tmp
     assert len(ClipTable.from_annotation(val, src)) == 4  # readers take the list
 
     before = outputs(out)
-    result = run_cli(str(src), "-o", str(out), "--val_fraction", "0.5", "--seed", "1")
-    assert result.returncode == 2
-    assert result.stderr.splitlines() == [
+    status, stdout, stderr = refused_as_on_the_command_line(
+        capsys, str(src), "-o", str(out), "--val_fraction", "0.5", "--seed", "1"
+    )
+    assert status == 2
+    assert stderr == [
         f"error: a_val.json holds 4 clips held out by a split with --val_fraction 0.2 --seed 0 --group_regex "
         f"{shlex.quote(DEFAULT_GROUP_REGEX)}: splitting with --val_fraction 0.5 --seed 1 instead would move "
         "held-out clips into the training set of runs that use these files; pass --resplit to split anew, "
         "or another -o"
     ]
-    assert outputs(out) == before and "probed" not in result.stdout
+    assert outputs(out) == before and "probed" not in stdout
     assert "split anew (--resplit)" in annotate(capsys, src, out, "--val_fraction", "0.5", "--seed", "1", "--resplit")
     assert json.loads(val.read_text())["split"]["seed"] == 1
 
@@ -449,12 +462,15 @@ def test_stopped_run_continues_where_it_stopped(many_clips, tmp_path, capsys):
         "m.main(sys.argv[1:])"
     )
     command = [sys.executable, "-c", slow_tool, str(src), "-o", str(out)]
-    tool = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # in a process group of its own: the kill reaches its probe processes too, as a job scheduler's does
+    tool = subprocess.Popen(
+        command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     records_file = probes_path(out)
     deadline = time.monotonic() + 60
     while not (records_file.exists() and records_file.read_bytes().count(b"\n") > 30) and time.monotonic() < deadline:
         time.sleep(0.01)
-    tool.kill()
+    os.killpg(tool.pid, signal.SIGKILL)
     tool.wait()
     recorded = len(read_probes(records_file).records)
     assert 30 <= recorded < 300 and not read_probes(records_file).complete
@@ -501,9 +517,9 @@ def test_merge_and_shard_mistakes_are_refused_in_one_line(demo_clips, tmp_path, 
         main([str(src), "-o", str(out), "--merge"])
     annotate(capsys, src, out, "--shard", "2/2")
     annotate(capsys, src, out, "--shard", "1/3")
-    result = run_cli(str(src), "-o", str(out), "--merge")
-    assert result.returncode == 2
-    assert result.stderr.splitlines() == [
+    status, _, stderr = refused_as_on_the_command_line(capsys, str(src), "-o", str(out), "--merge")
+    assert status == 2
+    assert stderr == [
         f"error: {tmp_path} holds probe parts of 2 and of 3 shards for a.json: "
         "delete the parts of the sharding no longer in use"
     ]

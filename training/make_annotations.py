@@ -81,8 +81,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from common.clips import counts_in_words
-from common.errors import UserError, exit_on_user_error
+from common.errors import UserError, counts_in_words, exit_on_user_error
 from common.flags import ArgumentParser
 from common.video.files import IMAGE_EXTENSIONS, find_videos
 from training.data.annotation_split import (
