@@ -157,10 +157,10 @@ def test_every_consumer_sees_the_latents_of_the_taes_space(
     torch.testing.assert_close(vae.decode(expected), raw_vae.decode(raw), atol=1e-4, rtol=0)
 
     weights = save_weights(tae, tmp_path / f"{variant}.safetensors")
-    args = argparse.Namespace(config=None, ref_vae_path=str(root), ref_vae_class=ref_vae_class, dtype="fp32")
-    assert inference.reference_vae(args, None, TAEHV(weights), "cpu").transform == vae.transform
-
     wrapper = TAEVideoVAE.from_file(weights, like=raw_vae.vae)
+    args = argparse.Namespace(config=None, ref_vae_path=str(root), ref_vae_class=ref_vae_class, dtype="fp32")
+    assert inference.reference_vae(args, None, wrapper.tae, "cpu").transform == vae.transform  # the file's TAE
+
     latents = raw.permute(0, 2, 1, 3, 4)  # NCTHW, what the pipeline passes vae.decode
     if wrapper.images:  # SVD: frame latents and num_frames
         decoded = wrapper.decode(raw.flatten(0, 1), num_frames=raw.shape[1]).sample.unflatten(0, (1, -1))
