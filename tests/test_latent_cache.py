@@ -28,7 +28,7 @@ from common.clips import VideoClipDataset, VideoDataError, frames_to_unit
 from common.config import TrainConfig, load_config
 from common.errors import UserError
 from common.reference_vae import ReferenceVAE
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, save_tiny_vae
 from train_runs import TEST_CONFIG, one_line_error
 from training.build_latent_cache import entry_point, main
 from training.data.latent_cache import CachedLatentDataset, LatentCache, latent_sample_generator
@@ -46,6 +46,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_cogvideox_vae(tmp_path_factory) -> Path:
+    """The smallest CogVideoX VAE (``conftest.TINY_VAES``: its 16 latent channels and its
+    compression) saved by diffusers: every latent here is computed with it."""
+    return save_tiny_vae(tmp_path_factory.mktemp("cogvideox"), "cogvideox")
 
 
 @pytest.fixture(scope="module")
