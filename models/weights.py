@@ -214,12 +214,19 @@ def fitting_variants(model_class: type[nn.Module], signature: dict[str, tuple[in
     return fits
 
 
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every value of a floating-point ``tensor`` is finite. NaN and Inf carry into
+    a sum, so a finite sum settles it in one fast pass; a sum that is not finite (such a
+    value, or a sum beyond the dtype's range) is settled value by value."""
+    return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
+
+
 def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
     """Load a weight file into a TAEHV ``model`` strictly, or raise one error that says what
     differs. ``model.adapt_state_dict`` fits full weights into a preview decoder first.
     Weights holding NaN or Inf (a damaged file) are refused."""
     state_dict = read_state_dict(path)
-    broken = [k for k, v in state_dict.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    broken = [k for k, v in state_dict.items() if v.is_floating_point() and not all_finite(v)]
     if broken:
         raise WeightsError(
             f"{path}: {len(broken)} tensor(s) hold NaN or Inf (e.g. {broken[0]}): the file is damaged; "
