@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import pickle
 import re
@@ -203,15 +202,11 @@ def fitting_variants(model_class: type[nn.Module], signature: dict[str, tuple[in
     return fits
 
 
-def non_finite_tensors(state_dict: dict[str, torch.Tensor]) -> list[str]:
-    """Names of the floating-point tensors that hold NaN or Inf. A tensor's sum is a cheap
-    screen (NaN and Inf carry into it, and it allocates nothing); only a tensor whose sum is
-    not finite, which large finite values can also give, is checked element by element."""
-    return [
-        key
-        for key, value in state_dict.items()
-        if value.is_floating_point() and not math.isfinite(value.sum()) and not bool(torch.isfinite(value).all())
-    ]
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every value of a floating-point ``tensor`` is finite. NaN and Inf carry into
+    a sum, so a finite sum settles it in one fast pass; a sum that is not finite (such a
+    value, or a sum beyond the dtype's range) is settled value by value."""
+    return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
 
 
 def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
@@ -219,7 +214,7 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
     differs. ``model.adapt_state_dict`` fits full weights into a preview decoder first.
     Weights holding NaN or Inf (a damaged file) are refused."""
     state_dict = read_state_dict(path)
-    broken = non_finite_tensors(state_dict)
+    broken = [k for k, v in state_dict.items() if v.is_floating_point() and not all_finite(v)]
     if broken:
         raise WeightsError(
             f"{path}: {len(broken)} tensor(s) hold NaN or Inf (e.g. {broken[0]}): the file is damaged; "

@@ -8,6 +8,8 @@ madebyollin/taehv examples/TAEW2.1_T2I_Demo.ipynb)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from diffusers import (
@@ -54,10 +56,22 @@ from models.weights import save_weights
 ROUNDING = 2e-3
 
 
-def wrapped(variant: str, tmp_path, like: torch.nn.Module | None = None) -> TAEVideoVAE:
+@pytest.fixture(scope="module")
+def recipe_files(tmp_path_factory):
     """Published-format weights (the compat recipe's, under the published file name, no
-    metadata) behind the wrapper."""
-    return TAEVideoVAE.from_file(published_format_weights(variant, tmp_path / f"{variant}.pth"), like=like)
+    metadata) by variant, each written once and only read."""
+    root = tmp_path_factory.mktemp("published_format")
+
+    def file(variant: str) -> Path:
+        path = root / f"{variant}.pth"
+        return path if path.is_file() else published_format_weights(variant, path)
+
+    return file
+
+
+def wrapped(variant: str, recipe_files, like: torch.nn.Module | None = None) -> TAEVideoVAE:
+    """Published-format weights behind the wrapper."""
+    return TAEVideoVAE.from_file(recipe_files(variant), like=like)
 
 
 def one_step(pipe, **inputs):
@@ -75,8 +89,8 @@ def one_step(pipe, **inputs):
 
 
 @torch.no_grad()
-def test_cogvideox_pipeline_decodes_through_the_tae(tmp_path):
-    vae = wrapped("taecvx", tmp_path)
+def test_cogvideox_pipeline_decodes_through_the_tae(recipe_files):
+    vae = wrapped("taecvx", recipe_files)
     pipe = CogVideoXPipeline(
         tokenizer=None, text_encoder=None, vae=vae, transformer=None, scheduler=CogVideoXDDIMScheduler()
     )
@@ -93,11 +107,11 @@ def test_cogvideox_pipeline_decodes_through_the_tae(tmp_path):
 
 
 @torch.no_grad()
-def test_wan_pipeline_runs_end_to_end_with_the_tae(tmp_path):
+def test_wan_pipeline_runs_end_to_end_with_the_tae(recipe_files):
     """A whole (one-step) WanPipeline call: the pipeline un-normalises the latents it denoised
     with Wan's latents_mean/std, the wrapper normalises them back, and the video it returns is
     TAEW2.1's decoding of the transformer's latents, as the author's wrapper gives it."""
-    vae = wrapped("taew2_1", tmp_path)
+    vae = wrapped("taew2_1", recipe_files)
     pipe = wan_pipeline(vae)
     run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), height=32, width=32, num_frames=9)
     latents = run("latent")
@@ -111,11 +125,11 @@ def test_wan_pipeline_runs_end_to_end_with_the_tae(tmp_path):
 
 
 @torch.no_grad()
-def test_wan_pipeline_hands_lighttae_the_raw_latents_as_lightx2v_does(tmp_path):
+def test_wan_pipeline_hands_lighttae_the_raw_latents_as_lightx2v_does(recipe_files):
     """LightX2V's lighttaew2_1 works on raw Wan latents: its runner computes latents *
     latents_std + latents_mean before decoding (need_scaled), which is what the pipeline
     hands ``vae.decode``; the wrapper passes them through."""
-    vae = wrapped("lighttaew2_1", tmp_path)
+    vae = wrapped("lighttaew2_1", recipe_files)
     assert vae.transform.space == "raw"
     run = one_step(wan_pipeline(vae), prompt_embeds=torch.randn(1, 4, 16), height=32, width=32, num_frames=9)
     latents = run("latent")
@@ -149,11 +163,11 @@ def wan_pipeline(vae: TAEVideoVAE) -> WanPipeline:
 
 
 @torch.no_grad()
-def test_hunyuan_video_pipeline_runs_end_to_end_with_the_tae(tmp_path):
+def test_hunyuan_video_pipeline_runs_end_to_end_with_the_tae(recipe_files):
     """A whole (one-step) HunyuanVideoPipeline call: the pipeline divides the denoised latents
     by HunyuanVideo's scaling factor, the wrapper multiplies them back, and TAEHV decodes the
     transformer's scaled latents, as ComfyUI's HunyuanVideo latent format hands them to it."""
-    vae = wrapped("taehv", tmp_path)
+    vae = wrapped("taehv", recipe_files)
     transformer = HunyuanVideoTransformer3DModel(
         num_attention_heads=2,
         attention_head_dim=8,
@@ -190,7 +204,7 @@ def test_hunyuan_video_pipeline_runs_end_to_end_with_the_tae(tmp_path):
 
 
 @torch.no_grad()
-def test_ltx_pipeline_runs_end_to_end_with_the_tae_and_the_vaes_statistics(tmp_path):
+def test_ltx_pipeline_runs_end_to_end_with_the_tae_and_the_vaes_statistics(tmp_path, recipe_files):
     """A whole (one-step) LTXPipeline call with ``like=`` a real (tiny) LTX VAE whose
     latents_mean/std buffers are not trivial: the pipeline un-normalises with them (read
     from the wrapper), the wrapper normalises them back, and the TAE decodes
@@ -198,7 +212,7 @@ def test_ltx_pipeline_runs_end_to_end_with_the_tae_and_the_vaes_statistics(tmp_p
     real = AutoencoderKLLTXVideo.from_pretrained(save_tiny_vae(tmp_path, "ltx") / "vae")
     real.latents_mean.copy_(torch.randn(128) * 0.1)
     real.latents_std.copy_(torch.rand(128) + 0.5)
-    vae = wrapped("taeltx_2", tmp_path, like=real)
+    vae = wrapped("taeltx_2", recipe_files, like=real)
     transformer = LTXVideoTransformer3DModel(
         in_channels=128,
         out_channels=128,
@@ -230,11 +244,11 @@ def test_ltx_pipeline_runs_end_to_end_with_the_tae_and_the_vaes_statistics(tmp_p
 
 
 @torch.no_grad()
-def test_mochi_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
+def test_mochi_pipeline_runs_end_to_end_with_the_built_tae(recipe_files):
     """A whole MochiPipeline call with tae_mochi: the pipeline un-normalises with Mochi's
     per-channel latents_mean/std (the class defaults), and the TAE decodes the transformer's
     latents, 6k+1 frames. Two steps: Mochi's linear-quadratic schedule divides by zero for one."""
-    vae = wrapped("tae_mochi", tmp_path)
+    vae = wrapped("tae_mochi", recipe_files)
     transformer = MochiTransformer3DModel(
         patch_size=2,
         num_attention_heads=2,
@@ -266,11 +280,11 @@ def test_mochi_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
 
 
 @torch.no_grad()
-def test_easyanimate_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
+def test_easyanimate_pipeline_runs_end_to_end_with_the_built_tae(recipe_files):
     """A whole EasyAnimatePipeline call with tae_easyanimate: the TAE decodes the transformer's
     latents, which the pipeline divides by EasyAnimate's scaling factor before ``vae.decode``
     (head dim 16: its rotary embedding splits the head into 1/4 + 3/8 + 3/8, each even)."""
-    vae = wrapped("tae_easyanimate", tmp_path)
+    vae = wrapped("tae_easyanimate", recipe_files)
     transformer = EasyAnimateTransformer3DModel(
         num_attention_heads=2,
         attention_head_dim=16,
@@ -304,11 +318,11 @@ def test_easyanimate_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
 
 
 @torch.no_grad()
-def test_allegro_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
+def test_allegro_pipeline_runs_end_to_end_with_the_built_tae(recipe_files):
     """A whole AllegroPipeline call with tae_allegro (not causal: 4 frames per latent). The
     real Allegro VAE's decode returns NTCHW, which the pipeline permutes to NCTHW, so the
     wrapper's does too; its spatial factor comes from the class's block_out_channels."""
-    vae = wrapped("tae_allegro", tmp_path)
+    vae = wrapped("tae_allegro", recipe_files)
     transformer = AllegroTransformer3DModel(
         num_attention_heads=2,
         attention_head_dim=12,
@@ -401,12 +415,12 @@ def cosmos_statistics(vae: TAEVideoVAE, latent_frames: int) -> tuple[torch.Tenso
 
 
 @torch.no_grad()
-def test_cosmos_text_to_world_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
+def test_cosmos_text_to_world_pipeline_runs_end_to_end_with_the_built_tae(recipe_files):
     """A whole CosmosTextToWorldPipeline call with tae_cosmos: the pipeline un-normalises with
     Cosmos's latents_mean/std, one per channel and latent frame, and the scheduler's
     sigma_data, and the TAE decodes the transformer's latents. The video then passes the
     safety checker as uint8 frames, hence the 1/255 tolerance."""
-    vae = wrapped("tae_cosmos", tmp_path)
+    vae = wrapped("tae_cosmos", recipe_files)
     pipe = CosmosTextToWorldPipeline(vae=vae, **cosmos_parts(in_channels=16))
     run = one_step(pipe, prompt_embeds=torch.randn(1, 4, 16), height=32, width=32, num_frames=9)
     latents = run("latent")
@@ -419,12 +433,12 @@ def test_cosmos_text_to_world_pipeline_runs_end_to_end_with_the_built_tae(tmp_pa
 
 
 @torch.no_grad()
-def test_cosmos_video_to_world_pipeline_encodes_and_decodes_with_the_built_tae(tmp_path):
+def test_cosmos_video_to_world_pipeline_encodes_and_decodes_with_the_built_tae(recipe_files):
     """CosmosVideoToWorldPipeline encodes its conditioning image with ``vae.encode`` (padded
     with grey frames to the clip) and normalises it per channel and latent frame: its
     conditioning latents are the TAE's own (the transformer's space), and a whole call
     decodes through the TAE as text-to-world does."""
-    vae = wrapped("tae_cosmos", tmp_path)
+    vae = wrapped("tae_cosmos", recipe_files)
     pipe = CosmosVideoToWorldPipeline(vae=vae, **cosmos_parts(in_channels=17))  # + the conditioning mask
     image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     _, conditioning, *_ = pipe.prepare_latents(
@@ -440,13 +454,13 @@ def test_cosmos_video_to_world_pipeline_encodes_and_decodes_with_the_built_tae(t
 
 
 @torch.no_grad()
-def test_stable_video_diffusion_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
+def test_stable_video_diffusion_pipeline_runs_end_to_end_with_the_built_tae(recipe_files):
     """A whole StableVideoDiffusionPipeline call with tae_svd: the pipeline encodes its
     conditioning image (B, 3, H, W) with ``vae.encode`` and decodes (B*T, 4, h, w) frame
     latents in chunks of ``decode_chunk_size`` with ``num_frames=chunk``; the wrapper decodes
     each chunk as one clip, as the real temporal decoder does, from the UNet's scaled latents.
     Its conditioning image latents are raw (SVD's pipeline does not scale them)."""
-    vae = wrapped("tae_svd", tmp_path)
+    vae = wrapped("tae_svd", recipe_files)
     unet = UNetSpatioTemporalConditionModel(
         block_out_channels=(32,),
         layers_per_block=1,
@@ -521,12 +535,12 @@ def test_stable_video_diffusion_pipeline_runs_end_to_end_with_the_built_tae(tmp_
 
 
 @torch.no_grad()
-def test_hunyuanimage_refiner_pipeline_runs_end_to_end_with_the_built_tae(tmp_path):
+def test_hunyuanimage_refiner_pipeline_runs_end_to_end_with_the_built_tae(recipe_files):
     """A whole HunyuanImageRefinerPipeline call with tae_hunyuanimage_refiner: the pipeline
     encodes the image to refine as a one-frame clip, packs the latents of two frames (the
     first repeated) into 64 channels for its transformer, unpacks them and decodes one frame
     of 32-channel latents: the TAE's decoding of the transformer's (scaled) latents."""
-    vae = wrapped("tae_hunyuanimage_refiner", tmp_path)
+    vae = wrapped("tae_hunyuanimage_refiner", recipe_files)
     transformer = HunyuanImageTransformer2DModel(
         in_channels=128,
         out_channels=64,
@@ -585,12 +599,12 @@ class SystemPromptProcessor:
 
 
 @torch.no_grad()
-def test_qwenimage21_pipeline_generates_rgba_through_the_built_tae(tmp_path):
+def test_qwenimage21_pipeline_generates_rgba_through_the_built_tae(recipe_files):
     """A whole QwenImage21Pipeline call with tae_qwenimage2_1: the pipeline unpacks its latent
     tokens into one 64-channel frame, un-normalises it with latents_mean/std and takes the
     one decoded frame; the image it returns is the TAE's RGBA decoding of the transformer's
     (normalised) latents."""
-    vae = wrapped("tae_qwenimage2_1", tmp_path)
+    vae = wrapped("tae_qwenimage2_1", recipe_files)
     transformer = QwenImage21Transformer2DModel(
         in_channels=64,
         out_channels=64,
@@ -627,22 +641,22 @@ def test_qwenimage21_pipeline_generates_rgba_through_the_built_tae(tmp_path):
     torch.testing.assert_close(run("pt"), direct.clamp(0, 1), atol=ROUNDING, rtol=0)
 
 
-def test_reference_vaes_whose_statistics_live_in_their_weights_need_the_pipelines_vae(tmp_path):
+def test_reference_vaes_whose_statistics_live_in_their_weights_need_the_pipelines_vae(recipe_files):
     """LTX's latents_mean/std are buffers of its VAE, Wan 2.2's 48 values are not the class
     defaults: without ``like=pipe.vae`` the wrapper says so instead of using wrong ones."""
     for variant, message in (("taeltx2_3", "pass like=<the pipeline's VAE>"), ("taew2_2", "has 16 channels")):
         with pytest.raises(ValueError, match=message):
-            wrapped(variant, tmp_path)
+            wrapped(variant, recipe_files)
 
 
-def test_a_like_vae_of_another_latent_space_is_refused(tmp_path):
+def test_a_like_vae_of_another_latent_space_is_refused(recipe_files):
     """like= a Wan VAE with 4 latent channels for a 16-channel TAE: refused with both numbers,
     never a config whose z_dim is quietly rewritten."""
     import diffusers
 
     like = diffusers.AutoencoderKLWan(base_dim=4, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1)
     with pytest.raises(ValueError, match="like= is a VAE with 4 latent channels, but taew2_1 has 16"):
-        wrapped("taew2_1", tmp_path, like=like)
+        wrapped("taew2_1", recipe_files, like=like)
 
 
 def test_a_tae_with_a_space_of_its_own_is_refused_unless_a_space_is_named(tmp_path):
@@ -671,11 +685,11 @@ def test_the_statistics_a_tae_was_trained_with_travel_in_its_file(tmp_path):
     torch.testing.assert_close(vae.decode(raw).sample, expected.mul(2).sub(1).permute(0, 2, 1, 3, 4))
 
 
-def test_a_tensor_of_another_layout_is_refused_with_the_shape_as_passed(tmp_path):
+def test_a_tensor_of_another_layout_is_refused_with_the_shape_as_passed(recipe_files):
     """encode takes NCTHW videos and decode NCTHW latents (SVD: NCHW frames), as the diffusers
     VAE they stand in for: a tensor in another layout or with other channels is refused
     with the shape the caller passed, the layout and the channels expected."""
-    vae = wrapped("taecvx", tmp_path)
+    vae = wrapped("taecvx", recipe_files)
     video = torch.zeros(1, 3, 9, 32, 32)
     with pytest.raises(
         ValueError,
@@ -693,7 +707,7 @@ def test_a_tensor_of_another_layout_is_refused_with_the_shape_as_passed(tmp_path
         r"\(1, 3, 16, 4, 4\) \(this looks like NTCHW",
     ):
         vae.decode(latents.transpose(1, 2))
-    images = wrapped("tae_svd", tmp_path)
+    images = wrapped("tae_svd", recipe_files)
     with pytest.raises(
         ValueError,
         match=r"encode takes NCHW images in \[-1, 1\] with 3 channels in dim 1 \(tae_svd\), "

@@ -79,15 +79,16 @@ def test_an_export_is_named_and_typed_for_the_loaders_that_read_it(
         assert lightx2v_space(f"{stem}.safetensors", variant) == lightx2v == space
         assert f"- LightX2V takes `{stem}.safetensors`" in card
     assert f"Latent space: {space} latents" in card
-    for path in (out / f"{stem}.pth", out / f"{stem}.safetensors"):  # ours, by name or metadata: the same space
-        assert TAEHV(path).latent_space == space
+    ours = {suffix: TAEHV(out / f"{stem}{suffix}") for suffix in (".pth", ".safetensors")}
+    for tae in ours.values():  # by name or metadata: the same space
+        assert tae.latent_space == space
     if model.activation == "relu":  # the published file builds the architecture from the name and loads strictly
         published = published_taehv.TAEHV(str(out / f"{stem}.pth")).eval()
         latents = torch.randn(1, 2, model.latent_channels, 2, 2)
         with torch.no_grad():
             torch.testing.assert_close(
                 published.decode_video(latents, parallel=True, show_progress_bar=False),
-                TAEHV(out / f"{stem}.pth").eval().decode_video(latents),
+                ours[".pth"].eval().decode_video(latents),
                 atol=1e-5,
                 rtol=1e-5,
             )

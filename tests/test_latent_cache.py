@@ -1,6 +1,7 @@
 """Reference-latent cache (built by training/build_latent_cache.py, read by
-training/data/latent_cache.py): built by the real CLI in subprocesses for the demo clips
-and a tiny CogVideoX VAE, then compared with the latents training would compute online.
+training/data/latent_cache.py): built by the real CLI for the demo clips and a tiny
+CogVideoX VAE (in a subprocess; the mode-latent cache through its entry point in this
+process), then compared with the latents training would compute online.
 (Two processes, under ``accelerate launch`` or torchrun, run the same code
 with a shard partition; left out here to keep this file fast.)
 
@@ -20,15 +21,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState
 
 from common.clip_loader import build_dataloader
 from common.clips import VideoClipDataset, VideoDataError, frames_to_unit
 from common.config import TrainConfig, load_config
 from common.errors import UserError
 from common.reference_vae import ReferenceVAE
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, save_tiny_vae
 from train_runs import TEST_CONFIG, one_line_error
-from training.build_latent_cache import entry_point
+from training.build_latent_cache import entry_point, main
 from training.data.latent_cache import CachedLatentDataset, LatentCache, latent_sample_generator
 from training.data.loading import build_datasets
 from training.make_annotations import write_annotation
@@ -44,6 +46,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_cogvideox_vae(tmp_path_factory) -> Path:
+    """The smallest CogVideoX VAE (``conftest.TINY_VAES``: its 16 latent channels and its
+    compression) saved by diffusers: every latent here is computed with it."""
+    return save_tiny_vae(tmp_path_factory.mktemp("cogvideox"), "cogvideox")
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +106,16 @@ def run_cli(args: list[str]) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
 
 
+def build_here(args: list[str]) -> None:
+    """The builder's entry point in this process, with Accelerate's process state as a new
+    process has it, and reset afterwards."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        main(args)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def online(vae: ReferenceVAE, frames: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """What training computes for one clip: uint8 frames -> [0, 1] NTCHW -> raw latents."""
     return vae.encode(frames_to_unit(frames[None], "cpu"), generator)[0]
@@ -141,7 +160,9 @@ def test_sampled_latents_equal_online_latents(sampled_cache, data, tiny_cogvideo
 
 def test_mode_latents_equal_online_latents(data, tiny_cogvideox_vae, tmp_path):
     output = tmp_path / "cache"
-    run_cli(cli_args(data, tiny_cogvideox_vae, output, "--ref_latent_sample=false", "--batch_size", "1"))
+    # in this process: the sampled cache above is built by the CLI in a fresh process, and
+    # a second start-up (seconds of imports) would test nothing more
+    build_here(cli_args(data, tiny_cogvideox_vae, output, "--ref_latent_sample=false", "--batch_size", "1"))
     config, dataset, vae = dataset_and_vae(data, tiny_cogvideox_vae, "--ref_latent_sample=false")
     cache = LatentCache(output)
     cache.check(config, len(dataset))

@@ -117,15 +117,32 @@ def test_a_tae_without_a_reference_vae_has_a_space_of_its_own_and_old_files_hold
     assert file_space("taew2_1", {"format": "taehv", "variant": "taew2_1"}) == (RAW, None)  # ours, before spaces
 
 
+@pytest.fixture(scope="module")
+def tiny_vaes(tmp_path_factory):
+    """``tiny_vae`` folders by tiny VAE, each saved once (two TAEs share Wan's and
+    HunyuanVideo 1.5's) and only read."""
+    roots = {}
+
+    def root(tiny: str, ref_vae_class: str, channels: int):
+        key = (tiny, ref_vae_class, channels)
+        if key not in roots:
+            roots[key] = tiny_vae(tmp_path_factory.mktemp(tiny), *key)
+        return roots[key]
+
+    return root
+
+
 @pytest.mark.parametrize("tiny, ref_vae_class, variant, space, size, frames", FAMILIES, ids=[f[2] for f in FAMILIES])
-def test_every_consumer_sees_the_latents_of_the_taes_space(tmp_path, tiny, ref_vae_class, variant, space, size, frames):
+def test_every_consumer_sees_the_latents_of_the_taes_space(
+    tmp_path, tiny_vaes, tiny, ref_vae_class, variant, space, size, frames
+):
     """ReferenceVAE (what training targets, the latent cache, validation and inference
     encode with) gives the table's space built by hand from the VAE's config; inference
     asks for the model's space; the wrapper in a pipeline hands the TAE the same latents
     from the raw ones ``vae.decode`` gets."""
     tae = TAEHV(variant=variant)
     assert tae_space(variant, ref_vae_class) == tae.latent_space == space
-    root = tiny_vae(tmp_path, tiny, ref_vae_class, tae.latent_channels)
+    root = tiny_vaes(tiny, ref_vae_class, tae.latent_channels)
     raw_vae = ReferenceVAE(root, ref_vae_class, dtype="fp32", sample=False)  # the VAE's own latents
     vae = ReferenceVAE.for_variant(variant, root, ref_vae_class, dtype="fp32", sample=False)
     assert vae.transform.space == space
@@ -140,10 +157,10 @@ def test_every_consumer_sees_the_latents_of_the_taes_space(tmp_path, tiny, ref_v
     torch.testing.assert_close(vae.decode(expected), raw_vae.decode(raw), atol=1e-4, rtol=0)
 
     weights = save_weights(tae, tmp_path / f"{variant}.safetensors")
-    args = argparse.Namespace(config=None, ref_vae_path=str(root), ref_vae_class=ref_vae_class, dtype="fp32")
-    assert inference.reference_vae(args, None, TAEHV(weights), "cpu").transform == vae.transform
-
     wrapper = TAEVideoVAE.from_file(weights, like=raw_vae.vae)
+    args = argparse.Namespace(config=None, ref_vae_path=str(root), ref_vae_class=ref_vae_class, dtype="fp32")
+    assert inference.reference_vae(args, None, wrapper.tae, "cpu").transform == vae.transform  # the file's TAE
+
     latents = raw.permute(0, 2, 1, 3, 4)  # NCTHW, what the pipeline passes vae.decode
     if wrapper.images:  # SVD: frame latents and num_frames
         decoded = wrapper.decode(raw.flatten(0, 1), num_frames=raw.shape[1]).sample.unflatten(0, (1, -1))

@@ -115,7 +115,8 @@ def test_facts_come_from_the_config_and_match_the_latents(tmp_path, tiny, ref_va
         torch.randint(0, 255, (1, frames, facts.image_channels, size, size), dtype=torch.uint8), "cpu"
     )
     latents = vae.encode(clip)
-    plan = TAEHV(variant=variant).plan(frames)
+    with torch.device("meta"):  # the plan is the architecture's arithmetic: no weights needed
+        plan = TAEHV(variant=variant).plan(frames)
     assert tuple(latents.shape) == (
         1,
         plan.latent_frames,
@@ -560,6 +561,12 @@ def test_training_refuses_unloadable_weights_in_one_line_before_the_run_folder(t
     assert not (tmp_path / "out").exists()
 
 
+@pytest.fixture(scope="module")
+def taecvx_weights(tmp_path_factory) -> Path:
+    """A fresh taecvx saved once, read by the inference runs below."""
+    return save_weights(TAEHV(variant="taecvx"), tmp_path_factory.mktemp("taecvx") / "taecvx.pth")
+
+
 @pytest.mark.parametrize(
     "breakage, message",
     [
@@ -568,7 +575,9 @@ def test_training_refuses_unloadable_weights_in_one_line_before_the_run_folder(t
         ("config list", "config.json is not a diffusers config (a JSON object); it holds a list"),
     ],
 )
-def test_inference_refuses_an_unloadable_reference_vae_in_one_line(tmp_path, demo_clips, capsys, breakage, message):
+def test_inference_refuses_an_unloadable_reference_vae_in_one_line(
+    tmp_path, demo_clips, taecvx_weights, capsys, breakage, message
+):
     """``inference.py --use_ref_vae`` (its ``__main__``: ``exit_on_user_error(main)``) with a
     folder diffusers cannot load: exit 2 and one line naming the folder."""
     if breakage == "config list":
@@ -579,7 +588,7 @@ def test_inference_refuses_an_unloadable_reference_vae_in_one_line(tmp_path, dem
     clip = Path(demo_clips["root"]) / json.loads(Path(demo_clips["train"]).read_text())["list"][0]["path"]
     args = [
         "--model_path",
-        str(save_weights(TAEHV(variant="taecvx"), tmp_path / "taecvx.pth")),
+        str(taecvx_weights),
         "--videos",
         str(clip),
         "--n_frames=9",

@@ -18,7 +18,7 @@ from models.atomic import atomic_write
 from models.ecosystem import comfyui_dtype, export_stem, readings
 from models.latent_spaces import OWN, LatentTransform
 from models.vae_registry import video_model
-from models.weights import WeightsError, export_state_dict, save_weights, weights_metadata
+from models.weights import WeightsError, all_finite, export_state_dict, save_weights, weights_metadata
 from training.state.checkpoints import list_checkpoints, read_trainer_state
 
 BUNDLE_FOLDER = "export"  # where a training run writes its bundle
@@ -130,7 +130,7 @@ def half_precision(model, advice: str) -> dict[str, torch.Tensor]:
     """The weights in fp16; UserError ending in ``advice`` when one does not fit (beyond
     fp16's 65504, or not finite), instead of writing infinite weights."""
     weights = export_state_dict(model)
-    over = [k for k, v in weights.items() if not bool(torch.isfinite(v).all()) or float(v.abs().max()) > FP16_MAX]
+    over = [k for k, v in weights.items() if not all_finite(v) or float(v.abs().max()) > FP16_MAX]
     if over:
         largest = max(float(weights[k].abs().max()) for k in over)
         raise UserError(
