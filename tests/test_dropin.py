@@ -62,17 +62,6 @@ ATTRIBUTES = (
 # The published implementation, its weights, and helpers
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread while this file runs: its tensors are tiny, so a second thread
-    only adds synchronisation, and on a busy 2-core machine two threads made the file
-    about 15x slower (200 s instead of 12 s)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def pub():
     """The published modules: ``pub["base"]`` (taehv.py) and ``pub["wide"]`` (the

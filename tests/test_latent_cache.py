@@ -39,15 +39,6 @@ MISSING = 5  # index of the missing file in the annotation (6 clips: shards {0, 
 LATENT_SHAPE = (3, 16, 4, 4)  # 9 frames at 32x32 -> 3 latent frames of 16 x 4 x 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny convolutions: a second thread only adds contention on a busy machine (10x here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tiny_cogvideox_vae(tmp_path_factory) -> Path:
     """The smallest CogVideoX VAE (``conftest.TINY_VAES``: its 16 latent channels and its

@@ -17,15 +17,6 @@ from safetensors.torch import load_file, save_file
 from models.seraena import Seraena
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The test machine's cores are shared: one thread is much faster than two contended ones."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def batch(
     g: int, channels: int, size: int, ctx_channels: int, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

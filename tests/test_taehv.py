@@ -28,17 +28,6 @@ from models.weights import (
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread while this file runs: its tensors are tiny, so a second thread
-    only adds synchronisation, and on a busy 2-core machine two threads made these
-    encode/decode calls about 20x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize(
     "file_name, variant",
     [

@@ -22,17 +22,6 @@ ATOL = 1e-4
 FIXTURE_SETS = ("", "new_variants")  # the original six variants (and a preview), then taeh3, taeltx2_3, ...
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread while this file runs: its tensors are tiny, so a second thread
-    only adds synchronisation, and on a busy 2-core machine two threads made these
-    encode/decode calls about 20x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _load(folder):
     spec = importlib.util.spec_from_file_location(
         "compat_recipe", folder.parent / "recipe.py" if folder.name == "new_variants" else folder / "recipe.py"
