@@ -1,7 +1,8 @@
 """Reference-latent cache (built by training/build_latent_cache.py, read by
-training/data/latent_cache.py): built by the real CLI for the demo clips and a tiny
-CogVideoX VAE (in a subprocess; the mode-latent cache through its entry point in this
-process), then compared with the latents training would compute online.
+training/data/latent_cache.py): built through the builder's entry point in this process
+for the demo clips and a tiny CogVideoX VAE, then compared with the latents training would
+compute online; the full tier also finishes an interrupted cache with the command in a
+subprocess and compares it with the first build.
 (Two processes, under ``accelerate launch`` or torchrun, run the same code
 with a shard partition; left out here to keep this file fast.)
 
@@ -127,7 +128,7 @@ def shard_files(directory: Path) -> dict[str, Path]:
 def sampled_cache(data, tiny_cogvideox_vae, tmp_path_factory) -> Path:
     """One process, latent_dist.sample(), one clip per VAE call (bit-exact comparisons)."""
     output = tmp_path_factory.mktemp("sampled") / "cache"
-    run_cli(cli_args(data, tiny_cogvideox_vae, output, "--batch_size", "1"))
+    build_here(cli_args(data, tiny_cogvideox_vae, output, "--batch_size", "1"))
     return output
 
 
@@ -151,8 +152,6 @@ def test_sampled_latents_equal_online_latents(sampled_cache, data, tiny_cogvideo
 
 def test_mode_latents_equal_online_latents(data, tiny_cogvideox_vae, tmp_path):
     output = tmp_path / "cache"
-    # in this process: the sampled cache above is built by the CLI in a fresh process, and
-    # a second start-up (seconds of imports) would test nothing more
     build_here(cli_args(data, tiny_cogvideox_vae, output, "--ref_latent_sample=false", "--batch_size", "1"))
     config, dataset, vae = dataset_and_vae(data, tiny_cogvideox_vae, "--ref_latent_sample=false")
     cache = LatentCache(output)
