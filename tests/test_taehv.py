@@ -178,7 +178,7 @@ def test_pth_with_pickled_objects_is_refused(tmp_path):
     assert "weights_only=False" not in str(err.value)  # never the advice to unpickle it
 
 
-def test_weights_holding_nan_or_inf_are_refused_and_large_finite_ones_load(tmp_path):
+def test_weights_holding_nan_or_inf_are_refused_and_large_finite_values_pass_the_check(tmp_path):
     sd = TAEHV(variant="taehv").state_dict()
     sd["encoder.0.weight"][0, 0, 0, 0] = float("nan")
     sd["decoder.22.bias"][0] = float("-inf")
