@@ -802,7 +802,7 @@ def run_in_a_fork(script: str, *argv: str) -> str:
                 sys.argv = ["-c", *argv]
                 exec(compile(script, "<script>", "exec"), {"__name__": "__main__"})
             writing.send(printed.getvalue())
-        except BaseException:
+        except BaseException:  # whatever ends the script (SystemExit too) goes to the parent, whose assert shows it
             writing.send(printed.getvalue() + traceback.format_exc())
 
     process = multiprocessing.get_context("fork").Process(target=child)
