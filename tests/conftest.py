@@ -26,6 +26,21 @@ REPO_ROOT = Path(__file__).resolve().parents[1]  # on sys.path through pytest.in
 MIN_FREE_DISK_GIB = 5
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest-xdist worker (``make test-fast`` runs one per core) takes its share of the
+    cores for torch and for the processes its tests start: with torch's default, one thread
+    per core in every worker, the workers fight over the same cores and the tier ran three
+    times slower than one process. An ``OMP_NUM_THREADS`` the user set is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers < 2 or "OMP_NUM_THREADS" in os.environ:
+        return
+    import torch
+
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     where = Path(session.config.option.basetemp or tempfile.gettempdir()).resolve()
     while not where.exists():

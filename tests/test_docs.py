@@ -22,7 +22,7 @@ DOCS = [
 ]
 EXTENSIONS = ("py", "md", "sh", "yaml", "yml", "txt", "json", "ini", "png")
 # flags of other programs the docs show (pytest, tensorboard, accelerate launch) and the placeholder --key=value
-OTHER_FLAGS = {"basetemp", "logdir", "multi_gpu", "num_processes", "key"}
+OTHER_FLAGS = {"basetemp", "dist", "logdir", "multi_gpu", "num_processes", "key"}
 OURS = (
     "models",
     "common",
