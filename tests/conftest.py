@@ -36,7 +36,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     import torch
 
-    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    threads = max(1, torch.get_num_threads() // workers)  # torch's default: one per core
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
 
