@@ -88,14 +88,15 @@ def test_the_flops_counted_on_the_meta_device_are_a_real_forwards():
 def test_the_loader_feed_warning_names_the_workers_one_gpu_needs():
     # the plain autoencoder: the fastest step, the most frames per second to feed
     config = load_config("training/configs/taehv_config_1gpu_h100.py", ["--ref_vae_path=", "--pretrained_model_path="])
-    h200 = ("NVIDIA H200", feed.BF16_PEAK["H200"])
+    h200 = ("H200", feed.GPU_PEAKS["NVIDIA H200"].bf16_flops)
     (note,) = feed.feed_notes(config, h200)
     assert "may not keep up" not in note and "8 loader worker(s)" in note
     (warning,) = feed.feed_notes(config.replace(dataloader_num_workers=2), h200)
     assert warning.startswith("the loader may not keep up") and "dataloader_num_workers=4 or more" in warning
     assert feed.feed_notes(config.replace(mixed_precision="no"), h200) == []  # no bf16 peak to go by
     # the estimate follows the GPU's peak and the work per frame
-    assert feed.step_frames_per_second(config, feed.BF16_PEAK["A800"]) < feed.step_frames_per_second(config, 989e12) / 3
+    a800 = feed.GPU_PEAKS["NVIDIA A800-SXM4-80GB"].bf16_flops
+    assert feed.step_frames_per_second(config, a800) < feed.step_frames_per_second(config, 989e12) / 3
     distilled = config.replace(ref_vae_path="x", reconstruction_loss_weight=1.0)  # two decodes per clip
     assert feed.step_frames_per_second(distilled, 989e12) < feed.step_frames_per_second(config, 989e12)
 
