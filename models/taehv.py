@@ -36,13 +36,14 @@ memory blocks' and folded convolutions' ``forward``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -325,6 +326,28 @@ class TAEHV(nn.Module):
             return (None if y is None else y.clone()), [None if m is None else m.clone() for m in memory]
 
         self.run_blocks = functools.partial(run_per_chunk, run_chunk)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether calls run the ``torch.compile``'d blocks (``compile()``, not since fallen back)."""
+        return self.run_blocks is not run_blocks
+
+    def run_eager(self, reason: str) -> None:
+        """Leave the compiled blocks for good (a compilation that failed where ``compile()``'s
+        own fallback cannot see it: the backward pass, a kernel's first launch), saying why once."""
+        if self.compiled:
+            logger.warning("torch.compile failed (%s): running eager from now on", reason)
+            self.run_blocks = run_blocks
+
+    @contextlib.contextmanager
+    def eager(self) -> Iterator[None]:
+        """Run eager inside the block whatever ``compile()`` did (a one-off shape, such as a
+        placeholder clip, that is not worth a compilation)."""
+        compiled, self.run_blocks = self.run_blocks, run_blocks
+        try:
+            yield
+        finally:
+            self.run_blocks = compiled
 
     def adapt_state_dict(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Fit weights trained with more temporal upscaling into a preview decoder: a TGrow

@@ -1,6 +1,8 @@
 """The training step on its own (one CPU process, tiny clips): accumulation windows and
-the epochs they follow, skipping on a non-finite loss or an out-of-memory forward pass, a
-batch that cannot be loaded, the signal flag, and the source of reference latents.
+the epochs they follow, the gradients handed to the optimizer, skipping on a non-finite
+loss, an out-of-memory forward or backward pass or a backward compilation that fails, a
+compiled forward retried eagerly, an out-of-memory optimizer step, a batch that cannot be
+loaded, the signal flag, and the source of reference latents.
 Multi-process agreement: tests/test_fault_tolerance.py."""
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from models.taehv import TAEHV
 from training.data.loading import ReferenceLatents
 from training.data.prefetch import Prefetcher
 from training.loop.resilience import FaultPlan, StopRequest
-from training.loop.step import TrainStep, accumulation_plugin
+from training.loop.step import OptimizerStepFailed, TrainStep, accumulation_plugin
 from training.taehv_train import Progress
 
 FRAMES, SIZE = 5, 8
@@ -96,7 +98,9 @@ def test_a_non_finite_loss_skips_the_window_and_leaves_the_weights():
     assert train_step(iter([batch()]), window=2).applied
 
 
-def test_an_out_of_memory_forward_pass_runs_the_placeholder_and_skips(monkeypatch):
+def test_an_out_of_memory_forward_pass_skips_the_window_without_a_placeholder(monkeypatch):
+    """One process has no collective to meet: the rank hands over NaN gradients, no
+    placeholder clip runs (a shape nothing else compiles)."""
     train_step = make_step()
     calls = []
     real_forward = train_step.forward
@@ -110,8 +114,76 @@ def test_an_out_of_memory_forward_pass_runs_the_placeholder_and_skips(monkeypatc
     monkeypatch.setattr(train_step, "forward", forward)
     before = weights(train_step)
     result = train_step(iter([batch()]), window=1)
-    assert calls == [(1, FRAMES, 3, SIZE, SIZE), (1, FRAMES, 3, 8, 8)]  # the batch, then the placeholder clip
+    assert calls == [(1, FRAMES, 3, SIZE, SIZE)]
     assert not result.applied and result.skip_reason == "out of memory" and not changed(before, train_step)
+    assert all(p.grad is None for p in train_step.unwrapped_model.parameters())
+    assert train_step(iter([batch()]), window=2).applied
+
+
+def test_an_out_of_memory_backward_pass_skips_the_window():
+    train_step = make_step(faults="oom_backward@1", gradient_accumulation_steps=2)
+    before, ema_before = weights(train_step), [p.clone() for p in train_step.ema.shadow_params]
+    result = train_step(iter([batch(), batch()]), window=1)
+    assert not result.applied and result.skip_reason == "out of memory" and result.micro_batches == 2
+    assert not changed(before, train_step) and result.losses == []
+    assert all(torch.equal(a, b) for a, b in zip(ema_before, train_step.ema.shadow_params))
+    assert all(p.grad is None for p in train_step.unwrapped_model.parameters())
+    assert train_step(iter([batch(), batch()]), window=2).applied
+
+
+def test_the_handed_over_gradients_are_the_losses_own(monkeypatch):
+    """The optimizer sees exactly the gradients a plain backward pass of the window's mean
+    loss gives (two micro-batches: each counts half)."""
+    train_step = make_step(gradient_accumulation_steps=2)
+    twin = TAEHV(variant="taehv")
+    twin.load_state_dict(train_step.unwrapped_model.state_dict())
+    batches = [batch(), batch()]
+    for item in batches:
+        frames = item["frames"].float() / 255
+        out = twin(frames, None, decode_own=True)
+        target = twin.plan(FRAMES).target(frames)
+        (torch.nn.functional.mse_loss(out.decoded, target) / 2).backward()
+    seen = []
+    monkeypatch.setattr(
+        train_step.optimizer, "step", lambda *a, **k: seen.extend(p.grad.clone() for p in train_step.trainable)
+    )
+    assert train_step(iter(batches), window=1).applied
+    expected = [p.grad for p in twin.parameters()]
+    assert len(seen) == len(expected)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(seen, expected))
+
+
+def test_a_backward_compilation_that_fails_skips_the_window_and_leaves_the_model_eager(caplog):
+    train_step = make_step(faults="compile_backward@1", compile="true", compile_backend="aot_eager")
+    assert train_step.unwrapped_model.compiled
+    before = weights(train_step)
+    result = train_step(iter([batch()]), window=1)
+    assert not result.applied and result.skip_reason == "torch.compile failed in the backward pass"
+    assert not changed(before, train_step) and not train_step.unwrapped_model.compiled
+    assert [r for r in caplog.records if "torch.compile failed" in r.getMessage()]
+    assert train_step(iter([batch()]), window=2).applied  # eager from now on
+
+
+def test_a_compiled_forward_that_fails_is_run_again_eagerly_at_once():
+    """A failure the model's own fallback does not see (a plain exception, as dynamo's
+    recompile limit raises under fullgraph) is retried eagerly: the window is applied."""
+    train_step = make_step()
+    model = train_step.unwrapped_model
+    eager = model.run_blocks
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("recompile limit reached")
+
+    model.run_blocks = fails  # stands for the compiled blocks
+    assert model.compiled
+    result = train_step(iter([batch()]), window=1)
+    assert result.applied and model.run_blocks is eager
+
+
+def test_an_out_of_memory_optimizer_step_ends_the_run():
+    train_step = make_step(faults="oom_step@1")
+    with pytest.raises(OptimizerStepFailed, match="out of memory in the optimizer step of window 1"):
+        train_step(iter([batch()]), window=1)
 
 
 def test_a_signal_is_reported_at_the_step_boundary():
@@ -124,8 +196,8 @@ def test_a_signal_is_reported_at_the_step_boundary():
 
 
 def test_a_batch_that_cannot_be_loaded_drops_the_window():
-    """The rank whose data is gone runs placeholder clips to the window's end (so that its
-    backward passes meet the other ranks'); no optimizer step for the window; the loop
+    """The rank whose data is gone hands over NaN gradients to the window's end (so that its
+    gradient collectives meet the other ranks'); no optimizer step for the window; the loop
     saves the last step and stops."""
     train_step = make_step(gradient_accumulation_steps=3)
     before, error = weights(train_step), VideoDataError("the clips are gone")
@@ -134,7 +206,7 @@ def test_a_batch_that_cannot_be_loaded_drops_the_window():
     train_step.forward = lambda frames, z_ref: shapes.append(frames.shape[-1]) or real_forward(frames, z_ref)
     result = train_step(iter([batch(), error, batch()]), window=1)
     assert result.data_failed and result.data_error is error and result.micro_batches == 3
-    assert shapes == [SIZE, 8, 8]  # the batch, then a placeholder for the lost one and for the rest of the window
+    assert shapes == [SIZE]  # the batch; NaN gradients for the lost one and the rest of the window
     assert not result.applied and result.skip_reason is None and result.grad_norm is None and result.losses == []
     assert not changed(before, train_step)
     assert all(p.grad is None for p in train_step.unwrapped_model.parameters())

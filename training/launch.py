@@ -13,7 +13,9 @@ When a training process dies of a signal (``kill -9``, the out-of-memory killer,
 segfault), the others lose contact with it and stop (exit status 3, one line each); this
 wrapper then ends with one line, on stderr and in the run's ``train.log``: ``error: rank
 1 died (signal 9, SIGKILL: ...): resume with: <command>``, and exits 128 + the signal
-(137 for SIGKILL), as a shell reports a process killed by it. Training tells the wrapper
+(137 for SIGKILL), as a shell reports a process killed by it. A process that ended with
+its own explained status on another rank than the first (out of memory in its optimizer
+step, exit 4) ends the wrapper with that status and one such line. Training tells the wrapper
 its run folder in ``TAEHV_RUN_DIR_FILE``. An ending training chose and explained (a user
 error, too many skipped steps) wins over a process that dies after it, on its way out.
 
@@ -40,7 +42,8 @@ from accelerate.commands.launch import launch_command, launch_command_parser
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from training.loop.resilience import EXIT_RANK_LOST
+from common.errors import EXIT_USER_ERROR
+from training.loop.resilience import EXIT_OUT_OF_MEMORY, EXIT_RANK_LOST
 from training.state.commands import next_command
 
 
@@ -60,9 +63,11 @@ def main(argv: list[str] | None = None) -> None:
                 # an ending training chose and explained (a user error, too many skipped steps): a process that
                 # then dies on its way out (an abort in a library's exit handlers) changes nothing about it
                 sys.exit(reported)
+            run_dir = Path(run_dir_file.read_text()) if run_dir_file.is_file() else None
             if isinstance(err, ChildFailedError) and (death := died(err)) is not None:
-                run_dir = Path(run_dir_file.read_text()) if run_dir_file.is_file() else None
                 sys.exit(report_death(*death, run_dir))
+            if isinstance(err, ChildFailedError) and (ending := explained_ending(err)) is not None:
+                sys.exit(report_ending(*ending, run_dir))
             if reported in (None, EXIT_RANK_LOST) or (reported == 0 and isinstance(err, ChildFailedError)):
                 held.replay()
                 raise  # a crash, not an ending training chose: the launcher's report is the information
@@ -111,6 +116,34 @@ def died(err: ChildFailedError) -> tuple[int, int] | None:
     return (rank, -exitcode) if exitcode < 0 else None
 
 
+# endings a training process explains in its own line, on whichever rank they happen
+EXPLAINED_ENDINGS = {
+    EXIT_USER_ERROR: "a problem to fix, said above",
+    EXIT_OUT_OF_MEMORY: "out of memory in its optimizer step",
+}
+
+
+def explained_ending(err: ChildFailedError) -> tuple[int, int] | None:
+    """(rank, exit status) of the process whose explained ending (``EXPLAINED_ENDINGS``)
+    ended the run, when another rank than the first wrote it: the first failure the
+    launcher saw, passing over the processes that only lost contact with it."""
+    failures = {rank: failure for rank, failure in err.failures.items() if failure.exitcode != EXIT_RANK_LOST}
+    if not failures:
+        return None
+    rank = min(failures, key=lambda r: failures[r].timestamp)
+    return (rank, failures[rank].exitcode) if failures[rank].exitcode in EXPLAINED_ENDINGS else None
+
+
+def report_ending(rank: int, status: int, run_dir: Path | None) -> int:
+    """One line on stderr and in the run's train.log (the rank's own line went to stderr
+    only); returns the rank's exit status."""
+    return report(
+        f"error: rank {rank} ended with status {status} ({EXPLAINED_ENDINGS[status]}): {next_command(run_dir)}",
+        run_dir,
+        status,
+    )
+
+
 def report_death(rank: int, signum: int, run_dir: Path | None) -> int:
     """One line on stderr and, when the run folder is known, in its train.log: which process
     died of which signal and the command that goes on; returns the exit status, 128 + the
@@ -120,12 +153,18 @@ def report_death(rank: int, signum: int, run_dir: Path | None) -> int:
     except ValueError:
         name = "unknown"
     how = ": kill -9 or out of memory, see dmesg" if signum == signal.SIGKILL else ""  # the kernel's OOM killer
-    line = f"error: rank {rank} died (signal {signum}, {name}{how}): {next_command(run_dir)}"
+    return report(
+        f"error: rank {rank} died (signal {signum}, {name}{how}): {next_command(run_dir)}", run_dir, 128 + signum
+    )
+
+
+def report(line: str, run_dir: Path | None, status: int) -> int:
+    """``line`` on stderr and, when the run folder is known, in its train.log; returns ``status``."""
     print(line, file=sys.stderr)
     if run_dir is not None and (run_dir / "train.log").is_file():
         with open(run_dir / "train.log", "a") as log:
             log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [launcher] ERROR training.launch: {line}\n")
-    return 128 + signum
+    return status
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ saving a checkpoint; during start-up there is nothing to save); 1 when it gave u
 many skipped steps (a checkpoint is saved first); 2 for a problem the user fixes, in one
 line (configuration, data, a damaged or mismatched checkpoint, a full disk; the training
 data gone mid-run, after a checkpoint); 3 when another process of the run died or was
-killed (``training.launch`` then exits 128 + that process's signal); 130 when a second
+killed (``training.launch`` then exits 128 + that process's signal); 4 when the optimizer
+step ran out of memory (nothing saved after the last checkpoint); 130 when a second
 Ctrl+C interrupted it at once. The line ends with the exact command that resumes the run
 where there is one to resume; ``--debug`` keeps the traceback.
 """
@@ -64,6 +65,7 @@ from training.loop.feed import feed_notes
 from training.loop.memory import check_fits
 from training.loop.monitoring import Monitor
 from training.loop.resilience import (
+    EXIT_OUT_OF_MEMORY,
     EXIT_RANK_LOST,
     FaultPlan,
     StopRequest,
@@ -71,7 +73,7 @@ from training.loop.resilience import (
     broadcast_flag,
     lost_rank_cause,
 )
-from training.loop.step import StepResult, TrainStep, build_model
+from training.loop.step import OUT_OF_MEMORY_ADVICE, OptimizerStepFailed, StepResult, TrainStep, build_model
 from training.loop.time_budget import TimeBudget, keeps_plan
 from training.loop.validation import ValidationDataError, validate
 from training.preflight import check
@@ -95,6 +97,11 @@ class TrainingAborted(RuntimeError):
 
 class DataGone(UserError):
     """The training or validation data became unreadable mid-run; a checkpoint was saved first."""
+
+
+class OutOfMemoryInStep(RuntimeError):
+    """The optimizer step ran out of memory: the run ends without saving (its state may be
+    half-updated), with the command that resumes from the last checkpoint."""
 
 
 class RankLost(RuntimeError):
@@ -256,6 +263,11 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path
         if is_disk_full(err):
             what = str(err) if isinstance(err, DiskFullError) else f"no space left on the device of {run_dir} ({err})"
             raise DiskFullError(f"{what}, then {next_command(run_dir)}") from err
+        if isinstance(err, OptimizerStepFailed):
+            raise OutOfMemoryInStep(
+                f"{err}: the weights may be half-updated, so nothing after the last checkpoint was saved; "
+                f"{OUT_OF_MEMORY_ADVICE}, then {next_command(run_dir)}"
+            ) from err
         if (cause := lost_rank_cause(err)) is not None and torch.distributed.is_initialized():
             raise RankLost(
                 f"lost contact with another process of the run ({cause}): it died or was killed; nothing was saved "
@@ -383,11 +395,12 @@ def train_windows(
             break
         if not result.applied:
             logger.warning(
-                "step %d skipped on every rank: %s (%d in a row, %d in total)",
+                "step %d skipped on every rank: %s (%d in a row, %d in total)%s",
                 progress.step + 1,
                 result.skip_reason,
                 progress.consecutive_skips,
                 progress.skipped_steps,
+                f"; if it recurs, {OUT_OF_MEMORY_ADVICE}" if result.skip_reason == "out of memory" else "",
             )
             monitor.log_skipped(progress.step, progress.skipped_steps)
             too_many = progress.consecutive_skips >= config.max_consecutive_skipped_steps
@@ -544,6 +557,9 @@ def entry_point(argv: list[str] | None = None, early_signals: list[int] = ()) ->
     except RankLost as err:
         logger.error("%s", err)
         status = EXIT_RANK_LOST
+    except OutOfMemoryInStep as err:
+        logger.error("%s", err)
+        status = EXIT_OUT_OF_MEMORY
     except KeyboardInterrupt:
         logger.error("interrupted at once by a second Ctrl+C: nothing saved since the last checkpoint")
         status = EXIT_INTERRUPTED

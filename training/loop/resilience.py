@@ -6,11 +6,10 @@ contributes its local flags (a signal arrived, a loss is not finite, a forward p
 out of memory, its batch could not be loaded) and all ranks act on the maximum, read once
 at the end of the accumulation window (``WindowTrouble``).
 
-A bad micro-batch is not skipped by leaving out its backward pass: its rank still runs
-one, on its NaN loss or on a placeholder clip's loss multiplied by NaN, so the gradient
-collectives (DDP buckets, ZeRO reduce-scatter) happen in the same order everywhere and
-spread the NaN to every rank's gradients; the agreed flags then make every rank skip the
-optimizer step.
+A bad micro-batch is not skipped by leaving out its gradient hand-over: its rank still
+hands over gradients, NaN ones (``training.loop.step``), so the gradient collectives (DDP
+buckets, ZeRO reduce-scatter) happen in the same order everywhere and spread the NaN to
+every rank's gradients; the agreed flags then make every rank skip the optimizer step.
 
 A process that dies cannot take part: the others see its collectives fail
 (``lost_rank_cause``) and stop with ``EXIT_RANK_LOST``; the launcher names the one that died.
@@ -33,10 +32,22 @@ from common.config import TrainConfig, below
 from common.errors import UserError
 
 logger = logging.getLogger(__name__)
-FAULT_KINDS = ("nan_loss", "oom", "crash_in_save", "sigterm", "disk_full")
+FAULT_KINDS = (
+    "nan_loss",
+    "oom",
+    "oom_backward",
+    "oom_step",
+    "compile_backward",
+    "no_overflow_check",
+    "crash_in_save",
+    "sigterm",
+    "disk_full",
+)
 # Exit status of a process that lost contact with another process of its run (which died
 # or was killed): the launcher (``training.launch``) then reports the one that died.
 EXIT_RANK_LOST = 3
+# Exit status of a process whose optimizer step ran out of memory (nothing saved since the last checkpoint)
+EXIT_OUT_OF_MEMORY = 4
 # What gloo and NCCL say in a collective whose peer process is gone
 _LOST_RANK_MESSAGES = (
     "Connection reset by peer",
@@ -122,17 +133,14 @@ def broadcast_numbers(values: list[float], device: torch.device) -> list[float]:
     return tensor.tolist()
 
 
-def poisoned(loss: torch.Tensor) -> torch.Tensor:
-    """The same graph with NaN gradients everywhere: backward still runs every collective."""
-    return loss * float("nan")
-
-
 class Settled(NamedTuple):
     """What some rank's micro-batches of a window ran into, as every rank reads it."""
 
     out_of_memory: bool
     data_failed: bool
     stop_requested: bool
+    compile_failed: bool  # torch.compile failed on some rank: every rank runs eager from now on
+    backward_failed: bool  # a rank's backward pass could not run (a compilation that failed there)
     nonfinite_loss: bool
     nonfinite_gradient: bool
 
@@ -141,6 +149,8 @@ class Settled(NamedTuple):
         """Why the window's optimizer step is skipped on every rank (lost data aside)."""
         if self.out_of_memory:
             return "out of memory"
+        if self.backward_failed:
+            return "torch.compile failed in the backward pass"
         if self.nonfinite_loss:
             return "non-finite loss"
         return "non-finite gradient" if self.nonfinite_gradient else None
@@ -154,10 +164,11 @@ def wait_for_device(device: torch.device) -> None:
 
 class WindowTrouble:
     """What this rank's micro-batches of one accumulation window ran into, kept where it was
-    found until the window ends: the host knows its own out-of-memory errors, lost data and
-    stop signal, the device whether each loss was finite. ``settle`` agrees them over the
-    ranks in one small all-reduce and reads them: the window's one device-to-host read, so
-    the host never waits for the device in the middle of a window.
+    found until the window ends: the host knows its own out-of-memory errors, lost data,
+    compilation failures and stop signal, the device whether each loss and each gradient was
+    finite. ``settle`` agrees them over the ranks in one small all-reduce and reads them: the
+    window's one device-to-host read of the step's own, so the host never waits for the
+    device in the middle of a window.
 
     The stop signal is read after the host has waited for the device to finish the window:
     a signal's Python handler runs only once the host is back in Python, so on a GPU, where
@@ -166,21 +177,31 @@ class WindowTrouble:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.out_of_memory = self.data_failed = False
+        self.out_of_memory = self.data_failed = self.compile_failed = self.backward_failed = False
         self.nonfinite_loss = torch.zeros((), dtype=torch.bool, device=device)
+        self.nonfinite_gradient = torch.zeros((), dtype=torch.bool, device=device)
 
     def add_loss(self, loss: torch.Tensor) -> None:
         self.nonfinite_loss = self.nonfinite_loss | ~torch.isfinite(loss.detach())
 
+    def add_gradients(self, gradients: list[torch.Tensor]) -> None:
+        """This rank's gradients of one micro-batch, before any reduction: a non-finite one
+        makes the reduced window non-finite on every rank."""
+        if gradients:
+            norm = torch.nn.utils.get_total_norm(gradients, error_if_nonfinite=False, foreach=True)
+            self.nonfinite_gradient = self.nonfinite_gradient | ~torch.isfinite(norm)
+
     def settle(self, stop: StopRequest, grad_norm: torch.Tensor | float | None = None) -> Settled:
-        flags = torch.zeros(5, device=self.device)
-        flags[3] = self.nonfinite_loss
+        flags = torch.zeros(7, device=self.device)
+        flags[5] = self.nonfinite_loss
+        flags[6] = self.nonfinite_gradient
         if isinstance(grad_norm, torch.Tensor):
-            flags[4] = ~torch.isfinite(grad_norm)
-        elif grad_norm is not None and not math.isfinite(grad_norm):  # DeepSpeed reports a float
-            flags[4] = 1.0
+            flags[6] = torch.maximum(flags[6], (~torch.isfinite(grad_norm)).float())
+        elif grad_norm is not None and not math.isfinite(grad_norm):
+            flags[6] = 1.0
         wait_for_device(self.device)
-        for i, flag in enumerate((self.out_of_memory, self.data_failed, stop.requested)):
+        host = (self.out_of_memory, self.data_failed, stop.requested, self.compile_failed, self.backward_failed)
+        for i, flag in enumerate(host):
             if flag:  # a fill on the device: a tensor made from host values would wait for the device's queue
                 flags[i] = 1.0
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -207,6 +228,11 @@ class FaultPlan:
     Format: ``kind@N[-M][:rank]`` items separated by commas, e.g. ``nan_loss@3:1,oom@5``.
     ``nan_loss`` and ``oom`` hit the forward passes of accumulation windows N..M
     (counted from 1, skipped windows included, so a fault fires once per window),
+    ``oom_backward`` their backward passes (raised from inside autograd), ``oom_step`` the
+    optimizer step at the end of window N, ``compile_backward`` compiles the model (with
+    ``compile=true``) with a backend whose backward compilation fails (N is not used),
+    ``no_overflow_check`` switches DeepSpeed's own gradient overflow check off once the engine
+    is built (an engine without it; N is not used),
     ``sigterm`` sends SIGTERM to the process at the end of window N (after its last
     backward pass, the latest moment before the ranks agree), ``crash_in_save`` kills the
     process while checkpoint N is being written (after the files, before the manifest),
@@ -242,6 +268,18 @@ class FaultPlan:
             return loss * float("nan")
         return loss
 
+    def inject_backward(self, step: int, rank: int, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` whose backward pass raises a simulated out-of-memory error at ``step``."""
+        return _RaisesInBackward.apply(loss, step) if self.fires("oom_backward", step, rank) else loss
+
+    def maybe_oom_in_step(self, step: int, rank: int) -> None:
+        if self.fires("oom_step", step, rank):
+            raise torch.OutOfMemoryError(f"injected out-of-memory error in the optimizer step {step} (fault_injection)")
+
+    def anywhere(self, kind: str, rank: int) -> bool:
+        """Whether ``kind`` is injected on ``rank`` at any step."""
+        return any(k == kind and r in (None, rank) for k, _, r in self.faults)
+
     def maybe_signal(self, step: int, rank: int) -> None:
         """Send SIGTERM to this process once, in window ``step``."""
         if self.fires("sigterm", step, rank):
@@ -256,3 +294,34 @@ class FaultPlan:
         if self.fires("crash_in_save", step, rank):
             logger.error("fault_injection: killing the process while checkpoint-%d is being written", step)
             os._exit(9)
+
+
+class _RaisesInBackward(torch.autograd.Function):
+    """Identity whose backward pass raises an out-of-memory error, as a real one would
+    part-way through autograd (``FaultPlan.inject_backward``)."""
+
+    @staticmethod
+    def forward(ctx, loss: torch.Tensor, step: int) -> torch.Tensor:
+        ctx.step = step
+        return loss.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        raise torch.OutOfMemoryError(f"injected out-of-memory error in the backward pass of window {ctx.step}")
+
+
+def failing_backward_backend(name: str = "taehv_fails_in_backward") -> str:
+    """Register (once) a torch.compile backend that compiles forward graphs and fails to
+    compile backward graphs, as a backend error at the first backward pass does
+    (``compile_backward`` fault); returns its name."""
+    import torch._dynamo
+    from torch._dynamo.backends.common import aot_autograd
+
+    if name not in torch._dynamo.list_backends(exclude_tags=()):
+
+        def fails(graph, example_inputs):
+            raise RuntimeError("injected backward compilation failure (fault_injection compile_backward)")
+
+        compiles_forward = aot_autograd(fw_compiler=lambda graph, example_inputs: graph, bw_compiler=fails)
+        torch._dynamo.register_backend(compiles_forward, name)
+    return name

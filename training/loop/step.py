@@ -7,17 +7,27 @@
 A call takes the window's micro-batches from ``batches``. For each it normalises the
 frames, gets the reference latents from the one source the data module chose (cache,
 frozen VAE or none), runs the model's forward pass and the recipe's losses on frames
-aligned by the model's FramePlan, adds Seraena's loss, and runs the backward pass; at the
-end of the window it clips the gradients and steps the optimizer, the scheduler and the
-EMA weights, or skips the window on every rank. It returns what the loop counts and logs.
+aligned by the model's FramePlan, adds Seraena's loss, takes this rank's gradients and
+hands them to the optimizer; at the end of the window it clips the gradients and steps
+the optimizer, the scheduler and the EMA weights, or skips the window on every rank. It
+returns what the loop counts and logs.
 
-Skipping is decided together (``training.loop.resilience``), once per window: what a
-micro-batch runs into stays where it was found (a non-finite loss as a device flag; an
-out-of-memory forward pass or a batch that could not be loaded on the host, where that
-rank runs a placeholder clip on a NaN-poisoned loss so that its backward pass joins the
-same gradient collectives). At the window's end every rank's flags and the stop signal
-are agreed in one all-reduce and read once: the host never waits for the device inside
-a window. Logging, validation and checkpoint cadence are the loop's business, not the step's.
+Skipping is decided together (``training.loop.resilience``), once per window. The
+gradients are taken with ``torch.autograd.grad``, which no distributed hook sees, and then
+handed over in a backward pass of ``sum(p * g)`` that DDP's and ZeRO's hooks do see: an
+error anywhere in the real backward pass (out of memory, a compilation that fails) happens
+before any collective, and a rank with nothing to hand over (such an error, out of memory
+in the forward pass or the copy to the GPU, lost data) hands over NaN gradients through the
+same collectives as the other ranks. What a micro-batch ran into stays where it was found
+(non-finite losses and gradients as device flags, the rest on the host) until the window's
+end, where every rank's flags and the stop signal are agreed in one all-reduce and read
+once. Under DeepSpeed the step drives the engine (``training.loop.deepspeed_engine``): its
+optimizer step comes after that agreement, and a skipped window is dropped by it.
+
+Reads from the device: the step's own is that one per window. DeepSpeed's step adds its
+own: the overflow check's agreed flag and the gradient norm it computes for clipping (two
+reads per optimizer step under ZeRO-1/2); a torch.compile'd model adds none. Logging,
+validation and checkpoint cadence are the loop's business, not the step's.
 """
 
 from __future__ import annotations
@@ -41,14 +51,32 @@ from models.seraena import Seraena
 from models.taehv import TAEHV, AutoencoderOutput
 from training.data.loading import ReferenceLatents
 from training.data.prefetch import Fetched
+from training.loop import deepspeed_engine
 from training.loop.adversarial import build_seraena, seraena_loss
 from training.loop.idle_clock import IdleClock
 from training.loop.losses import LossWeights, compute_losses
 from training.loop.optimisation import LearningRateSchedule, compiles
-from training.loop.resilience import FaultPlan, Settled, StopRequest, WindowTrouble, poisoned
+from training.loop.resilience import FaultPlan, Settled, StopRequest, WindowTrouble, failing_backward_backend
 from training.state.checkpoints import TrainingObjects
 
 logger = logging.getLogger(__name__)
+
+
+# what the loop says with a window skipped for lack of memory, and when the optimizer step ran out
+OUT_OF_MEMORY_ADVICE = (
+    "lower train_batch_size (raising gradient_accumulation_steps keeps the batch), n_frames, or height/width"
+)
+
+
+class OptimizerStepFailed(RuntimeError):
+    """The optimizer step itself ran out of memory: the weights and the optimizer state may
+    be half-updated, so nothing after the last checkpoint can be saved."""
+
+
+def free_cached_memory() -> None:
+    """Give the CUDA caching allocator's free blocks back after an out-of-memory error."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def build_model(config: TrainConfig, resumed: bool = False) -> TAEHV:
@@ -145,6 +173,10 @@ class TrainStep:
         self.latents, self.faults, self.stop = latents, faults, stop
         self.unwrapped_model: TAEHV = accelerator.unwrap_model(model)  # the TAEHV itself: its methods and sizes
         self.trainable = [p for p in self.unwrapped_model.parameters() if p.requires_grad]  # all but a frozen encoder
+        # DeepSpeed's engine is driven by the step (deepspeed_engine); its forward would hook the
+        # outputs' gradients, which the step takes itself: the module runs as it is (ZeRO-1/2 keep it whole)
+        self.engine = deepspeed_engine.engine_of(accelerator)
+        self.forward_module = self.unwrapped_model if self.engine is not None else model
         # fp32 shadow weights even when DeepSpeed keeps the model itself in bf16/fp16
         self.ema = (
             EMAModel([p.detach().float() for p in self.trainable], decay=config.ema_decay) if config.use_ema else None
@@ -206,17 +238,26 @@ class TrainStep:
                 config.lr_scheduler, config.lr_warmup_steps * processes, config.max_train_steps * processes
             ),
         )
+        faults = faults or FaultPlan()
         if compiles(config):  # before prepare: wrappers (DDP, DeepSpeed) call forward, which runs the compiled chunks
-            model.compile(backend=config.compile_backend)
+            backend = config.compile_backend
+            if faults.anywhere("compile_backward", accelerator.process_index):
+                backend = failing_backward_backend()
+            model.compile(backend=backend)
             logger.info(
                 "torch.compile (backend %s): the first steps and the first validation pay compilation (compile=%s)",
-                config.compile_backend,
+                backend,
                 config.compile,
             )
+        deepspeed_engine.turn_on_overflow_check(accelerator)
         if loader is None:
             model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
         else:
             model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+        if (engine := deepspeed_engine.engine_of(accelerator)) is not None:
+            deepspeed_engine.check_engine(engine)
+            if faults.anywhere("no_overflow_check", accelerator.process_index):
+                deepspeed_engine.switch_off_overflow_check(engine)
         train_step = cls(
             config,
             accelerator,
@@ -224,7 +265,7 @@ class TrainStep:
             optimizer,
             scheduler,
             latents,
-            faults or FaultPlan(),
+            faults,
             stop or StopRequest(),
             frozen,
         )
@@ -240,19 +281,19 @@ class TrainStep:
 
         The micro-batches are taken one at a time, as the window trains, and each wait for
         data is measured on its own. Nothing inside the window waits for the device: what a
-        micro-batch runs into (a non-finite loss stays a device flag, an out-of-memory error
-        or lost data runs a placeholder clip on a NaN-poisoned loss, so that every rank runs
-        the same backward passes) is settled at the window's end, over all ranks, in one read
-        (``WindowTrouble``; with Seraena also before each discriminator step, which every rank
-        takes or skips together). A window whose data some rank lost is dropped on every rank
-        with no optimizer step (the loop then saves the last step and stops). A SIGTERM/SIGINT
-        is reported with the window's end (``stop_requested``), so the loop saves at a step
-        boundary."""
+        micro-batch runs into (a non-finite loss or gradient stays a device flag; an
+        out-of-memory error, a failed compilation or lost data makes this rank hand over NaN
+        gradients, so that every rank runs the same gradient collectives) is settled at the
+        window's end, over all ranks, in one read (``WindowTrouble``; with Seraena also before
+        each discriminator step, which every rank takes or skips together). A window whose
+        data some rank lost is dropped on every rank with no optimizer step (the loop then
+        saves the last step and stops). A SIGTERM/SIGINT is reported with the window's end
+        (``stop_requested``), so the loop saves at a step boundary."""
         acc = self.accelerator
         trouble = WindowTrouble(acc.device)
         losses: list[dict[str, torch.Tensor]] = []
         failures, data_wait, taken = torch.zeros((), dtype=torch.long), 0.0, 0
-        data_error: VideoDataError | None = None  # this rank's data is gone: placeholders to the window's end
+        data_error: VideoDataError | None = None  # this rank's data is gone: NaN gradients to the window's end
         while True:
             started = time.perf_counter()
             self.idle.pause()  # the GPU finishes what is queued while the host waits
@@ -266,16 +307,17 @@ class TrainStep:
             if data_error is None and isinstance(item.batch, VideoDataError):
                 data_error = item.batch
             batch = None if data_error is not None else item.batch
+            trouble.data_failed = trouble.data_failed or batch is None
             if batch is not None and "failures" in batch:  # hand-made batches (benchmarks, tests) have no count
                 failures = failures + batch["failures"].sum()
             last = taken == self.config.gradient_accumulation_steps or item.last_in_epoch
             with self.accumulate(last):
-                micro_losses = self.micro_batch(batch, window, trouble)
+                micro_losses = self.micro_batch(batch, window, trouble, last)
                 if micro_losses is not None:
                     losses.append(micro_losses)
                 if last:
                     self.faults.maybe_signal(window, acc.process_index)
-                    return self.end_window(trouble, losses, taken, data_wait, failures, data_error)
+                    return self.end_window(trouble, losses, taken, data_wait, failures, data_error, window)
 
     def accumulate(self, last: bool) -> contextlib.AbstractContextManager:
         """``accelerator.accumulate`` with the window's end decided here, from the batches'
@@ -287,38 +329,112 @@ class TrainStep:
         self.accelerator.step = steps - 1 if last else 0
         return self.accelerator.accumulate(self.model)
 
-    def micro_batch(self, batch: dict | None, window: int, trouble: WindowTrouble) -> dict[str, torch.Tensor] | None:
-        """One micro-batch inside ``accumulate``: the forward pass and the backward pass, on
-        a placeholder clip's NaN-poisoned loss when its forward pass ran out of memory or the
-        rank's data is gone (``batch`` None). Returns its detached loss terms (None for a
-        placeholder); ``trouble`` keeps what went wrong."""
+    def micro_batch(
+        self, batch: dict | None, window: int, trouble: WindowTrouble, last: bool
+    ) -> dict[str, torch.Tensor] | None:
+        """One micro-batch inside ``accumulate``: the forward pass, this rank's gradients
+        (``torch.autograd.grad``, which no gradient hook or collective sees) and their hand-over
+        to the optimizer (the one backward pass the distributed wrappers see). NaN gradients are
+        handed over instead when the forward or backward pass ran out of memory or failed to
+        compile, or the rank has no batch (``batch`` None: its data is gone): every rank then
+        runs the same collectives, and the agreed flags skip the window. Returns the detached
+        loss terms (None when nothing was trained); ``trouble`` keeps what went wrong."""
+        forward, z_ref = self.forward_pass(batch, window, trouble) if batch is not None else (None, None)
+        if forward is not None:
+            trouble.add_loss(forward.losses["loss"])
+        if self.seraena is not None:  # the other ranks wait for this rank's flags before their discriminator step
+            settled = self.settle(trouble)
+            if settled.problem is None and not settled.data_failed and forward is not None:
+                self.add_seraena_loss(forward, z_ref)
+        gradients = self.gradients(forward.losses["loss"], window, trouble) if forward is not None else None
+        if gradients is not None:
+            trouble.add_gradients([g for g in gradients if g is not None])
+            self.hand_over(gradients, last)
+            return {name: value.detach() for name, value in forward.losses.items()}
+        if forward is None:
+            self.prepare_reducer()
+        self.hand_over([torch.full_like(p, math.nan) for p in self.trainable], last)
+        return None
+
+    def forward_pass(
+        self, batch: dict, window: int, trouble: WindowTrouble
+    ) -> tuple[Forward | None, torch.Tensor | None]:
+        """The forward pass and losses of ``batch`` (compiled, else eager: a compilation that
+        fails here is run again eagerly at once), with its reference latents; (None, None)
+        when it ran out of memory."""
         acc, rank = self.accelerator, self.accelerator.process_index
-        forward, z_ref, out_of_memory = None, None, False
+        out_of_memory = False
         try:
-            if batch is not None:
-                frames = frames_to_unit(batch["frames"], acc.device)
-                z_ref = self.latents(batch, frames, self.generator)
+            frames = frames_to_unit(batch["frames"], acc.device)
+            z_ref = self.latents(batch, frames, self.generator)
+            try:
                 forward = self.forward(frames, z_ref)
-                forward.losses["loss"] = self.faults.inject_forward(window, rank, forward.losses["loss"])
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as err:  # not swallowed: an eager model raises it again below
+                if not self.unwrapped_model.compiled:
+                    raise
+                self.compile_failed(err, trouble)
+                forward = self.forward(frames, z_ref)
+            forward.losses["loss"] = self.faults.inject_forward(window, rank, forward.losses["loss"])
+            return forward, z_ref
         except torch.OutOfMemoryError as err:
             logger.error("out of memory in the forward pass of window %d: %s", window, err)
             out_of_memory = trouble.out_of_memory = True
-        if out_of_memory and torch.cuda.is_available():
-            torch.cuda.empty_cache()  # outside the except block, whose traceback holds the activations
-        if forward is None:
-            trouble.data_failed = trouble.data_failed or batch is None
-            if self.seraena is not None:  # the other ranks wait for this rank's flags before their discriminator step
-                self.settle(trouble)
-            acc.backward(poisoned(self.forward(*self.placeholder_batch()).losses["loss"]))
-            return None
-        losses = forward.losses
-        trouble.add_loss(losses["loss"])
-        if self.seraena is not None:
-            # every rank takes the discriminator step or none does: its collectives need the flags now
-            if self.settle(trouble).problem is None and not trouble.data_failed:
-                self.add_seraena_loss(forward, z_ref)
-        acc.backward(losses["loss"])
-        return {name: value.detach() for name, value in losses.items()}
+        if out_of_memory:
+            free_cached_memory()  # outside the except block, whose traceback holds the activations
+        return None, None
+
+    def gradients(self, loss: torch.Tensor, window: int, trouble: WindowTrouble) -> list[torch.Tensor | None] | None:
+        """This rank's gradients of ``loss`` for the trained parameters, None when the
+        backward pass ran out of memory or its compilation failed (the window is then skipped
+        on every rank; a failed compilation also leaves every rank eager)."""
+        rank, failed = self.accelerator.process_index, False
+        try:
+            loss = self.faults.inject_backward(window, rank, loss)
+            return list(torch.autograd.grad(loss * self.loss_scale(), self.trainable, allow_unused=True))
+        except torch.OutOfMemoryError as err:
+            logger.error("out of memory in the backward pass of window %d: %s", window, err)
+            failed = trouble.out_of_memory = True
+        except Exception as err:  # not swallowed: only a compiled model's backward pass is retried eagerly
+            if not self.unwrapped_model.compiled:
+                raise
+            self.compile_failed(err, trouble)
+            failed = trouble.backward_failed = True
+        if failed:
+            free_cached_memory()
+        return None
+
+    def hand_over(self, gradients: list[torch.Tensor | None], last: bool) -> None:
+        """Give ``gradients`` to the optimizer through a backward pass of ``sum(p * g)``,
+        whose gradient for each parameter p is g: DDP's and ZeRO's hooks, the accumulation
+        scaling and the loss scaler see an ordinary backward pass, the same one on every rank
+        (so a rank that failed meets the others' collectives with its NaN gradients)."""
+        surrogate = sum((p * g).sum() for p, g in zip(self.trainable, gradients) if g is not None)
+        surrogate = surrogate / self.loss_scale()  # the scaler multiplies it back: exactly g
+        if self.engine is not None:
+            deepspeed_engine.backward(self.engine, surrogate, last)
+        else:
+            self.accelerator.backward(surrogate)
+
+    def loss_scale(self) -> torch.Tensor | float:
+        """fp16's loss scale (gradients are taken of the scaled loss, as the scaler would), else 1."""
+        if self.engine is not None:
+            return deepspeed_engine.loss_scale(self.engine)
+        scaler = self.accelerator.scaler
+        return 1.0 if scaler is None else scaler.scale(torch.ones((), device=self.accelerator.device))
+
+    def prepare_reducer(self) -> None:
+        """Under DDP, a forward pass through the wrapper (eager, on a placeholder clip) for a
+        rank that has none, so that its gradient hand-over reaches the other ranks' buckets."""
+        if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+            with self.unwrapped_model.eager():
+                self.model(*self.placeholder_batch(), decode_own=True)
+
+    def compile_failed(self, err: Exception, trouble: WindowTrouble) -> None:
+        """This rank leaves the compiled model; the window's end tells the other ranks."""
+        self.unwrapped_model.run_eager(f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}")
+        trouble.compile_failed = True
 
     def end_window(
         self,
@@ -328,16 +444,36 @@ class TrainStep:
         data_wait: float,
         failures: torch.Tensor,
         data_error: VideoDataError | None,
+        window: int,
     ) -> StepResult:
-        """At the window's last micro-batch, inside ``accumulate``: clip the gradients, settle
-        the window over all ranks, and step the optimizer, the scheduler and the EMA weights
-        unless something went wrong on some rank; clear the gradients either way."""
+        """At the window's last micro-batch, inside ``accumulate``: settle the window over all
+        ranks, then take the optimizer step, the schedule's and the EMA weights' (clipping the
+        gradients first), or drop the window's gradients on every rank; under DeepSpeed its
+        engine steps (``training.loop.deepspeed_engine``). An out-of-memory error in the
+        optimizer step may leave the weights half-updated: the run ends (``OptimizerStepFailed``)."""
         acc = self.accelerator
-        grad_norm = acc.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm or math.inf)
+        grad_norm = None
+        if self.engine is None:
+            grad_norm = acc.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm or math.inf)
         settled = self.settle(trouble, grad_norm)
-        applied = settled.problem is None and not settled.data_failed
+        if settled.compile_failed:
+            self.unwrapped_model.run_eager("on another rank")
+        applied, problem = settled.problem is None and not settled.data_failed, settled.problem
+        try:
+            if applied:
+                self.faults.maybe_oom_in_step(window, acc.process_index)
+            if self.engine is not None:
+                if applied:
+                    applied = deepspeed_engine.apply(self.engine)
+                    problem = None if applied else "non-finite gradient (DeepSpeed's overflow check)"
+                    grad_norm = self.engine.get_global_grad_norm()
+                else:
+                    deepspeed_engine.drop(self.engine)
+            elif applied:
+                self.optimizer.step()
+        except torch.OutOfMemoryError as err:
+            raise OptimizerStepFailed(f"out of memory in the optimizer step of window {window} ({err})") from err
         if applied:
-            self.optimizer.step()
             self.scheduler.step()
         elif acc.scaler is not None:
             acc.scaler.update()  # fp16: lower the loss scale as the scaler's own skip would
@@ -347,7 +483,7 @@ class TrainStep:
         self.idle.pause()  # the window's work is queued; the loop's bookkeeping runs until the next window
         return StepResult(
             applied,
-            None if applied or settled.data_failed else settled.problem,
+            None if applied or settled.data_failed else problem,
             losses if applied else [],
             None if settled.data_failed else grad_norm,
             settled.stop_requested,
@@ -371,7 +507,7 @@ class TrainStep:
         return getattr(self.scheduler, "scheduler", self.scheduler).lr_lambdas[0]
 
     def forward(self, frames: torch.Tensor, z_ref: torch.Tensor | None) -> Forward:
-        return training_forward(self.accelerator, self.model, frames, z_ref, self.config, self.input_dtype)
+        return training_forward(self.accelerator, self.forward_module, frames, z_ref, self.config, self.input_dtype)
 
     def add_seraena_loss(self, forward: Forward, z_ref: torch.Tensor | None) -> None:
         """Seraena on the frames the decoder makes from the reference latents (its own
