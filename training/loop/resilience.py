@@ -33,7 +33,7 @@ from common.config import TrainConfig, below
 from common.errors import UserError
 
 logger = logging.getLogger(__name__)
-FAULT_KINDS = ("nan_loss", "oom", "crash_in_save", "sigterm", "disk_full")
+FAULT_KINDS = ("nan_loss", "oom", "oom_copy", "crash_in_save", "sigterm", "disk_full")
 # Exit status of a process that lost contact with another process of its run (which died
 # or was killed): the launcher (``training.launch``) then reports the one that died.
 EXIT_RANK_LOST = 3
@@ -210,8 +210,11 @@ class FaultPlan:
     ``sigterm`` sends SIGTERM to the process at the end of window N (after its last
     backward pass, the latest moment before the ranks agree), ``crash_in_save`` kills the
     process while checkpoint N is being written (after the files, before the manifest),
-    ``disk_full`` makes the write of checkpoint N fail as a full disk does (ENOSPC).
-    Without a rank, every rank is hit.
+    ``disk_full`` makes the write of checkpoint N fail as a full disk does (ENOSPC),
+    ``oom_copy`` raises an out-of-memory error in the copy of a batch to the device by the
+    prefetching thread (``training.data.prefetch``), at the N-th batch this process's
+    prefetcher copied since the run (re)started, counted from 1 (on a CPU too, where the
+    copy moves nothing). Without a rank, every rank is hit.
     """
 
     faults: set[tuple[str, int, int | None]] = field(default_factory=set)
@@ -241,6 +244,14 @@ class FaultPlan:
         if self.fires("nan_loss", step, rank):
             return loss * float("nan")
         return loss
+
+    def maybe_oom_in_copy(self, copy: int, rank: int) -> None:
+        """Raise an out-of-memory error at this process's ``copy``-th copy of a batch to the device."""
+        if self.fires("oom_copy", copy, rank):
+            raise torch.OutOfMemoryError(
+                f"injected out-of-memory error in the copy of batch {copy} to the device "
+                f"(fault_injection oom_copy@{copy})"
+            )
 
     def maybe_signal(self, step: int, rank: int) -> None:
         """Send SIGTERM to this process once, in window ``step``."""

@@ -39,10 +39,10 @@ from common.clips import VideoDataError, frames_to_unit
 from common.config import TrainConfig
 from models.seraena import Seraena
 from models.taehv import TAEHV, AutoencoderOutput
+from training.data.cuda_sequence import IdleClock
 from training.data.loading import ReferenceLatents
 from training.data.prefetch import Fetched
 from training.loop.adversarial import build_seraena, seraena_loss
-from training.loop.idle_clock import IdleClock
 from training.loop.losses import LossWeights, compute_losses
 from training.loop.optimisation import LearningRateSchedule, compiles
 from training.loop.resilience import FaultPlan, Settled, StopRequest, WindowTrouble, poisoned
@@ -184,7 +184,7 @@ class TrainStep:
     ) -> tuple[TrainStep, DataLoader | None]:
         """AdamW and the LR schedule for ``model``, prepared by Accelerate together with the
         training ``loader`` (DeepSpeed reads its batch size from it); returns the step and
-        the prepared loader."""
+        the prepared loader, whose batches stay on the host (``training.data.prefetch`` copies them)."""
         # the frozen weights as loaded, in fp32 (DeepSpeed casts the module): what exports keep of them
         frozen = {
             name: p.detach().to("cpu", torch.float32, copy=True)
@@ -217,6 +217,10 @@ class TrainStep:
             model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
         else:
             model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+            # Its batches stay on the host (pinned on CUDA): the prefetching thread copies them to the device
+            # (training.data.prefetch), where an out-of-memory copy costs a batch, not the loader's iterator.
+            # Accelerate refuses per-object device_placement under DeepSpeed, so the placement is turned off here.
+            loader.device = None
         train_step = cls(
             config,
             accelerator,
