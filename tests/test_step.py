@@ -17,7 +17,7 @@ from common.clips import VideoDataError
 from common.config import TrainConfig
 from models.taehv import TAEHV
 from training.data.loading import ReferenceLatents
-from training.data.prefetch import Prefetcher
+from training.data.prefetch import BatchOutOfMemory, Prefetcher, WaitInterrupted
 from training.loop.resilience import FaultPlan, StopRequest
 from training.loop.step import OptimizerStepFailed, TrainStep, accumulation_plugin
 from training.taehv_train import Progress
@@ -184,6 +184,26 @@ def test_an_out_of_memory_optimizer_step_ends_the_run():
     train_step = make_step(faults="oom_step@1")
     with pytest.raises(OptimizerStepFailed, match="out of memory in the optimizer step of window 1"):
         train_step(iter([batch()]), window=1)
+
+
+def test_an_out_of_memory_copy_to_the_device_skips_the_window():
+    train_step = make_step(gradient_accumulation_steps=2)
+    before = weights(train_step)
+    result = train_step(iter([batch(), BatchOutOfMemory("out of memory in the copy of batch 2")]), window=1)
+    assert not result.applied and result.skip_reason == "out of memory" and not result.data_failed
+    assert result.micro_batches == 2 and not changed(before, train_step)
+    assert train_step(iter([batch(), batch()]), window=2).applied
+
+
+def test_a_stop_while_waiting_for_a_batch_drops_the_window_to_give_it_back():
+    stop = StopRequest()
+    train_step = make_step(stop=stop, gradient_accumulation_steps=2)
+    stop.signal_name = "SIGTERM"
+    waited = WaitInterrupted("a stop was requested while this process waited for its next batch")
+    before = weights(train_step)
+    result = train_step(iter([batch(), waited]), window=1)
+    assert result.data_failed and result.stop_requested and result.micro_batches == 2  # given back, then saved
+    assert not result.applied and not changed(before, train_step)
 
 
 def test_a_signal_is_reported_at_the_step_boundary():

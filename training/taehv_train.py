@@ -356,8 +356,17 @@ def train(
         disable=not accelerator.is_local_main_process,
     )
     profiler = monitor.profiler()
-    # from where the run is, epoch after epoch, received while the step computes
-    batches = Prefetcher(loader, accelerator, progress, config.prefetch_batches)
+    # from where the run is, epoch after epoch, received while the step computes; a wait for a batch
+    # ends at a stop request or after batch_timeout seconds
+    batches = Prefetcher(
+        loader,
+        accelerator,
+        progress,
+        config.prefetch_batches,
+        stopping=lambda: stop.requested,
+        batch_timeout=config.batch_timeout,
+        faults=faults,
+    )
     try:
         with logging_redirect_tqdm():  # log lines go above the progress bar, not into it
             stop_reason, data_error = train_windows(run, batches, budget, progress_bar, profiler)
@@ -391,7 +400,8 @@ def train_windows(
         progress.count(result)
         monitor.add_window(result)
         if result.data_failed:  # on some rank: every rank dropped the unfinished window
-            stop_reason, data_error = "data", result.data_error
+            # a stop that came while a rank waited for its batch is a stop; else the data went away
+            stop_reason, data_error = ("signal", None) if result.stop_requested else ("data", result.data_error)
             break
         if not result.applied:
             logger.warning(

@@ -73,6 +73,7 @@ def config_errors(config: TrainConfig, spec: VariantSpec) -> list[str]:
         *found,
         *below(config, ("dataloader_num_workers", "frame_cache_mb"), 0),
         *below(config, ("prefetch_batches",), 1),
+        *below(config, ("batch_timeout",), 0),
     ]
 
 

@@ -7,7 +7,7 @@ step) and averaged across ranks only when logged. What the log step reports abou
 - ``train/data_wait``: the share of wall time the step waited for a batch that was not
   ready (the prefetching thread and the loader workers should make it ~0);
 - ``train/gpu_idle`` (CUDA): the share of wall time the GPU had no training work queued
-  (``training.loop.idle_clock``); validation and checkpoints count as idle, so look at it between them;
+  (``training.data.cuda_sequence.IdleClock``); validation and checkpoints count as idle, so look at it between them;
 - ``train/tflops``: the TAE's training FLOPs (``training.loop.feed.micro_batch_flops``, a
   meta-device count) per second, and ``train/mfu`` that rate over the GPU's dense peak for
   the run's precision (known GPUs only).
@@ -25,8 +25,8 @@ import torch
 from accelerate import Accelerator
 
 from common.config import TrainConfig, below
+from training.data.cuda_sequence import IdleClock
 from training.loop.feed import micro_batch_flops, peak_flops
-from training.loop.idle_clock import IdleClock
 
 if TYPE_CHECKING:
     from training.loop.step import StepResult

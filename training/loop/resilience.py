@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 FAULT_KINDS = (
     "nan_loss",
     "oom",
+    "oom_copy",
     "oom_backward",
     "oom_step",
     "compile_backward",
@@ -236,8 +237,11 @@ class FaultPlan:
     ``sigterm`` sends SIGTERM to the process at the end of window N (after its last
     backward pass, the latest moment before the ranks agree), ``crash_in_save`` kills the
     process while checkpoint N is being written (after the files, before the manifest),
-    ``disk_full`` makes the write of checkpoint N fail as a full disk does (ENOSPC).
-    Without a rank, every rank is hit.
+    ``disk_full`` makes the write of checkpoint N fail as a full disk does (ENOSPC),
+    ``oom_copy`` raises an out-of-memory error in the copy of a batch to the device by the
+    prefetching thread (``training.data.prefetch``), at the N-th batch this process's
+    prefetcher copied since the run (re)started, counted from 1 (on a CPU too, where the
+    copy moves nothing). Without a rank, every rank is hit.
     """
 
     faults: set[tuple[str, int, int | None]] = field(default_factory=set)
@@ -279,6 +283,14 @@ class FaultPlan:
     def anywhere(self, kind: str, rank: int) -> bool:
         """Whether ``kind`` is injected on ``rank`` at any step."""
         return any(k == kind and r in (None, rank) for k, _, r in self.faults)
+
+    def maybe_oom_in_copy(self, copy: int, rank: int) -> None:
+        """Raise an out-of-memory error at this process's ``copy``-th copy of a batch to the device."""
+        if self.fires("oom_copy", copy, rank):
+            raise torch.OutOfMemoryError(
+                f"injected out-of-memory error in the copy of batch {copy} to the device "
+                f"(fault_injection oom_copy@{copy})"
+            )
 
     def maybe_signal(self, step: int, rank: int) -> None:
         """Send SIGTERM to this process once, in window ``step``."""

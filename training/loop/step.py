@@ -49,11 +49,11 @@ from common.clips import VideoDataError, frames_to_unit
 from common.config import TrainConfig
 from models.seraena import Seraena
 from models.taehv import TAEHV, AutoencoderOutput
+from training.data.cuda_sequence import IdleClock
 from training.data.loading import ReferenceLatents
-from training.data.prefetch import Fetched
+from training.data.prefetch import BatchOutOfMemory, Fetched, WaitInterrupted
 from training.loop import deepspeed_engine
 from training.loop.adversarial import build_seraena, seraena_loss
-from training.loop.idle_clock import IdleClock
 from training.loop.losses import LossWeights, compute_losses
 from training.loop.optimisation import LearningRateSchedule, compiles
 from training.loop.resilience import FaultPlan, Settled, StopRequest, WindowTrouble, failing_backward_backend
@@ -140,7 +140,7 @@ class StepResult(NamedTuple):
     data_wait: float  # seconds this rank waited for them
     failures: torch.Tensor  # clips the dataset had to replace in them (bad files)
     data_failed: bool = False  # some rank could not load its batch: the window was dropped on every rank
-    data_error: VideoDataError | None = None  # why, when it was this rank's batch
+    data_error: VideoDataError | WaitInterrupted | None = None  # why, when it was this rank's batch
 
 
 def accumulation_plugin(config: TrainConfig) -> GradientAccumulationPlugin:
@@ -216,7 +216,7 @@ class TrainStep:
     ) -> tuple[TrainStep, DataLoader | None]:
         """AdamW and the LR schedule for ``model``, prepared by Accelerate together with the
         training ``loader`` (DeepSpeed reads its batch size from it); returns the step and
-        the prepared loader."""
+        the prepared loader, whose batches stay on the host (``training.data.prefetch`` copies them)."""
         # the frozen weights as loaded, in fp32 (DeepSpeed casts the module): what exports keep of them
         frozen = {
             name: p.detach().to("cpu", torch.float32, copy=True)
@@ -254,6 +254,10 @@ class TrainStep:
             model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
         else:
             model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+            # Its batches stay on the host (pinned on CUDA): the prefetching thread copies them to the device
+            # (training.data.prefetch), where an out-of-memory copy costs a batch, not the loader's iterator.
+            # Accelerate refuses per-object device_placement under DeepSpeed, so the placement is turned off here.
+            loader.device = None
         if (engine := deepspeed_engine.engine_of(accelerator)) is not None:
             deepspeed_engine.check_engine(engine)
             if faults.anywhere("no_overflow_check", accelerator.process_index):
@@ -277,7 +281,10 @@ class TrainStep:
         when the epoch's last batch comes first (as Accelerate ends windows). The items are
         the prefetcher's (``training.data.prefetch``) or, for hand-made feeds (benchmarks,
         tests), plain batches (never the last of an epoch). A batch is the VideoDataError
-        instead when this rank could not load it (the data went away).
+        instead when this rank could not load it (the data went away, or none came within
+        ``batch_timeout``), a WaitInterrupted when a stop came while this rank waited for it
+        (the window is dropped on every rank, given back and the run saves), a
+        BatchOutOfMemory when its copy to the GPU ran out of memory (skipped on every rank).
 
         The micro-batches are taken one at a time, as the window trains, and each wait for
         data is measured on its own. Nothing inside the window waits for the device: what a
@@ -293,7 +300,8 @@ class TrainStep:
         trouble = WindowTrouble(acc.device)
         losses: list[dict[str, torch.Tensor]] = []
         failures, data_wait, taken = torch.zeros((), dtype=torch.long), 0.0, 0
-        data_error: VideoDataError | None = None  # this rank's data is gone: NaN gradients to the window's end
+        # this rank's data is gone, or a stop came while it waited: NaN gradients to the window's end
+        data_error: VideoDataError | WaitInterrupted | None = None
         while True:
             started = time.perf_counter()
             self.idle.pause()  # the GPU finishes what is queued while the host waits
@@ -304,10 +312,14 @@ class TrainStep:
                 raise RuntimeError(f"the micro-batches ran out inside accumulation window {window}")
             item = item if isinstance(item, Fetched) else Fetched(item)
             taken += 1
-            if data_error is None and isinstance(item.batch, VideoDataError):
+            if data_error is None and isinstance(item.batch, (VideoDataError, WaitInterrupted)):
                 data_error = item.batch
             batch = None if data_error is not None else item.batch
-            trouble.data_failed = trouble.data_failed or batch is None
+            if isinstance(batch, BatchOutOfMemory):  # its copy to the GPU: this micro-batch is skipped on every rank
+                logger.error("%s", batch)
+                trouble.out_of_memory, batch = True, None
+            else:
+                trouble.data_failed = trouble.data_failed or batch is None
             if batch is not None and "failures" in batch:  # hand-made batches (benchmarks, tests) have no count
                 failures = failures + batch["failures"].sum()
             last = taken == self.config.gradient_accumulation_steps or item.last_in_epoch
@@ -443,7 +455,7 @@ class TrainStep:
         taken: int,
         data_wait: float,
         failures: torch.Tensor,
-        data_error: VideoDataError | None,
+        data_error: VideoDataError | WaitInterrupted | None,
         window: int,
     ) -> StepResult:
         """At the window's last micro-batch, inside ``accumulate``: settle the window over all
