@@ -25,8 +25,9 @@ once. Under DeepSpeed the step drives the engine (``training.loop.deepspeed_engi
 optimizer step comes after that agreement, and a skipped window is dropped by it.
 
 Reads from the device: the step's own is that one per window. DeepSpeed's step adds its
-own: the overflow check's agreed flag and the gradient norm it computes for clipping (two
-reads per optimizer step under ZeRO-1/2); a torch.compile'd model adds none. Logging,
+own: three per optimizer step under ZeRO-2 in bf16 (DeepSpeed 0.19.8: its overflow check's
+agreed flag, and twice whether the gradient norm it clips by is finite); a torch.compile'd
+model adds none. Logging,
 validation and checkpoint cadence are the loop's business, not the step's.
 """
 
@@ -62,6 +63,7 @@ from training.state.checkpoints import TrainingObjects
 logger = logging.getLogger(__name__)
 
 
+NO_SCALE = 1.0  # the loss scale of bf16 and fp32 training: nothing to multiply or divide
 # what the loop says with a window skipped for lack of memory, and when the optimizer step ran out
 OUT_OF_MEMORY_ADVICE = (
     "lower train_batch_size (raising gradient_accumulation_steps keeps the batch), n_frames, or height/width"
@@ -358,13 +360,14 @@ class TrainStep:
             settled = self.settle(trouble)
             if settled.problem is None and not settled.data_failed and forward is not None:
                 self.add_seraena_loss(forward, z_ref)
-        gradients = self.gradients(forward.losses["loss"], window, trouble) if forward is not None else None
-        if gradients is not None:
-            trouble.add_gradients([g for g in gradients if g is not None])
-            self.hand_over(gradients, last)
+        grads = self.gradients(forward.losses["loss"], window, trouble) if forward is not None else None
+        if grads is not None:
+            trouble.add_gradients([g for g in grads if g is not None])
+            self.hand_over(grads, last)
             return {name: value.detach() for name, value in forward.losses.items()}
         if forward is None:
             self.prepare_reducer()
+        del forward  # a failed backward pass's activations: freed before the hand-over
         self.hand_over([torch.full_like(p, math.nan) for p in self.trainable], last)
         return None
 
@@ -404,11 +407,13 @@ class TrainStep:
         rank, failed = self.accelerator.process_index, False
         try:
             loss = self.faults.inject_backward(window, rank, loss)
-            return list(torch.autograd.grad(loss * self.loss_scale(), self.trainable, allow_unused=True))
+            if (scale := self.loss_scale()) is not NO_SCALE:
+                loss = loss * scale
+            return list(torch.autograd.grad(loss, self.trainable, allow_unused=True))
         except torch.OutOfMemoryError as err:
             logger.error("out of memory in the backward pass of window %d: %s", window, err)
             failed = trouble.out_of_memory = True
-        except Exception as err:  # not swallowed: only a compiled model's backward pass is retried eagerly
+        except Exception as err:  # not swallowed: an eager model's error is raised, a compiled one's skips the window
             if not self.unwrapped_model.compiled:
                 raise
             self.compile_failed(err, trouble)
@@ -423,18 +428,21 @@ class TrainStep:
         scaling and the loss scaler see an ordinary backward pass, the same one on every rank
         (so a rank that failed meets the others' collectives with its NaN gradients)."""
         surrogate = sum((p * g).sum() for p, g in zip(self.trainable, gradients) if g is not None)
-        surrogate = surrogate / self.loss_scale()  # the scaler multiplies it back: exactly g
+        if (scale := self.loss_scale()) is not NO_SCALE:
+            surrogate = surrogate / scale  # the scaler multiplies it back: exactly g
         if self.engine is not None:
             deepspeed_engine.backward(self.engine, surrogate, last)
         else:
             self.accelerator.backward(surrogate)
 
     def loss_scale(self) -> torch.Tensor | float:
-        """fp16's loss scale (gradients are taken of the scaled loss, as the scaler would), else 1."""
+        """fp16's loss scale (gradients are taken of the scaled loss, as the scaler would),
+        else ``NO_SCALE``."""
         if self.engine is not None:
-            return deepspeed_engine.loss_scale(self.engine)
+            scale = deepspeed_engine.loss_scale(self.engine)
+            return NO_SCALE if scale == 1 else scale
         scaler = self.accelerator.scaler
-        return 1.0 if scaler is None else scaler.scale(torch.ones((), device=self.accelerator.device))
+        return NO_SCALE if scaler is None else scaler.scale(torch.ones((), device=self.accelerator.device))
 
     def prepare_reducer(self) -> None:
         """Under DDP, a forward pass through the wrapper (eager, on a placeholder clip) for a
