@@ -540,9 +540,8 @@ class TrainStep:
         losses["loss"] = losses["loss"] + self.config.seraena_loss_weight * loss
 
     def placeholder_batch(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """A tiny clip (and reference latents) with the training frame count: the forward
-        pass a rank runs when its own ran out of memory, so its backward pass joins the same
-        gradient collectives as the other ranks."""
+        """A tiny clip (and reference latents) with the training frame count: under DDP, the
+        forward pass through the wrapper of a rank that has none of its own (``prepare_reducer``)."""
         device, size = self.accelerator.device, 8 * self.unwrapped_model.patch_size
         frames = torch.zeros(1, self.config.n_frames, self.unwrapped_model.image_channels, size, size, device=device)
         if not self.latents.available:
