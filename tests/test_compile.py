@@ -16,7 +16,6 @@ import logging
 
 import pytest
 import torch
-from accelerate import Accelerator
 from test_train import scalars
 from torch._dynamo.testing import CompileCounterWithBackend
 
@@ -29,7 +28,7 @@ from models.diffusers_vae import TAEVideoVAE
 from models.taehv import TAEHV, run_blocks
 from models.variants import known_variants
 from models.weights import save_weights
-from train_runs import ONE_PROCESS, run_dir, train, train_here
+from train_runs import ONE_PROCESS, run_dir, tiny_train_step, train, train_here
 from training.data.loading import ReferenceLatents
 from training.loop.optimisation import compiles
 from training.loop.step import TrainStep
@@ -183,23 +182,7 @@ def test_a_compiled_model_takes_the_shapes_of_a_training_run():
 
 
 def make_step(**changes) -> TrainStep:
-    config = TrainConfig(
-        variant="taehv",
-        n_frames=9,
-        height=16,
-        width=16,
-        train_batch_size=2,
-        mixed_precision="no",
-        lr_scheduler="constant",
-        lr_warmup_steps=0,
-        **changes,
-    )
-    torch.manual_seed(0)
-    step, _ = TrainStep.build(
-        config, Accelerator(cpu=True), TAEHV(variant="taehv"), ReferenceLatents(None, cached=True)
-    )
-    step.model.train()
-    return step
+    return tiny_train_step(9, 16, latents=ReferenceLatents(None, cached=True), train_batch_size=2, **changes)[0]
 
 
 def test_train_step_compiles_the_model_and_matches_eager():

@@ -22,12 +22,10 @@ from common.clips import VideoDataError
 from common.config import TrainConfig
 from common.errors import UserError
 from conftest import valid_config
-from models.taehv import TAEHV
+from train_runs import tiny_train_step
 from training.data.cuda_sequence import DeviceFeed, IdleClock
-from training.data.loading import ReferenceLatents
 from training.data.prefetch import BatchOutOfMemory, Fetched, Prefetcher, WaitInterrupted
 from training.loop.resilience import FaultPlan
-from training.loop.step import TrainStep, accumulation_plugin
 from training.preflight import check
 from training.taehv_train import Progress
 
@@ -341,26 +339,8 @@ def test_the_idle_clock_brackets_the_wait_for_a_batch():
     ``TrainStep.build``): the idle clock's pause event is recorded before the taking stream
     waits for the batch's copy, its resume event right after; the gaps are measured once
     the last one has reached the GPU."""
-    config = TrainConfig(
-        variant="taehv",
-        n_frames=FRAMES,
-        height=SIZE,
-        width=SIZE,
-        train_batch_size=1,
-        mixed_precision="no",
-        lr_scheduler="constant",
-        lr_warmup_steps=0,
-    )
-    torch.manual_seed(0)
-    train_step, loader = TrainStep.build(
-        config,
-        Accelerator(cpu=True, gradient_accumulation_plugin=accumulation_plugin(config)),
-        TAEHV(variant="taehv"),
-        ReferenceLatents(None, cached=False),
-        loader=DataLoader(Clips(3), batch_size=1),
-    )
+    train_step, loader = tiny_train_step(FRAMES, SIZE, loader=DataLoader(Clips(3), batch_size=1))
     assert loader.device is None  # prepared without device placement: the prefetching thread copies
-    train_step.model.train()
     fake = FakeCuda()
     cuda = torch.device("cuda")
     train_step.idle = IdleClock(cuda, fake)

@@ -16,10 +16,11 @@ from torch.utils.data import DataLoader, Dataset
 from common.clips import VideoDataError
 from common.config import TrainConfig
 from models.taehv import TAEHV
+from train_runs import tiny_train_step
 from training.data.loading import ReferenceLatents
 from training.data.prefetch import BatchOutOfMemory, Prefetcher, WaitInterrupted
-from training.loop.resilience import FaultPlan, StopRequest
-from training.loop.step import OptimizerStepFailed, TrainStep, accumulation_plugin
+from training.loop.resilience import StopRequest
+from training.loop.step import OptimizerStepFailed, TrainStep
 from training.taehv_train import Progress
 
 FRAMES, SIZE = 5, 8
@@ -28,29 +29,7 @@ FRAMES, SIZE = 5, 8
 def make_step(
     faults: str = "", stop: StopRequest | None = None, latents: ReferenceLatents | None = None, **changes
 ) -> TrainStep:
-    config = TrainConfig(
-        variant="taehv",
-        n_frames=FRAMES,
-        height=SIZE,
-        width=SIZE,
-        train_batch_size=1,
-        mixed_precision="no",
-        lr_scheduler="constant",
-        lr_warmup_steps=0,
-        **changes,
-    )
-    torch.manual_seed(0)
-    accelerator = Accelerator(cpu=True, gradient_accumulation_plugin=accumulation_plugin(config))
-    train_step, _ = TrainStep.build(
-        config,
-        accelerator,
-        TAEHV(variant="taehv"),
-        latents or ReferenceLatents(None, cached=False),
-        FaultPlan.parse(faults),
-        stop,
-    )
-    train_step.model.train()
-    return train_step
+    return tiny_train_step(FRAMES, SIZE, faults, stop, latents, **changes)[0]
 
 
 def batch(**extra) -> dict:

@@ -19,12 +19,11 @@ trains exactly what a run without them trains.
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 import torch
 
-from train_runs import assert_identical, tensors, train
+from train_runs import assert_identical, tensors, train, wrapped_zero2
 from training.state.checkpoints import list_checkpoints
 from training.state.serialisation import load_tree
 
@@ -51,24 +50,6 @@ COMMON = [
 ]
 
 
-def zero2(port: int) -> list[str]:
-    """2 processes under DeepSpeed ZeRO-2 through ``training.launch`` (as the launch script runs them)."""
-    return [
-        sys.executable,
-        "-m",
-        "training.launch",
-        "--use_deepspeed",
-        "--zero_stage",
-        "2",
-        "--num_machines",
-        "1",
-        "--num_processes",
-        "2",
-        "--main_process_port",
-        str(port),
-    ]
-
-
 @pytest.fixture(scope="module")
 def one_clip(demo_clips, tmp_path_factory) -> dict:
     """The demo's first training clip, listed twice (a sample per rank, the same each epoch)."""
@@ -83,7 +64,7 @@ def one_clip(demo_clips, tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def uninterrupted(one_clip, tmp_path_factory):
     out = tmp_path_factory.mktemp("uninterrupted")
-    train(zero2(29651), out, one_clip, *COMMON)
+    train(wrapped_zero2(29651), out, one_clip, *COMMON)
     return out / "run"
 
 
@@ -114,7 +95,9 @@ def assert_equal_trees(left, right, where: str) -> None:
 
 
 def test_skipped_windows_leave_the_state_of_a_run_that_never_saw_them(one_clip, uninterrupted, tmp_path):
-    result = train(zero2(29652), tmp_path, one_clip, *COMMON, f"--fault_injection={SKIPPED},no_overflow_check@1")
+    result = train(
+        wrapped_zero2(29652), tmp_path, one_clip, *COMMON, f"--fault_injection={SKIPPED},no_overflow_check@1"
+    )
     log = (tmp_path / "run" / "train.log").read_text()
     reasons = [
         "torch.compile failed in the backward pass",
@@ -136,14 +119,14 @@ def test_skipped_windows_leave_the_state_of_a_run_that_never_saw_them(one_clip, 
 def test_out_of_memory_in_the_optimizer_step_ends_in_one_line_and_the_compiled_run_resumes_exactly(
     one_clip, uninterrupted, tmp_path
 ):
-    ended = train(zero2(29653), tmp_path, one_clip, *COMMON, "--fault_injection=oom_step@2:1", expect=4)
+    ended = train(wrapped_zero2(29653), tmp_path, one_clip, *COMMON, "--fault_injection=oom_step@2:1", expect=4)
     line = next(line for line in ended.stderr.splitlines() if line.startswith("error: rank 1 ended with status 4"))
     assert "out of memory in its optimizer step" in line and "--resume latest" in line
     assert "Traceback" not in ended.stderr
     checkpoints = tmp_path / "run" / "checkpoints"
     assert [p.name for p in list_checkpoints(checkpoints)] == ["checkpoint-1"]  # nothing after it
 
-    train(zero2(29654), tmp_path, one_clip, *COMMON, "--resume=latest", "--fault_injection=sigterm@2:0")
+    train(wrapped_zero2(29654), tmp_path, one_clip, *COMMON, "--resume=latest", "--fault_injection=sigterm@2:0")
     assert [p.name for p in list_checkpoints(checkpoints)] == ["checkpoint-1", "checkpoint-2"]
-    train(zero2(29655), tmp_path, one_clip, *COMMON, "--resume=latest")
+    train(wrapped_zero2(29655), tmp_path, one_clip, *COMMON, "--resume=latest")
     assert_same_state(uninterrupted, tmp_path / "run", STEPS)

@@ -60,6 +60,47 @@ def wrapped_ddp(port: int) -> list[str]:
     return [sys.executable, "-m", "training.launch", *ddp(port)[2:]]
 
 
+def wrapped_zero2(port: int) -> list[str]:
+    """``deepspeed_zero2`` through ``python -m training.launch``, as the launch script runs accelerate."""
+    return [sys.executable, "-m", "training.launch", *deepspeed_zero2(port)[2:]]
+
+
+def tiny_train_step(
+    frames: int,
+    size: int,
+    faults: str = "",
+    stop=None,
+    latents=None,
+    loader=None,
+    **changes,
+):
+    """The training step as the loop builds it in one CPU process, for a taehv of ``frames``
+    frames of ``size`` x ``size`` (by default one clip a micro-batch, fp32, constant LR):
+    (step, the prepared ``loader``)."""
+    from accelerate import Accelerator
+
+    from common.config import TrainConfig
+    from models.taehv import TAEHV
+    from training.data.loading import ReferenceLatents
+    from training.loop.resilience import FaultPlan
+    from training.loop.step import TrainStep, accumulation_plugin
+
+    defaults = {"train_batch_size": 1, "mixed_precision": "no", "lr_scheduler": "constant", "lr_warmup_steps": 0}
+    config = TrainConfig(variant="taehv", n_frames=frames, height=size, width=size, **{**defaults, **changes})
+    torch.manual_seed(0)
+    train_step, loader = TrainStep.build(
+        config,
+        Accelerator(cpu=True, gradient_accumulation_plugin=accumulation_plugin(config)),
+        TAEHV(variant="taehv"),
+        latents or ReferenceLatents(None, cached=False),
+        FaultPlan.parse(faults),
+        stop,
+        loader=loader,
+    )
+    train_step.model.train()
+    return train_step, loader
+
+
 def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
     """The pid of training process ``rank`` among the launcher's children."""
     children = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
