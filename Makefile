@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser lint test test-fast demo bench bench-speed bench-gpu clean
+.PHONY: setup browser lint test test-fast demo bench bench-speed bench-gpu gpu-check clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -48,11 +48,19 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.bench_model --frames 9 17 --height 128 --width 128
 
-# The GPU path: ours against the published TAEHV, eager and compiled, bf16 and
-# fp16, 81 frames of 480x832, plus the 1gpu_h100 training step, alone and fed by the real
-# loader (plain and with cached latents, 60 s a row); JSON on stdout (--out FILE: also a file).
+# The GPU path: ours against the published TAEHV, eager and compiled, bf16 and fp16, 81
+# frames of 480x832, plus the 1gpu_h100 preset trained by ./train_taehv_h100.sh against the
+# same engine fed on-device batches (plain and with cached latents): make bench-gpu
+# ARGS="--videos_dir DIR" (the clips to train on); JSON on stdout (--out FILE: also a file).
 bench-gpu: $(STAMP)
-	$(PY) -m bench.bench_gpu
+	$(PY) -m bench.bench_gpu $(ARGS)
+
+# Every pending GPU figure of docs/benchmarks.md in at most 8 minutes on one H100/H200:
+# run it first on a new GPU machine and paste its table (device and date on top) into
+# docs/benchmarks.md. Writes output/gpu_check.json and .md. make gpu-check ARGS=--tiny: its
+# CPU test, seconds per row.
+gpu-check: $(STAMP)
+	$(PY) -m bench.gpu_check $(ARGS)
 
 # Ours against the published TAEHV on CPU: taecvx, T = 9/17/49 at 128x128 and
 # T = 9 at 256x256, encode/decode, parallel/sequential, 2 threads; JSON, then a Markdown table.

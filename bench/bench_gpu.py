@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """The GPU path in one command: our TAEHV against the published implementation, eager and
-compiled, in bf16 and fp16, plus the 1gpu_h100 preset's training step, alone and fed by
-the real loader; prints JSON.
+compiled, in bf16 and fp16, and the 1gpu_h100 preset trained by the command users type
+against the same training engine fed from the device; prints JSON.
 
-    make bench-gpu                                      # the defaults below, on the GPU
-    python -m bench.bench_gpu                           # the same
-    python -m bench.bench_gpu --variants taehv1_5 --dtypes bf16 --frames 49 --out gpu.json
-    python -m bench.bench_gpu --no-model --no-train --out e2e.json   # only the end-to-end rows
-    python -m bench.bench_gpu --tiny                    # CPU: 9 frames of 32x32, fp32, eager, 1 repeat
+    make bench-gpu ARGS="--videos_dir DIR"             # everything below, on the GPU
+    python -m bench.bench_gpu --videos_dir DIR         # the same
+    python -m bench.bench_gpu --variants taehv1_5 --dtypes bf16 --frames 49 --no-e2e --out gpu.json
+    python -m bench.bench_gpu --no-model --videos_dir DIR --out e2e.json   # only the end-to-end rows
+    python -m bench.bench_gpu --tiny --videos_dir DIR  # CPU: 9 frames of 32x32, fp32, eager; seconds per row
 
 Model rows, for each variant (``--variants``, default taew2_1 taehv1_5), dtype (``--dtypes``,
 default bf16 fp16) and setting (eager; compiled unless ``--no_compile``), and for each
@@ -15,7 +15,7 @@ implementation (``ours``: models/taehv.py, cast with ``.to(device, dtype)`` and
 ``.to(memory_format=torch.channels_last)``; ``published``: the published taehv.py in
 ../shared/reference (``$TAEHV_SHARED_DIR/reference``, ``--published``), built with the
 same architecture, loaded with our weights and cast with ``.to(device, dtype)`` as its
-own main() does), three operations on the same inputs:
+own main() does), three operations on the same inputs, with cuDNN's benchmark mode on:
 
 - ``encode``: ``encode_video(frames, parallel=True)`` of 1 x frames x 3 x height x width
   uniform frames (default 81 frames of 480x832);
@@ -48,38 +48,42 @@ no graph (it would time eager code) is an error. A measurement that raises gets 
 ``error`` field in its row and its traceback on stderr; the others still run, and the
 command exits with status 1 after printing the JSON.
 
-Training rows: ``training.loop.step.TrainStep`` (the loop's step, built by
-bench/step_builder.py's ``train_step``) on the 1gpu_h100 preset's clip size, batch,
-variant and mixed precision, with reference latents in the batch as the latent cache
-delivers them (random, of the right shape); every call is one micro-batch with its
-optimizer step (no accumulation window). Eager, and compiled with
-``config.replace(compile=True, compile_backend=...)`` (as in training: ``TrainStep.build``
-compiles the model), or, with a config without those keys, ``model.compile()`` on the
-step's model (the row says which). ``--tiny`` uses the smallest clip the preset allows
-with a reference VAE (9 frames of 8x8 for taecvx) and no mixed precision.
+End-to-end rows (bench/gpu_training.py), each in its own processes and bounded in time
+(``--row_timeout``; a row that runs past it is killed with every process it started and
+gets an ``error`` field): the clips of ``--videos_dir`` (required: a missing or empty folder
+is a one-line error, exit status 2, before anything runs), the first 8 by name and at most
+300 frames of each, re-encoded to 720x480 H.264 with a keyframe every 30 frames
+(bench/reencoded_clips.py), listed over and over in an annotation of ``--e2e_clips``
+entries (one epoch). Two feeds: ``plain`` (no reference
+latents, ``--ref_vae_path=``) and ``cached`` (reference latents from the latent cache that
+``python -m training.build_latent_cache`` builds for those clips with a random-weight
+CogVideoX VAE, ``--cache_vae``: none can be downloaded on a benchmark machine; the cached
+step never runs the VAE). Each feed has two rows:
 
-End-to-end rows: the 1gpu_h100 preset training from scratch as the training loop runs it
-(its batch, accumulation windows, mixed precision, ``dataloader_num_workers`` or
-``--workers``, prefetching, and ``compile``: "auto" compiles on CUDA, the rows say
-whether) on the shared clips (``--videos_dir``) re-encoded to 720x480 H.264 with a
-keyframe every 30 frames (bench/reencoded_clips.py), listed over and over in an
-annotation of ``--e2e_clips`` entries (one epoch). Two feeds: ``plain`` (no reference
-latents) and ``cached`` (reference latents from the latent cache that
-training/build_latent_cache.py builds for those clips with a CogVideoX-2b-architecture
-VAE of random weights: none can be downloaded on a benchmark machine). Each feed's step
-(the Accelerator, ``TrainStep.build`` and the loader from
-``training.data.loading.build_train_loader``, prepared with the model, as in training) is
-measured twice: ``on_device``, fed the loader's first window of batches kept on the
-device and cycled (the ceiling), then ``loader``, fed by the loader through the training's
-prefetching thread (``training.data.prefetch.Prefetcher``). A row runs ``--warmup``
-windows, then windows for ``--e2e_seconds`` (CUDA synchronised at both ends; cuDNN's
-benchmark mode off, as in training), and gives clips/s, frames/s, the TAE's training
-TFLOP/s and MFU (``training.loop.feed``; null where the GPU's peak is unknown),
-``data_wait`` (the step's waits for batches) and ``gpu_idle`` (its ``IdleClock``; null on
-a CPU) as shares of the wall time, the optimizer steps, and for a loader row
-``ratio_to_on_device`` (its clips/s over the on-device row's). ``--tiny``: two 30-frame
-clips at 96x64, the tiny training clip, a tiny CogVideoX VAE (the same latent shape),
-32 clips per epoch, 1 worker, 1 s per row.
+- ``on_device`` (the ceiling): bench/on_device_step.py, started with ``python -m
+  training.launch`` as the launch script starts one training process (on CUDA with
+  accelerate_configs/deepspeed_1gpu.yaml: DeepSpeed ZeRO-2, bf16 weights; on a CPU a
+  one-process DeepSpeed ZeRO-2 run on gloo), the preset's step built as training builds it
+  (``make_accelerator``, ``TrainStep.build``, the loader pinned on CUDA, cuDNN's benchmark
+  mode off, ``compile`` as the preset says), fed the loader's first window of batches kept
+  on the device and cycled: ``--warmup`` windows, then windows for ``--e2e_seconds``;
+- ``launch_script``: ``./train_taehv_h100.sh 1 1gpu_h100`` with the clips
+  (``--data_root``, ``--annotation_file``, no validation set), from scratch
+  (``--pretrained_model_path=``), the feed's ``--ref_vae_path`` (and ``--latent_cache_dir``),
+  a fresh ``--output_dir``, ``--max_train_time`` of ``--e2e_run_time`` seconds (start-up and
+  compilation included; ``--tiny``: ``--max_train_steps=4``), ``--validations_per_budget=0``
+  (no validation set to spread) and ``--log_every`` 10 (the preset's 50 leaves few log steps
+  in minutes); its figures are read from the TensorBoard scalars the run writes
+  (``train/samples_per_second``, ``train/data_wait``, ``train/gpu_idle``, ``train/tflops``,
+  ``train/mfu``, ``train/gpu_memory_gb``) over the log steps after its first 20 steps
+  (compilation, warm-up), each weighted by its seconds, with the run's last log line.
+
+Both give clips/s, frames/s, the TAE's training TFLOP/s and MFU (null for a GPU of unknown
+peak), ``data_wait`` and ``gpu_idle`` as shares of the wall time (``gpu_idle`` null on a
+CPU) and the command that ran; the launch script's row its ``ratio_to_on_device``.
+``--tiny``: two 30-frame clips at 96x64, the smallest clip the preset trains on (9 frames
+of 8x8) in windows of 2 micro-batches, no mixed precision, a tiny CogVideoX VAE, 32 clips
+per epoch, 1 worker, 1 s per on-device row.
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ import itertools
 import json
 import platform
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -107,8 +112,8 @@ from bench.gpu_measure import (
     log,
     record_failure,
 )
-from bench.gpu_training import end_to_end_rows, training_rows
-from bench.harness import command_line, load_published, print_json, published_file, shared_dir, utc_now
+from bench.gpu_training import CACHE_VAES, Plan, VideosError, check_videos_dir, end_to_end_rows, user_error
+from bench.harness import command_line, load_published, print_json, published_file, utc_now
 from common.config import DTYPES
 from common.flags import ArgumentParser
 from evaluation.timing import median_seconds, synchronize
@@ -348,24 +353,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="measure ours against the published model (default on)",
     )
     parser.add_argument(
-        "--train",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="measure the 1gpu_h100 training step (default on)",
-    )
-    parser.add_argument(
         "--e2e",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="measure the preset's step fed by the real loader and from the device (default on)",
+        help="measure the preset trained by the launch script and the same engine fed from the device (default on)",
     )
-    parser.add_argument("--e2e_seconds", type=float, help="timed seconds per end-to-end row (default 60; --tiny: 1)")
+    parser.add_argument(
+        "--videos_dir", type=Path, help="clips for the end-to-end rows, re-encoded to 720x480 (required with them)"
+    )
+    parser.add_argument("--e2e_seconds", type=float, help="timed seconds of an on-device row (default 60; --tiny: 1)")
+    parser.add_argument(
+        "--e2e_run_time",
+        type=float,
+        help="seconds of a launch-script run, its --max_train_time, start-up and compilation included (default 150)",
+    )
     parser.add_argument(
         "--e2e_clips", type=int, help="clips per epoch of the end-to-end rows (default 256; --tiny: 32)"
     )
     parser.add_argument("--workers", type=int, help="loader workers (default: the preset's; --tiny: 1)")
     parser.add_argument(
-        "--videos_dir", type=Path, default=shared_dir() / "videos", help="clips for the end-to-end rows, re-encoded"
+        "--cache_vae",
+        choices=sorted(CACHE_VAES),
+        help="the random-weight VAE the latent cache is built with (default cogvideox-2b; --tiny: tiny)",
+    )
+    parser.add_argument(
+        "--row_timeout",
+        type=float,
+        help="seconds an end-to-end row (or the cache build) may run before it is killed (default 600; --tiny: 240)",
     )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--published", type=Path, default=PUBLISHED_PATH, help="the published taehv.py")
@@ -380,7 +394,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         repeats=(1, 10),
         e2e_seconds=(1.0, 60.0),
         e2e_clips=(32, 256),
-        workers=(1, None),  # None: the preset's dataloader_num_workers
+        cache_vae=("tiny", "cogvideox-2b"),
+        row_timeout=(240.0, 600.0),
     )
     for name, (tiny, full) in defaults.items():
         if getattr(args, name) is None:
@@ -392,8 +407,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--compile_backend {args.compile_backend!r}: not one of {', '.join(backends)}")
     if args.warmup < 1 or args.repeats < 1:
         parser.error("--warmup and --repeats must be >= 1")
-    if args.e2e_seconds <= 0 or args.e2e_clips < 1 or (args.workers or 0) < 0:
-        parser.error("--e2e_seconds and --e2e_clips must be positive, --workers >= 0")
+    if args.e2e_seconds <= 0 or args.e2e_clips < 1 or (args.workers or 0) < 0 or args.row_timeout <= 0:
+        parser.error("--e2e_seconds, --e2e_clips and --row_timeout must be positive, --workers >= 0")
     for variant in args.variants:
         try:
             check_variant(variant)
@@ -405,12 +420,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def e2e_plan(args: argparse.Namespace) -> Plan:
+    """The end-to-end rows' plan from the command line."""
+    device = "cuda" if args.device.startswith("cuda") else "cpu"
+    plan = Plan.tiny_plan(args.videos_dir, device) if args.tiny else Plan(args.videos_dir, device)
+    plan.clips_per_epoch, plan.on_device_seconds, plan.cache_vae = args.e2e_clips, args.e2e_seconds, args.cache_vae
+    plan.compile_backend, plan.warmup_windows = args.compile_backend, args.warmup
+    if args.workers is not None:
+        plan.workers = args.workers
+    if args.e2e_run_time is not None:
+        plan.run_time_s = args.e2e_run_time
+    plan.timeouts = dict.fromkeys(plan.timeouts, args.row_timeout)
+    return plan
+
+
 def main() -> None:
     args = parse_args()
+    if args.e2e:
+        try:
+            check_videos_dir(args.videos_dir)
+        except VideosError as err:
+            user_error(str(err))
     with contextlib.redirect_stdout(sys.stderr):  # libraries' log lines stay out of the JSON
         result = run(args)
     print_json(result, out=args.out)
-    failed = [row for row in result["model"] + result["train_step"] + result["end_to_end"] if "error" in row]
+    failed = [row for row in result["model"] + result["end_to_end"] if "error" in row]
     if failed:
         log(f"{len(failed)} measurement(s) failed (their rows have an 'error' field):")
         for row in failed:
@@ -424,8 +458,6 @@ def run(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
     compile_kwargs = {
         "dynamic": False,
         **({} if args.compile_backend == "inductor" else {"backend": args.compile_backend}),
@@ -435,10 +467,13 @@ def run(args: argparse.Namespace) -> dict:
     rows = []
     if args.model:
         P = load_published(args.published)
-        for variant, dtype_name, compiled in itertools.product(args.variants, args.dtypes, settings):
-            rows += model_rows(P, args, device, variant, dtype_name, compiled, compile_kwargs)
-    train_setup, train = training_rows(args, device, settings, compile_kwargs) if args.train else (None, [])
-    e2e_setup, e2e = end_to_end_rows(args, device) if args.e2e else (None, [])
+        with cudnn_benchmark(device.type == "cuda"):  # the model rows only: training leaves it off
+            for variant, dtype_name, compiled in itertools.product(args.variants, args.dtypes, settings):
+                rows += model_rows(P, args, device, variant, dtype_name, compiled, compile_kwargs)
+    e2e_setup, e2e = None, []
+    if args.e2e:
+        with tempfile.TemporaryDirectory(prefix="bench_gpu_e2e_") as folder:
+            e2e_setup, e2e = end_to_end_rows(e2e_plan(args), Path(folder))
     return {
         "benchmark": "gpu_path",
         "device": device_name(device),
@@ -461,14 +496,10 @@ def run(args: argparse.Namespace) -> dict:
             "warmup": args.warmup,
             "repeats": args.repeats,
             "model": args.model,
-            "train": args.train,
             "e2e": args.e2e,
-            "e2e_seconds": args.e2e_seconds,
-            "e2e_clips": args.e2e_clips,
-            "workers": args.workers,
-            "videos_dir": str(args.videos_dir),
+            "videos_dir": None if args.videos_dir is None else str(args.videos_dir),
             "threads": torch.get_num_threads(),
-            "cudnn_benchmark": device.type == "cuda",
+            "model_rows_cudnn_benchmark": device.type == "cuda",
             "ours_memory_format": "channels_last",
             "published_memory_format": "contiguous",
             "published": str(args.published),
@@ -479,12 +510,21 @@ def run(args: argparse.Namespace) -> dict:
             ),
         },
         "model": rows,
-        "train_step_setup": train_setup,
-        "train_step": train,
         "end_to_end_setup": e2e_setup,
         "end_to_end": e2e,
         "total_s": round(time.perf_counter() - started, 1),
     }
+
+
+@contextlib.contextmanager
+def cudnn_benchmark(enabled: bool):
+    """cuDNN's benchmark mode set to ``enabled`` inside."""
+    previous = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = previous
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ weights, one process; prints JSON (and a Markdown table with ``--markdown``).
     python -m bench.bench_train_speed                        # the three default cases, fp32 and bf16
     python -m bench.bench_train_speed --cases 4x13x64x64 --dtypes fp32 --repeats 9
     python -m bench.bench_train_speed --device cuda --cases 2x17x256x256 1x17x480x720
+    python -m bench.bench_train_speed --device cuda --cases 2x17x480x720 --dtypes bf16 --out speed.json  # gpu_check's
 
 Each case (batch x frames x height x width) runs the reconstruction objective
 ``MSE(decode(encode(x)), x[:, :decoded])`` and its backward pass:
@@ -72,10 +73,10 @@ def gradient_difference(ours, published) -> float:
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    module = load_published(published_file(args.variant))
+    module = load_published(args.published or published_file(args.variant))
     rows = []
     with tempfile.TemporaryDirectory() as workdir:
-        ours, published, _ = build_pair(args.variant, Path(workdir))
+        ours, published, _ = build_pair(args.variant, Path(workdir), published_path=args.published)
         ours.to(device).train()
         published.to(device).train()
         for case in args.cases:
@@ -135,9 +136,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument(
+        "--published", type=Path, help="the published taehv.py (default: ../shared/reference's, TAEHV_SHARED_DIR)"
+    )
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
     report = run(args)
-    print_json(report)
+    print_json(report, out=args.out)
     if args.markdown:
         print(markdown(report))
 

@@ -17,14 +17,18 @@ from bench.harness import load_published, published_file
 from models.taehv import TAEHV
 
 
-def build_pair(variant: str, workdir: Path, seed: int = 0) -> tuple[TAEHV, torch.nn.Module, Path]:
+def build_pair(
+    variant: str, workdir: Path, seed: int = 0, published_path: Path | None = None
+) -> tuple[TAEHV, torch.nn.Module, Path]:
     """Ours (seeded random init) and the published model with the same weights, loaded by the
-    published constructor from a file under the published name."""
+    published constructor (of ``published_path``, by default the shared folder's file) from
+    a file under the published name."""
     torch.manual_seed(seed)
     ours = TAEHV(variant=variant).eval()
     checkpoint = workdir / f"{variant}.pth"
     torch.save(ours.state_dict(), checkpoint)
-    published = load_published(published_file(variant)).TAEHV(checkpoint_path=str(checkpoint)).eval()
+    module = load_published(published_path or published_file(variant))
+    published = module.TAEHV(checkpoint_path=str(checkpoint)).eval()
     return ours, published, checkpoint
 
 
