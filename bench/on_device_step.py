@@ -11,7 +11,7 @@ script starts training, one process:
 Built as ``training/taehv_train.py`` builds it: the config file with the same
 ``--key=value`` overrides, the Accelerator of ``training.loop.accelerator.make_accelerator``
 (under the launch above: DeepSpeed ZeRO-2; ``mixed_precision=bf16`` there means bf16
-weights with no autocast, and the optimizer step inside the last backward pass),
+weights with no autocast, the engine stepped by the training step once the window is agreed),
 ``training.loop.step.build_model`` and ``TrainStep.build`` with the training loader
 prepared with it (``build_train_loader``: pinned batches on CUDA), ``torch.compile`` as
 ``compile`` says, cuDNN's benchmark mode left as training leaves it (off). Its batches:
