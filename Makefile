@@ -36,7 +36,7 @@ test: $(STAMP) browser lint
 	$(PY) -m pytest -q
 
 # The inner loop: pure-Python and single-process tests, one pytest-xdist worker per core
-# (a test file stays on one worker, so its module set-up is built once), under 1.5 minutes
+# (a test file stays on one worker, so its module set-up is built once), 1.5 to 2 minutes
 # on 2 cores. Tests that start training processes, benchmarks or a browser are marked slow;
 # `make test` runs everything in one process, as CI does.
 test-fast: $(STAMP)
