@@ -551,7 +551,7 @@ def feed_rows(
     reference = folder / "reference" if feed == "cached" else None
     try:
         cache = prepare_cache(plan, clips, reference, bound("cache")) if reference else {"reference_vae": None}
-    except Exception as err:
+    except Exception as err:  # the cache failed: recorded (and logged) in both rows, the next feed still runs
         for row in rows.values():
             record(row, err)
         return list(rows.values())
