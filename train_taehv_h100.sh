@@ -2,7 +2,16 @@
 # Launch TAEHV training on 1, 8 or 16 GPUs (DeepSpeed ZeRO-2), or on CPU processes.
 # Run with --help for usage.
 set -euo pipefail
+# Paths the user types (--data, a custom config, --resume PATH) are relative to the folder the
+# script is run from; the script then works in the repository, where the presets' own
+# relative paths (output/, checkpoints/, data/) lead.
+CALLER_DIR=$PWD
 cd "$(dirname "$0")"
+REPO_DIR=$PWD
+SCRIPT="$REPO_DIR/$(basename "$0")"
+# a typed path as the training sees it: from the caller's folder when it exists there, else as
+# it is (relative to the repository)
+typed_path() { if [[ -n "$1" && "$1" != /* && -e "$CALLER_DIR/$1" ]]; then echo "$CALLER_DIR/$1"; else echo "$1"; fi; }
 
 if [[ -t 1 ]]; then RED=$'\e[31m'; GREEN=$'\e[32m'; YELLOW=$'\e[33m'; BOLD=$'\e[1m'; RESET=$'\e[0m'
 else RED=""; GREEN=""; YELLOW=""; BOLD=""; RESET=""; fi
@@ -50,15 +59,15 @@ EOF
 }
 
 [[ $# -eq 0 ]] && { usage; exit 2; }
-ARGS=("$@")   # as typed: training prints them back in its resume command
 for arg in "$@"; do [[ "$arg" == "--help" || "$arg" == "-h" ]] && { usage; exit 0; }; done
 [[ $# -ge 2 ]] || die "need NUM_GPUS and CONFIG_TYPE (see --help)"
 
 NUM_GPUS=$1; CONFIG_TYPE=$2; shift 2
+TYPED=("$NUM_GPUS" "$CONFIG_TYPE")   # the arguments, typed paths made absolute: training prints them back in its resume command
 [[ "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]] || die "NUM_GPUS must be a positive integer, got '$NUM_GPUS'"
 if [[ "$CONFIG_TYPE" == custom ]]; then
   [[ $# -ge 1 && "$1" != --* ]] || die "custom needs a config path: ./train_taehv_h100.sh N custom PATH"
-  CONFIG=$1; shift
+  CONFIG=$(typed_path "$1"); TYPED+=("$CONFIG"); shift
 elif [[ " ${PRESETS[*]} " == *" $CONFIG_TYPE "* ]]; then
   CONFIG=training/configs/taehv_config_${CONFIG_TYPE}.py
 else
@@ -89,11 +98,12 @@ closest_option() {
 
 EXTRA=()
 while [[ $# -gt 0 ]]; do
+  [[ "$1" == --resume || "$1" == --data ]] || TYPED+=("$1")
   case "$1" in
     --resume)
       [[ $# -ge 2 ]] || die "--resume needs PATH, NAME or latest"
-      EXTRA+=("--resume_from_checkpoint=$2"); shift 2 ;;
-    --resume=*) EXTRA+=("--resume_from_checkpoint=${1#--resume=}"); shift ;;
+      EXTRA+=("--resume_from_checkpoint=$(typed_path "$2")"); TYPED+=(--resume "$(typed_path "$2")"); shift 2 ;;
+    --resume=*) EXTRA+=("--resume_from_checkpoint=$(typed_path "${1#--resume=}")"); shift ;;
     --debug)
       EXTRA+=(--debug --detect_anomaly=true --log_every=1 --max_train_steps=4 --validation_every=4
               --checkpointing_steps=4 --output_dir=output/debug)
@@ -104,8 +114,10 @@ while [[ $# -gt 0 ]]; do
       shift ;;
     --data)
       [[ $# -ge 2 ]] || die "--data needs a folder of videos"
-      DATA_DIR=$2; shift 2 ;;
-    --data=*) DATA_DIR=${1#--data=}; shift ;;
+      DATA_DIR=$(typed_path "$2"); TYPED+=("--data=$DATA_DIR"); shift 2 ;;
+    --data=*) DATA_DIR=$(typed_path "${1#--data=}"); TYPED[-1]="--data=$DATA_DIR"; shift ;;
+    --*_path=*|--*_file=*|--*_root=*|--*_dir=*)   # a path override: typed from the caller's folder too
+      TYPED[-1]="${1%%=*}=$(typed_path "${1#*=}")"; EXTRA+=("${TYPED[-1]}"); shift ;;
     --*=*) EXTRA+=("$1"); shift ;;
     --*) die "unexpected argument '$1'$(closest_option "$1") (overrides look like --key=value; see --help)" ;;
     *) die "unexpected argument '$1' (overrides look like --key=value; see --help)" ;;
@@ -233,7 +245,7 @@ echo "${BOLD}launch:${RESET} ${CMD[*]}"
 # TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds to save before it kills them, and
 # training.launch then exits with training's own status.
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-900}
-TAEHV_LAUNCH_COMMAND=$(printf '%q ' "$0" "${ARGS[@]}")
+TAEHV_LAUNCH_COMMAND=$(printf '%q ' "$SCRIPT" "${TYPED[@]}")
 export TAEHV_LAUNCH_COMMAND
 "${CMD[@]}" &
 CHILD=$!

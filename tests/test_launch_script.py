@@ -20,11 +20,12 @@ pytestmark = pytest.mark.slow  # the launch script starts training
 SCRIPT = str(REPO_ROOT / "train_taehv_h100.sh")
 
 
-def launch(*args: str, env: dict | None = None, timeout: int = 180) -> subprocess.CompletedProcess:
+def launch(
+    *args: str, env: dict | None = None, timeout: int = 180, cwd: Path = REPO_ROOT
+) -> subprocess.CompletedProcess:
+    """The launch script run from ``cwd`` (the repository unless given), as a user types it."""
     environment = {**os.environ, "PYTHON": sys.executable, **(env or {})}
-    return subprocess.run(
-        ["bash", SCRIPT, *args], capture_output=True, text=True, cwd=REPO_ROOT, env=environment, timeout=timeout
-    )
+    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, cwd=cwd, env=environment, timeout=timeout)
 
 
 def data_options(clips: dict) -> list[str]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_launch_script import TINY_SCRATCH, data_options, launch, only_error_line, snapshot
+from test_launch_script import SCRIPT, TINY_SCRATCH, data_options, launch, only_error_line, snapshot
 
 from conftest import REPO_ROOT
 from train_runs import assert_identical
@@ -139,35 +139,32 @@ def printed(log: str, label: str) -> list[str]:
     return shlex.split(line.split(f"{label}: ", 1)[1])
 
 
-def test_the_readme_sequence_runs_each_command_the_previous_step_printed(tmp_path, demo_clips):
-    """README, "Train on your own videos", at the smallest size: --data=DIR annotates the
-    folder and trains with a validation set; a SIGTERM (the test's stand-in for Ctrl+C)
-    saves and prints the command that resumes; that command finishes the run, whose log
-    prints the commands that evaluate and export it; both work."""
+def test_the_readme_sequence_runs_each_command_the_previous_step_printed_from_another_folder(tmp_path, demo_clips):
+    """README, "Train on your own videos", at the smallest size, typed in a folder of the
+    user's own: --data=DIR (relative to that folder) annotates the folder and trains with a
+    validation set; a SIGTERM (the test's stand-in for Ctrl+C) saves and prints the command
+    that resumes; that command finishes the run, whose log prints the commands that evaluate
+    and export it; both work from that folder too."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "videos").symlink_to(demo_clips["root"])
     out = tmp_path / "out"
     steps = ("--max_train_steps=4", "--fault_injection=sigterm@3")
-    data = f"--data={demo_clips['root']}"
-    first = succeeded(launch("1", "scratch", data, f"--output_dir={out}", *TINY_SCRATCH, *steps))
+    first = succeeded(launch("1", "scratch", "--data=videos", f"--output_dir={out}", *TINY_SCRATCH, *steps, cwd=home))
     assert "[ok] data: " in first.stdout and "--val_annotation_file=" in first.stdout
+    assert "train on them" not in first.stdout  # the launch goes on to train on them with its own preset
     (run,) = [p for p in out.iterdir() if p.name != "annotations"]
     config = json.loads((run / "config.json").read_text())
     assert config["val_annotation_file"].endswith("annotations_val.json")
     resume = [word for word in printed((run / "train.log").read_text(), "Resume with") if "fault_injection" not in word]
-    assert resume[1:4] == ["1", "scratch", data]
-    succeeded(subprocess.run(["bash", *resume], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300))
+    assert resume[:4] == [str(SCRIPT), "1", "scratch", f"--data={home / 'videos'}"]
+    succeeded(subprocess.run(["bash", *resume], capture_output=True, text=True, cwd=home, timeout=300))
     log = (run / "train.log").read_text()
     assert (run / "finished.json").is_file() and "val/psnr" in log
     assert [p for p in (run / "logs").iterdir() if p.is_dir()] == []  # the start and the resume: one TensorBoard run
     for label in ("evaluate it", "export it"):
         command = printed(log, label)
-        succeeded(
-            subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                cwd=REPO_ROOT,
-                timeout=300,
-            )
-        )
+        assert all(Path(word).is_absolute() for word in command if "/" in word), command
+        succeeded(subprocess.run(command, capture_output=True, text=True, cwd=home, timeout=300))
     assert json.loads((run / "eval" / "metrics.json").read_text())["samples"]
     assert (out / f"{run.name}_tae" / "taecvx_own_latents.pth").is_file()

@@ -383,23 +383,22 @@ def tool_command(args: Sequence[str]) -> str:
 
 
 def train_command(annotated: Annotated) -> str:
-    """The launch command that trains the from-scratch preset on the annotated clips (the
-    script as ``./train_taehv_h100.sh`` when run from the repository, else its path)."""
-    script = "./" + LAUNCH_SCRIPT.name if in_repository() else str(LAUNCH_SCRIPT)
+    """The launch command that trains the from-scratch preset on the annotated clips, with
+    absolute paths: it works from any folder."""
     val = annotated.paths["val"] if annotated.val else ""  # no validation set: the preset's is not used either
     return shlex.join(
         [
-            script,
+            str(LAUNCH_SCRIPT),
             "1",
             "scratch",
-            f"--data_root={annotated.root}",
-            f"--annotation_file={annotated.paths['train']}",
-            f"--val_annotation_file={val}",
+            f"--data_root={Path(annotated.root).resolve()}",
+            f"--annotation_file={annotated.paths['train'].resolve()}",
+            f"--val_annotation_file={val and val.resolve()}",
         ]
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, train_line: bool = True) -> int:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", type=Path, help="folder scanned recursively for videos")
     parser.add_argument(
@@ -485,11 +484,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "run the same command with --merge instead of --shard"
         )
         return 0
-    return report(annotated, argv)
+    return report(annotated, argv, train_line)
 
 
-def report(annotated: Annotated, argv: list[str]) -> int:
-    """Print what was written and what to run next; the exit status (1: nothing to train on)."""
+def report(annotated: Annotated, argv: list[str], train_line: bool) -> int:
+    """Print what was written and, with ``train_line``, the command that trains on it; the
+    exit status (1: nothing to train on)."""
     train, val, skipped, paths = annotated.train, annotated.val, annotated.skipped, annotated.paths
     kept = len(train) + len(val)
     print(f"found {annotated.found} {annotated.what} under {annotated.root}: kept {kept}, skipped {len(skipped)}")
@@ -521,7 +521,8 @@ def report(annotated: Annotated, argv: list[str]) -> int:
         )
         print(f"warning: {message}; {fix}", file=sys.stderr)
         return 1
-    print(f"train on them: {train_command(annotated)}")
+    if train_line:
+        print(f"train on them: {train_command(annotated)}")
     return 0
 
 

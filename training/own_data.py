@@ -38,11 +38,12 @@ def annotate(folder: Path, output_dir: str | Path) -> list[str]:
         raise UserError(f"--data {folder} holds no videos or images ({', '.join(clip_extensions(images=True))})")
     out = annotation_file(output_dir, folder)
     paths = make_annotations.output_paths(out)
-    status = make_annotations.main([str(folder), "-o", str(out), *recorded_split(paths)])
+    # the launch script goes on to train on them: the tool's own "train on them" line is left out
+    status = make_annotations.main([str(folder), "-o", str(out), *recorded_split(paths)], train_line=False)
     kept = clip_counts(paths)
     if status != 0 and kept["train"] > 1 and not kept["val"]:  # one source group: split clip by clip instead
         print("note: every clip is of one source: validation clips are held out file by file (--group_regex '')")
-        status = make_annotations.main([str(folder), "-o", str(out), "--group_regex", ""])  # probes nothing again
+        status = make_annotations.main([str(folder), "-o", str(out), "--group_regex", ""], train_line=False)
         kept = clip_counts(paths)
     if not kept["train"]:
         raise UserError(f"--data {folder}: no usable clips (the reasons are in {paths['skipped']})")

@@ -13,6 +13,8 @@ from pathlib import Path
 from training.loop.distributed import started_command
 from training.state.checkpoints import list_checkpoints
 
+REPOSITORY = Path(__file__).resolve().parents[2]
+
 
 def launch_command() -> list[str]:
     """The command that started this run: the launch script's or the launcher's (passed in
@@ -45,9 +47,9 @@ def next_command(run_dir: Path | None) -> str:
 
 
 def next_steps(run_dir: Path) -> list[tuple[str, str]]:
-    """The commands, run from the repository root with this interpreter, that evaluate and
-    export a finished run (its folder is all they need)."""
-    python = os.path.relpath(sys.executable) if Path(sys.executable).is_relative_to(Path.cwd()) else sys.executable
-    evaluate = [python, "inference.py", "--model_path", str(run_dir), "--output_dir", str(run_dir / "eval")]
-    export = [python, "-m", "training.export", str(run_dir), "--out", f"{run_dir}_tae"]
+    """The commands that evaluate and export a finished run (its folder is all they need),
+    with this interpreter and absolute paths: they work from any folder."""
+    run = run_dir.resolve()
+    evaluate = [sys.executable, str(REPOSITORY / "inference.py"), "--model_path", str(run), "--output_dir", str(run / "eval")]
+    export = [sys.executable, "-m", "training.export", str(run), "--out", f"{run}_tae"]
     return [("evaluate it", shlex.join(evaluate)), ("export it", shlex.join(export))]
