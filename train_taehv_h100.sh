@@ -188,6 +188,9 @@ PER_NODE=$(( NUM_GPUS / NNODES ))
 if (( LOCAL_GPUS == 0 )); then
   warn "no CUDA GPU: starting $NUM_GPUS CPU process(es) (fine for test/demo, far too slow for real training)"
   case "$CONFIG_TYPE" in test|demo|scratch|custom) ;; *) warn "$CONFIG_TYPE is sized for GPUs: on a CPU use scratch, demo or test" ;; esac
+  CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)   # the cores this process may use
+  (( NUM_GPUS <= CORES )) \
+    || warn "$NUM_GPUS processes on $CORES CPU core(s): they share the cores and every step waits for the slowest; start at most $CORES"
   (( NNODES == 1 )) || die "multi-node runs need GPUs"
 elif (( PER_NODE > LOCAL_GPUS )); then
   die "asked for $PER_NODE GPU(s) on this node but only $LOCAL_GPUS are visible (NUM_GPUS=$NUM_GPUS, NNODES=$NNODES)"

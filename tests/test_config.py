@@ -341,6 +341,24 @@ def test_validation_size_is_checked_and_used_for_the_held_out_clips(tmp_path, de
     assert valid(tmp_path).validation_size == (480, 720)
 
 
+def test_a_one_clip_validation_set_is_warned_about(tmp_path, demo_clips, caplog):
+    from training.data.loading import build_training_data
+
+    for val_file, warned in ((demo_clips["val"], True), (demo_clips["train"], False)):  # 1 clip, 5 clips
+        caplog.clear()
+        config = valid(
+            tmp_path,
+            data_root=str(demo_clips["root"]),
+            annotation_file=str(demo_clips["train"]),
+            val_annotation_file=str(val_file),
+            n_frames=5,
+        )
+        with caplog.at_level(logging.WARNING, logger="training.data.loading"):
+            build_training_data(config, None)
+        expected = f"the validation set is one clip ({val_file}): its scores follow that clip alone"
+        assert (expected in caplog.text) == warned, caplog.text
+
+
 def test_numbers_must_be_finite(tmp_path):
     with pytest.raises(UserError) as err:
         check(apply_overrides(valid(tmp_path), ["--learning_rate=inf", "--max_grad_norm=nan"]))

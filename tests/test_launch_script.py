@@ -25,7 +25,9 @@ def launch(
 ) -> subprocess.CompletedProcess:
     """The launch script run from ``cwd`` (the repository unless given), as a user types it."""
     environment = {**os.environ, "PYTHON": sys.executable, **(env or {})}
-    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, cwd=cwd, env=environment, timeout=timeout)
+    return subprocess.run(
+        ["bash", SCRIPT, *args], capture_output=True, text=True, cwd=cwd, env=environment, timeout=timeout
+    )
 
 
 def data_options(clips: dict) -> list[str]:
@@ -186,6 +188,16 @@ def test_only_the_gpu_presets_are_called_gpu_presets_on_a_cpu(tmp_path, demo_cli
         assert result.returncode == 2, result.stderr
         assert ("h100 is sized for GPUs: on a CPU use scratch, demo or test" in result.stdout) == warned, result.stdout
         assert "GPU preset" not in result.stdout and (("sized for GPUs" in result.stdout) == warned)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the warning of a CPU launch")
+def test_more_processes_than_cpu_cores_are_warned_about(tmp_path, demo_clips):
+    cores = len(os.sched_getaffinity(0))
+    for processes, warned in ((cores, False), (cores + 1, True)):
+        result = launch(str(processes), "test", f"--output_dir={tmp_path}", *data_options(demo_clips), "--height=0")
+        assert result.returncode == 2, result.stderr  # stopped by the config check, after the warnings
+        expected = f"{cores + 1} processes on {cores} CPU core(s): they share the cores"
+        assert (expected in result.stdout) == warned, result.stdout
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:

@@ -122,6 +122,21 @@ def test_default_group_key():
     assert group_key("a/b.mp4", None) == "a/b.mp4"
 
 
+def test_the_documented_camera_examples_group_as_the_table_says():
+    """docs/data.md's table of camera file names: the default regex splits each source in
+    two groups, the regex given keeps it in one."""
+    rows = re.findall(
+        r"^\| `(.+?)`, `(.+?)` \(.*?\) \| `(.+?)`, `(.+?)` \| `(.+?)` \| `(.+?)` \|$",
+        (REPO_ROOT / "docs" / "data.md").read_text(),
+        re.M,
+    )
+    assert len(rows) == 2
+    for first, second, default_first, default_second, regex, group in rows:
+        default = re.compile(DEFAULT_GROUP_REGEX)
+        assert [group_key(first, default), group_key(second, default)] == [default_first, default_second]
+        assert group_key(first, re.compile(regex)) == group_key(second, re.compile(regex)) == group
+
+
 def test_split_keeps_groups_together_and_is_deterministic():
     keys = [f"source{i // 4}" for i in range(400)]  # 100 sources of 4 clips
     is_val = split_train_val(keys, 0.1, seed=0)

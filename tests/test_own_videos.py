@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from test_launch_script import SCRIPT, TINY_SCRATCH, data_options, launch, only_error_line, snapshot
 
-from conftest import REPO_ROOT
 from train_runs import assert_identical
 
 pytestmark = pytest.mark.slow  # the launch script starts training

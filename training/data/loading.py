@@ -160,6 +160,12 @@ def build_training_data(config: TrainConfig, ref_vae: ReferenceVAE | None) -> Tr
     logger.info("training clips: %d (%s)", len(train), train.probe())
     if val is not None:
         logger.info("validation clips: %d (%s)", len(val), val.probe())
+        if len(val) == 1:
+            logger.warning(
+                "the validation set is one clip (%s): its scores follow that clip alone, a noisy guide to the "
+                "best weights; hold out more clips (make_annotations --val_fraction)",
+                config.val_annotation_file,
+            )
     if not config.latent_cache_dir:
         return TrainingData(train, val, ReferenceLatents(ref_vae, cached=False))
     cached = CachedLatentDataset.from_config(train, config)

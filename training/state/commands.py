@@ -50,6 +50,13 @@ def next_steps(run_dir: Path) -> list[tuple[str, str]]:
     """The commands that evaluate and export a finished run (its folder is all they need),
     with this interpreter and absolute paths: they work from any folder."""
     run = run_dir.resolve()
-    evaluate = [sys.executable, str(REPOSITORY / "inference.py"), "--model_path", str(run), "--output_dir", str(run / "eval")]
+    evaluate = [
+        sys.executable,
+        str(REPOSITORY / "inference.py"),
+        "--model_path",
+        str(run),
+        "--output_dir",
+        str(run / "eval"),
+    ]
     export = [sys.executable, "-m", "training.export", str(run), "--out", f"{run}_tae"]
     return [("evaluate it", shlex.join(evaluate)), ("export it", shlex.join(export))]
