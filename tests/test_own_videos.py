@@ -6,6 +6,7 @@ typed on the resume line are listed), and `--resume latest` never touches a fini
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from test_launch_script import SCRIPT, TINY_SCRATCH, data_options, launch, only_error_line, snapshot
 
+from conftest import REPO_ROOT
 from train_runs import assert_identical
 
 pytestmark = pytest.mark.slow  # the launch script starts training
@@ -149,7 +151,12 @@ def test_the_readme_sequence_runs_each_command_the_previous_step_printed_from_an
     (home / "videos").symlink_to(demo_clips["root"])
     out = tmp_path / "out"
     steps = ("--max_train_steps=4", "--fault_injection=sigterm@3")
-    first = succeeded(launch("1", "scratch", "--data=videos", f"--output_dir={out}", *TINY_SCRATCH, *steps, cwd=home))
+    readme = re.search(
+        r"^/path/to/taehv-train/train_taehv_h100.sh (.*?)\s+#", (REPO_ROOT / "README.md").read_text(), re.M
+    )
+    typed = shlex.split(readme.group(1))
+    assert typed == ["1", "scratch", "--data=videos"]
+    first = succeeded(launch(*typed, f"--output_dir={out}", *TINY_SCRATCH, *steps, cwd=home))
     assert "[ok] data: " in first.stdout and "--val_annotation_file=" in first.stdout
     assert "train on them" not in first.stdout  # the launch goes on to train on them with its own preset
     (run,) = [p for p in out.iterdir() if p.name != "annotations"]
