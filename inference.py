@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict:
         drawn = np.random.default_rng(args.seed).permutation(len(dataset)) if not args.videos else range(len(dataset))
         order = sets.preferred([int(i) for i in drawn], dataset.clips.path)
         print(
-            f"✅ Processing {count} samples: {dataset.n_frames} frames at stride {stride}, "
+            f"✅ Processing {count} sample{'s' * (count != 1)}: {dataset.n_frames} frames at stride {stride}, "
             f"{size}{size_note(args, config)} "
             f"({plan.latent_frames} latents, {plan.aligned_frames} aligned decoded frames compared)"
         )

@@ -185,7 +185,7 @@ def write_report(output_dir: Path, results: dict) -> Path:
         f"<style>{STYLE}</style></head><body>",
         "<h1>TAEHV evaluation</h1>",
         f"<p><small>model {html.escape(results['model']['path'])} ({html.escape(results['model']['variant'])}, "
-        f"{results['model']['parameters_m']:.2f}M parameters); {len(samples)} samples; "
+        f"{results['model']['parameters_m']:.2f}M parameters); {len(samples)} sample{'s' * (len(samples) != 1)}; "
         f"{results['settings']['n_frames']} frames at stride {results['settings']['stride']}, "
         f"{describe(results['settings']['height'], results['settings']['width'])}; "
         f"device {html.escape(results['settings']['device'])}, {html.escape(results['settings']['dtype'])}</small></p>",

@@ -34,11 +34,12 @@ def side_by_side(
     out = np.ascontiguousarray(np.concatenate([left, right], axis=2))  # OpenCV draws into C-ordered frames only
     width = left.shape[2]
     font_scale = left.shape[1] / 400  # text ~5% of the height
+    stroke = max(1, round(font_scale * 1.5))  # strokes grow with the text, so that large labels stay one word
     for frame in out:
         for i, label in enumerate(labels):
             org = (i * width + 8, int(26 * font_scale) + 6)
-            cv2.putText(frame, label, org, cv2.FONT_HERSHEY_SIMPLEX, font_scale, (0, 0, 0), 4, cv2.LINE_AA)
-            cv2.putText(frame, label, org, cv2.FONT_HERSHEY_SIMPLEX, font_scale, (255, 255, 255), 1, cv2.LINE_AA)
+            cv2.putText(frame, label, org, cv2.FONT_HERSHEY_SIMPLEX, font_scale, (0, 0, 0), stroke + 3, cv2.LINE_AA)
+            cv2.putText(frame, label, org, cv2.FONT_HERSHEY_SIMPLEX, font_scale, (255, 255, 255), stroke, cv2.LINE_AA)
     return out
 
 
