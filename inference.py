@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.clip_table import ClipTable
 from common.clips import VideoClipDataset, VideoDataError
 from common.config import DTYPES, TrainConfig, load_config
 from common.errors import USER_ERRORS, UserError, exit_on_user_error
@@ -29,9 +28,10 @@ from common.flags import ArgumentParser
 from common.metrics import lpips_unavailable_reason
 from common.reference_vae import ReferenceVAE
 from common.run_files import run_folder_of, run_weights
-from common.video.files import BadClipError, clip_extensions, find_videos
-from common.video.probe import open_clip
-from evaluation.evaluator import EvaluationOptions, Evaluator, out_of_memory_hint, summarise
+from common.video.files import clip_extensions, find_videos
+from evaluation.evaluator import EvaluationOptions, Evaluator, mean_text, out_of_memory_hint, summarise
+from evaluation.frame_size import FrameSize, describe
+from evaluation.provenance import TRAINING, RunSets
 from evaluation.report import write_report
 from models.latent_spaces import AUTO_SPACE, SPACES
 from models.taehv import TAEHV
@@ -226,11 +226,12 @@ def default_stride(args: argparse.Namespace, config: TrainConfig | None) -> int:
 
 
 def build_dataset(
-    args: argparse.Namespace, config: TrainConfig | None, model: TAEHV, output_dir: Path
+    args: argparse.Namespace, config: TrainConfig | None, size: FrameSize, output_dir: Path, channels: int
 ) -> VideoClipDataset:
     """The clips to evaluate, read at one fixed stride: a clip too short for it raises
     BadClipError (``short_clip_policy="skip"``) rather than being read at another stride,
-    so ``settings.stride`` holds for every sample."""
+    so ``settings.stride`` holds for every sample. Each sample's size comes from ``size``
+    (the dataset's own height and width stand in for a side taken from each clip)."""
     n_frames = args.n_frames or (config.n_frames if config else 17)
     data_root, annotation = args.data_root, args.annotation_file
     if args.videos:
@@ -249,76 +250,41 @@ def build_dataset(
         if path is not None and not Path(path).exists():
             raise UserError(f"{name} {path} not found")
     try:
-        height, width = frame_size(args, config, model, data_root, annotation)
-        multiple = 8 * model.patch_size
-        if min(height, width) < multiple or height % multiple or width % multiple:
-            raise UserError(
-                f"--height/--width {height}x{width}: {model.variant} needs multiples of {multiple} "
-                f"(8 * its patch size {model.patch_size}), e.g. {max(height // multiple * multiple, multiple)}x"
-                f"{max(width // multiple * multiple, multiple)}"
-            )
         stride = default_stride(args, config)
         return VideoClipDataset(
             data_root,
             annotation,
             n_frames=n_frames,
-            height=height,
-            width=width,
+            height=size.height or size.multiple,
+            width=size.width or size.multiple,
             mode="val",
             seed=args.seed,
             crop_scale=(1.0, 1.0),
             stride_range=(stride, stride),
             short_clip_policy="skip",
-            channels=model.image_channels,
+            channels=channels,
         )
     except VideoDataError as err:  # e.g. no clips in the folder or annotation
         raise UserError(str(err)) from err
 
 
-def frame_size(
-    args: argparse.Namespace,
-    config: TrainConfig | None,
-    model: TAEHV,
-    data_root: str | Path | None,
-    annotation: str | Path | None,
-) -> tuple[int, int]:
-    """(height, width): the options, else the config's validation size (unless
-    ``--native_size``), else the native size of the first clip that can be read, cropped to
-    a multiple of 8 * patch. Clips before it that cannot be read are left to the evaluation,
-    which skips and reports them; a first readable clip smaller than one multiple is an
-    error that asks for the size."""
+def frame_size(args: argparse.Namespace, config: TrainConfig | None, model: TAEHV) -> FrameSize:
+    """The size of the samples: the options, else the config's validation size (unless
+    ``--native_size``), else each clip's own cropped to a multiple of 8 * patch (a portrait
+    clip stays portrait; a clip smaller than one multiple is skipped and reported). A given
+    side that is no such multiple is an error."""
     height, width = args.height, args.width
-    if height is not None and width is not None:
-        return height, width
     if config is not None and not args.native_size:
-        return height or config.validation_size[0], width or config.validation_size[1]
-    clips = VideoClipDataset(
-        data_root, annotation, n_frames=1, height=8, width=8, mode="val", channels=model.image_channels
-    ).clips
-    path, (native_width, native_height) = first_readable_size(clips)
-    step = 8 * model.patch_size
-    if (height is None and native_height < step) or (width is None and native_width < step):
+        height, width = height or config.validation_size[0], width or config.validation_size[1]
+    multiple = 8 * model.patch_size
+    wrong = [n for n in (height, width) if n is not None and (n < multiple or n % multiple)]
+    if wrong:
+        fixed = [None if n is None else max(n // multiple * multiple, multiple) for n in (height, width)]
         raise UserError(
-            f"{path} is {native_width}x{native_height} pixels, smaller than the {step}x{step} {model.variant} "
-            f"needs at least (multiples of {step}, 8 * its patch size {model.patch_size}): give --height and "
-            f"--width (multiples of {step}) to evaluate it resized"
+            f"--height/--width {describe(height, width)}: {model.variant} needs multiples of {multiple} "
+            f"(8 * its patch size {model.patch_size}), e.g. {describe(*fixed)}"
         )
-    return height or native_height // step * step, width or native_width // step * step
-
-
-def first_readable_size(clips: ClipTable) -> tuple[str, tuple[int, int]]:
-    """The path and (width, height) of the first clip that opens; an error naming the first
-    clip's problem when none does."""
-    problem: BadClipError | None = None
-    for i in range(len(clips)):
-        try:
-            with open_clip(clips.path(i)) as reader:
-                return clips.path(i), reader.size
-        except BadClipError as err:
-            logger.info("no frame size from %s (%s)", clips.path(i), err)
-            problem = problem or err
-    which = "the clip cannot" if len(clips) == 1 else f"none of the {len(clips)} clips can"
-    raise UserError(f"{which} be read (e.g. {Path(clips.path(0)).name}: {problem}); check the videos or the annotation")
+    return FrameSize(height, width, multiple, model.variant)
 
 
 def reference_vae(
@@ -372,34 +338,48 @@ def main(argv: list[str] | None = None) -> dict:
     if args.use_ref_vae:
         with out_of_memory_hint(options, f"loading the reference VAE onto {device}"):
             ref_vae = reference_vae(args, config, model, device)
+    size = frame_size(args, config, model)
     output_dir, new_folder = Path(args.output_dir), not Path(args.output_dir).exists()
     prepare_output_dir(output_dir)
     try:
-        dataset = build_dataset(args, config, model, output_dir)
-    except USER_ERRORS:  # clips that cannot be evaluated: leave no empty output folder behind
+        dataset = build_dataset(args, config, size, output_dir, model.image_channels)
+        lpips_missing = lpips_unavailable_reason()
+        if lpips_missing is not None:
+            print(f"⚠️  LPIPS is left out: {lpips_missing}")
+        use_lpips = lpips_missing is None
+        evaluator = Evaluator(options, model, ref_vae, dataset, size, device, dtype, use_lpips, output_dir)
+        plan, stride = evaluator.plan, dataset.stride_range[0]
+        count = min(args.num_samples, len(dataset))
+        sets = RunSets.of(config)
+        drawn = np.random.default_rng(args.seed).permutation(len(dataset)) if not args.videos else range(len(dataset))
+        order = sets.preferred([int(i) for i in drawn], dataset.clips.path)
+        print(
+            f"✅ Processing {count} sample{'s' * (count != 1)}: {dataset.n_frames} frames at stride {stride}, "
+            f"{size}{size_note(args, config)} "
+            f"({plan.latent_frames} latents, {plan.aligned_frames} aligned decoded frames compared)"
+        )
+        samples, skipped = evaluator.evaluate(np.asarray(order), count)
+    except USER_ERRORS:  # nothing could be evaluated: leave no output folder behind
         if new_folder:
             shutil.rmtree(output_dir)
         raise
-    use_lpips = lpips_unavailable_reason() is None  # metrics logs why not
-    evaluator = Evaluator(options, model, ref_vae, dataset, device, dtype, use_lpips, output_dir)
-    plan, stride = evaluator.plan, dataset.stride_range[0]
-
-    count = min(args.num_samples, len(dataset))
-    order = np.random.default_rng(args.seed).permutation(len(dataset)) if not args.videos else np.arange(len(dataset))
-    print(
-        f"✅ Processing {count} samples: {dataset.n_frames} frames at stride {stride}, "
-        f"{dataset.height}x{dataset.width}{size_note(args, config)} "
-        f"({plan.latent_frames} latents, {plan.aligned_frames} aligned decoded frames compared)"
-    )
-    samples, skipped = evaluator.evaluate(order, count)
+    for sample in samples:
+        sample["split"] = sets.split(sample["source"])
+    trained_on = sum(s["split"] == TRAINING for s in samples)
+    if trained_on:
+        print(
+            f"⚠️  {trained_on} of the {len(samples)} samples are clips the model was trained on: they flatter it "
+            "(the report marks each sample held-out, training or neither)"
+        )
 
     results = {
         "model": {"path": str(weights), "variant": model.variant, "parameters_m": n_params / 1e6},
         "settings": {
             "n_frames": dataset.n_frames,
             "stride": stride,
-            "height": dataset.height,
-            "width": dataset.width,
+            "height": size.height,
+            "width": size.width,
+            "native_size": size.native,
             "parallel": args.parallel,
             "dtype": args.dtype,
             "device": str(device),
@@ -429,7 +409,7 @@ def size_note(args: argparse.Namespace, config: TrainConfig | None) -> str:
         return ""
     if config is not None and not args.native_size:
         return " (the config's validation size; --native_size for the clips' own)"
-    return " (the clips' native size, cropped to 8 * patch; --height/--width to resize)"
+    return " (cropped to 8 * patch; --height/--width to resize)"
 
 
 def print_summary(results: dict) -> None:
@@ -445,7 +425,7 @@ def print_summary(results: dict) -> None:
         ("temporal_error", "Temporal error"),
     ):
         if key in ours:
-            print(f"│   ├─ {label}: {ours[key]['mean']:.4f} ± {ours[key]['std']:.4f}")
+            print(f"│   ├─ {label}: {mean_text(ours[key], '.4f', '.4f')}")
     print("├─ Performance")
     print(f"│   ├─ Encoding: {ours['encode_s']['mean']:.3f}s   Decoding: {ours['decode_s']['mean']:.3f}s")
     if "comparison" in summary:

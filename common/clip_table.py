@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.video.files import find_videos
+from common.video.files import clip_extensions, find_videos
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,18 @@ class ClipTable:
         unknown (read from the container)."""
         paths = find_videos(directory, images)
         return cls.from_lists(directory, paths, [-1] * len(paths))
+
+    @classmethod
+    def from_source(cls, data_root: str | Path | None, annotation_file: str | Path | None) -> tuple[ClipTable, str]:
+        """The clips a dataset reads: ``annotation_file`` (paths relative to ``data_root``),
+        else the folder ``annotation_file`` or ``data_root`` scanned for videos and images;
+        and that source as messages name it. ValueError when neither is given."""
+        if annotation_file is not None and not Path(annotation_file).is_dir():
+            return cls.from_annotation(annotation_file, data_root), str(annotation_file)
+        if annotation_file is not None or data_root is not None:
+            folder = annotation_file if annotation_file is not None else data_root
+            return cls.from_directory(folder, images=True), f"{folder} (scanned for {', '.join(clip_extensions(True))})"
+        raise ValueError("give annotation_file (a JSON annotation or a folder) or data_root (a folder of videos)")
 
     @classmethod
     def from_annotation(cls, annotation_file: str | Path, data_root: str | Path | None = None) -> ClipTable:

@@ -18,6 +18,7 @@ training at real videos.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -31,7 +32,7 @@ from common.clip_table import ClipTable
 from common.errors import VideoDataError as VideoDataError  # re-exported: lives in errors.py for clip_loader
 from common.errors import counts_in_words
 from common.video.crop import ClipWriter, crop_box
-from common.video.files import IMAGE_EXTENSIONS, BadClipError, clip_extensions
+from common.video.files import IMAGE_EXTENSIONS, BadClipError
 from common.video.in_memory import DecodedVideo, ImageReader
 from common.video.probe import open_clip
 from common.video.reader import VideoReader
@@ -39,6 +40,7 @@ from common.video.reader import VideoReader
 logger = logging.getLogger(__name__)
 
 ShortClipPolicy = Literal["lower_stride", "skip"]
+SizeOf = Callable[[int, int], tuple[int, int]]  # a clip's (width, height) -> its sample's (height, width)
 
 
 def valid_short_clip_policy(policy: str) -> bool:
@@ -154,15 +156,7 @@ class VideoClipDataset(EpochDataset):
         if channels not in (3, 4):
             raise ValueError(f"channels must be 3 (RGB) or 4 (RGBA), got {channels}")
 
-        if annotation_file is not None and not Path(annotation_file).is_dir():
-            self.clips = ClipTable.from_annotation(annotation_file, data_root)
-            source = str(annotation_file)
-        elif annotation_file is not None or data_root is not None:
-            folder = annotation_file if annotation_file is not None else data_root
-            self.clips = ClipTable.from_directory(folder, images=True)
-            source = f"{folder} (scanned for {', '.join(clip_extensions(images=True))})"
-        else:
-            raise ValueError("give annotation_file (a JSON annotation or a folder) or data_root (a folder of videos)")
+        self.clips, source = ClipTable.from_source(data_root, annotation_file)
         self.source = source  # the annotation file or scanned folder, as messages name it
         self.refused_entries = list(self.clips.refused)
         if self.refused_entries:
@@ -264,11 +258,13 @@ class VideoClipDataset(EpochDataset):
             "annotation with `python -m training.make_annotations` or raise max_replacement_attempts",
         )
 
-    def load_clip(self, index: int) -> torch.Tensor:
+    def load_clip(self, index: int, size_of: SizeOf | None = None) -> torch.Tensor:
         """Clip ``index`` exactly as ``__getitem__`` draws it, without replacement: raises
         BadClipError when it cannot give a sample (evaluation skips and reports it rather
-        than averaging another clip in)."""
-        return self._load(int(index), self._rng(int(index)))
+        than averaging another clip in). ``size_of`` gives the sample's (height, width) from
+        the clip's own (width, height) instead of ``height x width`` (evaluation at each
+        clip's native size); it may raise BadClipError too."""
+        return self._load(int(index), self._rng(int(index)), size_of)
 
     def _log_once(self, clip: int, level: int, message: str) -> None:
         key = (clip, level)
@@ -290,18 +286,17 @@ class VideoClipDataset(EpochDataset):
         start = last_start // 2 if self.mode == "val" else int(rng.integers(last_start + 1))
         return start, fitted
 
-    def _load(self, clip: int, rng: np.random.Generator) -> torch.Tensor:
+    def _load(self, clip: int, rng: np.random.Generator, size_of: SizeOf | None = None) -> torch.Tensor:
         path = self.clips.path(clip)
         if self.mode == "val":
-            writer = ClipWriter(
-                self.n_frames, self.height, self.width, self.crop_scale[1], 0.5, 0.5, False, self.channels
-            )
+            area, u_y, u_x, flip = self.crop_scale[1], 0.5, 0.5, False
         else:
             area = float(rng.uniform(*self.crop_scale))
             u_y, u_x = (float(u) for u in rng.random(2))
             flip = self.hflip and bool(rng.random() < 0.5)
-            writer = ClipWriter(self.n_frames, self.height, self.width, area, u_y, u_x, flip, self.channels)
         with self._open(clip, path) as reader:
+            height, width = size_of(*reader.size) if size_of is not None else (self.height, self.width)
+            writer = ClipWriter(self.n_frames, height, width, area, u_y, u_x, flip, self.channels)
             length = int(self.clips.frames[clip])
             if length < 0:
                 length = reader.container_frame_count

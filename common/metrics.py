@@ -14,15 +14,13 @@ cost no more than the video tensors themselves. ``chunk_frames=None`` sizes chun
 from __future__ import annotations
 
 import functools
-import logging
+import importlib.util
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
 from torchmetrics.image import PeakSignalNoiseRatio
-
-logger = logging.getLogger(__name__)
 
 # Values per chunk of frames. torchmetrics' SSIM holds ~60 times its input in temporaries
 # (163 MB for one 360x640 frame, measured on CPU), so 2**20 values (one 360x640 frame, 21
@@ -154,23 +152,35 @@ def rms_ratio(model_latents: torch.Tensor, reference_latents: torch.Tensor) -> t
     return rms(model_latents) / rms(reference_latents).clamp_min(1e-12)
 
 
+CPU_WHEELS = "https://download.pytorch.org/whl/cpu"  # PyTorch's CPU-only builds, torchvision's among them
+
+
+def lpips_fix() -> str:
+    """The command that adds LPIPS here: requirements-lpips.txt (torchvision paired with
+    requirements.txt's torch); beside a CPU-only torch build (``+cpu``), from PyTorch's CPU
+    wheels, since PyPI's torchvision is built for the CUDA torch and fails to load beside it."""
+    extra = f" --extra-index-url {CPU_WHEELS}" if torch.__version__.endswith("+cpu") else ""
+    return f"pip install -r requirements-lpips.txt{extra}"
+
+
 @functools.cache
 def lpips_unavailable_reason() -> str | None:
-    """None when torchmetrics' LPIPS can be built here, else why not.
+    """None when torchmetrics' LPIPS can be built here, else why not, with the one fix.
 
     LPIPS is an optional extra: only a missing module counts as "unavailable" (torchvision
     not installed, for which torchmetrics' constructor raises ModuleNotFoundError, or no
-    LPIPS module in torchmetrics); the reason is logged once. Any other error, e.g. backbone
-    weights that cannot be loaded, propagates with its own message.
+    LPIPS module in torchmetrics). The reason names one fix: torchmetrics' own message offers
+    others, which install a torchvision paired with another torch. The callers say it once,
+    before any progress bar (inference.py, and training at start-up when it validates). Any
+    other error, e.g. backbone weights that cannot be loaded, propagates with its own message.
     """
     try:
         from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
 
         LearnedPerceptualImagePatchSimilarity(net_type="alex", normalize=True)
     except ImportError as err:  # ModuleNotFoundError is a subclass
-        reason = f"{type(err).__name__}: {err} (install the optional extra: pip install -r requirements-lpips.txt)"
-        logger.info("LPIPS is unavailable: %s", reason)
-        return reason
+        missing = "torchvision is not installed" if importlib.util.find_spec("torchvision") is None else str(err)
+        return f"{missing} (to add it: {lpips_fix()})"
     return None
 
 

@@ -15,7 +15,7 @@ import re
 import statistics
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import cv2
@@ -39,6 +39,7 @@ from common.metrics import (
 from common.reference_vae import ReferenceVAE
 from common.video.files import BadClipError
 from common.video_writer import write_video
+from evaluation.frame_size import FrameSize
 from evaluation.stills import comparison_stills
 from evaluation.timing import timed
 from evaluation.videos import latent_picture, rgb_beside_alpha, side_by_side, to_uint8_frames
@@ -114,8 +115,15 @@ def quality_metrics(decoded: torch.Tensor, target: torch.Tensor, use_lpips: bool
     return metrics
 
 
-def mean_std(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0}
+def mean_std(values: list[float]) -> dict[str, float | None]:
+    """The mean, and the spread where there is one: ``std`` is None for a single sample."""
+    return {"mean": statistics.fmean(values), "std": statistics.pstdev(values) if len(values) > 1 else None}
+
+
+def mean_text(stats: dict[str, float | None], mean_format: str, std_format: str) -> str:
+    """ "mean ± std" of ``mean_std``'s result, the mean alone for a single sample (no spread)."""
+    shown = format(stats["mean"], mean_format)
+    return shown if stats["std"] is None else f"{shown} ± {format(stats['std'], std_format)}"
 
 
 def summarise(samples: list[dict]) -> dict:
@@ -145,29 +153,33 @@ def summarise(samples: list[dict]) -> dict:
 
 @dataclass
 class Evaluator:
-    """Evaluates clips one by one with everything a sample needs, and names what it is doing
-    when memory runs out."""
+    """Evaluates clips one by one, each at the size ``size`` gives it, with everything a
+    sample needs, and names what it is doing when memory runs out."""
 
     options: EvaluationOptions
     model: TAEHV
     ref_vae: ReferenceVAE | None
     dataset: VideoClipDataset
+    size: FrameSize
     device: torch.device
     dtype: torch.dtype
     use_lpips: bool
     output_dir: Path
+    warmed_up: set[tuple[int, int]] = field(default_factory=set)  # the sizes the timings' warm-up has seen
 
     @property
     def plan(self) -> FramePlan:
         return self.model.plan(self.dataset.n_frames)
 
-    def doing(self, what: str) -> AbstractContextManager[None]:
-        """``out_of_memory_hint`` for ``what``, with the sizes and mode of this run."""
+    def doing(self, what: str, clip: torch.Tensor) -> AbstractContextManager[None]:
+        """``out_of_memory_hint`` for ``what``, with the size of ``clip`` (its last two
+        dimensions are its height and width) and the mode of this run."""
         mode = "parallel" if self.options.parallel else "sequential"
+        height, width = clip.shape[-2:]
         return out_of_memory_hint(
             self.options,
-            f"{what} ({self.dataset.n_frames} frames at {self.dataset.height}x"
-            f"{self.dataset.width}, {mode}, {self.options.dtype} on {self.device})",
+            f"{what} ({self.dataset.n_frames} frames at {height}x{width}, {mode}, "
+            f"{self.options.dtype} on {self.device})",
         )
 
     def evaluate(self, order: np.ndarray, count: int) -> tuple[list[dict], list[dict]]:
@@ -196,14 +208,14 @@ class Evaluator:
                     break
                 source = self.dataset.clips.path(index)
                 try:
-                    clip = self.dataset.load_clip(index)
+                    clip = self.dataset.load_clip(index, self.size.of)
                 except BadClipError as err:
                     skipped.append({"source": source, "kind": err.kind, "reason": str(err)})
                     tqdm.write(f"⚠️  Skipped {source}: {err}")
                     continue
-                with self.doing(f"loading sample {len(samples) + 1} onto {self.device}"):
+                with self.doing(f"loading sample {len(samples) + 1} onto {self.device}", clip):
                     frames = frames_to_unit(clip.unsqueeze(0), self.device, self.dtype)
-                if not samples:
+                if tuple(clip.shape[-2:]) not in self.warmed_up:  # each size's first call pays its one-off costs
                     self.warm_up(frames)
                 samples.append(self.sample(len(samples), index, source, frames))
                 progress.update()
@@ -216,7 +228,8 @@ class Evaluator:
         frame at the real size does that without the memory of a whole extra clip (with
         --compile the whole clip, so that compilation sees the real shapes)."""
         short = frames if self.options.compile else frames[:, :1]
-        with self.doing(f"warming up on {short.shape[1]} frame(s) of the first clip"):
+        self.warmed_up.add(tuple(frames.shape[-2:]))
+        with self.doing(f"warming up on {short.shape[1]} frame(s) of a clip", frames):
             self.model.decode_video(
                 self.model.encode_video(short, parallel=self.options.parallel), parallel=self.options.parallel
             )
@@ -229,23 +242,31 @@ class Evaluator:
     def sample(self, i: int, index: int, source: str, frames: torch.Tensor) -> dict:
         """Metrics, timings and output files of sample ``i`` (clip ``index``)."""
         parallel, device = self.options.parallel, self.device
-        with self.doing(f"encoding sample {i + 1}"):
+        with self.doing(f"encoding sample {i + 1}", frames):
             latents, enc_s, enc_mb = timed(lambda: self.model.encode_video(frames, parallel=parallel), device)
-        with self.doing(f"decoding sample {i + 1}"):
+        with self.doing(f"decoding sample {i + 1}", frames):
             decoded, dec_s, dec_mb = timed(lambda: self.model.decode_video(latents, parallel=parallel), device)
         decoded, target = self.plan.aligned(decoded.float(), frames.float())
-        with self.doing(f"computing the metrics of sample {i + 1}"):
+        with self.doing(f"computing the metrics of sample {i + 1}", frames):
             ours = {**quality_metrics(decoded, target, self.use_lpips), "encode_s": enc_s, "decode_s": dec_s}
         if enc_mb is not None:
             ours.update(encode_peak_mb=enc_mb, decode_peak_mb=dec_mb)
-        result = {"index": index, "source": source, "latent_shape": list(latents.shape), "taehv": ours}
+        height, width = frames.shape[-2:]
+        result = {
+            "index": index,
+            "source": source,
+            "height": height,
+            "width": width,
+            "latent_shape": list(latents.shape),
+            "taehv": ours,
+        }
         line = (
-            f"Sample {i + 1}: MSE={ours['mse']:.4f}, PSNR={ours['psnr']:.1f}dB, "
+            f"Sample {i + 1} ({height}x{width}): MSE={ours['mse']:.4f}, PSNR={ours['psnr']:.1f}dB, "
             f"SSIM={ours['ssim']:.3f}, Encoding Time={enc_s:.3f}s, Decoding Time={dec_s:.3f}s"
         )
         ref_decoded = None
         if self.ref_vae is not None:
-            with self.doing(f"running the reference VAE on sample {i + 1}"):
+            with self.doing(f"running the reference VAE on sample {i + 1}", frames):
                 result["reference"], ref_decoded, ref_latents = self.reference(frames)
             if ref_latents.shape == latents.shape:  # the same latent space: are they on the same scale?
                 result["latent_rms_ratio"] = float(rms_ratio(latents, ref_latents))
@@ -254,7 +275,7 @@ class Evaluator:
                 f"decode {result['reference']['decode_s'] / dec_s:.1f}x slower than TAEHV"
             )
         tqdm.write(line)
-        with self.doing(f"writing the videos and pictures of sample {i + 1}"):
+        with self.doing(f"writing the videos and pictures of sample {i + 1}", frames):
             result["files"] = self.write_files(i, source, target, decoded, latents, ref_decoded)
         return result
 
@@ -317,6 +338,11 @@ def no_usable_clip(skipped: list[dict], dataset: VideoClipDataset) -> UserError:
         return UserError(
             f"{clips} {are} too short: --n_frames={n_frames} at --stride={stride} needs "
             f"{dataset.min_frames} frames ({example}): lower --n_frames or --stride"
+        )
+    if all(s["kind"] == "too small" for s in skipped):  # the reason says which size to give
+        first = skipped[0]
+        return UserError(
+            f"{clips} {are} too small: {Path(first['source']).name} is {first['reason'].removeprefix('too small: ')}"
         )
     return UserError(f"{clips} could not be used ({example}); check the videos or the annotation")
 

@@ -1,7 +1,9 @@
 """summary_report.html: one self-contained page a person can read: summary tables, a
-per-frame PSNR chart, and for each sample still frames (original | reconstruction |
-reference VAE | amplified difference), the comparison video with a poster frame, and its
-latents."""
+per-frame PSNR chart, and for each sample whether the run held it out or trained on it,
+still frames (original | reconstruction | reference VAE | amplified difference), the
+comparison video with a poster frame, and its latents. Pictures and videos keep their
+clip's aspect ratio and scale down to the page's column (1200 pixels), so the page fits
+a 1280-pixel window whatever the clips' size."""
 
 from __future__ import annotations
 
@@ -12,24 +14,30 @@ from pathlib import Path
 
 import cv2
 
+from evaluation.evaluator import mean_text
+from evaluation.frame_size import describe
+
 MAX_EMBED_BYTES = 64 * 2**20  # larger sets of videos are linked, not embedded
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
 table{border-collapse:collapse;margin:12px 0}td,th{border:1px solid #ccc;padding:4px 10px;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
-video{max-width:100%;background:#000;image-rendering:pixelated}
+img,video{max-width:100%;height:auto}video{background:#000}
 .sample{margin:18px 0;padding-top:8px;border-top:1px solid #ddd}
-.stills{overflow-x:auto}.stills img{max-width:none;image-rendering:pixelated;display:block}
+.stills img,.latents img{display:block}.latents img{image-rendering:pixelated}
 .axis{stroke:#444}.grid{stroke:#e4e4e4}.line{fill:none;stroke-width:2}.ref{stroke-dasharray:5 3}
 small{color:#666}
 """
 COLORS = ("#3b7dd8", "#e0482c", "#2ca05a", "#9b4dca", "#e08a2c", "#1bb3c4", "#7f7f7f", "#c4a11b")
-MIN_VIDEO_WIDTH, MAX_VIDEO_WIDTH = 512, 1150
+MIN_VIDEO_WIDTH, MAX_VIDEO_WIDTH, MAX_VIDEO_HEIGHT = 512, 1150, 720
 
-# Each video reports its duration, and each still picture its natural and displayed size
-# and position on the page, into the DOM once loaded (tests read them).
+# Each video reports its duration, each still picture its natural and displayed size and
+# position on the page, and the page its full width, into the DOM once loaded (tests read them).
 SCRIPT = """
+window.addEventListener('load', function(){
+  document.body.dataset.scrollWidth = document.documentElement.scrollWidth;
+});
 document.querySelectorAll('video').forEach(function(v){
   function mark(){ v.dataset.duration = v.duration; }
   if (v.readyState >= 1) { mark(); } else { v.addEventListener('loadedmetadata', mark); }
@@ -45,6 +53,12 @@ document.querySelectorAll('.stills img').forEach(function(img){
   if (img.complete) { mark(); } else { img.addEventListener('load', mark); }
 });
 """
+
+
+SETS = (
+    "set: held-out (in the run's validation set: never trained on), training (the model saw it: its "
+    "scores flatter it), neither (in neither of the run's sets), unknown (no run config to tell)"
+)
 
 
 def _fmt(value) -> str:
@@ -124,13 +138,16 @@ def _frame_chart(samples: list[dict]) -> str:
     return "".join(parts)
 
 
-def _video_tag(path: Path, poster: Path, output_dir: Path, embed: bool, width: int) -> str:
+def _video_tag(path: Path, poster: Path, output_dir: Path, embed: bool) -> str:
+    """The comparison video at its poster's aspect ratio: at least MIN_VIDEO_WIDTH wide, at
+    most MAX_VIDEO_WIDTH wide and MAX_VIDEO_HEIGHT high (a portrait clip stays on screen)."""
     src = (
         f"data:video/mp4;base64,{base64.b64encode(path.read_bytes()).decode()}"
         if embed
         else html.escape(str(path.relative_to(output_dir)))
     )
-    shown = min(max(width, MIN_VIDEO_WIDTH), MAX_VIDEO_WIDTH)
+    height, width = cv2.imread(str(poster)).shape[:2]
+    shown = round(min(max(width, MIN_VIDEO_WIDTH), MAX_VIDEO_WIDTH, MAX_VIDEO_HEIGHT * width / height))
     return (
         f'<video controls muted loop playsinline preload="metadata" width="{shown}" poster="{_png(poster)}" '
         f'src="{src}"></video>'
@@ -153,25 +170,26 @@ def write_report(output_dir: Path, results: dict) -> Path:
     embed = sum(v.stat().st_size for v in videos) <= MAX_EMBED_BYTES
     summary = results["summary"]
     metric_rows = [
-        [name, f"{stats['mean']:.4g} ± {stats['std']:.2g}"]
+        [name, mean_text(stats, ".4g", ".2g")]
         + (
-            [f"{summary['reference'][name]['mean']:.4g} ± {summary['reference'][name]['std']:.2g}"]
+            [mean_text(summary["reference"][name], ".4g", ".2g")]
             if "reference" in summary and name in summary["reference"]
             else []
         )
         for name, stats in summary["taehv"].items()
     ]
+    spread = "mean ± standard deviation over the samples" if len(samples) > 1 else "one sample: no spread"
     headers = ["metric", "TAEHV"] + (["reference VAE"] if "reference" in summary else [])
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>TAEHV evaluation</title>",
         f"<style>{STYLE}</style></head><body>",
         "<h1>TAEHV evaluation</h1>",
         f"<p><small>model {html.escape(results['model']['path'])} ({html.escape(results['model']['variant'])}, "
-        f"{results['model']['parameters_m']:.2f}M parameters); {len(samples)} samples; "
+        f"{results['model']['parameters_m']:.2f}M parameters); {len(samples)} sample{'s' * (len(samples) != 1)}; "
         f"{results['settings']['n_frames']} frames at stride {results['settings']['stride']}, "
-        f"{results['settings']['height']}x{results['settings']['width']}; "
+        f"{describe(results['settings']['height'], results['settings']['width'])}; "
         f"device {html.escape(results['settings']['device'])}, {html.escape(results['settings']['dtype'])}</small></p>",
-        "<h2>Summary</h2>",
+        f"<h2>Summary</h2><p><small>{spread}</small></p>",
         _table(headers, metric_rows),
     ]
     if "comparison" in summary:
@@ -179,10 +197,12 @@ def write_report(output_dir: Path, results: dict) -> Path:
             "<h2>TAEHV vs reference VAE</h2>",
             _table(["measure", "value"], [[k, v] for k, v in summary["comparison"].items()]),
         ]
-    parts += ["<h2>PSNR per frame</h2>", _frame_chart(samples), "<h2>Samples</h2>"]
+    parts += ["<h2>PSNR per frame</h2>", _frame_chart(samples), "<h2>Samples</h2>", f"<p><small>{SETS}</small></p>"]
     sample_headers = [
         "sample",
         "source",
+        "set",
+        "size",
         "PSNR dB",
         "SSIM",
         "sharpness",
@@ -198,6 +218,8 @@ def write_report(output_dir: Path, results: dict) -> Path:
                 [
                     i,
                     Path(s["source"]).name,
+                    s["split"],
+                    f"{s['height']}x{s['width']}",
                     s["taehv"]["psnr"],
                     s["taehv"]["ssim"],
                     s["taehv"]["sharpness"],
@@ -215,18 +237,18 @@ def write_report(output_dir: Path, results: dict) -> Path:
             "<h2>Skipped clips</h2><p><small>not in the means: they cannot give a sample at these settings</small></p>",
             _table(["source", "reason"], [[s["source"], s["reason"]] for s in results["skipped"]]),
         ]
-    video_width = 2 * results["settings"]["width"]
     for i, (sample, video) in enumerate(zip(samples, videos)):
         files = sample["files"]
         parts += [
             f"<div class='sample'><h3>Sample {i}: {html.escape(Path(sample['source']).name)} "
-            f"<small>PSNR {sample['taehv']['psnr']:.2f} dB, SSIM {sample['taehv']['ssim']:.3f}</small></h3>",
+            f"<small>{html.escape(sample['split'])} clip, {sample['height']}x{sample['width']}; "
+            f"PSNR {sample['taehv']['psnr']:.2f} dB, SSIM {sample['taehv']['ssim']:.3f}</small></h3>",
             _stills(output_dir / files["stills_png"], files["stills_frames"], "reference" in sample),
             "<p>",
-            _video_tag(video, output_dir / files["poster_png"], output_dir, embed, video_width),
+            _video_tag(video, output_dir / files["poster_png"], output_dir, embed),
             "<br><small>original | TAEHV, all compared frames (looping)</small></p>",
-            f"<p><img alt='latents' src='{_png(output_dir / files['latents_png'])}'>"
-            "<br><small>latents: 3 principal components per latent frame</small></p></div>",
+            f"<p class='latents'><img alt='latents' src='{_png(output_dir / files['latents_png'])}'>"
+            "<small>latents: 3 principal components per latent frame (one block per latent)</small></p></div>",
         ]
     parts += [f"<script>{SCRIPT}</script></body></html>"]
     path = output_dir / "summary_report.html"

@@ -1,21 +1,22 @@
 """Still frames that show what was and was not reconstructed.
 
 One picture per sample: a row per chosen frame, columns original | TAEHV | (reference VAE)
-| |TAEHV - original| as a heat map, amplified. Small clips are upscaled with
-nearest-neighbour so every tile is at least ``min_tile_width`` pixels wide and pixels stay
-pixels; a header band names the columns. RGBA clips give an RGBA picture: each image tile
+| |TAEHV - original| as a heat map, amplified. Every tile keeps its clip's aspect ratio:
+a small clip is enlarged with a smooth (bicubic) filter until its shorter side is 256
+pixels, legible without blocks; a large one is reduced (area filter) until its longer side
+is 640 pixels, so that a report of full-HD clips stays light (the videos keep every pixel).
+A header band names the columns. RGBA clips give an RGBA picture: each image tile
 keeps its alpha (saved as a PNG with alpha), the bands and the heat map are opaque.
 """
 
 from __future__ import annotations
-
-import math
 
 import cv2
 import numpy as np
 
 HEADER_HEIGHT = 28
 GAP = 4
+MIN_SIDE, MAX_SIDE = 256, 640  # a tile's shorter side at least, its longer side at most (the shorter wins)
 
 
 def frame_indices(frames: int, count: int = 3) -> list[int]:
@@ -32,6 +33,22 @@ def difference_heat_map(original: np.ndarray, reconstructed: np.ndarray, amplify
     return cv2.cvtColor(cv2.applyColorMap(scaled, cv2.COLORMAP_INFERNO), cv2.COLOR_BGR2RGB)
 
 
+def tile_size(height: int, width: int) -> tuple[int, int]:
+    """(height, width) of the tile of a ``height x width`` frame: same aspect ratio, the
+    shorter side at least MIN_SIDE, the longer at most MAX_SIDE where the shorter allows."""
+    short, long = min(height, width), max(height, width)
+    scale = MIN_SIDE / short if short < MIN_SIDE else max(MIN_SIDE / short, min(1.0, MAX_SIDE / long))
+    return round(height * scale), round(width * scale)
+
+
+def resize_tile(tile: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``tile`` at ``height x width``: bicubic when enlarging, area when reducing."""
+    if tile.shape[:2] == (height, width):
+        return tile
+    enlarging = height > tile.shape[0]
+    return cv2.resize(tile, (width, height), interpolation=cv2.INTER_CUBIC if enlarging else cv2.INTER_AREA)
+
+
 def _label(band: np.ndarray, text: str, x: int) -> None:
     cv2.putText(band, text, (x + 6, HEADER_HEIGHT - 9), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (255, 255, 255), 1, cv2.LINE_AA)
 
@@ -42,19 +59,16 @@ def comparison_stills(
     reference: np.ndarray | None = None,
     count: int = 3,
     amplify: float = 4.0,
-    min_tile_width: int = 256,
 ) -> tuple[np.ndarray, list[int]]:
     """(HWC uint8 RGB or RGBA picture, frame indices shown) for THWC uint8 RGB or RGBA videos
     of the same size; ``reference`` (the reference VAE's reconstruction) may have fewer frames."""
     frames = len(original) if reference is None else min(len(original), len(reference))
     indices = frame_indices(frames, count)
-    h, w = original.shape[1:3]
-    scale = max(1, math.ceil(min_tile_width / w))
+    tile_h, tile_w = tile_size(*original.shape[1:3])
     columns = [("original", original), ("TAEHV", reconstructed)]
     if reference is not None:
         columns.append(("reference VAE", reference))
     titles = [name for name, _ in columns] + [f"|TAEHV - original| x{amplify:g}"]
-    tile_w, tile_h = w * scale, h * scale
     width = len(titles) * tile_w + (len(titles) - 1) * GAP
     canvas = np.full((HEADER_HEIGHT + len(indices) * (tile_h + GAP), width, 3), 32, np.uint8)
     # RGBA: the colours are drawn on the canvas, the alpha on its own plane (OpenCV's
@@ -67,7 +81,7 @@ def comparison_stills(
         y = HEADER_HEIGHT + r * (tile_h + GAP)
         for c, tile in enumerate(tiles):
             x = c * (tile_w + GAP)
-            shown = cv2.resize(tile, (tile_w, tile_h), interpolation=cv2.INTER_NEAREST)
+            shown = resize_tile(tile, tile_h, tile_w)
             canvas[y : y + tile_h, x : x + tile_w] = shown[..., :3]
             if alpha is not None and shown.shape[2] == 4:
                 alpha[y : y + tile_h, x : x + tile_w] = shown[..., 3]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import types
 from pathlib import Path
 
 import pytest
+import torch
 
 from common.config import TrainConfig, apply_overrides, load_config, run_prefix
 from common.errors import UserError
@@ -216,23 +218,42 @@ def test_lpips_here_decides_the_config_check(tmp_path, fresh_lpips_probe):
         assert reason in str(err.value)
 
 
-def test_lpips_missing_module_is_unavailable_and_refused(tmp_path, monkeypatch, caplog, fresh_lpips_probe):
-    # what torchmetrics' constructor raises when torchvision is not installed
-    fake_lpips_module(monkeypatch, ModuleNotFoundError("LPIPS metric requires that torchvision is installed."))
-    with caplog.at_level(logging.INFO, logger="common.metrics"):
+# what torchmetrics' LPIPS constructor raises when torchvision is not installed: three fixes
+TORCHMETRICS_MESSAGE = (
+    "LPIPS metric requires that torchvision is installed. Either install as `pip install torchmetrics[image]` "
+    "or `pip install torchvision`."
+)
+
+
+def test_lpips_missing_is_one_reason_with_one_fix_and_refused(tmp_path, monkeypatch, caplog, fresh_lpips_probe):
+    fake_lpips_module(monkeypatch, ModuleNotFoundError(TORCHMETRICS_MESSAGE))
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # not installed
+    monkeypatch.setattr(torch, "__version__", "2.13.0")
+    with caplog.at_level(logging.INFO):
         reason = lpips_unavailable_reason()
-        lpips_unavailable_reason()  # cached: logged once
-    assert reason.startswith("ModuleNotFoundError: LPIPS metric requires that torchvision is installed.")
-    assert "requirements-lpips.txt" in reason
-    assert [r.getMessage() for r in caplog.records] == [f"LPIPS is unavailable: {reason}"]
-    with pytest.raises(UserError, match="LPIPS is unusable: ModuleNotFoundError: LPIPS metric requires"):
+    assert reason == "torchvision is not installed (to add it: pip install -r requirements-lpips.txt)"
+    assert caplog.records == []  # the callers say it, once, where it does not break a progress bar
+    with pytest.raises(UserError, match=r"LPIPS is unusable: torchvision is not installed \(to add it: pip install"):
         check(valid(tmp_path, lpips_loss_weight=0.1))
     with pytest.raises(UserError, match="best_metric=val/lpips, but LPIPS is unusable"):
         check(valid(tmp_path, best_metric="val/lpips"))
 
     lpips_unavailable_reason.cache_clear()
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")  # PyPI's torchvision does not load beside it
     monkeypatch.setitem(sys.modules, "torchmetrics.image.lpip", None)  # the module itself cannot be imported
-    assert lpips_unavailable_reason().startswith("ModuleNotFoundError: ")
+    assert lpips_unavailable_reason() == (
+        "torchvision is not installed (to add it: pip install -r requirements-lpips.txt "
+        "--extra-index-url https://download.pytorch.org/whl/cpu)"
+    )
+
+
+def test_the_lpips_extra_pins_the_torchvision_of_the_pinned_torch():
+    """torchvision 0.N pairs with torch 2.(N - 15) (0.15 with 2.0 ... 0.28 with 2.13): another
+    torchvision would make pip install another torch beside the pinned one."""
+    torch_pin = re.search(r"^torch==2\.(\d+)\.\d+", (REPO_ROOT / "requirements.txt").read_text(), re.M)
+    extra = (REPO_ROOT / "requirements-lpips.txt").read_text()
+    pins = re.findall(r"^torchvision==0\.(\d+)\.\d+$", extra, re.M)
+    assert "-r requirements.txt" in extra and pins == [str(int(torch_pin.group(1)) + 15)]
 
 
 def test_lpips_usable_is_accepted(tmp_path, monkeypatch, fresh_lpips_probe):

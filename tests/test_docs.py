@@ -21,8 +21,8 @@ DOCS = [
     *sorted((REPO_ROOT / "docs").glob("*.md")),
 ]
 EXTENSIONS = ("py", "md", "sh", "yaml", "yml", "txt", "json", "ini", "png")
-# flags of other programs the docs show (pytest, tensorboard, accelerate launch) and the placeholder --key=value
-OTHER_FLAGS = {"basetemp", "dist", "logdir", "multi_gpu", "num_processes", "key"}
+# flags of other programs the docs show (pytest, tensorboard, accelerate launch, pip) and the placeholder --key=value
+OTHER_FLAGS = {"basetemp", "dist", "logdir", "multi_gpu", "num_processes", "extra_index_url", "key"}
 OURS = (
     "models",
     "common",

@@ -20,7 +20,15 @@ import torch.nn.functional as F
 from test_dataset import fifos, write_audio_only_mp4, write_huge_header_png, write_index_video, write_rgba
 
 from common.clips import VideoClipDataset, frames_to_unit
-from common.metrics import frame_psnr, video_mse, video_psnr, video_sharpness, video_ssim, video_temporal_error
+from common.metrics import (
+    frame_psnr,
+    lpips_unavailable_reason,
+    video_mse,
+    video_psnr,
+    video_sharpness,
+    video_ssim,
+    video_temporal_error,
+)
 from conftest import REPO_ROOT
 from models.frames import plan_frames
 from models.taehv import TAEHV
@@ -217,10 +225,10 @@ def test_outputs_and_schema(evaluation):
         for who in ("taehv", "reference"):
             per_frame = sample[who]["psnr_per_frame"]
             assert len(per_frame) == 9 and np.mean(per_frame) == pytest.approx(sample[who]["psnr"], abs=3)
-        # stills: 3 frames x (original | TAEHV | reference | difference), 96-px tiles upscaled 3x to 288 px
+        # stills: 3 frames x (original | TAEHV | reference | difference), 64x96 tiles enlarged to 256x384
         stills = cv2.imread(str(evaluation / sample["files"]["stills_png"]))
         assert sample["files"]["stills_frames"] == [0, 4, 8]
-        assert stills.shape[1] == 4 * 288 + 3 * 4 and stills.shape[0] > 3 * 192
+        assert stills.shape[1] == 4 * 384 + 3 * 4 and stills.shape[0] > 3 * 256
         poster = cv2.imread(str(evaluation / sample["files"]["poster_png"]))
         assert poster.shape == (256, 768, 3) and poster.std() > 10
 
@@ -443,7 +451,7 @@ def test_out_of_memory_says_what_to_lower(weights, tmp_path, videos_dir, run_inf
     )
     assert_user_error(
         result,
-        "out of memory while warming up on 1 frame(s) of the first clip (5 frames at 32x48, "
+        "out of memory while warming up on 1 frame(s) of a clip (5 frames at 32x48, "
         "parallel, fp32 on cpu); it asked for 20.00 GiB more: lower --height/--width or "
         "--n_frames; use --sequential",
     )
@@ -519,7 +527,9 @@ def test_stride_defaults_to_the_configs_validation_stride(weights, tmp_path, vid
                 *extra,
             ]
         )
-        dataset = inference.build_dataset(args, inference.evaluation_config(args, weights)[0], model, tmp_path)
+        config = inference.evaluation_config(args, weights)[0]
+        size = inference.frame_size(args, config, model)
+        dataset = inference.build_dataset(args, config, size, tmp_path, model.image_channels)
         assert dataset.stride_range == (stride, stride) and dataset.short_clip_policy == "skip"
 
 
@@ -534,9 +544,12 @@ def chromium() -> str:
     return found
 
 
-def test_report_renders_in_chromium(evaluation, tmp_path):
-    """Videos load (with a duration), and the still pictures are shown at their own size:
-    the screenshot's pixels where the page puts the first one are that picture."""
+PAGE_WIDTH = 1280  # the window the report must fit, difference maps included
+
+
+def render(page: Path, tmp_path: Path, height: int | None = None) -> tuple[str, np.ndarray | None]:
+    """(the DOM once the page's script ran, a screenshot ``height`` pixels high or None) of
+    ``page`` in headless Chromium, PAGE_WIDTH pixels wide at scale 1."""
     browser = chromium()
     flags = [
         "--headless",
@@ -552,37 +565,178 @@ def test_report_renders_in_chromium(evaluation, tmp_path):
         f"--user-data-dir={tmp_path / 'profile'}",
         "--virtual-time-budget=10000",
     ]
-    page = (evaluation / "summary_report.html").resolve().as_uri()
+    uri = page.resolve().as_uri()
     dom = subprocess.run(
-        [browser, *flags, "--window-size=1400,900", "--dump-dom", page], capture_output=True, text=True, timeout=120
+        [browser, *flags, f"--window-size={PAGE_WIDTH},900", "--dump-dom", uri],
+        capture_output=True,
+        text=True,
+        timeout=120,
     ).stdout
+    if height is None:
+        return dom, None
+    shot = tmp_path / "report.png"
+    subprocess.run(
+        [browser, *flags, f"--window-size={PAGE_WIDTH},{height}", f"--screenshot={shot}", uri],
+        capture_output=True,
+        timeout=120,
+    )
+    return dom, cv2.imread(str(shot))
+
+
+def shown_stills(dom: str) -> list[dict]:
+    """Natural size, size on the page and position of each still picture, as the page's script marked them."""
+    found = re.findall(r'data-natural="(\d+)x(\d+)" data-shown="(\d+)x(\d+)" data-at="(\d+),(\d+)"', dom)
+    return [dict(zip(("natural_w", "natural_h", "w", "h", "x", "y"), map(int, f))) for f in found]
+
+
+def assert_fits_the_window_in_its_aspect(dom: str, count: int) -> list[dict]:
+    """No part of the page is wider than the window; each of the ``count`` still pictures
+    lies inside it at its own aspect ratio, at its own size when that fits."""
+    assert int(re.search(r'data-scroll-width="(\d+)"', dom).group(1)) <= PAGE_WIDTH, dom[:2000]
+    stills = shown_stills(dom)
+    assert len(stills) == count, dom[:3000]
+    for still in stills:
+        assert still["x"] + still["w"] <= PAGE_WIDTH, still  # its difference column on screen
+        assert still["w"] == min(still["natural_w"], 1200), still
+        assert abs(still["h"] - still["natural_h"] * still["w"] / still["natural_w"]) <= 1, still
+    return stills
+
+
+def assert_shown_as_written(image: np.ndarray, still: dict, path: Path) -> None:
+    """The screenshot's pixels where the page shows a still picture are that picture, scaled
+    to its size on the page."""
+    expected = cv2.resize(cv2.imread(str(path)), (still["w"], still["h"]), interpolation=cv2.INTER_AREA)
+    shown = image[still["y"] : still["y"] + still["h"], still["x"] : still["x"] + still["w"]]
+    assert shown.shape == expected.shape and shown.std() > 20  # the stills, not a blank box
+    assert np.abs(shown.astype(np.int16) - expected.astype(np.int16)).mean() < 6
+
+
+def test_report_renders_in_chromium(evaluation, tmp_path):
+    """Videos load (with a duration), and the still pictures (4 columns of 384-pixel tiles:
+    wider than the column) are scaled to the column at their aspect ratio, inside a
+    1280-pixel window: the screenshot's pixels where the page puts the first one are that picture."""
+    dom, _ = render(evaluation / "summary_report.html", tmp_path)
     durations = [float(d) for d in re.findall(r'data-duration="([0-9.]+)"', dom)]
     assert len(durations) == 2 and all(d > 0 for d in durations), dom[:2000]
     assert "data-error" not in dom
     assert len(re.findall(r"<video [^>]*poster=\"data:image/png", dom)) == 2  # never black before playing
     assert "PSNR (dB)" in dom and ">frame<" in dom  # the per-frame chart's axis labels
-
-    stills = [
-        dict(zip(("natural", "shown", "at"), found))
-        for found in re.findall(r'data-natural="(\d+x\d+)" data-shown="(\d+x\d+)" data-at="(\d+,\d+)"', dom)
-    ]
-    assert len(stills) == 2, dom[:3000]
-    for still in stills:
-        width, height = map(int, still["natural"].split("x"))
-        assert still["shown"] == still["natural"] and width >= 4 * 256, still  # at its size, tiles >= 256 px
-    x, y = map(int, stills[0]["at"].split(","))
-    expected = cv2.imread(str(evaluation / "stills" / "test_0_stills.png"))
-    shot = tmp_path / "report.png"
-    subprocess.run(
-        [browser, *flags, f"--window-size=1400,{y + expected.shape[0] + 50}", f"--screenshot={shot}", page],
-        capture_output=True,
-        timeout=120,
-    )
-    image = cv2.imread(str(shot))
+    stills = assert_fits_the_window_in_its_aspect(dom, 2)
+    assert all(still["natural_w"] == 4 * 384 + 3 * 4 for still in stills)
+    _, image = render(evaluation / "summary_report.html", tmp_path, stills[0]["y"] + stills[0]["h"] + 50)
     assert image is not None and image.std() > 10  # not a blank page
-    shown = image[y : y + expected.shape[0], x : x + expected.shape[1]]
-    assert shown.shape == expected.shape and shown.std() > 20  # the stills, not a blank box
-    assert np.abs(shown.astype(np.int16) - expected.astype(np.int16)).mean() < 3  # pixel for pixel
+    assert_shown_as_written(image, stills[0], evaluation / "stills" / "test_0_stills.png")
+
+
+def write_small_clip(source: Path, path: Path, frames: int, height: int, width: int, upright: bool = False) -> None:
+    """The first ``frames`` frames of a real landscape clip, turned ``upright`` (portrait) or
+    not, resized to ``width x height``."""
+    reader = cv2.VideoCapture(str(source))
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 25, (width, height))
+    for _ in range(frames):
+        ok, frame = reader.read()
+        assert ok
+        writer.write(cv2.resize(cv2.rotate(frame, cv2.ROTATE_90_CLOCKWISE) if upright else frame, (width, height)))
+    writer.release()
+    reader.release()
+
+
+def test_native_size_keeps_each_clips_aspect_and_the_report_fits_1280_px(weights, tmp_path, videos_dir, run_inference):
+    """Without a size, a landscape 132x72 clip and a portrait 40x72 clip are each evaluated
+    at their own size (every decoded frame against its input frame), their stills keep their
+    aspect ratios, and in Chromium the page (the landscape stills 1381 pixels wide) fits a
+    1280-pixel window."""
+    landscape, portrait = tmp_path / "wide.mp4", tmp_path / "upright.mp4"
+    write_small_clip(videos_dir / CLIPS[0], landscape, 5, 72, 132)
+    write_small_clip(videos_dir / CLIPS[0], portrait, 5, 72, 40, upright=True)
+    result = run_inference(
+        "--model_path",
+        str(weights),
+        "--videos",
+        str(landscape),
+        str(portrait),
+        "--n_frames",
+        "5",
+        "--output_dir",
+        str(tmp_path / "out"),
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "5 frames at stride 1, each clip at its own size (cropped to 8 * patch" in result.stdout
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["settings"]["native_size"] and metrics["settings"]["height"] is None
+    samples = metrics["samples"]
+    assert [(s["height"], s["width"], s["latent_shape"]) for s in samples] == [
+        (72, 128, [1, 2, 16, 9, 16]),  # 132 cropped to a multiple of 8
+        (72, 40, [1, 2, 16, 9, 5]),
+    ]
+    assert all(len(s["taehv"]["psnr_per_frame"]) == 5 for s in samples)
+    tiles = [cv2.imread(str(tmp_path / "out" / s["files"]["stills_png"])).shape[:2] for s in samples]
+    assert tiles[0] == (28 + 3 * (256 + 4), 3 * 455 + 2 * 4)  # 128x72 enlarged to 455x256
+    assert tiles[1] == (28 + 3 * (461 + 4), 3 * 256 + 2 * 4)  # 40x72 enlarged to 256x461: upright
+    report = (tmp_path / "out" / "summary_report.html").read_text()
+    assert "each clip at its own size" in report and "72x128" in report and "72x40" in report
+    dom, _ = render(tmp_path / "out" / "summary_report.html", tmp_path)
+    stills = assert_fits_the_window_in_its_aspect(dom, 2)
+    assert stills[0]["w"] == 1200 and stills[1]["w"] == stills[1]["natural_w"]  # the wide one scaled down
+    _, image = render(tmp_path / "out" / "summary_report.html", tmp_path, stills[1]["y"] + stills[1]["h"] + 50)
+    for still, sample in zip(stills, samples):
+        assert_shown_as_written(image, still, tmp_path / "out" / sample["files"]["stills_png"])
+
+
+def test_samples_say_their_set_held_out_first_and_spread_needs_several(weights, tmp_path, videos_dir, run_inference):
+    """Given a run's config, each sample says whether the run held it out, trained on it or
+    neither (metrics.json and the report), held-out clips are evaluated first, a sample the
+    model trained on is pointed out, the spread (±) is shown only over several samples, and
+    a missing LPIPS is one line with one fix, once, before the samples."""
+    trained, held_out, other = (str(videos_dir / name) for name in (CLIPS[0], CLIPS[1], "sam2_01_dog.mp4"))
+    for name, clip in (("train.json", trained), ("val.json", held_out)):
+        (tmp_path / name).write_text(json.dumps({"list": [{"full_path": clip}]}))
+    config = tmp_path / "config.py"
+    config.write_text(
+        "from common.config import TrainConfig\n"
+        f"config = TrainConfig(annotation_file={str(tmp_path / 'train.json')!r}, "
+        f"val_annotation_file={str(tmp_path / 'val.json')!r}, height=32, width=48, n_frames=5)\n"
+    )
+
+    def evaluate(count: int) -> tuple[subprocess.CompletedProcess, dict, str]:
+        out = tmp_path / f"out{count}"
+        result = run_inference(
+            "--model_path",
+            str(weights),
+            "--config",
+            str(config),
+            "--videos",
+            trained,
+            other,
+            held_out,
+            "--num_samples",
+            str(count),
+            "--output_dir",
+            str(out),
+        )
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+        return result, json.loads((out / "metrics.json").read_text()), (out / "summary_report.html").read_text()
+
+    one, metrics, report = evaluate(1)
+    assert [(s["source"], s["split"]) for s in metrics["samples"]] == [(held_out, "held-out")]
+    assert metrics["summary"]["taehv"]["psnr"]["std"] is None
+    assert "±" not in one.stdout and "±" not in report and "one sample: no spread" in report
+    assert "held-out clip, 32x48" in report and "trained on" not in one.stdout
+    reason = lpips_unavailable_reason()
+    lpips_lines = [line for line in (one.stdout + one.stderr).splitlines() if "LPIPS is left out" in line]
+    if reason is None:
+        assert lpips_lines == []
+    else:
+        assert lpips_lines == [f"⚠️  LPIPS is left out: {reason}"] and reason.count("pip install") == 1
+        assert one.stdout.index("LPIPS is left out") < one.stdout.index("Processing")
+
+    three, metrics, report = evaluate(3)
+    splits = [(s["source"], s["split"]) for s in metrics["samples"]]
+    assert splits == [(held_out, "held-out"), (other, "neither"), (trained, "training")]
+    assert "1 of the 3 samples are clips the model was trained on" in three.stdout
+    assert "PSNR (dB): " in three.stdout and " ± " in three.stdout.split("PSNR (dB): ")[1].splitlines()[0]
+    assert metrics["summary"]["taehv"]["psnr"]["std"] > 0 and "mean ± standard deviation" in report
+    assert "<td>training</td>" in report and "<td>neither</td>" in report
 
 
 @pytest.mark.parametrize("where", ["final_model.pth", "best_model/weights.pth"])
@@ -635,9 +789,9 @@ def test_file_names_with_html_are_escaped_in_the_report(weights, tmp_path, video
 
 def test_hostile_clips_are_skipped_and_reported_and_images_are_clips(weights, tmp_path, run_inference):
     """A folder holding an audio-only MP4, a PNG whose header claims 100000x100000 pixels and
-    a FIFO beside a video and a PNG, without --height/--width: the frame size comes from the
-    first clip that can be read (the video), the PNG is a clip for an RGB model too (its
-    alpha dropped), and the other three are skipped with their reasons, the FIFO unopened."""
+    a FIFO beside a video and a PNG, without --height/--width: each clip that can be read is
+    evaluated at its own size, the PNG is a clip for an RGB model too (its alpha dropped),
+    and the other three are skipped with their reasons, the FIFO unopened."""
     folder = tmp_path / "clips"
     folder.mkdir()
     write_audio_only_mp4(folder / "a_audio.mp4")
@@ -657,8 +811,11 @@ def test_hostile_clips_are_skipped_and_reported_and_images_are_clips(weights, tm
         )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert (metrics["settings"]["height"], metrics["settings"]["width"]) == (24, 40)
-    assert [Path(s["source"]).name for s in metrics["samples"]] == ["d_clip.mp4", "e_still.png"]
+    assert (metrics["settings"]["height"], metrics["settings"]["width"]) == (None, None)  # each clip its own
+    assert [(Path(s["source"]).name, s["height"], s["width"]) for s in metrics["samples"]] == [
+        ("d_clip.mp4", 24, 40),
+        ("e_still.png", 48, 64),
+    ]
     assert [(Path(s["source"]).name, s["reason"]) for s in metrics["skipped"]] == [
         ("a_audio.mp4", "no video stream: it has only audio streams"),
         ("b_huge.png", "too large: its header claims more pixels than OpenCV reads (CV_IO_MAX_IMAGE_PIXELS)"),
@@ -671,20 +828,20 @@ def test_hostile_clips_are_skipped_and_reported_and_images_are_clips(weights, tm
     [
         (
             lambda p: write_index_video(p, 9, height=2, width=2),
-            "clip.mp4 is 2x2 pixels, smaller than the 8x8 taecvx needs at least (multiples of 8, 8 * its patch "
-            "size 1): give --height and --width (multiples of 8) to evaluate it resized",
+            "error: the clip is too small: clip.mp4 is 2x2 pixels, smaller than the 8x8 taecvx needs at least "
+            "(multiples of 8, 8 * its patch size 1): give --height and --width (multiples of 8) to evaluate it resized",
         ),
         (
             write_audio_only_mp4,
-            "error: the clip cannot be read (e.g. clip.mp4: no video stream: it has only audio streams); check the "
-            "videos or the annotation",
+            "error: the clip could not be used (e.g. clip.mp4: no video stream: it has only audio streams); check "
+            "the videos or the annotation",
         ),
     ],
     ids=["2x2-video", "audio-only"],
 )
 def test_a_clip_that_gives_no_frame_size_is_one_line(write, message, weights, tmp_path, run_inference):
-    """Without --height/--width the first readable clip gives the size: one smaller than the
-    model's multiple, or no readable clip at all, ends in one line saying what to do."""
+    """Without --height/--width each clip gives its own size: a clip smaller than the model's
+    multiple, or no readable clip at all, ends in one line saying what to do."""
     write(tmp_path / "clip.mp4")
     result = run_inference(
         "--model_path", str(weights), "--videos", str(tmp_path / "clip.mp4"), "--output_dir", str(tmp_path / "out")

@@ -74,7 +74,9 @@ def test_a_finished_run_gives_the_evaluation_its_data_size_and_variant(
         out = tmp_path / f"eval{len(list(tmp_path.iterdir()))}"
         result = run_inference("--model_path", str(run), "--output_dir", str(out), "--num_samples", "1", *args)
         assert result.returncode == 0, result.stdout + result.stderr[-2000:]
-        return {**json.loads((out / "metrics.json").read_text())["settings"], "stdout": result.stdout}
+        metrics = json.loads((out / "metrics.json").read_text())
+        sample = metrics["samples"][0]
+        return {**metrics["settings"], "sample": (sample["height"], sample["width"]), "stdout": result.stdout}
 
     from_run = evaluate()  # no data flags: the run's validation clips at its validation size
     assert "Defaults (data, size, frames, stride) from the run's" in from_run["stdout"]
@@ -85,7 +87,7 @@ def test_a_finished_run_gives_the_evaluation_its_data_size_and_variant(
     assert (at_run_size["height"], at_run_size["width"]) == (32, 32)
     assert "32x32 (the config's validation size; --native_size for the clips' own)" in at_run_size["stdout"]
     native = evaluate("--videos", clip, "--native_size")
-    assert (native["height"], native["width"]) == (48, 64) and "the clips' native size" in native["stdout"]
+    assert native["sample"] == (48, 64) and "each clip at its own size" in native["stdout"]
     assert (evaluate("--config", str(run / "config.json"))["height"]) == 32
 
 

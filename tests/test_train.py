@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from common.errors import UserError
+from common.metrics import lpips_unavailable_reason
 from conftest import REPO_ROOT
 from models.taehv import TAEHV
 from models.weights import save_weights
@@ -99,6 +100,13 @@ def test_single_process_with_reference_vae_bf16(tmp_path, demo_clips, tiny_cogvi
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-4"]
     assert (run / "train.log").read_text().count("validation") >= 2
     assert '"ref_vae_path"' in (run / "config.json").read_text()
+    log = (run / "train.log").read_text()  # a missing LPIPS: one line at start-up, before the first step's
+    said = [line for line in log.splitlines() if "lpips is left out" in line.lower()]
+    if (reason := lpips_unavailable_reason()) is None:
+        assert said == [] and "val/lpips" in logged
+    else:
+        assert len(said) == 1 and said[0].endswith(f"val/lpips is left out: {reason}") and "val/lpips" not in logged
+        assert log.index("val/lpips is left out") < re.search(r"step \d+: loss", log).start()
 
 
 def test_deepspeed_zero2_two_processes_bf16_with_seraena(tmp_path, demo_clips, tiny_cogvideox_vae):

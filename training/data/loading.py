@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 from common.clip_loader import build_dataloader, stop_signals_held
 from common.clips import VideoClipDataset, VideoDataError, valid_crop_scale, valid_short_clip_policy
 from common.config import TrainConfig, below, spec_of
+from common.metrics import lpips_unavailable_reason
 from common.reference_vae import ReferenceVAE
 from common.video.files import clip_extensions, holds_clips
 from models.variants import VariantSpec
@@ -166,6 +167,8 @@ def build_training_data(config: TrainConfig, ref_vae: ReferenceVAE | None) -> Tr
                 "best weights; hold out more clips (make_annotations --val_fraction)",
                 config.val_annotation_file,
             )
+        if (reason := lpips_unavailable_reason()) is not None:  # said here, before the progress bar
+            logger.info("val/lpips is left out: %s", reason)
     if not config.latent_cache_dir:
         return TrainingData(train, val, ReferenceLatents(ref_vae, cached=False))
     cached = CachedLatentDataset.from_config(train, config)
