@@ -198,6 +198,19 @@ def launch_script(processes: int, out, clips, *overrides: str) -> list[str]:
     ]
 
 
+def launch_to_end(processes: int, out, clips, *overrides: str, env: dict) -> None:
+    """Run the launch script to its end; it must exit 0."""
+    result = subprocess.run(
+        launch_script(processes, out, clips, *overrides),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+        env={**os.environ, **env},
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+
+
 def checkpoint_steps(checkpoints: Path) -> list[int]:
     return [checkpoint_step(c) for c in list_checkpoints(checkpoints)]
 
@@ -265,15 +278,7 @@ def test_sigterms_during_decoder_only_fine_tuning_save_and_resume_exactly(
         assert hint.startswith(f"{REPO_ROOT / 'train_taehv_h100.sh'} {processes} test ") and "--run_name=run" in hint
         assert hint.endswith(f"--resume {checkpoints / f'checkpoint-{stopped_at}'}")  # the exact command
 
-    resumed = subprocess.run(
-        launch_script(processes, out, demo_clips, *common, "--resume", "latest"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO_ROOT,
-        env={**os.environ, **env},
-    )
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
+    launch_to_end(processes, out, demo_clips, *common, "--resume", "latest", env=env)
     assert checkpoint_steps(checkpoints)[-1] == steps
     full = tmp_path / "full" / "run"
     assert_identical(full / "final_model.safetensors", out / "run" / "final_model.safetensors")
@@ -581,15 +586,7 @@ def test_kill_9_of_the_launcher_or_of_the_whole_job_leaves_no_process_and_the_ru
                 in (run / "train.log").read_text()
             )
 
-    resumed = subprocess.run(
-        launch_script(2, tmp_path, demo_clips, *common, "--resume", "latest"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO_ROOT,
-        env={**os.environ, **env},
-    )
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
+    launch_to_end(2, tmp_path, demo_clips, *common, "--resume", "latest", env=env)
     assert (
         f"resumed from {run / 'checkpoints' / f'checkpoint-{stopped_at}'} at step {stopped_at}"
         in (run / "train.log").read_text()
