@@ -1,6 +1,7 @@
 """The DataLoader over a clip dataset: an epoch counter the workers share, a shuffle that
-depends only on (seed, epoch), workers that leave stop signals to the training process, and
-a worker's ``VideoDataError`` raised again in the training process with its reason and advice."""
+depends only on (seed, epoch), workers that leave stop signals to the training process and
+end with it, and a worker's ``VideoDataError`` raised again in the training process with
+its reason and advice."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from common.errors import VideoDataError
+from common.lifeline import watch_parent
 
 
 def shared_epoch() -> torch.Tensor:
@@ -61,17 +63,19 @@ class EpochShuffleSampler(Sampler[int]):
         return iter(torch.randperm(len(self.dataset), generator=generator).tolist())
 
 
-def leave_stop_signals_to_parent(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: a preempted job's SIGTERM, or Ctrl+C, reaches every
-    process of the job, workers included; a worker that died of it would crash the
-    training process before it can save. So workers ignore SIGINT, and SIGTERM unless it
-    comes from their parent (how the DataLoader shuts down a worker that does not stop by
-    itself): it is blocked and taken by a thread that checks the sender."""
+def tie_worker_to_parent(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: the worker leaves stop signals to the training process
+    and ends with it. A preempted job's SIGTERM, or Ctrl+C, reaches every process of the
+    job, workers included; a worker that died of it would crash the training process before
+    it can save. So workers ignore SIGINT, and SIGTERM unless it comes from their parent (how
+    the DataLoader shuts down a worker that does not stop by itself): it is blocked and taken
+    by a thread that checks the sender. A training process killed outright (``kill -9``)
+    takes its workers with it (``common.lifeline.watch_parent``), run lock included."""
+    parent = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    threading.Thread(
-        target=_exit_on_sigterm_from, args=(os.getppid(),), daemon=True, name="sigterm-from-parent"
-    ).start()
+    threading.Thread(target=_exit_on_sigterm_from, args=(parent,), daemon=True, name="sigterm-from-parent").start()
+    watch_parent(parent)
 
 
 @contextlib.contextmanager
@@ -157,13 +161,13 @@ def build_dataloader(
     """
     # Do not call cv2.setNumThreads in a worker_init_fn: in a forked worker it can block
     # forever on the parent's OpenCV thread-pool state. Decoding is already 1 thread/clip.
-    # Workers leave SIGTERM/SIGINT to the training process, which stops them itself.
+    # Workers leave SIGTERM/SIGINT to the training process, which stops them itself, and end with it.
     workers_kwargs = {}
     if num_workers > 0:
         workers_kwargs = dict(
             prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers,
-            worker_init_fn=leave_stop_signals_to_parent,
+            worker_init_fn=tie_worker_to_parent,
             collate_fn=_collate_or_data_error,
         )
     return DataLoader(

@@ -24,7 +24,7 @@ import pytest
 import torch
 from accelerate.data_loader import DataLoaderShard
 
-from common.clip_loader import EpochShuffleSampler, build_dataloader, leave_stop_signals_to_parent
+from common.clip_loader import EpochShuffleSampler, build_dataloader, tie_worker_to_parent
 from common.clip_table import ClipTable
 from common.clips import VideoClipDataset, VideoDataError, fit_stride
 from common.video.crop import ClipWriter, crop_box
@@ -856,7 +856,7 @@ def test_a_stop_signal_before_a_workers_init_leaves_it_running():
 
     def signalled_before_init(worker_id: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)  # not from the parent: must be ignored, not fatal
-        leave_stop_signals_to_parent(worker_id)
+        tie_worker_to_parent(worker_id)
 
     for loader_class in (torch.utils.data.DataLoader, DataLoaderShard):  # plain, and as Accelerate prepares it
         loader = loader_class(list(range(6)), batch_size=2, num_workers=1, worker_init_fn=signalled_before_init)

@@ -35,12 +35,15 @@ from models.atomic import TMP_PREFIX
 from train_runs import (
     DDP_ENV,
     ONE_PROCESS,
+    all_ended,
     assert_identical,
+    child_running,
     ddp,
     deepspeed_zero2,
     exit_status,
     kill_session,
     one_line_error,
+    processes_of,
     rank_pid,
     start,
     tensors,
@@ -50,6 +53,7 @@ from train_runs import (
     wrapped_ddp,
 )
 from training.state.checkpoints import checkpoint_step, list_checkpoints
+from training.state.run_lock import lock_run_dir, release_run_dir
 
 pytestmark = pytest.mark.slow  # training processes
 
@@ -194,6 +198,19 @@ def launch_script(processes: int, out, clips, *overrides: str) -> list[str]:
     ]
 
 
+def launch_to_end(processes: int, out, clips, *overrides: str, env: dict) -> None:
+    """Run the launch script to its end; it must exit 0."""
+    result = subprocess.run(
+        launch_script(processes, out, clips, *overrides),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+        env={**os.environ, **env},
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+
+
 def checkpoint_steps(checkpoints: Path) -> list[int]:
     return [checkpoint_step(c) for c in list_checkpoints(checkpoints)]
 
@@ -261,15 +278,7 @@ def test_sigterms_during_decoder_only_fine_tuning_save_and_resume_exactly(
         assert hint.startswith(f"{REPO_ROOT / 'train_taehv_h100.sh'} {processes} test ") and "--run_name=run" in hint
         assert hint.endswith(f"--resume {checkpoints / f'checkpoint-{stopped_at}'}")  # the exact command
 
-    resumed = subprocess.run(
-        launch_script(processes, out, demo_clips, *common, "--resume", "latest"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO_ROOT,
-        env={**os.environ, **env},
-    )
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
+    launch_to_end(processes, out, demo_clips, *common, "--resume", "latest", env=env)
     assert checkpoint_steps(checkpoints)[-1] == steps
     full = tmp_path / "full" / "run"
     assert_identical(full / "final_model.safetensors", out / "run" / "final_model.safetensors")
@@ -538,6 +547,53 @@ def test_kill_9_at_a_random_moment_loses_no_checkpoint(tmp_path, demo_clips):
     assert not list(checkpoints.glob(".tmp-*"))
 
 
+def test_kill_9_of_the_launcher_or_of_the_whole_job_leaves_no_process_and_the_run_resumes(tmp_path, demo_clips):
+    """The launch script with 2 DeepSpeed processes and a loader worker each; torch elastic
+    starts the training processes in sessions of their own, which neither signal reaches.
+    kill -9 of the launcher alone (the script then exits 137), then, resumed, kill -9 of the
+    script's whole process group, each once a new checkpoint exists: no process of the job
+    is left (training processes and loader workers end with their parents), the run lock is
+    free, and --resume latest continues from the newest checkpoint and finishes."""
+    steps = 5
+    common = [
+        "--run_name=run",
+        f"--max_train_steps={steps}",
+        "--checkpointing_steps=1",
+        "--validation_every=100",
+        "--dataloader_num_workers=1",
+    ]
+    env = {"MASTER_PORT": "29561"}
+    run = tmp_path / "run"
+    stopped_at = 0
+    for attempt, killed in enumerate(("launcher", "job")):
+        resume = ["--resume", "latest"] if attempt else []
+        script = start(launch_script(2, tmp_path, demo_clips, *common, *resume), tmp_path / f"{killed}.log", env=env)
+        wait_for(lambda: max(checkpoint_steps(run / "checkpoints"), default=0) > stopped_at, what="a new checkpoint")  # noqa: B023
+        job = processes_of(tmp_path)
+        assert len(job) == 6  # the script, the launcher, 2 training processes, their 2 workers
+        if killed == "launcher":
+            os.kill(child_running(script.pid, "training.launch"), signal.SIGKILL)
+            assert exit_status(script, timeout=60) == 137
+        else:
+            kill_session(script)
+        wait_for(lambda: all_ended(job), timeout=30, what="every process of the job to end")  # noqa: B023
+        release_run_dir(lock_run_dir(run))  # free: a UserError naming the holder otherwise
+        previous, stopped_at = stopped_at, max(checkpoint_steps(run / "checkpoints"))
+        assert previous < stopped_at < steps
+        if previous:
+            assert (
+                f"resumed from {run / 'checkpoints' / f'checkpoint-{previous}'} at step {previous}"
+                in (run / "train.log").read_text()
+            )
+
+    launch_to_end(2, tmp_path, demo_clips, *common, "--resume", "latest", env=env)
+    assert (
+        f"resumed from {run / 'checkpoints' / f'checkpoint-{stopped_at}'} at step {stopped_at}"
+        in (run / "train.log").read_text()
+    )
+    assert checkpoint_steps(run / "checkpoints")[-1] == steps
+
+
 def test_early_stopping_and_best_model_on_two_ddp_processes(tmp_path, demo_clips):
     """Plain DDP on CPU. Patience 1 with an unreachable min_delta: the second validation
     stops the run on both ranks at once (no hang), best_model/ keeps the first
@@ -576,9 +632,10 @@ def test_a_late_sigterm_stops_its_window_and_kill_9_of_one_rank_is_one_line(tmp_
     """Through ``python -m training.launch``, 2 DDP processes, windows of 2 micro-batches.
     A SIGTERM that reaches rank 1 at the end of window 2, after its last backward pass, is in
     that window's agreement: both ranks save checkpoint-2 and stop there, not a window later.
-    The printed command resumes; then kill -9 of rank 1: rank 0 loses contact and stops,
-    and the job ends in one line on stderr (and in train.log) naming the rank, the signal
-    and the command that resumes, with exit status 137 and no traceback."""
+    The printed command resumes (with a loader worker per process); then kill -9 of rank 1:
+    rank 0 loses contact and stops, the job ends in one line on stderr (and in train.log)
+    naming the rank, the signal and the command that resumes, with exit status 137 and no
+    traceback, and no process of the job is left (rank 1's worker ends with it)."""
     run, logs = tmp_path / "run", tmp_path / "logs"
     logs.mkdir()
     train(
@@ -601,7 +658,7 @@ def test_a_late_sigterm_stops_its_window_and_kill_9_of_one_rank_is_one_line(tmp_
 
     with open(logs / "out", "w") as out, open(logs / "err", "w") as err:
         process = subprocess.Popen(
-            [*resume, "--checkpointing_steps=1"],
+            [*resume, "--checkpointing_steps=1", "--dataloader_num_workers=1"],
             stdout=out,
             stderr=err,
             cwd=REPO_ROOT,
@@ -609,8 +666,11 @@ def test_a_late_sigterm_stops_its_window_and_kill_9_of_one_rank_is_one_line(tmp_
             start_new_session=True,
         )
     wait_for(lambda: 4 in checkpoint_steps(run / "checkpoints"), what="checkpoint-4")
+    job = processes_of(tmp_path)
+    assert len(job) == 5  # the launcher, 2 training processes, their 2 workers
     os.kill(rank_pid(process, 1), signal.SIGKILL)
     assert exit_status(process) == 137, (logs / "err").read_text()[-4000:]
+    wait_for(lambda: all_ended(job), timeout=30, what="every process of the job to end")
     output = (logs / "out").read_text() + (logs / "err").read_text()
     assert "Traceback" not in output and "ChildFailedError" not in output, output[-4000:]
     assert "lost contact with another process of the run (Connection" in output  # rank 0's own line

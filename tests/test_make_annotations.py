@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -23,6 +24,7 @@ from common.clip_table import ClipTable
 from common.clips import VideoClipDataset
 from common.errors import UserError, exit_on_user_error
 from common.video.files import BadClipError
+from train_runs import all_ended, processes_of, wait_for
 from training import make_annotations
 from training.data import probe_pool
 from training.data.annotation_split import DEFAULT_GROUP_REGEX, group_key, split_train_val
@@ -225,6 +227,29 @@ def test_probe_past_the_time_limit_is_killed_and_the_rest_carries_on(
         "probed 0 new or changed files (and 2 that timed out or crashed last time), reused 3" in capsys.readouterr().out
     )
     assert read_list(tmp_path / "a_skipped.json") == []
+
+
+@pytest.mark.slow  # a process of the tool
+def test_kill_9_of_the_tool_alone_ends_its_probe_processes(demo_clips, tmp_path):
+    """Probes stuck for good (a hung mount) and kill -9 of the tool alone, not its process
+    group: its probe processes end with it instead of hanging on."""
+    src = clip_folder(demo_clips, tmp_path / "videos")
+    stuck_tool = (
+        "import sys, time; from training import make_annotations as m; from training.data import probe_pool as p\n"
+        "p.probe_video = lambda path, threads=1: time.sleep(600)\n"
+        "m.main(sys.argv[1:])"
+    )
+    command = [sys.executable, "-c", stuck_tool, str(src), "-o", str(tmp_path / "a.json"), "--workers", "2"]
+    tool = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: len(processes_of(tmp_path)) == 3, timeout=60, what="the tool and its 2 probe processes")
+        job = processes_of(tmp_path)
+        tool.kill()
+        tool.wait()
+        wait_for(lambda: all_ended(job), timeout=30, what="the probe processes to end with the tool")
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # none left when they ended
+            os.killpg(tool.pid, signal.SIGKILL)  # what is left of this test's processes, if it failed
 
 
 def test_flags_out_of_range_and_existing_outputs_are_refused_before_probing(tmp_path, monkeypatch, capsys):

@@ -110,6 +110,45 @@ def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
     raise AssertionError(f"no rank {rank} among the children {children} of {launcher.pid}")
 
 
+def child_running(parent: int, module: str) -> int:
+    """The pid of ``parent``'s child process running ``python -m module``."""
+    for pid in subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True).stdout.split():
+        if module.encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+            return int(pid)
+    raise AssertionError(f"no child of {parent} runs {module}")
+
+
+def processes_of(marker: Path) -> list[int]:
+    """The processes whose command line names ``marker`` (a test's own folder: the launch
+    script, the launcher, the training processes and the loader or probe workers they fork,
+    which share their command line). A process that is ending has none: ``all_ended`` tells
+    when the ones found have let their files (the run lock) go."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                command = (entry / "cmdline").read_bytes()
+            except OSError:  # ended meanwhile
+                continue
+            if str(marker).encode() in command:
+                found.append(int(entry.name))
+    return found
+
+
+def all_ended(pids: list[int]) -> bool:
+    """Whether every process of ``pids`` has ended: gone, or a zombie whose threads have all
+    ended (the last one closes the process's files: the run lock)."""
+    for pid in pids:
+        for thread in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                state = (thread / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:  # ended meanwhile
+                continue
+            if state not in ("Z", "X"):
+                return False
+    return True
+
+
 def training_options(out: Path, data: dict, *overrides: str) -> list[str]:
     return [
         "--config",

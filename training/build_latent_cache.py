@@ -33,6 +33,7 @@ from common.clips import VideoClipDataset, frames_to_unit
 from common.config import TrainConfig, load_config, resolve_path
 from common.errors import UserError, exit_on_user_error, readable_size
 from common.flags import ArgumentParser
+from common.lifeline import end_with_launcher
 from common.reference_vae import ReferenceVAE
 from models.atomic import atomic_write
 from training.data.latent_cache import (
@@ -365,4 +366,5 @@ def entry_point(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    end_with_launcher()  # under accelerate launch, each rank ends with the launcher
     entry_point()

@@ -19,6 +19,10 @@ step, exit 4) ends the wrapper with that status and one such line. Training tell
 its run folder in ``TAEHV_RUN_DIR_FILE``. An ending training chose and explained (a user
 error, too many skipped steps) wins over a process that dies after it, on its way out.
 
+When this launcher dies without passing a signal on (``kill -9``, the out-of-memory
+killer), the training processes, which torch elastic starts in sessions of their own, end
+with it (``common.lifeline``; it names itself to them in ``TAEHV_LAUNCHER_PID``).
+
 A process that crashed otherwise keeps the launcher's full report. Torch elastic's own log
 lines are held while the launch runs: left out where one line says how the run ended,
 printed at the end otherwise (before the launcher's report of a crash).
@@ -43,6 +47,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from common.errors import EXIT_USER_ERROR
+from common.lifeline import LAUNCHER_PID
 from training.loop.resilience import EXIT_OUT_OF_MEMORY, EXIT_RANK_LOST
 from training.state.commands import next_command
 
@@ -52,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     args = launch_command_parser().parse_args(argv)
     # the command the ranks' messages and this wrapper's print to resume the run (the launch script sets its own)
     os.environ.setdefault("TAEHV_LAUNCH_COMMAND", shlex.join([sys.executable, "-m", "training.launch", *argv]))
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # the training processes end with this process
     with tempfile.TemporaryDirectory(prefix="taehv_launch_") as folder, elastic_log_held() as held:
         status_file, run_dir_file = Path(folder) / "exit_status", Path(folder) / "run_dir"
         os.environ["TAEHV_EXIT_STATUS_FILE"], os.environ["TAEHV_RUN_DIR_FILE"] = str(status_file), str(run_dir_file)

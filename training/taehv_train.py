@@ -32,6 +32,9 @@ if __name__ == "__main__":  # a stop signal that arrives while the libraries loa
     EARLY_SIGNALS: list[int] = []
     for _sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(_sig, lambda signum, frame: EARLY_SIGNALS.append(signum))
+    from common.lifeline import end_with_launcher
+
+    end_with_launcher()  # before the seconds of imports: a launcher that dies then takes this process with it
 
 import logging
 import os

@@ -2,11 +2,13 @@
 time limit per file, and a worker that crashes on a file replaced, so that no file (a
 stalled mount, a decoder stuck in a loop or crashing) stops a folder's probe. Files that
 are not regular files (a FIFO, socket or device) are reported without being opened:
-opening a FIFO waits for a writer forever."""
+opening a FIFO waits for a writer forever. A worker ends with the process that probes
+(``kill -9`` of the tool takes its workers with it)."""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import time
 from collections import deque
@@ -15,6 +17,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import NamedTuple
 
+from common.lifeline import end_with_parent
 from common.video.files import BadClipError, check_regular_file
 from common.video.probe import probe_video
 
@@ -44,8 +47,10 @@ def _probe(job: Job) -> Probe:
     )
 
 
-def _probe_worker(conn: Connection) -> None:
-    """A probing process: probes the jobs it receives, one at a time, until it gets None."""
+def _probe_worker(conn: Connection, parent: int) -> None:
+    """A probing process: probes the jobs it receives, one at a time, until it gets None;
+    ends with ``parent`` (a probe can be stuck in a read or a decoder for good)."""
+    end_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's: it ends the workers
     while (job := conn.recv()) is not None:
         conn.send(_probe(job))
@@ -56,7 +61,7 @@ class _Worker:
 
     def __init__(self, context: multiprocessing.context.BaseContext):
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_probe_worker, args=(child,), daemon=True)
+        self.process = context.Process(target=_probe_worker, args=(child, os.getpid()), daemon=True)
         self.process.start()
         child.close()
         self.rel: str | None = None

@@ -1,0 +1,75 @@
+"""Processes tied to their parent (``common.lifeline``) end when it is killed with SIGKILL,
+through the kernel's parent-death signal or the watching thread, and at once when the
+parent was gone before the tie was made."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from common.lifeline import LAUNCHER_PID
+from conftest import REPO_ROOT
+from train_runs import all_ended, processes_of, wait_for
+
+# the parent starts the child, which ties itself to it and says so, then both wait for good
+PARENT = (
+    "import subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c', sys.argv[1], *sys.argv[2:]])\n"
+    "time.sleep(600)\n"
+)
+CHILD = (
+    "import os, sys, time\n"
+    "from common import lifeline\n"
+    "getattr(lifeline, sys.argv[1])(os.getppid())\n"
+    "print('tied', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+@pytest.mark.parametrize("tie", ["end_with_parent", "watch_parent"])
+def test_a_child_ends_with_its_parent_killed_by_sigkill(tmp_path, tie):
+    """kill -9 of the parent alone (the child is in its process group but not signalled)."""
+    marker = tmp_path / "job"  # named on both command lines, to find them
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, CHILD, tie, str(marker)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+        start_new_session=True,
+    )
+    try:
+        assert parent.stdout.readline() == "tied\n"
+        [child] = [pid for pid in processes_of(marker) if pid != parent.pid]
+        parent.kill()
+        parent.wait()
+        wait_for(lambda: all_ended([child]), timeout=30, what=f"child {child} to end with its parent")
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # none left when the child ended
+            os.killpg(parent.pid, signal.SIGKILL)  # what is left of this test's processes, if it failed
+
+
+@pytest.mark.parametrize("elastic", [True, False], ids=["torch-elastic", "from-a-shell"])
+def test_a_launcher_gone_before_the_first_line_ends_a_training_process_started_by_torch_elastic(elastic):
+    """The parent-death signal is set once the training process runs: a launcher that died
+    before is noticed by the pid ``training.launch`` names (the process has another parent by
+    then), and the process ends at once. A process torch elastic did not start (one process
+    from a shell, in its job's process group) is left alone."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    environment = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_RUN_ID"}
+    if elastic:
+        environment["TORCHELASTIC_RUN_ID"] = "none"
+    child = subprocess.run(
+        [sys.executable, "-c", "from common.lifeline import end_with_launcher\nend_with_launcher()\nprint('on')"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=60,
+        env={**environment, LAUNCHER_PID: str(gone.pid)},
+    )
+    assert (child.returncode, child.stdout) == ((-signal.SIGKILL, "") if elastic else (0, "on\n"))
