@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .downloads import fetch_hint
 from .frames import H3_CHUNK_FRAMES
 from .latent_spaces import (
     AUTO_SPACE,
@@ -364,7 +365,7 @@ def ref_vae_problems(ref_vae_class: str, folder: Path, variant: str) -> list[str
     except ValueError as err:
         return [
             f"ref_vae_path: {err}: point ref_vae_path at a local copy of the video model, whose VAE "
-            "subfolder (ref_vae_subfolder) holds it"
+            f"subfolder (ref_vae_subfolder) holds it{fetch_hint(folder.parent, folder.name)}"
         ]
     try:
         ref_vae_class = resolve_ref_vae_class(ref_vae_class, folder)

@@ -243,11 +243,23 @@ def test_outputs_and_schema(evaluation):
         (["--videos", "missing_clip.mp4"], "video file(s) not found: "),
         ([], "give --videos, --annotation_file/--data_root or --config"),
         (["--output_dir", "/proc/taehv_results"], "cannot write into --output_dir /proc/taehv_results: No such file"),
+        (
+            ["--model_path", "missing/taecvx.pth"],
+            "weight file missing/taecvx.pth not found; fetch it with `curl -L --fail --create-dirs -o "
+            "missing/taecvx.pth https://github.com/madebyollin/taehv/raw/main/taecvx.pth` (checkpoints/README.md)",
+        ),
+        (["--model_path", "missing/mine.pth"], "missing/mine.pth not found; where to get weights: checkpoints/"),
+        (
+            ["--use_ref_vae", "--ref_vae_path", "missing/CogVideoX-2b"],
+            "fetch it with `hf download THUDM/CogVideoX-2b --include 'vae/*' --local-dir missing/CogVideoX-2b` "
+            "(checkpoints/README.md)",
+        ),
+        (["--weights", "final"], "--weights final chooses among a run folder's weights; "),
     ],
 )
 def test_argument_errors(args, message, weights, tmp_path, videos_dir, run_inference):
     defaults = ["--model_path", str(weights), "--output_dir", str(tmp_path)]
-    if "--use_ref_vae" in args or "--output_dir" in args:
+    if "--use_ref_vae" in args or "--output_dir" in args or "--weights" in args:
         defaults += ["--videos", str(videos_dir / CLIPS[0])]
     result = run_inference(*defaults, *args)
     assert_user_error(
@@ -373,7 +385,7 @@ def test_a_checkpoint_still_being_written_names_the_finished_one(weights, tmp_pa
     assert_user_error(
         result, f"use {tmp_path / 'checkpoints' / 'checkpoint-4' / 'weights.safetensors'} (it is there now)"
     )
-    assert "published TAEHV weights" not in result.stderr
+    assert "checkpoints/README.md" not in result.stderr  # it exists: no advice on fetching it
 
 
 @pytest.mark.parametrize("variant, size, frames, compared", [("taeltx2_3", (32, 64), 9, 9), ("taeh3", (32, 48), 17, 5)])
