@@ -153,7 +153,8 @@ def _score(run: Path, step: int | None) -> str:
 def _step_of(weights: Path, run: Path) -> int | None:
     """The training step ``weights`` of ``run`` hold, when the run recorded it."""
     if weights.parent.name == BEST_MODEL:
-        return json.loads((weights.parent / "model_info.json").read_text())["step"]
+        info = weights.parent / "model_info.json"
+        return json.loads(info.read_text())["step"] if info.is_file() else None
     if match := CHECKPOINT_NAME.match(weights.parent.name):
         return int(match.group(1))
     info = finished_info(run)

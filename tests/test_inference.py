@@ -762,9 +762,12 @@ def test_the_variant_of_our_own_pth_comes_from_its_run_config(where, tmp_path):
     run = tmp_path / "run"
     save_weights(TAEHV(variant="taehv1_5"), run / where)
     (run / "config.json").write_text(json.dumps({"variant": "taehv1_5"}))
-    args = argparse.Namespace(model_path=str(run / where), variant=None, channels_last=False, compile=False)
-    model, path, note = inference.load_model(args, torch.device("cpu"), torch.float32)
-    assert path == run / where and model.variant == "taehv1_5" and note is None
+    args = argparse.Namespace(
+        model_path=str(run / where), weights=None, variant=None, channels_last=False, compile=False
+    )
+    model, chosen = inference.load_model(args, torch.device("cpu"), torch.float32)
+    assert chosen.path == run / where and model.variant == "taehv1_5" and chosen.step is None
+    assert chosen.told == f"{where} of run run: step not recorded"
 
 
 def test_file_names_with_html_are_escaped_in_the_report(weights, tmp_path, videos_dir, run_inference):
