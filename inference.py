@@ -3,7 +3,7 @@ r"""Evaluate a TAEHV: aligned PSNR/SSIM/MSE (LPIPS when installed), temporal err
 memory, optionally next to the reference VAE; writes metrics.json, comparison videos,
 latent pictures and summary_report.html.
 
-    python inference.py --model_path output/<run>
+    python inference.py --model_path output/<run>     # its best validation (--weights final: its final model)
     python inference.py --model_path output/<run>/final_model.safetensors --config training/configs/taehv_config_demo.py
     python inference.py --model_path checkpoints/taecvx.pth --videos clip1.mp4 clip2.mp4 --use_ref_vae \
         --ref_vae_path checkpoints/CogVideoX-2b --num_samples 50 --output_dir results
@@ -27,7 +27,7 @@ from common.errors import USER_ERRORS, UserError, exit_on_user_error
 from common.flags import ArgumentParser
 from common.metrics import lpips_unavailable_reason
 from common.reference_vae import ReferenceVAE
-from common.run_files import run_folder_of, run_weights
+from common.run_files import WEIGHT_CHOICES, RunWeights, run_folder_of, run_weights
 from common.video.files import clip_extensions, find_videos
 from evaluation.evaluator import EvaluationOptions, Evaluator, mean_text, out_of_memory_hint, summarise
 from evaluation.frame_size import FrameSize, describe
@@ -48,7 +48,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--model_path",
         required=True,
         help="weights (.pth/.safetensors, ours or published), a training checkpoint or best_model folder, "
-        "or a run folder (its final model, else its newest checkpoint; its config.json gives the defaults)",
+        "or a run folder (its best validation, see --weights; its config.json gives the defaults)",
+    )
+    p.add_argument(
+        "--weights",
+        choices=WEIGHT_CHOICES,
+        default=None,
+        help="which weights of a run folder: best (the default: its best validation, or its final weights when it "
+        "did not validate) or final (its final model; its newest checkpoint when unfinished)",
     )
     p.add_argument("--variant", default=None, help="architecture when the file does not say (e.g. taecvx)")
     p.add_argument(
@@ -177,17 +184,18 @@ def model_variant(requested: str | None, path: Path) -> str | None:
     return variant
 
 
-def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[TAEHV, Path, str | None]:
-    """The model of ``--model_path`` (``run_weights``) and, when it is a checkpoint a run
-    folder stands for, the note that says which."""
-    path, note = run_weights(args.model_path)
+def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[TAEHV, RunWeights]:
+    """The model of ``--model_path`` and ``--weights`` (``run_weights``: which weights, and
+    the line that says so)."""
+    chosen = run_weights(args.model_path, args.weights)
+    path = chosen.path
     model = TAEHV(path, variant=model_variant(args.variant, path)).to(device, dtype).eval()
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if args.compile:
         model.compile()
         logger.info("torch.compile: the warm-up on the first clip compiles the encoder and the decoder")
-    return model, path, note
+    return model, chosen
 
 
 def evaluation_config(args: argparse.Namespace, weights: Path) -> tuple[TrainConfig | None, str]:
@@ -326,10 +334,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     # the models first: a wrong weight file or reference VAE folder leaves no output folder behind
     with out_of_memory_hint(options, f"loading the model onto {device}"):
-        model, weights, note = load_model(args, device, dtype)
-    n_params = sum(p.numel() for p in model.parameters())
-    if note:
-        print(f"⚠️  {note}")
+        model, chosen = load_model(args, device, dtype)
+    weights, n_params = chosen.path, sum(p.numel() for p in model.parameters())
+    if chosen.told:
+        print(f"✅ Weights: {chosen.told}")
     print(f"✅ Model loaded: {weights} ({model.variant}, {n_params / 1e6:.2f}M parameters, {device}, {args.dtype})")
     config, config_source = evaluation_config(args, weights)
     if config_source:
@@ -373,7 +381,13 @@ def main(argv: list[str] | None = None) -> dict:
         )
 
     results = {
-        "model": {"path": str(weights), "variant": model.variant, "parameters_m": n_params / 1e6},
+        "model": {
+            "path": str(weights),
+            "step": chosen.step,
+            "which": chosen.told,
+            "variant": model.variant,
+            "parameters_m": n_params / 1e6,
+        },
         "settings": {
             "n_frames": dataset.n_frames,
             "stride": stride,

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from common.errors import UserError
+from models.downloads import fetch_hint
 from models.latent_spaces import AUTO_SPACE
 from models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES, auto_variant, resolve_ref_vae_class, tae_space
 from models.variants import VariantSpec, get_variant
@@ -438,24 +439,30 @@ DEMO_DATA = REPO_ROOT / "demo_output" / "data"  # the built-in clips of the demo
 
 
 def missing_paths(config: TrainConfig) -> list[str]:
-    """Path keys that name something that does not exist (for the built-in demo clips: the
-    command that makes them)."""
+    """Path keys that name something that does not exist, each with how to get it: the
+    command that makes the built-in demo clips, fetches published weights or a reference
+    VAE (``models.downloads``), or the launch script's ``--data`` for clips of one's own."""
     found, hinted = [], False
     for key in PATH_KEYS[1:]:
         if (value := getattr(config, key)) and not (path := resolve_path(value)).exists():
             demo = path.is_relative_to(DEMO_DATA) and not hinted
-            found.append(
-                f"{key}: {path} does not exist"
-                + (
-                    ": `make demo` makes the built-in clips there (or "
-                    "`python -m training.demo_data demo_output/data` alone)"
-                    if demo
-                    else ""
-                )
-                + made_by_preset(path)
-            )
+            how = made_by_preset(path) or how_to_get(key, path, config, demo)
+            found.append(f"{key}: {path} does not exist{how}")
             hinted = hinted or demo
     return found
+
+
+def how_to_get(key: str, path: Path, config: TrainConfig, demo: bool) -> str:
+    """The end of ``missing_paths``' message for ``key``: how to get what it names."""
+    if demo:
+        return ": `make demo` makes the built-in clips there (or `python -m training.demo_data demo_output/data` alone)"
+    if key == "pretrained_model_path":
+        return fetch_hint(path)
+    if key == "ref_vae_path":
+        return fetch_hint(path, config.ref_vae_subfolder)
+    if key == "data_root":
+        return ": to train on your own clips, add --data=DIR (a folder of videos) to ./train_taehv_h100.sh"
+    return ""
 
 
 def made_by_preset(path: Path) -> str:

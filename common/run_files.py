@@ -13,6 +13,7 @@ import json
 import logging
 import re
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import UserError
@@ -105,25 +106,118 @@ def newest_intact_checkpoint(run: Path) -> Path | None:
     return newest_intact(sorted(steps, key=steps.get))
 
 
-def run_weights(path: str | Path) -> tuple[Path, str | None]:
-    """The weights the tools take for ``path`` and, when they are not the run's final model,
-    a note saying which: a run folder that is not finished (``finished_info``: stopped, or a
-    finished run being extended) gives its newest intact checkpoint's weights; anything else
-    is ``verified_weights``."""
-    run = Path(path)
-    if not (run.is_dir() and (run / "config.json").is_file()) or finished_info(run) is not None:
-        return verified_weights(run), None
+BEST, FINAL = "best", "final"
+WEIGHT_CHOICES = (BEST, FINAL)  # the tools' --weights: which of a run folder's weights they take
+BEST_MODEL = "best_model"
+HISTORY = "validation_history.json"
+
+
+@dataclass(frozen=True)
+class RunWeights:
+    """The weights a tool takes, their training step when they come from a run, and the one
+    line that says which they are (no local paths: the run by its name), with the run
+    folder's other choice of ``--weights`` in ``choice``, for the tools to add."""
+
+    path: Path
+    step: int | None = None
+    line: str | None = None
+    choice: str = ""
+
+    @property
+    def told(self) -> str | None:
+        """The line the tools print."""
+        return f"{self.line}; {self.choice}" if self.choice else self.line
+
+
+def validation_history(run: Path) -> list[dict]:
+    """Every validation of ``run`` (step and metrics), oldest first; empty without validation."""
+    history = run / HISTORY
+    return json.loads(history.read_text()) if history.is_file() else []
+
+
+def best_model_weights(run: Path) -> Path | None:
+    """The weights of ``run``'s best validation (``best_model/``, verified); None for a run
+    that has not validated. What a run folder stands for unless the final weights are asked for."""
+    best = run / BEST_MODEL / CHECKPOINT_WEIGHTS
+    return verified_weights(best) if best.is_file() else None
+
+
+def _score(run: Path, step: int | None) -> str:
+    """The validation score of ``run`` at ``step``, in words."""
+    config = json.loads((run / "config.json").read_text())
+    metric = config.get("best_metric", "val/psnr")
+    entry = next((h for h in validation_history(run) if h["step"] == step), None)
+    return f"{metric} {entry[metric]:.4g}" if entry and metric in entry else "not validated at that step"
+
+
+def _step_of(weights: Path, run: Path) -> int | None:
+    """The training step ``weights`` of ``run`` hold, when the run recorded it."""
+    if weights.parent.name == BEST_MODEL:
+        info = weights.parent / "model_info.json"
+        return json.loads(info.read_text())["step"] if info.is_file() else None
+    if match := CHECKPOINT_NAME.match(weights.parent.name):
+        return int(match.group(1))
+    info = finished_info(run)
+    return info.get("step") if info else None
+
+
+def _final_weights(run: Path) -> tuple[Path | None, int | None, str]:
+    """The run's latest weights, their step, and a note when the run is not finished:
+    ``final_model.*`` of a finished run, else its newest intact checkpoint (None when it has
+    none yet)."""
+    if finished_info(run) is not None:
+        weights = verified_weights(run)
+        return weights, _step_of(weights, run), ""
+    final = next((run / name for name in FINAL_MODELS if (run / name).is_file()), None)
     checkpoint = newest_intact_checkpoint(run)
     if checkpoint is None:
-        return verified_weights(run), None
-    final = next((run / name for name in FINAL_MODELS if (run / name).is_file()), None)
+        return final, None, ""
     config = json.loads((run / "config.json").read_text())
     total = config.get("max_train_steps", "?") or f"a budget of {config.get('max_train_time')}"
     state = "unfinished" if final is None else f"continued past its {final.name}"
-    best = " (best_model/ holds its best validation)" if (run / "best_model" / CHECKPOINT_WEIGHTS).is_file() else ""
-    step = CHECKPOINT_NAME.match(checkpoint.name).group(1)
-    note = f"{run.name} is {state}: using checkpoints/{checkpoint.name} (step {step} of {total}){best}"
-    return checkpoint / CHECKPOINT_WEIGHTS, note
+    step = int(CHECKPOINT_NAME.match(checkpoint.name).group(1))
+    note = f"{run.name} is {state}: using checkpoints/{checkpoint.name} (step {step} of {total})"
+    return checkpoint / CHECKPOINT_WEIGHTS, step, note
+
+
+def run_weights(path: str | Path, which: str | None = None) -> RunWeights:
+    """The weights the tools take for ``path`` and the line that says which. A run folder
+    gives its best validation (``best_model/``) unless ``which`` is ``FINAL`` or it has not
+    validated; else its final weights, which for a run that is not finished (stopped, or a
+    finished run being extended) are its newest intact checkpoint's. Anything else is
+    ``verified_weights``, described by its run when it comes from one; ``which`` is for
+    run folders only."""
+    run = Path(path)
+    if not (run.is_dir() and (run / "config.json").is_file()):
+        if which is not None:
+            raise UserError(f"--weights {which} chooses among a run folder's weights; {path} is not a run folder")
+        return weights_in_run(verified_weights(run))
+    best = best_model_weights(run) if which != FINAL else None
+    if best is not None:
+        step, validations = _step_of(best, run), len(validation_history(run))
+        line = (
+            f"{run.name}: its best validation, {BEST_MODEL}/ at step {step} ({_score(run, step)}, the best of "
+            f"{validations} validations{'' if finished_info(run) else '; the run has not finished'})"
+        )
+        return RunWeights(best, step, line, "--weights final for its latest weights")
+    final, final_step, unfinished = _final_weights(run)
+    if final is None:  # nothing to take: the error names what was looked for
+        return RunWeights(verified_weights(run))
+    line = unfinished or f"{run.name}: its final weights, {final.name} at step {final_step}"
+    line += f" ({_score(run, final_step)})"
+    if (run / BEST_MODEL / CHECKPOINT_WEIGHTS).is_file():
+        return RunWeights(final, final_step, line, "--weights best (the default) for its best validation")
+    return RunWeights(final, final_step, f"{line}; it did not validate, so there is no best model")
+
+
+def weights_in_run(weights: Path) -> RunWeights:
+    """``weights`` with their step and a line naming them in their run, when they come from one."""
+    run = run_folder_of(weights)
+    if run is None:
+        return RunWeights(weights)
+    step = _step_of(weights, run)
+    at = f"step {step} ({_score(run, step)})" if step is not None else "step not recorded"
+    return RunWeights(weights, step, f"{weights.relative_to(run)} of run {run.name}: {at}")
 
 
 def run_folder_of(weights: Path) -> Path | None:

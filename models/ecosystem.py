@@ -29,6 +29,7 @@ import torch
 
 from .latent_spaces import NORMALISED, OWN, RAW, SCALED
 from .vae_registry import OWN_SUFFIX, ref_vae_class_of
+from .variants import built_family
 
 
 @dataclass(frozen=True)
@@ -91,3 +92,9 @@ def readings(file_name: str, variant: str, latent_channels: int, patch_size: int
     found = [comfyui_reading(latent_channels, 3 * patch_size**2, dtype, ref_vae_class)]
     lightx2v = lightx2v_reading(file_name, variant)
     return found + ([lightx2v] if lightx2v else [])
+
+
+def published_loads(variant: str, activation: str) -> bool:
+    """Whether madebyollin's ``taehv.py`` builds this TAE from its file name: the published
+    families with ReLU (not LightX2V's LeakyReLU TAE, not the TAEs this package builds)."""
+    return activation == "relu" and built_family(variant) is None

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .downloads import fetch_hint
 from .frames import H3_CHUNK_FRAMES
 from .latent_spaces import (
     AUTO_SPACE,
@@ -362,9 +363,10 @@ def ref_vae_problems(ref_vae_class: str, folder: Path, variant: str) -> list[str
     try:
         config = read_vae_config(folder)
     except ValueError as err:
+        missing = "" if (folder / "config.json").is_file() else fetch_hint(folder.parent, folder.name)
         return [
             f"ref_vae_path: {err}: point ref_vae_path at a local copy of the video model, whose VAE "
-            "subfolder (ref_vae_subfolder) holds it"
+            f"subfolder (ref_vae_subfolder) holds it{missing}"
         ]
     try:
         ref_vae_class = resolve_ref_vae_class(ref_vae_class, folder)

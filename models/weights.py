@@ -21,6 +21,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 
 from .atomic import TMP_PREFIX, atomic_write
+from .downloads import fetch_hint
 from .variants import known_variants
 from .weight_errors import CheckpointMismatchError, WeightsError, WeightsNotFoundError  # raised and imported from here
 
@@ -52,9 +53,7 @@ def _check_path(path: str | os.PathLike) -> Path:
     path = Path(path)
     _refuse_unfinished(path)
     if not path.is_file():
-        raise WeightsNotFoundError(
-            f"weight file {path} not found (published TAEHV weights go in checkpoints/, see checkpoints/README.md)"
-        )
+        raise WeightsNotFoundError(f"weight file {path} not found{fetch_hint(path)}")
     if path.suffix not in WEIGHT_SUFFIXES:
         raise WeightsError(f"{path}: expected one of {', '.join(WEIGHT_SUFFIXES)}")
     return path

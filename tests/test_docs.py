@@ -13,6 +13,7 @@ import pytest
 
 from common.config import TrainConfig
 from conftest import REPO_ROOT
+from models.downloads import GITHUB_FILES, HUB_FILES, HUB_VAES, fetch_command
 
 DOCS = [
     REPO_ROOT / "README.md",
@@ -21,8 +22,21 @@ DOCS = [
     *sorted((REPO_ROOT / "docs").glob("*.md")),
 ]
 EXTENSIONS = ("py", "md", "sh", "yaml", "yml", "txt", "json", "ini", "png")
-# flags of other programs the docs show (pytest, tensorboard, accelerate launch, pip) and the placeholder --key=value
-OTHER_FLAGS = {"basetemp", "dist", "logdir", "multi_gpu", "num_processes", "extra_index_url", "key"}
+# flags of other programs the docs show (pytest, tensorboard, accelerate launch, pip, curl, hf download)
+# and the placeholder --key=value
+OTHER_FLAGS = {
+    "basetemp",
+    "dist",
+    "logdir",
+    "multi_gpu",
+    "num_processes",
+    "extra_index_url",
+    "key",
+    "fail",
+    "create_dirs",
+    "include",
+    "local_dir",
+}
 OURS = (
     "models",
     "common",
@@ -109,3 +123,13 @@ def test_every_flag_the_docs_show_is_a_config_key_or_a_flag():
                 if flag not in known and flag.removeprefix("no_") not in known:  # --no_x of a boolean --x
                     unknown.append(f"{doc.name}: --{flag}")
     assert unknown == []
+
+
+def test_checkpoints_readme_gives_the_command_the_errors_give_for_every_published_file():
+    """The download table of checkpoints/README.md and the commands missing-weights errors
+    print (``models.downloads``) agree, file by file."""
+    readme = (REPO_ROOT / "checkpoints" / "README.md").read_text()
+    missing = [
+        name for name in [*GITHUB_FILES, *HUB_FILES, *HUB_VAES] if fetch_command(f"checkpoints/{name}") not in readme
+    ]
+    assert missing == []

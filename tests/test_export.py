@@ -47,7 +47,8 @@ def assert_one_line(result: subprocess.CompletedProcess, message: str) -> None:
 
 def test_a_missing_source_is_blamed_on_the_source(tmp_path):
     result = export(tmp_path / "nowhere", "--out", tmp_path / "bundle")
-    assert_one_line(result, f"weight file {tmp_path / 'nowhere'} not found")
+    missing = f"weight file {tmp_path / 'nowhere'} not found; where to get weights: checkpoints/README.md"
+    assert_one_line(result, missing)
     assert "cannot write" not in result.stderr and not (tmp_path / "bundle").exists()
 
 

@@ -243,11 +243,23 @@ def test_outputs_and_schema(evaluation):
         (["--videos", "missing_clip.mp4"], "video file(s) not found: "),
         ([], "give --videos, --annotation_file/--data_root or --config"),
         (["--output_dir", "/proc/taehv_results"], "cannot write into --output_dir /proc/taehv_results: No such file"),
+        (
+            ["--model_path", "missing/taecvx.pth"],
+            "weight file missing/taecvx.pth not found; fetch it with `curl -L --fail --create-dirs -o "
+            "missing/taecvx.pth https://github.com/madebyollin/taehv/raw/main/taecvx.pth` (checkpoints/README.md)",
+        ),
+        (["--model_path", "missing/mine.pth"], "missing/mine.pth not found; where to get weights: checkpoints/"),
+        (
+            ["--use_ref_vae", "--ref_vae_path", "missing/CogVideoX-2b"],
+            "fetch it with `hf download THUDM/CogVideoX-2b --include 'vae/*' --local-dir missing/CogVideoX-2b` "
+            "(checkpoints/README.md)",
+        ),
+        (["--weights", "final"], "--weights final chooses among a run folder's weights; "),
     ],
 )
 def test_argument_errors(args, message, weights, tmp_path, videos_dir, run_inference):
     defaults = ["--model_path", str(weights), "--output_dir", str(tmp_path)]
-    if "--use_ref_vae" in args or "--output_dir" in args:
+    if "--use_ref_vae" in args or "--output_dir" in args or "--weights" in args:
         defaults += ["--videos", str(videos_dir / CLIPS[0])]
     result = run_inference(*defaults, *args)
     assert_user_error(
@@ -373,7 +385,7 @@ def test_a_checkpoint_still_being_written_names_the_finished_one(weights, tmp_pa
     assert_user_error(
         result, f"use {tmp_path / 'checkpoints' / 'checkpoint-4' / 'weights.safetensors'} (it is there now)"
     )
-    assert "published TAEHV weights" not in result.stderr
+    assert "checkpoints/README.md" not in result.stderr  # it exists: no advice on fetching it
 
 
 @pytest.mark.parametrize("variant, size, frames, compared", [("taeltx2_3", (32, 64), 9, 9), ("taeh3", (32, 48), 17, 5)])
@@ -750,9 +762,12 @@ def test_the_variant_of_our_own_pth_comes_from_its_run_config(where, tmp_path):
     run = tmp_path / "run"
     save_weights(TAEHV(variant="taehv1_5"), run / where)
     (run / "config.json").write_text(json.dumps({"variant": "taehv1_5"}))
-    args = argparse.Namespace(model_path=str(run / where), variant=None, channels_last=False, compile=False)
-    model, path, note = inference.load_model(args, torch.device("cpu"), torch.float32)
-    assert path == run / where and model.variant == "taehv1_5" and note is None
+    args = argparse.Namespace(
+        model_path=str(run / where), weights=None, variant=None, channels_last=False, compile=False
+    )
+    model, chosen = inference.load_model(args, torch.device("cpu"), torch.float32)
+    assert chosen.path == run / where and model.variant == "taehv1_5" and chosen.step is None
+    assert chosen.told == f"{where} of run run: step not recorded"
 
 
 def test_file_names_with_html_are_escaped_in_the_report(weights, tmp_path, videos_dir, run_inference):

@@ -139,6 +139,32 @@ def test_custom_config_path(tmp_path):
     assert "/definitely/missing does not exist" in only_error_line(result)
 
 
+def test_a_gpu_preset_without_its_files_says_how_to_get_each(tmp_path):
+    """Each missing file or folder of a GPU preset comes with the command that fetches it
+    (or, for the data, the flag that trains on one's own clips), before anything starts."""
+    checkpoints, data = tmp_path / "checkpoints", tmp_path / "data" / "MiniDataset"  # the preset's names
+    result = launch(
+        "1",
+        "1gpu_h100",
+        f"--output_dir={tmp_path / 'output'}",
+        f"--data_root={data}",
+        f"--pretrained_model_path={checkpoints / 'taecvx.pth'}",
+        f"--ref_vae_path={checkpoints / 'CogVideoX-2b'}",
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    for line in (
+        f"data_root: {data} does not exist: to train on your own clips, add "
+        "--data=DIR (a folder of videos) to ./train_taehv_h100.sh",
+        f"pretrained_model_path: {checkpoints / 'taecvx.pth'} does not exist; fetch it with `curl -L --fail "
+        f"--create-dirs -o {checkpoints / 'taecvx.pth'} https://github.com/madebyollin/taehv/raw/main/taecvx.pth` "
+        "(checkpoints/README.md)",
+        f"ref_vae_path: {checkpoints / 'CogVideoX-2b'} does not exist; fetch it with `hf download THUDM/CogVideoX-2b "
+        f"--include 'vae/*' --local-dir {checkpoints / 'CogVideoX-2b'}` (checkpoints/README.md)",
+    ):
+        assert f"  {line}\n" in result.stderr, result.stderr
+    assert not (tmp_path / "output").exists()
+
+
 def test_a_key_typo_in_a_custom_config_file_is_one_line(tmp_path):
     config = tmp_path / "my_config.py"
     config.write_text(

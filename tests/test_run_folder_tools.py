@@ -1,8 +1,9 @@
 """The tools given a run folder (``inference.py``, ``python -m training.export``): the run's
-config gives the data, sizes and variant; an unfinished run is taken at its newest
-checkpoint, and says so; a plain autoencoder is named and described as having a latent
-space of its own. One finished plain-autoencoder run (the test preset) serves every test;
-its copy without ``final_model.*`` and its last checkpoint is the unfinished run."""
+config gives the data, sizes and variant; they take its best validation, or with
+``--weights final`` its final weights (an unfinished run's newest checkpoint), and say
+which; a plain autoencoder is named and described as having a latent space of its own.
+One finished plain-autoencoder run (the test preset) serves every test; its copy without
+``final_model.*`` and its last checkpoint is the unfinished run."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from test_export import export
 from test_inference import run_inference  # noqa: F401 (a fixture)
 from test_train import scalars
 
+from conftest import REPO_ROOT
 from models.diffusers_vae import TAEVideoVAE
 from models.latent_spaces import OWN
 from models.taehv import TAEHV
-from train_runs import train_here
+from train_runs import assert_identical, train_here
 
 pytestmark = pytest.mark.slow  # a training run and the tools' processes
 
@@ -37,18 +39,28 @@ def runs(tmp_path_factory, demo_clips) -> dict[str, Path]:
     return {"finished": finished, "unfinished": unfinished}
 
 
-def test_an_unfinished_run_is_evaluated_and_exported_at_its_newest_checkpoint(runs, run_inference, tmp_path):  # noqa: F811
+def test_an_unfinished_run_gives_its_best_validation_or_its_newest_checkpoint(runs, run_inference, tmp_path):  # noqa: F811
     run = runs["unfinished"]
+    step = json.loads((run / "best_model" / "model_info.json").read_text())["step"]
+    best = f"{run.name}: its best validation, best_model/ at step {step} (val/psnr "
+    result = run_inference("--model_path", str(run), "--output_dir", str(tmp_path / "best"), "--num_samples", "1")
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    assert best in result.stdout and "the run has not finished" in result.stdout, result.stdout
+    model = json.loads((tmp_path / "best" / "metrics.json").read_text())["model"]
+    assert model["path"].endswith("best_model/weights.safetensors") and model["step"] == step
+
     note = f"{run.name} is unfinished: using checkpoints/checkpoint-2 (step 2 of 4)"
-    result = run_inference("--model_path", str(run), "--output_dir", str(tmp_path / "eval"), "--num_samples", "1")
+    result = run_inference(
+        "--model_path", str(run), "--weights", "final", "--output_dir", str(tmp_path / "eval"), "--num_samples", "1"
+    )
     assert result.returncode == 0 and note in result.stdout, result.stdout + result.stderr[-2000:]
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert metrics["model"]["path"].endswith("checkpoint-2/weights.safetensors")
 
-    exported = export(run, "--out", tmp_path / "bundle")
+    exported = export(run, "--out", tmp_path / "bundle", "--weights", "final")
     assert exported.returncode == 0 and note in exported.stdout, exported.stderr[-2000:]
     card = (tmp_path / "bundle" / "README.md").read_text()
-    assert "2 of 4 steps" in card and "checkpoint-2/weights.safetensors" in card
+    assert "2 of 4 steps" in card and f"- Weights: {note}" in card and "| **2** (exported) |" in card
 
     # a plain autoencoder: named, described and loaded as having its own latent space
     names = sorted(p.name for p in (tmp_path / "bundle").iterdir())
@@ -58,6 +70,66 @@ def test_an_unfinished_run_is_evaluated_and_exported_at_its_newest_checkpoint(ru
     assert (own_pth.variant, own_pth.latent_space) == ("taecvx", OWN)
     with pytest.raises(ValueError, match="latent_space="):
         TAEVideoVAE.from_file(tmp_path / "bundle" / "taecvx_own_latents.pth")
+
+
+def test_a_finished_run_gives_its_best_validation_unless_its_final_weights_are_asked_for(
+    runs,
+    run_inference,  # noqa: F811
+    tmp_path,
+    demo_clips,
+):
+    """Evaluation, export and the run's own bundle take the best validation and say which
+    step it is; the model card lists every validation, the exported one marked, says how to
+    load the bundle and names no local path."""
+    run = runs["finished"]
+    info = json.loads((run / "best_model" / "model_info.json").read_text())
+    history = json.loads((run / "validation_history.json").read_text())
+    assert [entry["step"] for entry in history] == [2, 4] and info["step"] in (2, 4)
+    best = (
+        f"{run.name}: its best validation, best_model/ at step {info['step']} (val/psnr {info['value']:.4g}, the "
+        "best of 2 validations)"
+    )
+    final = (
+        f"{run.name}: its final weights, final_model.safetensors at step 4 (val/psnr {history[-1]['val/psnr']:.4g}); "
+        "--weights best (the default) for its best validation"
+    )
+    told = f"{best}; --weights final for its latest weights"
+    choices = (([], told, "best_model/weights.safetensors"), (["--weights", "final"], final, "final_model.safetensors"))
+    for flags, line, path in choices:
+        out = tmp_path / f"eval{len(flags)}"
+        result = run_inference("--model_path", str(run), "--output_dir", str(out), "--num_samples", "1", *flags)
+        assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+        assert f"✅ Weights: {line}\n" in result.stdout, result.stdout
+        assert json.loads((out / "metrics.json").read_text())["model"]["path"] == str(run / path)
+
+    exported = export(run, "--out", tmp_path / "bundle")
+    assert exported.returncode == 0 and f"weights: {told}\n" in exported.stdout, exported.stderr[-2000:]
+    files = "taecvx_own_latents.pth, taecvx_own_latents.safetensors, README.md"
+    assert f"wrote the export bundle {run / 'export'} ({files}): {told}\n" in (run / "train.log").read_text()
+    for bundle in (run / "export", tmp_path / "bundle"):  # the run's own, written at its end, and an export
+        assert_identical(bundle / "taecvx_own_latents.safetensors", run / "best_model" / "weights.safetensors")
+        card = (bundle / "README.md").read_text()
+        assert f"- Weights: {best}." in card
+        rows = [line for line in card.splitlines() if line.startswith("| ") and not line.startswith("| step")]
+        marked = [f"**{h['step']}** (exported)" if h["step"] == info["step"] else str(h["step"]) for h in history]
+        assert [row.split(" | ")[0].removeprefix("| ") for row in rows] == marked, card
+        assert 'TAEHV("taecvx_own_latents.safetensors")' in card and 'checkpoint_path="taecvx_own_latents.pth"' in card
+        for local in (str(REPO_ROOT), str(run.parent), str(demo_clips["root"]), str(tmp_path)):
+            assert local not in card, (local, card)
+
+
+def test_a_run_without_validation_gives_its_final_weights_and_says_so(runs, tmp_path):
+    run = tmp_path / runs["finished"].name
+    shutil.copytree(runs["finished"], run, ignore=shutil.ignore_patterns("best_model", "validation_history.json"))
+    exported = export(run, "--out", tmp_path / "bundle")
+    line = (
+        f"{run.name}: its final weights, final_model.safetensors at step 4 (not validated at that step); it did not "
+        "validate, so there is no best model"
+    )
+    assert exported.returncode == 0 and f"weights: {line}\n" in exported.stdout, exported.stdout + exported.stderr
+    card = (tmp_path / "bundle" / "README.md").read_text()
+    assert "The run did not validate: the bundle holds its final weights." in card
+    assert_identical(tmp_path / "bundle" / "taecvx_own_latents.safetensors", run / "final_model.safetensors")
 
 
 def test_a_finished_run_gives_the_evaluation_its_data_size_and_variant(

@@ -7,15 +7,17 @@ files and a model card (what the model is, what it was trained on, how well it d
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import torch
 from safetensors.torch import save
 
+from common.config import REPO_ROOT
 from common.errors import UserError
-from common.run_files import run_folder_of, run_weights
+from common.run_files import WEIGHT_CHOICES, RunWeights, run_folder_of, run_weights, validation_history, weights_in_run
 from models.atomic import atomic_write
-from models.ecosystem import comfyui_dtype, export_stem, readings
+from models.ecosystem import comfyui_dtype, export_stem, published_loads, readings
 from models.latent_spaces import OWN, LatentTransform
 from models.vae_registry import video_model
 from models.weights import WeightsError, all_finite, export_state_dict, save_weights, weights_metadata
@@ -60,12 +62,35 @@ def _space_lines(model) -> list[str]:
 
 
 def _loading_lines(model, files: dict[str, torch.dtype]) -> list[str]:
-    """How ComfyUI and LightX2V take each exported ``.safetensors`` file, and what to do where
-    their rules take it for another model (``models.ecosystem``)."""
-    if model.latent_space == OWN:
-        return []
-    lines = ["", "## Loading it elsewhere", ""]
+    """How to load the bundle: this package, the published ``taehv.py``, diffusers pipelines,
+    and how ComfyUI and LightX2V take each ``.safetensors`` file, with what to do where their
+    rules take it for another model (``models.ecosystem``)."""
+    pth, safetensors = list(files)[:2]  # <stem>.pth, <stem>.safetensors (write_bundle)
+    own = model.latent_space == OWN
+    lines = [
+        "",
+        "## Loading it",
+        "",
+        f'- This package (taehv-train): `TAEHV("{safetensors}")` from `models/taehv.py`; `{pth}` loads the same way '
+        "(its name gives the variant).",
+        f'- The published `taehv.py` (madebyollin/taehv): `TAEHV(checkpoint_path="{pth}")`, which builds the '
+        "architecture from the file name."
+        if published_loads(model.variant, model.activation)
+        else f"- The published `taehv.py` (madebyollin/taehv) cannot build it ({model.variant}, {model.activation}): "
+        "use this package.",
+        "- diffusers pipelines: not as a pipeline's VAE: its latents are its own, no diffusion model's."
+        if own
+        else f'- diffusers pipelines: `pipe.vae = TAEVideoVAE.from_file("{safetensors}", like=pipe.vae)` from '
+        "`models/diffusers_vae.py` (it converts between the pipeline's latents and the TAE's).",
+    ]
+    if own:
+        return lines + [
+            "- ComfyUI and LightX2V hand a TAE a diffusion model's latents: neither applies to a TAE with latents "
+            "of its own."
+        ]
     for name, dtype in files.items():
+        if not name.endswith(".safetensors"):
+            continue
         for reading in readings(name, model.variant, model.latent_channels, model.patch_size, dtype):
             if reading.activation != model.activation:
                 verdict = (
@@ -86,41 +111,71 @@ def _loading_lines(model, files: dict[str, torch.dtype]) -> list[str]:
     return lines
 
 
-def _model_card(model, weights: Path, run: Path | None, files: dict[str, torch.dtype], command: str) -> str:
+def portable(command: str) -> str:
+    """A command line without local paths, as a model card shows it: a path inside the
+    repository relative to it, any other absolute path by its name."""
+
+    def short(word: str) -> str:
+        path = Path(word).expanduser()
+        if not path.is_absolute():
+            return word
+        return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else path.name
+
+    words = []
+    for word in shlex.split(command):
+        key, eq, value = word.partition("=")
+        words.append(f"{key}={short(value)}" if word.startswith("--") and eq else short(word))
+    return shlex.join(words)
+
+
+def _validation_lines(run: Path, exported_step: int | None) -> list[str]:
+    """Every validation of the run, the one the bundle holds marked."""
+    history = validation_history(run)
+    if not history:
+        return ["", "## Validation", "", "The run did not validate: the bundle holds its final weights."]
+    keys = [k for k in history[-1] if k.startswith("val/")]
+    lines = ["", "## Validation", "", "| step | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for entry in history:
+        step = f"**{entry['step']}** (exported)" if entry["step"] == exported_step else str(entry["step"])
+        values = [f"{entry[k]:.4g}" if k in entry else "-" for k in keys]
+        lines.append("| " + " | ".join([step, *values]) + " |")
+    return lines
+
+
+def _model_card(model, chosen: RunWeights, files: dict[str, torch.dtype], command: str) -> str:
     """README.md of a bundle: what the model is, which latents it works on, what it was
-    trained on, how well it did, and how other tools load it."""
+    trained on, how well it did, and how to load it here and in other tools. No local paths:
+    files by their names in the bundle, runs and folders by their names."""
     metadata = weights_metadata(model)
+    run = run_folder_of(chosen.path)
     lines = [
         f"# {model.variant} (TAE)",
         "",
         *_space_lines(model),
         f"- Frame rule: {metadata['frame_rule']}.",
         f"- Parameters: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M.",
-        f"- Weights: {weights}.",
+        f"- Weights: {chosen.line or chosen.path.name}.",
     ]
     if run is not None:
         config = json.loads((run / "config.json").read_text())
+        ref_vae = config.get("ref_vae_path")
         lines += [
-            f"- Reference VAE: {config.get('ref_vae_path') or 'none (trained as a plain autoencoder)'}"
-            + (f" ({config['ref_vae_class']})" if config.get("ref_vae_path") else ""),
-            f"- Training data: {config.get('annotation_file') or config.get('data_root')}, "
+            f"- Reference VAE: {Path(ref_vae).name} ({config['ref_vae_class']})"
+            if ref_vae
+            else "- Reference VAE: none (trained as a plain autoencoder)",
+            f"- Training data: {Path(config.get('data_root') or config.get('annotation_file')).name}, "
             f"{config['n_frames']} frames at {config['height']}x{config['width']}, stride "
             f"{config['stride_min']}-{config['stride_max']}.",
             f"- Training: {training_length(run, config)}, batch "
             f"{config['train_batch_size']} x {config['gradient_accumulation_steps']} per process, learning rate "
             f"{config['learning_rate']}.",
             "- Training command(s), every start of the run: "
-            + "; ".join(f"`{line}`" for line in (run / "command.txt").read_text().splitlines())
+            + "; ".join(f"`{portable(line)}`" for line in (run / "command.txt").read_text().splitlines())
             if (run / "command.txt").is_file()
             else "- Training command: not recorded",
         ]
-        history_file = run / "validation_history.json"
-        history = json.loads(history_file.read_text()) if history_file.is_file() else []
-        if history:
-            keys = [k for k in history[-1] if k.startswith("val/")]
-            lines += ["", "## Validation", "", "| step | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
-            lines += ["| " + " | ".join([str(h["step"])] + [f"{h[k]:.4g}" for k in keys]) + " |" for h in history[-5:]]
-    lines += _loading_lines(model, {name: dtype for name, dtype in files.items() if name.endswith(".safetensors")})
+        lines += _validation_lines(run, chosen.step)
+    lines += _loading_lines(model, files)
     lines += ["", "## Files", ""] + [f"- `{name}` ({DTYPE_NAMES[dtype]})" for name, dtype in files.items()]
     lines += ["", f"Made by {command}.", ""]
     return "\n".join(lines)
@@ -141,7 +196,7 @@ def half_precision(model, advice: str) -> dict[str, torch.Tensor]:
 
 
 def write_bundle(
-    weights: Path, out: Path, fp16: bool = False, command: str = "", overwrite: bool = False
+    weights: Path | RunWeights, out: Path, fp16: bool = False, command: str = "", overwrite: bool = False
 ) -> list[Path]:
     """The files a user takes away, named and typed so that other tools take them as this
     TAE in its latent space (``models.ecosystem``): ``<stem>.pth`` (published key format,
@@ -149,10 +204,12 @@ def write_bundle(
     name ComfyUI looks for; published keys plus our metadata; fp16 where ComfyUI's rule needs
     it), optionally ``<stem>_fp16.safetensors``, and a model card ``README.md``. The stem is
     the variant, or LightX2V's name for a Wan TAE on raw latents. Files already in ``out``
-    are a UserError unless ``overwrite`` (a run rewrites its own ``export/``)."""
+    are a UserError unless ``overwrite`` (a run rewrites its own ``export/``). ``weights``
+    chosen among a run's (``run_weights``) say which they are in the card."""
     from models.taehv import TAEHV
 
-    model = TAEHV(weights)
+    chosen = weights if isinstance(weights, RunWeights) else weights_in_run(weights)
+    model = TAEHV(chosen.path)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file: name a folder for the bundle")
     stem = export_stem(model.variant, model.latent_space)
@@ -177,29 +234,36 @@ def write_bundle(
             if dtype == torch.float32
             else atomic_write(out / name, save(half, metadata=weights_metadata(model)))
         )
-    card = _model_card(model, weights, run_folder_of(weights), files, command)
+    card = _model_card(model, chosen, files, command)
     written.append(atomic_write(out / "README.md", card))
     return written
 
 
 def main(argv: list[str] | None = None) -> None:
-    import shlex
     import sys
 
     from common.flags import ArgumentParser
 
     parser = ArgumentParser(description="Write the export bundle of a training run or a weight file.")
     parser.add_argument("source", help="a run folder, a checkpoint or best_model folder, or a weight file")
+    parser.add_argument(
+        "--weights",
+        choices=WEIGHT_CHOICES,
+        default=None,
+        help="which weights of a run folder: best (the default: its best validation, or its final weights when it "
+        "did not validate) or final (its final model; its newest checkpoint when unfinished)",
+    )
     parser.add_argument("--out", required=True, help="folder to write the bundle into")
     parser.add_argument("--fp16", action="store_true", help="also write <stem>_fp16.safetensors")
     parser.add_argument("--force", action="store_true", help="replace the bundle's files when --out already holds them")
     args = parser.parse_args(argv)
-    command = "`" + shlex.join(["python", "-m", "training.export", *(sys.argv[1:] if argv is None else argv)]) + "`"
-    weights, note = run_weights(args.source)
-    if note:
-        print(note)
+    typed = ["python", "-m", "training.export", *(sys.argv[1:] if argv is None else argv)]
+    command = f"`{portable(shlex.join(typed))}`"
+    chosen = run_weights(args.source, args.weights)
+    if chosen.told:
+        print(f"weights: {chosen.told}")
     try:
-        written = write_bundle(weights, Path(args.out), args.fp16, command, overwrite=args.force)
+        written = write_bundle(chosen, Path(args.out), args.fp16, command, overwrite=args.force)
     except WeightsError:  # the source's problem, not the output folder's
         raise
     except OSError as err:  # read-only file system, no space, no permission: the user's to fix

@@ -55,7 +55,7 @@ from common.config import TrainConfig, describe, load_config
 from common.errors import EXIT_USER_ERROR, USER_ERRORS, UserError, debug_requested
 from common.flags import ArgumentParser
 from common.reference_vae import ReferenceVAE
-from common.run_files import write_run_marker
+from common.run_files import run_weights, write_run_marker
 from models.latent_spaces import OWN
 from training.data.latent_scale_check import check_at_start
 from training.data.loading import TrainingData, build_train_loader, build_training_data
@@ -523,15 +523,18 @@ def finish(stop_reason: str, run: TrainingRun, stop: StopRequest, data_error: Vi
     )
     if accelerator.is_main_process:
         logger.info("saved %s and %s", run_dir / "final_model.pth", run_dir / "final_model.safetensors")
-        bundle = write_bundle(
-            run_dir / "final_model.safetensors",
-            run_dir / BUNDLE_FOLDER,
-            command="training/taehv_train.py at the end of the run",
-            overwrite=True,
-        )
-        logger.info("wrote the export bundle %s (%s)", run_dir / BUNDLE_FOLDER, ", ".join(p.name for p in bundle))
         write_run_marker(
             run_dir, {"step": progress.step, "reason": stop_reason, "max_train_steps": run.config.max_train_steps}
+        )
+        chosen = run_weights(run_dir)  # finished: what the tools take for the run folder
+        bundle = write_bundle(
+            chosen, run_dir / BUNDLE_FOLDER, command="training/taehv_train.py at the end of the run", overwrite=True
+        )
+        logger.info(
+            "wrote the export bundle %s (%s): %s",
+            run_dir / BUNDLE_FOLDER,
+            ", ".join(p.name for p in bundle),
+            chosen.told,
         )
         for what, command in next_steps(run_dir):
             logger.info("%s: %s", what, command)
