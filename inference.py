@@ -21,23 +21,23 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.clips import VideoClipDataset, VideoDataError
-from common.config import DTYPES, TrainConfig, load_config
-from common.errors import USER_ERRORS, UserError, exit_on_user_error
-from common.flags import ArgumentParser
-from common.metrics import lpips_unavailable_reason
-from common.reference_vae import ReferenceVAE
-from common.run_files import WEIGHT_CHOICES, RunWeights, run_folder_of, run_weights
-from common.video.files import clip_extensions, find_videos
-from evaluation.evaluator import EvaluationOptions, Evaluator, mean_text, out_of_memory_hint, summarise
-from evaluation.frame_size import FrameSize, describe
-from evaluation.provenance import TRAINING, RunSets
-from evaluation.report import write_report
-from models.latent_spaces import AUTO_SPACE, SPACES
-from models.taehv import TAEHV
-from models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES
-from models.variants import get_variant
-from models.weights import read_metadata
+from taehv_train.common.clips import VideoClipDataset, VideoDataError
+from taehv_train.common.config import DTYPES, TrainConfig, load_config
+from taehv_train.common.errors import USER_ERRORS, UserError, exit_on_user_error
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.common.metrics import lpips_unavailable_reason
+from taehv_train.common.reference_vae import ReferenceVAE
+from taehv_train.common.run_files import WEIGHT_CHOICES, RunWeights, run_folder_of, run_weights
+from taehv_train.common.video.files import clip_extensions, find_videos
+from taehv_train.evaluation.evaluator import EvaluationOptions, Evaluator, mean_text, out_of_memory_hint, summarise
+from taehv_train.evaluation.frame_size import FrameSize, describe
+from taehv_train.evaluation.provenance import TRAINING, RunSets
+from taehv_train.evaluation.report import write_report
+from taehv_train.models.latent_spaces import AUTO_SPACE, SPACES
+from taehv_train.models.taehv import TAEHV
+from taehv_train.models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES
+from taehv_train.models.variants import get_variant
+from taehv_train.models.weights import read_metadata
 
 logger = logging.getLogger("inference")
 

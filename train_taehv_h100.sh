@@ -38,7 +38,7 @@ Options:
                              (latest: the newest unfinished run of this config; a finished
                              run is extended by PATH or NAME with a higher --max_train_steps)
   --data DIR                 train on your own clips: annotates DIR (new files only), splits off a
-                             validation set and trains on them (python -m training.own_data)
+                             validation set and trains on them (python -m taehv_train.training.own_data)
   --debug                    a few verbose steps with anomaly detection and full tracebacks (into output/debug)
   --profile                  torch profiler trace of a few steps (into output/profile)
   --help                     this text
@@ -129,7 +129,7 @@ if [[ -n "${PYTHON:-}" ]]; then :; elif [[ -x .venv/bin/python ]]; then PYTHON=.
 if [[ -n "${DATA_DIR:-}" ]]; then   # own videos: annotate (new files only), split, train on them with validation
   DATA_OVERRIDES=$(mktemp)
   # its refusals are one "error: ..." line on stderr and exit 2, as the pre-flight's
-  "$PYTHON" -m training.own_data "$DATA_DIR" --config "$CONFIG" --overrides_file "$DATA_OVERRIDES" "${EXTRA[@]}" \
+  "$PYTHON" -m taehv_train.training.own_data "$DATA_DIR" --config "$CONFIG" --overrides_file "$DATA_OVERRIDES" "${EXTRA[@]}" \
     || exit $?
   mapfile -t DATA_ARGS < "$DATA_OVERRIDES"; rm -f "$DATA_OVERRIDES"
   EXTRA=("${DATA_ARGS[@]}" "${EXTRA[@]}")
@@ -146,12 +146,12 @@ if any(importlib.util.find_spec(name) is None for name in ("torch", "accelerate"
     sys.exit(3)
 import torch
 print(f"gpus={torch.cuda.device_count()}", flush=True)
-from common.config import load_config
-from common.errors import EXIT_USER_ERROR, USER_ERRORS
-from training.loop.feed import feed_notes
-from training.loop.memory import check_fits
-from training.preflight import check
-from training.state.run_config import describe_start, start_of
+from taehv_train.common.config import load_config
+from taehv_train.common.errors import EXIT_USER_ERROR, USER_ERRORS
+from taehv_train.training.loop.feed import feed_notes
+from taehv_train.training.loop.memory import check_fits
+from taehv_train.training.preflight import check
+from taehv_train.training.state.run_config import describe_start, start_of
 try:
     overrides = [arg for arg in sys.argv[2:] if arg != "--debug"]
     # a resume takes the run's own config (a damaged checkpoint or a finished run stops here)
@@ -219,23 +219,23 @@ else
 fi
 
 # -- launch -----------------------------------------------------------------------------
-TRAIN=(-m training.taehv_train --config "$CONFIG" "${EXTRA[@]}")
+TRAIN=(-m taehv_train.training.taehv_train --config "$CONFIG" "${EXTRA[@]}")
 MASTER_PORT=${MASTER_PORT:-29500}
 if (( NUM_GPUS == 1 && LOCAL_GPUS == 0 )); then
   CMD=("$PYTHON" "${TRAIN[@]}")
 elif (( LOCAL_GPUS == 0 )); then
-  CMD=("$PYTHON" -m training.launch --use_deepspeed --zero_stage 2 --num_machines 1 --num_processes "$NUM_GPUS"
+  CMD=("$PYTHON" -m taehv_train.training.launch --use_deepspeed --zero_stage 2 --num_machines 1 --num_processes "$NUM_GPUS"
        --main_process_port "$MASTER_PORT" "${TRAIN[@]}")
 elif (( NNODES > 1 )); then
   [[ -n "${MASTER_ADDR:-}" ]] || die "multi-node runs need MASTER_ADDR (the address of node 0)"
-  CMD=("$PYTHON" -m training.launch --config_file accelerate_configs/deepspeed_16gpu.yaml --num_machines "$NNODES"
+  CMD=("$PYTHON" -m taehv_train.training.launch --config_file accelerate_configs/deepspeed_16gpu.yaml --num_machines "$NNODES"
        --num_processes "$NUM_GPUS" --machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR"
        --main_process_port "$MASTER_PORT" "${TRAIN[@]}")
 elif (( NUM_GPUS == 1 )); then
-  CMD=("$PYTHON" -m training.launch --config_file accelerate_configs/deepspeed_1gpu.yaml --num_processes 1
+  CMD=("$PYTHON" -m taehv_train.training.launch --config_file accelerate_configs/deepspeed_1gpu.yaml --num_processes 1
        --main_process_port "$MASTER_PORT" "${TRAIN[@]}")
 else
-  CMD=("$PYTHON" -m training.launch --config_file accelerate_configs/deepspeed_8gpu.yaml --num_processes "$NUM_GPUS"
+  CMD=("$PYTHON" -m taehv_train.training.launch --config_file accelerate_configs/deepspeed_8gpu.yaml --num_processes "$NUM_GPUS"
        --main_process_port "$MASTER_PORT" "${TRAIN[@]}")
 fi
 echo "${BOLD}launch:${RESET} ${CMD[*]}"

@@ -3,7 +3,7 @@
 
     python -m bench.bench_annotate --videos_dir ../shared/videos --repeats 5
 
-``probe_video`` (what ``python -m training.make_annotations`` calls per file) learns a
+``probe_video`` (what ``python -m taehv_train.training.make_annotations`` calls per file) learns a
 video's length either by decoding every frame with OpenCV (``exact_decode=True``) or, for
 H.264/HEVC whose packets prove it, by counting packets (``count_frames_from_packets``).
 In a temporary folder this benchmark copies the videos of ``--videos_dir`` and writes
@@ -44,13 +44,13 @@ from unittest import mock
 import av
 
 from bench.harness import command_line, cpus_summary, print_json, shared_dir, timed
-from common.flags import ArgumentParser
-from common.packet_count import count_frames_from_packets
-from common.video.files import BadClipError, find_videos
-from common.video.probe import VideoInfo, probe_video
-from common.video.reader import VideoReader
-from training import make_annotations
-from training.data import probe_pool
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.common.packet_count import count_frames_from_packets
+from taehv_train.common.video.files import BadClipError, find_videos
+from taehv_train.common.video.probe import VideoInfo, probe_video
+from taehv_train.common.video.reader import VideoReader
+from taehv_train.training import make_annotations
+from taehv_train.training.data import probe_pool
 
 Result = VideoInfo | str  # what probe_video gives, or the skip reason it raises
 

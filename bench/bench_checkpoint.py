@@ -24,11 +24,11 @@ from accelerate import Accelerator
 from diffusers.training_utils import EMAModel
 
 from bench.harness import cpu_name, print_json, timed
-from common.flags import ArgumentParser
-from common.run_files import read_checkpoint_manifest
-from models.taehv import TAEHV
-from training.loop.resilience import FaultPlan
-from training.state.checkpoints import TrainingObjects, save_checkpoint
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.common.run_files import read_checkpoint_manifest
+from taehv_train.models.taehv import TAEHV
+from taehv_train.training.loop.resilience import FaultPlan
+from taehv_train.training.state.checkpoints import TrainingObjects, save_checkpoint
 
 
 def measure(variant: str, directory: Path, repeats: int) -> dict:

@@ -40,9 +40,9 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 
 from bench.harness import command_line, device_label, print_json
-from common.flags import ArgumentParser
-from evaluation.timing import median_seconds, timed
-from models.taehv import TAEHV
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.evaluation.timing import median_seconds, timed
+from taehv_train.models.taehv import TAEHV
 
 CASES = ("parallel", "sequential", "train")
 
@@ -80,8 +80,8 @@ def inference_case(config: dict, device: torch.device) -> dict:
 def train_case(config: dict, device: torch.device) -> dict:
     """First and steady steps of ``TrainStep`` with cached reference latents."""
     from bench.step_builder import train_step
-    from common.config import TrainConfig
-    from training.data.loading import ReferenceLatents
+    from taehv_train.common.config import TrainConfig
+    from taehv_train.training.data.loading import ReferenceLatents
 
     size = (config["train_height"], config["train_width"])
     train_config = TrainConfig(

@@ -88,14 +88,14 @@ from bench.loader_baselines import (
     resize_cost,
     sample_crops,
 )
-from common.clips import VideoClipDataset
-from common.config import TrainConfig
-from common.flags import ArgumentParser
-from common.video.crop import ClipWriter
-from common.video.files import find_videos
-from common.video.probe import probe_video
-from common.video.reader import VideoReader
-from training.make_annotations import write_annotation
+from taehv_train.common.clips import VideoClipDataset
+from taehv_train.common.config import TrainConfig
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.common.video.crop import ClipWriter
+from taehv_train.common.video.files import find_videos
+from taehv_train.common.video.probe import probe_video
+from taehv_train.common.video.reader import VideoReader
+from taehv_train.training.make_annotations import write_annotation
 
 
 def time_split(dataset: VideoClipDataset) -> dict:

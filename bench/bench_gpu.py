@@ -56,12 +56,12 @@ is a one-line error, exit status 2, before anything runs), the first 8 by name a
 (bench/reencoded_clips.py), listed over and over in an annotation of ``--e2e_clips``
 entries (one epoch). Two feeds: ``plain`` (no reference
 latents, ``--ref_vae_path=``) and ``cached`` (reference latents from the latent cache that
-``python -m training.build_latent_cache`` builds for those clips with a random-weight
+``python -m taehv_train.training.build_latent_cache`` builds for those clips with a random-weight
 CogVideoX VAE, ``--cache_vae``: none can be downloaded on a benchmark machine; the cached
 step never runs the VAE). Each feed has two rows:
 
 - ``on_device`` (the ceiling): bench/on_device_step.py, started with ``python -m
-  training.launch`` as the launch script starts one training process (on CUDA with
+  taehv_train.training.launch`` as the launch script starts one training process (on CUDA with
   accelerate_configs/deepspeed_1gpu.yaml: DeepSpeed ZeRO-2, bf16 weights; on a CPU a
   one-process DeepSpeed ZeRO-2 run on gloo), the preset's step built as training builds it
   (``make_accelerator``, ``TrainStep.build``, the loader pinned on CUDA, cuDNN's benchmark
@@ -114,11 +114,11 @@ from bench.gpu_measure import (
 )
 from bench.gpu_training import CACHE_VAES, Plan, VideosError, check_videos_dir, end_to_end_rows, user_error
 from bench.harness import command_line, load_published, print_json, published_file, utc_now
-from common.config import DTYPES
-from common.flags import ArgumentParser
-from evaluation.timing import median_seconds, synchronize
-from models.taehv import TAEHV
-from models.variants import get_variant, known_variants
+from taehv_train.common.config import DTYPES
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.evaluation.timing import median_seconds, synchronize
+from taehv_train.models.taehv import TAEHV
+from taehv_train.models.variants import get_variant, known_variants
 
 PUBLISHED_PATH = published_file("taew2_1")
 OPS = ("encode", "decode", "stream_decode")

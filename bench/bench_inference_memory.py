@@ -29,13 +29,13 @@ import time
 from pathlib import Path
 
 from bench.harness import REPO_ROOT, cpu_name, shared_dir
-from common.flags import ArgumentParser  # argparse only: this process stays free of torch
+from taehv_train.common.flags import ArgumentParser  # argparse only: this process stays free of torch
 
 DEFAULT_CLIP = shared_dir() / "videos" / "udacity_alf_project_video_start_200f.mp4"
 SAVE_WEIGHTS = """
 import torch
-from models.taehv import TAEHV
-from models.weights import save_weights
+from taehv_train.models.taehv import TAEHV
+from taehv_train.models.weights import save_weights
 torch.manual_seed(0)
 save_weights(TAEHV(variant="taehv"), {path!r})
 print(torch.__version__)
@@ -118,9 +118,9 @@ def metrics_child(clip: Path, frames: int, height: int, width: int, unchunked: b
     """Print the peak memory of inference's per-sample metrics on ``clip`` (run in a fresh process)."""
     import torch  # here, not at the top: the parent stays small (see the module docstring)
 
-    from common.clips import VideoClipDataset, frames_to_unit
-    from common.metrics import frame_psnr, video_mse, video_psnr, video_ssim, video_temporal_error
-    from training.loop.monitoring import peak_rss_bytes
+    from taehv_train.common.clips import VideoClipDataset, frames_to_unit
+    from taehv_train.common.metrics import frame_psnr, video_mse, video_psnr, video_ssim, video_temporal_error
+    from taehv_train.training.loop.monitoring import peak_rss_bytes
 
     with tempfile.TemporaryDirectory() as folder:
         annotation = Path(folder) / "clip.json"

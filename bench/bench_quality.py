@@ -44,16 +44,16 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from bench.harness import REPO_ROOT, command_line, print_json, shared_dir, threads_summary
 from bench.quality_plot import PALETTE, plot
-from common.clips import frames_to_unit
-from common.config import TrainConfig, load_config
-from common.flags import ArgumentParser
-from common.video.files import find_videos
-from models.ecosystem import export_stem
-from models.latent_spaces import OWN
-from models.taehv import TAEHV
-from training.data.loading import build_datasets, build_train_loader
-from training.loop.validation import validate
-from training.make_annotations import write_annotation
+from taehv_train.common.clips import frames_to_unit
+from taehv_train.common.config import TrainConfig, load_config
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.common.video.files import find_videos
+from taehv_train.models.ecosystem import export_stem
+from taehv_train.models.latent_spaces import OWN
+from taehv_train.models.taehv import TAEHV
+from taehv_train.training.data.loading import build_datasets, build_train_loader
+from taehv_train.training.loop.validation import validate
+from taehv_train.training.make_annotations import write_annotation
 
 RECIPE_CONFIG = REPO_ROOT / "training" / "configs" / "taehv_config_scratch.py"
 
@@ -119,7 +119,7 @@ def run_recipe(
     command = [
         sys.executable,
         "-m",
-        "training.taehv_train",
+        "taehv_train.training.taehv_train",
         "--config",
         str(args.config),
         *settings,

@@ -34,10 +34,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 REPO = Path(__file__).resolve().parents[1]
 from bench.harness import cuda_name, print_json
-from common.flags import ArgumentParser
-from training.demo_data import make_demo_dataset
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.training.demo_data import make_demo_dataset
 
-TRAIN = ["-m", "training.taehv_train"]
+TRAIN = ["-m", "taehv_train.training.taehv_train"]
 SCRATCH_CONFIG = REPO / "training" / "configs" / "taehv_config_scratch.py"
 ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 

@@ -18,12 +18,12 @@ import platform
 import subprocess
 import sys
 
-from common.flags import ArgumentParser
+from taehv_train.common.flags import ArgumentParser
 
 MEASURE = """
 import json, resource, sys, torch
-from models.taehv import TAEHV
-from training.loop.memory import activation_bytes
+from taehv_train.models.taehv import TAEHV
+from taehv_train.training.loop.memory import activation_bytes
 variant, batch, frames, height, width = sys.argv[1], *map(int, sys.argv[2:6])
 device = "cuda" if torch.cuda.is_available() else "cpu"
 net = TAEHV(variant=variant).to(device)

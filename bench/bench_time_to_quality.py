@@ -66,19 +66,19 @@ from bench.harness import (
 )
 from bench.published_model import published_loss
 from bench.quality_plot import PALETTE, plot
-from common.clip_table import ClipTable
-from common.clips import VideoClipDataset
-from common.config import load_config
-from common.flags import ArgumentParser
-from common.metrics import video_psnr, video_sharpness, video_ssim
-from common.video.files import find_videos
-from common.video.resize import area_resize
-from models.taehv import TAEHV
-from models.weights import load_weights
-from training.data.loading import build_datasets
-from training.loop.optimisation import parse_duration
-from training.loop.validation import validate
-from training.make_annotations import write_annotation
+from taehv_train.common.clip_table import ClipTable
+from taehv_train.common.clips import VideoClipDataset
+from taehv_train.common.config import load_config
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.common.metrics import video_psnr, video_sharpness, video_ssim
+from taehv_train.common.video.files import find_videos
+from taehv_train.common.video.resize import area_resize
+from taehv_train.models.taehv import TAEHV
+from taehv_train.models.weights import load_weights
+from taehv_train.training.data.loading import build_datasets
+from taehv_train.training.loop.optimisation import parse_duration
+from taehv_train.training.loop.validation import validate
+from taehv_train.training.make_annotations import write_annotation
 
 PRESET = REPO_ROOT / "training" / "configs" / "taehv_config_scratch.py"
 ARMS = ("ours", "bare")

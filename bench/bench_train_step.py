@@ -31,13 +31,13 @@ import torch
 
 from bench.harness import command_line, device_label, print_json, threads_summary
 from bench.step_builder import train_step
-from common.config import TrainConfig
-from common.flags import ArgumentParser
-from common.reference_vae import ReferenceVAE
-from evaluation.timing import median_seconds
-from models.taehv import TAEHV
-from training.data.loading import ReferenceLatents
-from training.loop.step import TrainStep
+from taehv_train.common.config import TrainConfig
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.common.reference_vae import ReferenceVAE
+from taehv_train.evaluation.timing import median_seconds
+from taehv_train.models.taehv import TAEHV
+from taehv_train.training.data.loading import ReferenceLatents
+from taehv_train.training.loop.step import TrainStep
 
 
 def forward_backward(step: TrainStep, frames: torch.Tensor, z_ref: torch.Tensor) -> None:

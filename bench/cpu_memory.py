@@ -18,16 +18,16 @@ from pathlib import Path
 
 import torch
 
-import models.taehv as taehv_module
+import taehv_train.models.taehv as taehv_module
 from bench.harness import load_published, proc_status_bytes
 from bench.published_model import operation
-from models.taehv import TAEHV
+from taehv_train.models.taehv import TAEHV
 
 
 def _peak_bytes() -> int:
     peak = proc_status_bytes("VmHWM")
     if peak is None:  # not Linux: the training monitor's fallback (imported only here: it loads accelerate)
-        from training.loop.monitoring import peak_rss_bytes
+        from taehv_train.training.loop.monitoring import peak_rss_bytes
 
         peak = peak_rss_bytes()
     return peak

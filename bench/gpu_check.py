@@ -78,8 +78,8 @@ from bench.gpu_training import (
     user_error,
 )
 from bench.harness import REPO_ROOT, command_line, utc_now
-from common.flags import ArgumentParser
-from common.video_writer import write_video
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.common.video_writer import write_video
 
 BUDGET_S = 480.0  # 8 minutes on one GPU, compilation included
 BEFORE_CLIPS_PER_S = 18.2  # the plain step through the launch script, one H200, 2026-11-26 (docs/benchmarks.md)
@@ -139,7 +139,7 @@ def gpu_plan(videos_dir: Path) -> Plan:
 
 
 def render_clip_file(path: Path, index: int, frames: int, height: int, width: int) -> None:
-    from training.demo_data import render_clip
+    from taehv_train.training.demo_data import render_clip
 
     write_video(path, render_clip(np.random.default_rng([0, index]), frames, height, width), 24.0)
 

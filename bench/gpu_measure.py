@@ -14,7 +14,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from bench.harness import cpu_model, cpu_name, proc_status_bytes
-from training.loop.monitoring import peak_rss_bytes
+from taehv_train.training.loop.monitoring import peak_rss_bytes
 
 CLEAR_REFS = Path("/proc/self/clear_refs")
 

@@ -27,11 +27,11 @@ from bench.gpu_measure import log
 from bench.harness import REPO_ROOT
 from bench.make_reference_vae import COGVIDEOX_2B, TINY_COGVIDEOX, save_reference_vae
 from bench.reencoded_clips import DASH_CAMERA_GOP, reencode_clips
-from common.errors import EXIT_USER_ERROR
-from common.video.files import find_videos
-from models.vae_registry import reference_vae_frames
-from models.variants import get_variant
-from training.make_annotations import write_annotation
+from taehv_train.common.errors import EXIT_USER_ERROR
+from taehv_train.common.video.files import find_videos
+from taehv_train.models.vae_registry import reference_vae_frames
+from taehv_train.models.variants import get_variant
+from taehv_train.training.make_annotations import write_annotation
 
 PRESET_NAME = "1gpu_h100"
 PRESET = REPO_ROOT / "training" / "configs" / f"taehv_config_{PRESET_NAME}.py"
@@ -265,7 +265,7 @@ def failure(finished: Finished, timeout: float, what: str) -> str:
 def prepare_cache(plan: Plan, clips: dict, reference: Path, timeout: float | None = None) -> dict:
     """A reference VAE with random weights (none can be downloaded on a benchmark machine)
     in ``reference/vae`` and the latent cache of the clips in ``reference/cache``, built by
-    the command users run (``python -m training.build_latent_cache``). The cached step never
+    the command users run (``python -m taehv_train.training.build_latent_cache``). The cached step never
     runs the VAE, so the VAE's size does not change the rows' speed. Raises on failure."""
     description, architecture = CACHE_VAES[plan.cache_vae]
     save_reference_vae(reference / "vae", architecture)  # ref_vae_path: the folder whose vae/ holds it
@@ -273,7 +273,7 @@ def prepare_cache(plan: Plan, clips: dict, reference: Path, timeout: float | Non
     command = [
         sys.executable,
         "-m",
-        "training.build_latent_cache",
+        "taehv_train.training.build_latent_cache",
         "--config",
         str(PRESET.relative_to(REPO_ROOT)),
         *overrides,
@@ -305,7 +305,7 @@ def on_device_command(plan: Plan, overrides: list[str], out: Path) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "training.launch",
+        "taehv_train.training.launch",
         *launch,
         "--main_process_port",
         str(free_port()),

@@ -3,9 +3,9 @@
 that bench/bench_gpu.py holds the launch script's own speed against. Started as the launch
 script starts training, one process:
 
-    python -m training.launch --config_file accelerate_configs/deepspeed_1gpu.yaml --num_processes 1 \\
+    python -m taehv_train.training.launch --config_file accelerate_configs/deepspeed_1gpu.yaml --num_processes 1 \\
         -m bench.on_device_step --config training/configs/taehv_config_1gpu_h100.py --out row.json [--key=value ...]
-    python -m training.launch --use_deepspeed --zero_stage 2 --num_machines 1 --num_processes 1 \\
+    python -m taehv_train.training.launch --use_deepspeed --zero_stage 2 --num_machines 1 --num_processes 1 \\
         -m bench.on_device_step --config ... --out row.json    # without CUDA: DeepSpeed on the CPU (gloo)
 
 Built as ``training/taehv_train.py`` builds it: the config file with the same
@@ -44,18 +44,18 @@ import torch
 from accelerate.utils import set_seed
 
 from bench.gpu_measure import GraphCount
-from common.config import TrainConfig, load_config
-from common.errors import exit_on_user_error
-from common.flags import ArgumentParser
-from evaluation.timing import synchronize
-from training.data.loading import build_train_loader, build_training_data
-from training.data.prefetch import Prefetcher
-from training.loop.accelerator import make_accelerator
-from training.loop.feed import micro_batch_flops, peak_flops
-from training.loop.optimisation import compiles
-from training.loop.step import StepResult, TrainStep, build_model
-from training.preflight import check
-from training.taehv_train import Progress
+from taehv_train.common.config import TrainConfig, load_config
+from taehv_train.common.errors import exit_on_user_error
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.evaluation.timing import synchronize
+from taehv_train.training.data.loading import build_train_loader, build_training_data
+from taehv_train.training.data.prefetch import Prefetcher
+from taehv_train.training.loop.accelerator import make_accelerator
+from taehv_train.training.loop.feed import micro_batch_flops, peak_flops
+from taehv_train.training.loop.optimisation import compiles
+from taehv_train.training.loop.step import StepResult, TrainStep, build_model
+from taehv_train.training.preflight import check
+from taehv_train.training.taehv_train import Progress
 
 
 def device_window(step: TrainStep, loader, config: TrainConfig) -> list[dict]:

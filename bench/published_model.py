@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.harness import load_published, published_file
-from models.taehv import TAEHV
+from taehv_train.models.taehv import TAEHV
 
 
 def build_pair(

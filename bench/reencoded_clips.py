@@ -13,11 +13,11 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from common.video.crop import crop_box
-from common.video.files import find_videos
-from common.video.reader import VideoReader
-from common.video.resize import AreaResizer
-from common.video_writer import write_video
+from taehv_train.common.video.crop import crop_box
+from taehv_train.common.video.files import find_videos
+from taehv_train.common.video.reader import VideoReader
+from taehv_train.common.video.resize import AreaResizer
+from taehv_train.common.video_writer import write_video
 
 DASH_CAMERA_GOP = 30
 

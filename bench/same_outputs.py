@@ -33,7 +33,7 @@ import torch
 from safetensors import safe_open
 
 from bench.harness import REPO_ROOT
-from common.flags import ArgumentParser
+from taehv_train.common.flags import ArgumentParser
 
 TEST_CONFIG = "training/configs/taehv_config_test.py"
 ZERO2 = [
@@ -56,7 +56,7 @@ def make_inputs(inputs: Path) -> tuple[Path, Path]:
     """(clips, reference VAE folder), made once."""
     from diffusers import AutoencoderKLCogVideoX
 
-    from training.demo_data import make_demo_dataset
+    from taehv_train.training.demo_data import make_demo_dataset
 
     data, vae = inputs / "data", inputs / "vae"
     if not (data / "annotations_train.json").is_file():
@@ -83,7 +83,7 @@ def run(out: Path, inputs: Path) -> None:
     ]
     common = ["--config", TEST_CONFIG, *clips, "--run_name=run", "--max_train_steps=4", "--seed=7"]
     ref = [f"--ref_vae_path={vae}", "--ref_vae_dtype=fp32", "--n_frames=9", "--variant=taecvx"]
-    train = ["-m", "training.taehv_train", *common]
+    train = ["-m", "taehv_train.training.taehv_train", *common]
     commands = {
         "p1": [sys.executable, *train],
         "p1ref": [sys.executable, *train, *ref],
@@ -92,7 +92,7 @@ def run(out: Path, inputs: Path) -> None:
         "cache": [
             sys.executable,
             "-m",
-            "training.build_latent_cache",
+            "taehv_train.training.build_latent_cache",
             "--config",
             TEST_CONFIG,
             *clips,

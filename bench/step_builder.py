@@ -11,10 +11,10 @@ from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration
 from torch.utils.data import DataLoader
 
-from common.config import TrainConfig
-from models.taehv import TAEHV
-from training.data.loading import ReferenceLatents
-from training.loop.step import TrainStep, accumulation_plugin
+from taehv_train.common.config import TrainConfig
+from taehv_train.models.taehv import TAEHV
+from taehv_train.training.data.loading import ReferenceLatents
+from taehv_train.training.loop.step import TrainStep, accumulation_plugin
 
 
 def build_step(

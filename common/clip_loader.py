@@ -16,8 +16,8 @@ import torch
 from torch._utils import ExceptionWrapper
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from common.errors import VideoDataError
-from common.lifeline import watch_parent
+from taehv_train.common.errors import VideoDataError
+from taehv_train.common.lifeline import watch_parent
 
 
 def shared_epoch() -> torch.Tensor:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.video.files import clip_extensions, find_videos
+from taehv_train.common.video.files import clip_extensions, find_videos
 
 
 @dataclass(frozen=True)

@@ -26,16 +26,16 @@ from typing import Literal
 import numpy as np
 import torch
 
-from common.clip_loader import EpochDataset, shared_epoch
-from common.clip_loader import build_dataloader as build_dataloader  # re-exported: docs/data.md imports it from here
-from common.clip_table import ClipTable
-from common.errors import VideoDataError as VideoDataError  # re-exported: lives in errors.py for clip_loader
-from common.errors import counts_in_words
-from common.video.crop import ClipWriter, crop_box
-from common.video.files import IMAGE_EXTENSIONS, BadClipError
-from common.video.in_memory import DecodedVideo, ImageReader
-from common.video.probe import open_clip
-from common.video.reader import VideoReader
+from taehv_train.common.clip_loader import EpochDataset, shared_epoch
+from taehv_train.common.clip_loader import build_dataloader as build_dataloader  # re-exported: docs/data.md imports it from here
+from taehv_train.common.clip_table import ClipTable
+from taehv_train.common.errors import VideoDataError as VideoDataError  # re-exported: lives in errors.py for clip_loader
+from taehv_train.common.errors import counts_in_words
+from taehv_train.common.video.crop import ClipWriter, crop_box
+from taehv_train.common.video.files import IMAGE_EXTENSIONS, BadClipError
+from taehv_train.common.video.in_memory import DecodedVideo, ImageReader
+from taehv_train.common.video.probe import open_clip
+from taehv_train.common.video.reader import VideoReader
 
 logger = logging.getLogger(__name__)
 
@@ -175,8 +175,8 @@ class VideoClipDataset(EpochDataset):
                     else ""
                 )
                 + ": point data_root/annotation_file at your videos, write an "
-                "annotation with `python -m training.make_annotations DIR -o annotations.json`, or "
-                "generate demo data with `python -m training.demo_data OUT_DIR`"
+                "annotation with `python -m taehv_train.training.make_annotations DIR -o annotations.json`, or "
+                "generate demo data with `python -m taehv_train.training.demo_data OUT_DIR`"
             )
 
         self.n_frames, self.height, self.width, self.channels = n_frames, height, width, channels
@@ -209,7 +209,7 @@ class VideoClipDataset(EpochDataset):
         if not short.any():
             return []
         advice = (
-            f"`python -m training.make_annotations DIR -o annotations.json --min_frames {need}` writes an "
+            f"`python -m taehv_train.training.make_annotations DIR -o annotations.json --min_frames {need}` writes an "
             "annotation without them"
         )
         if short.all():
@@ -255,7 +255,7 @@ class VideoClipDataset(EpochDataset):
         raise VideoDataError(
             f"sample {index}: {self.max_replacement_attempts + 1} clips in a row were unusable, see the warnings above",
             "If files were removed or a storage mount went away, restore them; otherwise clean the "
-            "annotation with `python -m training.make_annotations` or raise max_replacement_attempts",
+            "annotation with `python -m taehv_train.training.make_annotations` or raise max_replacement_attempts",
         )
 
     def load_clip(self, index: int, size_of: SizeOf | None = None) -> torch.Tensor:
@@ -366,7 +366,7 @@ class VideoClipDataset(EpochDataset):
                 f"max_failure_fraction={self.max_failure_fraction:.0%}) in {self.source}; reasons: {reasons}; e.g. "
                 f"{examples[:3]}",
                 "Check it and data_root, regenerate the annotation with "
-                f"`python -m training.make_annotations DIR -o annotations.json{min_frames}` (it drops unusable "
+                f"`python -m taehv_train.training.make_annotations DIR -o annotations.json{min_frames}` (it drops unusable "
                 "files"
                 + (" and clips shorter than n_frames" if min_frames else "")
                 + "), or raise max_failure_fraction.",

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from common.errors import UserError
-from models.downloads import fetch_hint
-from models.latent_spaces import AUTO_SPACE
-from models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES, auto_variant, resolve_ref_vae_class, tae_space
-from models.variants import VariantSpec, get_variant
+from taehv_train.common.errors import UserError
+from taehv_train.models.downloads import fetch_hint
+from taehv_train.models.latent_spaces import AUTO_SPACE
+from taehv_train.models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES, auto_variant, resolve_ref_vae_class, tae_space
+from taehv_train.models.variants import VariantSpec, get_variant
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 logger = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class TrainConfig:
     # which latents the TAE works on: raw, scaled, normalised or normalised_scaled (models/latent_spaces.py);
     # auto: the variant's published space, else its pipeline's (docs/reference_vaes.md, "Which latents go in")
     latent_space: str = "auto"
-    latent_cache_dir: str = ""  # latents precomputed by `python -m training.build_latent_cache`; empty: online
+    latent_cache_dir: str = ""  # latents precomputed by `python -m taehv_train.training.build_latent_cache`; empty: online
     latent_cache_epochs: int = 1  # epochs of random draws (clip window, crop, flip) the cache holds
 
     # -- Seraena adversarial targets (models/seraena.py) --------------------------------
@@ -455,7 +455,7 @@ def missing_paths(config: TrainConfig) -> list[str]:
 def how_to_get(key: str, path: Path, config: TrainConfig, demo: bool) -> str:
     """The end of ``missing_paths``' message for ``key``: how to get what it names."""
     if demo:
-        return ": `make demo` makes the built-in clips there (or `python -m training.demo_data demo_output/data` alone)"
+        return ": `make demo` makes the built-in clips there (or `python -m taehv_train.training.demo_data demo_output/data` alone)"
     if key == "pretrained_model_path":
         return fetch_hint(path)
     if key == "ref_vae_path":

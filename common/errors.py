@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from models.weight_errors import WeightsError
+from taehv_train.models.weight_errors import WeightsError
 
 EXIT_USER_ERROR = 2
 logger = logging.getLogger(__name__)

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from common.config import DTYPES, TrainConfig
-from common.errors import UserError
-from models.latent_spaces import AUTO_SPACE, OWN, SPACES, LatentTransform
-from models.vae_registry import (
+from taehv_train.common.config import DTYPES, TrainConfig
+from taehv_train.common.errors import UserError
+from taehv_train.models.latent_spaces import AUTO_SPACE, OWN, SPACES, LatentTransform
+from taehv_train.models.vae_registry import (
     AUTO_CLASS,
     REF_VAE_CLASSES,
     latent_space,
@@ -36,7 +36,7 @@ from models.vae_registry import (
     resolve_space,
     spaces_of,
 )
-from models.variants import VariantSpec
+from taehv_train.models.variants import VariantSpec
 
 logger = logging.getLogger(__name__)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -16,9 +16,9 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.errors import UserError
-from models.atomic import atomic_write
-from models.weights import find_weights, run_folder
+from taehv_train.common.errors import UserError
+from taehv_train.models.atomic import atomic_write
+from taehv_train.models.weights import find_weights, run_folder
 
 CHECKPOINT_MANIFEST = "checkpoint.json"
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from common.clips import VideoClipDataset, frames_to_unit
-from common.errors import UserError
-from common.metrics import (
+from taehv_train.common.clips import VideoClipDataset, frames_to_unit
+from taehv_train.common.errors import UserError
+from taehv_train.common.metrics import (
     frame_psnr,
     rms_ratio,
     video_alpha_psnr,
@@ -36,16 +36,16 @@ from common.metrics import (
     video_ssim,
     video_temporal_error,
 )
-from common.reference_vae import ReferenceVAE
-from common.video.files import BadClipError
-from common.video_writer import write_video
-from evaluation.frame_size import FrameSize
-from evaluation.stills import comparison_stills
-from evaluation.timing import timed
-from evaluation.videos import latent_picture, rgb_beside_alpha, side_by_side, to_uint8_frames
-from models.frames import FramePlan
-from models.taehv import TAEHV
-from models.vae_registry import reference_vae_frames
+from taehv_train.common.reference_vae import ReferenceVAE
+from taehv_train.common.video.files import BadClipError
+from taehv_train.common.video_writer import write_video
+from taehv_train.evaluation.frame_size import FrameSize
+from taehv_train.evaluation.stills import comparison_stills
+from taehv_train.evaluation.timing import timed
+from taehv_train.evaluation.videos import latent_picture, rgb_beside_alpha, side_by_side, to_uint8_frames
+from taehv_train.models.frames import FramePlan
+from taehv_train.models.taehv import TAEHV
+from taehv_train.models.vae_registry import reference_vae_frames
 
 
 def is_out_of_memory(err: RuntimeError) -> bool:

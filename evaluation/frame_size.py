@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.video.files import BadClipError
+from taehv_train.common.video.files import BadClipError
 
 
 def describe(height: int | None, width: int | None) -> str:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.clip_table import ClipTable
-from common.config import TrainConfig
+from taehv_train.common.clip_table import ClipTable
+from taehv_train.common.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 

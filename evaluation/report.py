@@ -14,8 +14,8 @@ from pathlib import Path
 
 import cv2
 
-from evaluation.evaluator import mean_text
-from evaluation.frame_size import describe
+from taehv_train.evaluation.evaluator import mean_text
+from taehv_train.evaluation.frame_size import describe
 
 MAX_EMBED_BYTES = 64 * 2**20  # larger sets of videos are linked, not embedded
 

@@ -12,13 +12,13 @@ CONFIG=training/configs/taehv_config_demo.py
 if [[ -n "${DEMO_VIDEOS:-}" ]]; then
   DATA=demo_output/your_videos  # never mixed with the built-in clips' annotations
   echo "== indexing your videos in $DEMO_VIDEOS"
-  "$PYTHON" -m training.make_annotations "$DEMO_VIDEOS" -o "$DATA/annotations.json" --val_fraction 0.2
+  "$PYTHON" -m taehv_train.training.make_annotations "$DEMO_VIDEOS" -o "$DATA/annotations.json" --val_fraction 0.2
   DATA_ARGS=(--data_root="$DEMO_VIDEOS" --annotation_file="$DATA/annotations_train.json"
              --val_annotation_file="$DATA/annotations_val.json")
 else
   if [[ ! -f "$DATA/annotations_train.json" ]]; then
     echo "== generating built-in demo clips in $DATA"
-    "$PYTHON" -m training.demo_data "$DATA" --num_clips 48 --frames 24 --height 96 --width 144
+    "$PYTHON" -m taehv_train.training.demo_data "$DATA" --num_clips 48 --frames 24 --height 96 --width 144
   fi
   DATA_ARGS=()
 fi

@@ -76,7 +76,7 @@ def videos_dir() -> Path:
 def valid_config(tmp_path: Path, **changes):
     """A config that passes the check: a data folder holding a clip (by its name: the check
     reads no frames), no pretrained weights; ``changes`` on top."""
-    from common.config import TrainConfig
+    from taehv_train.common.config import TrainConfig
 
     (tmp_path / "videos").mkdir(exist_ok=True)
     (tmp_path / "videos" / "clip.mp4").touch()
@@ -91,7 +91,7 @@ def published_format_weights(variant: str, path: Path) -> Path:
 
     import torch
 
-    from models.taehv import TAEHV
+    from taehv_train.models.taehv import TAEHV
 
     recipe_file = _require(shared_dir() / "compat" / "recipe.py", "compat fixtures")
     spec = importlib.util.spec_from_file_location("compat_recipe", recipe_file)
@@ -106,7 +106,7 @@ def published_format_weights(variant: str, path: Path) -> Path:
 @pytest.fixture(scope="session")
 def demo_clips(tmp_path_factory) -> dict[str, Path]:
     """Six procedural clips (48x64, 12 frames) with train/val annotations, for training runs."""
-    from training.demo_data import make_demo_dataset
+    from taehv_train.training.demo_data import make_demo_dataset
 
     root = tmp_path_factory.mktemp("demo_clips")
     paths = make_demo_dataset(root, num_clips=6, n_frames=12, height=48, width=64, seed=1)
@@ -219,7 +219,7 @@ def save_tiny_vae(root: Path, name: str, **overrides) -> Path:
     import diffusers
     import torch
 
-    from models.vae_registry import REF_VAE_CLASSES
+    from taehv_train.models.vae_registry import REF_VAE_CLASSES
 
     torch.manual_seed(0)
     ref_vae = REF_VAE_CLASSES["wan" if name == "wan22" else name]

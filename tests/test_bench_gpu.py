@@ -186,7 +186,7 @@ def test_gpu_check_tiny_runs_the_launch_script_against_the_same_engine_on_the_de
         assert ("--latent_cache_dir=" in command) == (row["feed"] == "cached"), command
         assert ("--ref_vae_path= " in command) == (row["feed"] == "plain"), command
         if row["setting"] == "on_device":
-            assert " -m training.launch --use_deepspeed --zero_stage 2 " in command, command
+            assert " -m taehv_train.training.launch --use_deepspeed --zero_stage 2 " in command, command
             assert " -m bench.on_device_step --config training/configs/taehv_config_1gpu_h100.py " in command
             engine = row["engine"]
             assert (engine["distributed_type"], engine["zero_stage"], engine["processes"]) == ("DEEPSPEED", 2, 1)

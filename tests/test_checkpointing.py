@@ -14,22 +14,22 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from common.config import TrainConfig, load_config
-from common.errors import UserError
-from common.run_files import CHECKPOINT_MANIFEST, finished_info, write_run_marker
+from taehv_train.common.config import TrainConfig, load_config
+from taehv_train.common.errors import UserError
+from taehv_train.common.run_files import CHECKPOINT_MANIFEST, finished_info, write_run_marker
 from conftest import REPO_ROOT
-from training.loop.best_model import BestTracker
-from training.loop.resilience import FaultPlan, agree
-from training.state.atomic_folders import DiskFullError, is_disk_full, write_atomically
-from training.state.checkpoints import (
+from taehv_train.training.loop.best_model import BestTracker
+from taehv_train.training.loop.resilience import FaultPlan, agree
+from taehv_train.training.state.atomic_folders import DiskFullError, is_disk_full, write_atomically
+from taehv_train.training.state.checkpoints import (
     list_checkpoints,
     remove_partial_checkpoints,
     resolve_resume,
     rng_state,
     set_rng_state,
 )
-from training.state.run_config import describe_start, start_of
-from training.state.serialisation import load_tree, save_tree
+from taehv_train.training.state.run_config import describe_start, start_of
+from taehv_train.training.state.serialisation import load_tree, save_tree
 
 
 def test_optimizer_state_round_trips_without_pickle(tmp_path):
@@ -231,8 +231,8 @@ def test_a_full_disk_is_one_error_that_keeps_the_last_checkpoint(tmp_path):
 def test_the_size_of_a_checkpoint_is_estimated_from_the_state_it_saves(tmp_path):
     """What a first save needs, before anything was written: within a few per cent of
     what it then takes on disk."""
-    from models.taehv import TAEHV
-    from training.state.checkpoints import TrainingObjects, save_checkpoint, training_state_bytes
+    from taehv_train.models.taehv import TAEHV
+    from taehv_train.training.state.checkpoints import TrainingObjects, save_checkpoint, training_state_bytes
 
     model = TAEHV(variant="taehv")  # weights.safetensors records the variant
     optimizer = torch.optim.AdamW(model.parameters())

@@ -19,20 +19,20 @@ import torch
 from test_train import scalars
 from torch._dynamo.testing import CompileCounterWithBackend
 
-import inference
-import models.taehv as taehv_module
-from common.config import TrainConfig
-from common.errors import UserError
+from taehv_train import inference
+import taehv_train.models.taehv as taehv_module
+from taehv_train.common.config import TrainConfig
+from taehv_train.common.errors import UserError
 from conftest import valid_config
-from models.diffusers_vae import TAEVideoVAE
-from models.taehv import TAEHV, run_blocks
-from models.variants import known_variants
-from models.weights import save_weights
+from taehv_train.models.diffusers_vae import TAEVideoVAE
+from taehv_train.models.taehv import TAEHV, run_blocks
+from taehv_train.models.variants import known_variants
+from taehv_train.models.weights import save_weights
 from train_runs import ONE_PROCESS, run_dir, tiny_train_step, train, train_here
-from training.data.loading import ReferenceLatents
-from training.loop.optimisation import compiles
-from training.loop.step import TrainStep
-from training.preflight import check
+from taehv_train.training.data.loading import ReferenceLatents
+from taehv_train.training.loop.optimisation import compiles
+from taehv_train.training.loop.step import TrainStep
+from taehv_train.training.preflight import check
 
 pytestmark = pytest.mark.slow  # torch.compile and training processes
 
@@ -244,7 +244,7 @@ def test_a_compilation_that_fails_leaves_the_model_eager_with_one_warning(caplog
     eager.load_state_dict(model.state_dict())
     model.compile(backend=broken_backend)
     frames = torch.rand(1, 5, 3, 16, 16)
-    with caplog.at_level(logging.WARNING, logger="models.taehv"):
+    with caplog.at_level(logging.WARNING, logger="taehv_train.models.taehv"):
         first, second = model.encode_video(frames), model.encode_video(frames)
     warnings = [r.getMessage() for r in caplog.records if "torch.compile failed" in r.getMessage()]
     assert warnings == ["torch.compile failed (RuntimeError: no C compiler found): running eager from now on"]

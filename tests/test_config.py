@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.config import TrainConfig, apply_overrides, load_config, run_prefix
-from common.errors import UserError
-from common.metrics import lpips_unavailable_reason
+from taehv_train.common.config import TrainConfig, apply_overrides, load_config, run_prefix
+from taehv_train.common.errors import UserError
+from taehv_train.common.metrics import lpips_unavailable_reason
 from conftest import REPO_ROOT, save_tiny_vae
 from conftest import valid_config as valid
-from models.variants import get_variant
-from training.preflight import check
+from taehv_train.models.variants import get_variant
+from taehv_train.training.preflight import check
 
 CONFIGS = Path(__file__).resolve().parents[1] / "training" / "configs"
 PRESETS = [
@@ -282,7 +282,7 @@ def test_wrong_type_in_config_file(tmp_path):
     bad.write_text("config = dict(n_frames=9)\n")
     with pytest.raises(UserError, match="must define `config = TrainConfig"):
         load_config(bad)
-    bad.write_text("from common.config import TrainConfig\nconfig = TrainConfig(data_root=5)\n")
+    bad.write_text("from taehv_train.common.config import TrainConfig\nconfig = TrainConfig(data_root=5)\n")
     with pytest.raises(UserError, match="data_root=5 should be a str"):  # not resolved as a path first
         check(load_config(bad))
 
@@ -299,7 +299,7 @@ def test_paths_are_made_absolute_once_and_missing_demo_clips_name_the_command(tm
     with pytest.raises(
         UserError,
         match=r"data_root: .*not_made_here does not exist: `make demo` makes the built-in "
-        r"clips there \(or `python -m training.demo_data demo_output/data` alone\)",
+        r"clips there \(or `python -m taehv_train.training.demo_data demo_output/data` alone\)",
     ):
         check(config)
 
@@ -314,7 +314,7 @@ def test_data_root_given_alone_drops_the_annotation_files_of_the_presets_own_fol
     assert (config.data_root, config.annotation_file, config.val_annotation_file) == (str(videos), "", "")
     (note,) = [n for n in check(config) if n.startswith("no annotation file")]
     assert f"scans data_root {videos} for clips and has no validation set" in note
-    assert f"python -m training.make_annotations {videos} -o {videos}/annotations.json" in note
+    assert f"python -m taehv_train.training.make_annotations {videos} -o {videos}/annotations.json" in note
 
     given = load_config(scratch, [f"--data_root={videos}", f"--annotation_file={tmp_path / 'a.json'}"])
     assert given.annotation_file == str(tmp_path / "a.json")
@@ -323,7 +323,7 @@ def test_data_root_given_alone_drops_the_annotation_files_of_the_presets_own_fol
     assert same.annotation_file == str(REPO_ROOT / "data" / "MiniDataset" / "annotations_train.json")
     elsewhere = tmp_path / "elsewhere.py"
     elsewhere.write_text(
-        "from training.configs.taehv_config_scratch import config as base\n"
+        "from taehv_train.training.configs.taehv_config_scratch import config as base\n"
         "config = base.replace(annotation_file='/data/train.json', val_annotation_file='')\n"
     )
     assert load_config(elsewhere, [f"--data_root={videos}"]).annotation_file == "/data/train.json"
@@ -343,7 +343,7 @@ def test_validation_size_is_checked_and_used_for_the_held_out_clips(tmp_path, de
     assert "must be positive, got 0x720" in str(err.value) and "set both val_height and val_width" in str(err.value)
     with pytest.raises(UserError, match=r"val_height and val_width must be multiples of 8 \(.*\), got 44x64"):
         check(valid(tmp_path, val_height=44, val_width=64))
-    from training.data.loading import build_datasets
+    from taehv_train.training.data.loading import build_datasets
 
     config = valid(
         tmp_path,
@@ -363,7 +363,7 @@ def test_validation_size_is_checked_and_used_for_the_held_out_clips(tmp_path, de
 
 
 def test_a_one_clip_validation_set_is_warned_about(tmp_path, demo_clips, caplog):
-    from training.data.loading import build_training_data
+    from taehv_train.training.data.loading import build_training_data
 
     for val_file, warned in ((demo_clips["val"], True), (demo_clips["train"], False)):  # 1 clip, 5 clips
         caplog.clear()
@@ -374,7 +374,7 @@ def test_a_one_clip_validation_set_is_warned_about(tmp_path, demo_clips, caplog)
             val_annotation_file=str(val_file),
             n_frames=5,
         )
-        with caplog.at_level(logging.WARNING, logger="training.data.loading"):
+        with caplog.at_level(logging.WARNING, logger="taehv_train.training.data.loading"):
             build_training_data(config, None)
         expected = f"the validation set is one clip ({val_file}): its scores follow that clip alone"
         assert (expected in caplog.text) == warned, caplog.text
@@ -413,7 +413,7 @@ def test_mistakes_in_a_config_file_name_the_file_and_line(tmp_path):
     the line and (for the typo) the closest key, as the same typo on the command line is."""
     typo = tmp_path / "typo.py"
     typo.write_text(
-        "from training.configs.taehv_config import config as base\n\nconfig = base.replace(\n"
+        "from taehv_train.training.configs.taehv_config import config as base\n\nconfig = base.replace(\n"
         "    lerning_rate=3e-4,\n)\n"
     )
     with pytest.raises(

@@ -24,17 +24,17 @@ import pytest
 import torch
 from accelerate.data_loader import DataLoaderShard
 
-from common.clip_loader import EpochShuffleSampler, build_dataloader, tie_worker_to_parent
-from common.clip_table import ClipTable
-from common.clips import VideoClipDataset, VideoDataError, fit_stride
-from common.video.crop import ClipWriter, crop_box
-from common.video.files import BadClipError, find_videos
-from common.video.probe import probe_video
-from common.video.reader import VideoReader
-from common.video.resize import AreaResizer, area_resize
-from training.data.loading import batches_until_data_error
-from training.demo_data import make_demo_dataset
-from training.make_annotations import write_annotation
+from taehv_train.common.clip_loader import EpochShuffleSampler, build_dataloader, tie_worker_to_parent
+from taehv_train.common.clip_table import ClipTable
+from taehv_train.common.clips import VideoClipDataset, VideoDataError, fit_stride
+from taehv_train.common.video.crop import ClipWriter, crop_box
+from taehv_train.common.video.files import BadClipError, find_videos
+from taehv_train.common.video.probe import probe_video
+from taehv_train.common.video.reader import VideoReader
+from taehv_train.common.video.resize import AreaResizer, area_resize
+from taehv_train.training.data.loading import batches_until_data_error
+from taehv_train.training.demo_data import make_demo_dataset
+from taehv_train.training.make_annotations import write_annotation
 
 SHADOW = "udacity_alf_project_video_shadow_160f.mp4"  # container says 162, 160 decode
 START = "udacity_alf_project_video_start_200f.mp4"  # audio is stream 0, moov at the end
@@ -606,7 +606,7 @@ def test_bad_files_replaced_deterministically_and_logged_once(index_dir, bad_fil
     good = [{"path": f"clip{i}.mp4", "frames": 24} for i in range(3)]
     bad = [{"full_path": str(p), "frames": 200} for p in bad_files.values()]
     ds = index_dataset(index_dir, tmp_path, good + bad)
-    caplog.set_level(logging.WARNING, logger="common.clips")
+    caplog.set_level(logging.WARNING, logger="taehv_train.common.clips")
     for i in range(3, 7):
         first, again = ds[i], ds[i]
         assert first["failures"] >= 1
@@ -656,7 +656,7 @@ def test_hostile_files_are_skipped_with_what_is_wrong(tmp_path, caplog, name, wr
     write_index_video(tmp_path / "clip.mp4", 6)
     write(tmp_path / name)
     ds = index_dataset(tmp_path, tmp_path, [{"path": "clip.mp4"}, {"path": name}], max_failure_fraction=0.5)
-    caplog.set_level(logging.WARNING, logger="common.clips")
+    caplog.set_level(logging.WARNING, logger="taehv_train.common.clips")
     assert ds.probe().reasons == {reason.split(":")[0]: 1}
     assert f"({tmp_path / name}) skipped: {reason}" in caplog.text
 
@@ -770,8 +770,8 @@ def test_persistent_workers_follow_set_epoch(index_dir, tmp_path):
 ACCELERATE_SHARDS = """
 import sys
 from accelerate.data_loader import prepare_data_loader
-from common.clip_loader import EpochShuffleSampler, build_dataloader
-from common.clips import VideoClipDataset
+from taehv_train.common.clip_loader import EpochShuffleSampler, build_dataloader
+from taehv_train.common.clips import VideoClipDataset
 
 root = sys.argv[1]
 ds = VideoClipDataset(root, root + "/annotations_train.json", n_frames=2, height=8, width=8)

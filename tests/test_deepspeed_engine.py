@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from common.errors import UserError
-from training.loop import deepspeed_engine
+from taehv_train.common.errors import UserError
+from taehv_train.training.loop import deepspeed_engine
 
 
 def engine(stage: int = 2, bf16: bool = True, **optimizer) -> SimpleNamespace:

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.clips import VideoClipDataset
-from common.video.probe import probe_video
-from training.demo_data import render_clip
+from taehv_train.common.clips import VideoClipDataset
+from taehv_train.common.video.probe import probe_video
+from taehv_train.training.demo_data import render_clip
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def test_demo_cli(tmp_path):
     out = tmp_path / "demo"
     args = ["--num-clips", "3", "--frames", "6", "--height", "32", "--width", "48", "--seed", "7"]
     result = subprocess.run(
-        [sys.executable, "-m", "training.demo_data", str(out), *args],
+        [sys.executable, "-m", "taehv_train.training.demo_data", str(out), *args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

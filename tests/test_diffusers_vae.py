@@ -45,10 +45,10 @@ from diffusers import (
 from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
 
 from conftest import published_format_weights, save_tiny_vae
-from models.diffusers_vae import TAEVideoVAE
-from models.latent_spaces import LatentTransform
-from models.taehv import TAEHV
-from models.weights import save_weights
+from taehv_train.models.diffusers_vae import TAEVideoVAE
+from taehv_train.models.latent_spaces import LatentTransform
+from taehv_train.models.taehv import TAEHV
+from taehv_train.models.weights import save_weights
 
 # float32 rounding of the pipelines' own arithmetic (x / (1 / std) against x * std, ...), amplified by
 # the recipe weights' large activations: up to 5e-4 of the [-1, 1] range seen; a TAE handed the

@@ -11,9 +11,9 @@ from dataclasses import fields
 
 import pytest
 
-from common.config import TrainConfig
+from taehv_train.common.config import TrainConfig
 from conftest import REPO_ROOT
-from models.downloads import GITHUB_FILES, HUB_FILES, HUB_VAES, fetch_command
+from taehv_train.models.downloads import GITHUB_FILES, HUB_FILES, HUB_VAES, fetch_command
 
 DOCS = [
     REPO_ROOT / "README.md",

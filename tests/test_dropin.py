@@ -1,5 +1,5 @@
 """Code written against the published ``taehv.py`` keeps working with
-``from models.taehv import TAEHV, StreamingTAEHV``.
+``from taehv_train.models.taehv import TAEHV, StreamingTAEHV``.
 
 The published implementation (``../shared/reference/taehv_published.py``, and
 ``taehv_published_wide.py`` for ``taeltx2_3_wide``) is imported by path, never copied,
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from bench.harness import load_published, published_file
 from conftest import _require, shared_dir
-from models.taehv import TAEHV, StreamingTAEHV
+from taehv_train.models.taehv import TAEHV, StreamingTAEHV
 
 ATOL = 1e-4
 # Published file name (stem) -> (frames, height = width) of the smallest clip used with it:

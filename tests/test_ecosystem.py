@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from bench.harness import load_published, published_file
-from common.errors import UserError
-from models.taehv import TAEHV
-from models.weights import save_weights
-from training.export import write_bundle
+from taehv_train.common.errors import UserError
+from taehv_train.models.taehv import TAEHV
+from taehv_train.models.weights import save_weights
+from taehv_train.training.export import write_bundle
 
 
 def comfyui_takes(state_dict: dict[str, torch.Tensor]) -> tuple[str, str]:

@@ -1,4 +1,4 @@
-"""`python -m training.export` and `inference.py` refuse what would lose or hide something:
+"""`python -m taehv_train.training.export` and `inference.py` refuse what would lose or hide something:
 --out naming a file, a folder that already holds the bundle's files (unless --force), a
 read-only folder, weights damaged in the middle (NaN/Inf); each is one line and exit status
 2, and the user's files are left as they were."""
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT
-from models.taehv import TAEHV
-from models.weights import save_weights
+from taehv_train.models.taehv import TAEHV
+from taehv_train.models.weights import save_weights
 
 pytestmark = pytest.mark.slow  # processes of the tool
 
@@ -32,7 +32,7 @@ UNSHARE = subprocess.run(["unshare", "-rm", "true"], capture_output=True).return
 
 def export(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "training.export", *map(str, args)],
+        [sys.executable, "-m", "taehv_train.training.export", *map(str, args)],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
@@ -74,7 +74,7 @@ def test_export_into_a_read_only_folder_is_one_line(tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir()
     script = (
-        f"mount -t tmpfs -o ro,size=1m none {folder} && {sys.executable} -m training.export {weights} "
+        f"mount -t tmpfs -o ro,size=1m none {folder} && {sys.executable} -m taehv_train.training.export {weights} "
         f"--out {folder}/bundle"
     )
     result = subprocess.run(

@@ -29,9 +29,9 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from common.run_files import CHECKPOINT_MANIFEST
+from taehv_train.common.run_files import CHECKPOINT_MANIFEST
 from conftest import REPO_ROOT
-from models.atomic import TMP_PREFIX
+from taehv_train.models.atomic import TMP_PREFIX
 from train_runs import (
     DDP_ENV,
     ONE_PROCESS,
@@ -52,8 +52,8 @@ from train_runs import (
     wait_for,
     wrapped_ddp,
 )
-from training.state.checkpoints import checkpoint_step, list_checkpoints
-from training.state.run_lock import lock_run_dir, release_run_dir
+from taehv_train.training.state.checkpoints import checkpoint_step, list_checkpoints
+from taehv_train.training.state.run_lock import lock_run_dir, release_run_dir
 
 pytestmark = pytest.mark.slow  # training processes
 
@@ -234,8 +234,8 @@ def test_sigterms_during_decoder_only_fine_tuning_save_and_resume_exactly(
     twice, the run ends bit-identical to an uninterrupted one; the encoder comes out
     bit-identical to stage 1's (also when DeepSpeed keeps the module in bf16) and has no
     optimizer state."""
-    from models.taehv import TAEHV
-    from models.weights import save_weights
+    from taehv_train.models.taehv import TAEHV
+    from taehv_train.models.weights import save_weights
 
     torch.manual_seed(3)
     stage1 = save_weights(TAEHV(variant="taecvx"), tmp_path / "stage1.safetensors")
@@ -301,7 +301,7 @@ def data_gone_mid_run(tmp_path, which: str, ready, port: int, *overrides: str) -
     """Train with 2 DeepSpeed processes (launch script) on demo clips, delete the clips of
     the ``which`` ("train" or "val") annotation once ``ready(run_dir)`` holds, and expect
     exit 2 with no traceback; returns (the error line, the last checkpoint, its step)."""
-    from training.demo_data import make_demo_dataset
+    from taehv_train.training.demo_data import make_demo_dataset
 
     clips = {
         "root": tmp_path / "data",
@@ -331,7 +331,7 @@ def test_training_data_gone_mid_run_saves_then_one_line(tmp_path):
     """All training clips deleted while 2 DeepSpeed processes train: the ranks agree that
     the data is gone, save the last completed step and exit 2 with one line; once the data
     is back, the printed command resumes the run to its end."""
-    from training.demo_data import make_demo_dataset
+    from taehv_train.training.demo_data import make_demo_dataset
 
     line, _, stopped_at = data_gone_mid_run(
         tmp_path,
@@ -572,7 +572,7 @@ def test_kill_9_of_the_launcher_or_of_the_whole_job_leaves_no_process_and_the_ru
         job = processes_of(tmp_path)
         assert len(job) == 6  # the script, the launcher, 2 training processes, their 2 workers
         if killed == "launcher":
-            os.kill(child_running(script.pid, "training.launch"), signal.SIGKILL)
+            os.kill(child_running(script.pid, "taehv_train.training.launch"), signal.SIGKILL)
             assert exit_status(script, timeout=60) == 137
         else:
             kill_session(script)
@@ -617,7 +617,7 @@ def test_early_stopping_and_best_model_on_two_ddp_processes(tmp_path, demo_clips
     log = (run / "train.log").read_text()
     assert "2 process(es), DistributedType.MULTI_CPU" in log and "early stopping at step 4" in log
     assert trainer_state(list_checkpoints(run / "checkpoints")[-1])["progress"]["step"] == 4
-    from models.taehv import TAEHV
+    from taehv_train.models.taehv import TAEHV
 
     for weights in (
         run / "best_model" / "weights.safetensors",
@@ -629,7 +629,7 @@ def test_early_stopping_and_best_model_on_two_ddp_processes(tmp_path, demo_clips
 
 
 def test_a_late_sigterm_stops_its_window_and_kill_9_of_one_rank_is_one_line(tmp_path, demo_clips):
-    """Through ``python -m training.launch``, 2 DDP processes, windows of 2 micro-batches.
+    """Through ``python -m taehv_train.training.launch``, 2 DDP processes, windows of 2 micro-batches.
     A SIGTERM that reaches rank 1 at the end of window 2, after its last backward pass, is in
     that window's agreement: both ranks save checkpoint-2 and stop there, not a window later.
     The printed command resumes (with a loader worker per process); then kill -9 of rank 1:
@@ -654,7 +654,7 @@ def test_a_late_sigterm_stops_its_window_and_kill_9_of_one_rank_is_one_line(tmp_
     stopped = next(line for line in (run / "train.log").read_text().splitlines() if "stopped on" in line)
     assert "stopped on a signal received by another rank at step 2" in stopped
     resume = shlex.split(stopped.split("Resume with: ")[1])
-    assert resume[:3] == [sys.executable, "-m", "training.launch"]  # the launcher's own command line
+    assert resume[:3] == [sys.executable, "-m", "taehv_train.training.launch"]  # the launcher's own command line
 
     with open(logs / "out", "w") as out, open(logs / "err", "w") as err:
         process = subprocess.Popen(
@@ -677,7 +677,7 @@ def test_a_late_sigterm_stops_its_window_and_kill_9_of_one_rank_is_one_line(tmp_
     last = (logs / "err").read_text().strip().splitlines()[-1]
     assert last.startswith("error: rank 1 died (signal 9, SIGKILL: kill -9 or out of memory, see dmesg): resume with: ")
     command = shlex.split(last.split("): resume with: ")[1])
-    assert command[:3] == [sys.executable, "-m", "training.launch"] and command[-2:] == ["--resume", "latest"]
+    assert command[:3] == [sys.executable, "-m", "taehv_train.training.launch"] and command[-2:] == ["--resume", "latest"]
     assert (run / "train.log").read_text().strip().endswith(last)
     assert all((c / CHECKPOINT_MANIFEST).is_file() for c in list_checkpoints(run / "checkpoints"))
 

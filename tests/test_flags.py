@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-from common.flags import ArgumentParser
+from taehv_train.common.flags import ArgumentParser
 
 
 def parser() -> ArgumentParser:
@@ -47,9 +47,9 @@ def test_a_mistyped_flag_names_the_closest_one(capsys):
 @pytest.mark.parametrize(
     "tool, args, closest",
     [
-        ("training.make_annotations", ["videos", "-o", "a.json", "--val_fracton", "0.2"], "--val_fraction"),
+        ("taehv_train.training.make_annotations", ["videos", "-o", "a.json", "--val_fracton", "0.2"], "--val_fraction"),
         ("inference", ["--model_path", "w.pth", "--vidoes", "clip.mp4"], "--videos"),
-        ("training.export", ["w.pth", "--out", "bundle", "--forse"], "--force"),
+        ("taehv_train.training.export", ["w.pth", "--out", "bundle", "--forse"], "--force"),
     ],
 )
 def test_every_tool_says_which_flag_was_meant(tool, args, closest, capsys):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.frames import exact_frame_counts, plan_frames
-from models.taehv import TAEHV
+from taehv_train.models.frames import exact_frame_counts, plan_frames
+from taehv_train.models.taehv import TAEHV
 
 
 def expected_counts(t: int, cogvideox: bool) -> tuple[int, int]:

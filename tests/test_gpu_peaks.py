@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from training.loop import feed
+from taehv_train.training.loop import feed
 
 MIB = 2**20
 

@@ -12,9 +12,9 @@ from collections import Counter
 
 import torch
 
-from common.config import REPO_ROOT
+from taehv_train.common.config import REPO_ROOT
 from train_runs import train_here
-from training.loop.step import TrainStep
+from taehv_train.training.loop.step import TrainStep
 
 READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy")
 READS_PER_STEP = 1  # the window's settled flags (training.loop.resilience.WindowTrouble.settle)

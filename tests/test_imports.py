@@ -18,6 +18,7 @@ import pytest
 from conftest import REPO_ROOT
 
 PACKAGES = ("models", "common", "training", "evaluation")
+NAMESPACE = "taehv_train"  # what the package is installed as (pyproject.toml); the graph's names leave it out
 
 
 def project_modules() -> dict[str, Path]:
@@ -47,6 +48,7 @@ def imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
         else:
             continue
         for target in targets:
+            target = target.removeprefix(NAMESPACE + ".")
             while target and target not in known:  # a symbol or submodule: its module
                 target = target.rpartition(".")[0]
             if target and target != name:
@@ -81,6 +83,26 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         if node not in state and (cycle := visit(node)):
             return cycle
     return None
+
+
+def bare_imports(path: Path) -> list[str]:
+    """The imports in ``path`` of one of the package's folders by its bare name (``models.x``
+    rather than ``taehv_train.models.x``): each would load a second copy of the module, and
+    none works once the package is installed and used from another folder."""
+    bare = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        bare += [f"{path.name}:{node.lineno} {name}" for name in names if name.split(".")[0] in (*PACKAGES, "inference")]
+    return bare
+
+
+def test_the_package_imports_itself_through_its_namespace(tmp_path):
+    found = [line for path in project_modules().values() for line in bare_imports(path)]
+    assert found == [], "imports without the taehv_train namespace: " + ", ".join(found)
+    (tmp_path / "a.py").write_text("from models.taehv import TAEHV\nimport taehv_train.common.config\n")
+    assert bare_imports(tmp_path / "a.py") == ["a.py:1 models.taehv"]
 
 
 def test_the_cycle_finder_sees_function_level_imports(tmp_path):
@@ -226,7 +248,7 @@ IMPORT_EACH = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_every_module_imports_alone_and_in_random_orders():
-    modules = sorted(project_modules())
+    modules = sorted(f"{NAMESPACE}.{name}" for name in project_modules())
     result = subprocess.run(
         [sys.executable, "-c", IMPORT_EACH, *modules], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT
     )

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from test_dataset import fifos, write_audio_only_mp4, write_huge_header_png, write_index_video, write_rgba
 
-from common.clips import VideoClipDataset, frames_to_unit
-from common.metrics import (
+from taehv_train.common.clips import VideoClipDataset, frames_to_unit
+from taehv_train.common.metrics import (
     frame_psnr,
     lpips_unavailable_reason,
     video_mse,
@@ -30,9 +30,9 @@ from common.metrics import (
     video_temporal_error,
 )
 from conftest import REPO_ROOT
-from models.frames import plan_frames
-from models.taehv import TAEHV
-from models.weights import save_weights
+from taehv_train.models.frames import plan_frames
+from taehv_train.models.taehv import TAEHV
+from taehv_train.models.weights import save_weights
 
 pytestmark = pytest.mark.slow  # inference.py processes
 
@@ -439,7 +439,7 @@ def test_debug_keeps_the_traceback(weights, tmp_path, videos_dir):
 def test_out_of_memory_says_what_to_lower(weights, tmp_path, videos_dir, run_inference, monkeypatch):
     """Running out of memory (here: a decode that raises as CUDA does) ends in one line that
     names the step, the sizes and what to lower, with exit status 2."""
-    import inference
+    from taehv_train import inference
 
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError(
@@ -517,11 +517,11 @@ def test_short_clips_are_skipped_and_reported(source, weights, tmp_path, videos_
 def test_stride_defaults_to_the_configs_validation_stride(weights, tmp_path, videos_dir):
     """With --config, clips are read at the stride validation uses, (stride_min + stride_max) // 2;
     without, at stride 1; --stride overrides both."""
-    import inference
+    from taehv_train import inference
 
     config = tmp_path / "config.py"
     config.write_text(
-        "from common.config import TrainConfig\n"
+        "from taehv_train.common.config import TrainConfig\n"
         "config = TrainConfig(stride_min=2, stride_max=5, n_frames=5, height=32, width=48)\n"
     )
     model = TAEHV(variant="taecvx")
@@ -705,7 +705,7 @@ def test_samples_say_their_set_held_out_first_and_spread_needs_several(weights, 
         (tmp_path / name).write_text(json.dumps({"list": [{"full_path": clip}]}))
     config = tmp_path / "config.py"
     config.write_text(
-        "from common.config import TrainConfig\n"
+        "from taehv_train.common.config import TrainConfig\n"
         f"config = TrainConfig(annotation_file={str(tmp_path / 'train.json')!r}, "
         f"val_annotation_file={str(tmp_path / 'val.json')!r}, height=32, width=48, n_frames=5)\n"
     )
@@ -757,7 +757,7 @@ def test_the_variant_of_our_own_pth_comes_from_its_run_config(where, tmp_path):
     ``config.json`` (next to ``final_model.pth``, one level above ``best_model/``) says it."""
     import argparse
 
-    import inference
+    from taehv_train import inference
 
     run = tmp_path / "run"
     save_weights(TAEHV(variant="taehv1_5"), run / where)
@@ -867,7 +867,7 @@ def test_a_clip_that_gives_no_frame_size_is_one_line(write, message, weights, tm
 
 
 def test_help_keeps_the_examples_lines_and_shows_num_samples_default(capsys):
-    import inference
+    from taehv_train import inference
 
     with pytest.raises(SystemExit) as exit_info:
         inference.parse_args(["--help"])

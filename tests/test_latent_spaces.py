@@ -13,13 +13,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-import inference
-from common.clips import frames_to_unit
-from common.errors import UserError
-from common.reference_vae import ReferenceVAE
+from taehv_train import inference
+from taehv_train.common.clips import frames_to_unit
+from taehv_train.common.errors import UserError
+from taehv_train.common.reference_vae import ReferenceVAE
 from conftest import TINY_VAES, save_tiny_vae
-from models.diffusers_vae import TAEVideoVAE
-from models.latent_spaces import (
+from taehv_train.models.diffusers_vae import TAEVideoVAE
+from taehv_train.models.latent_spaces import (
     NORMALISED,
     NORMALISED_SCALED,
     RAW,
@@ -28,12 +28,12 @@ from models.latent_spaces import (
     guess_space,
     published_space,
 )
-from models.taehv import TAEHV
-from models.vae_registry import REF_VAE_CLASSES, class_defaults, file_space, spaces_of, tae_space
-from models.variants import BASE_VARIANTS, LIGHT_VARIANTS, OTHER_VARIANTS, SUPER_SUFFIX
-from models.weights import save_weights
-from training import which_latents
-from training.data.loading import ReferenceLatents
+from taehv_train.models.taehv import TAEHV
+from taehv_train.models.vae_registry import REF_VAE_CLASSES, class_defaults, file_space, spaces_of, tae_space
+from taehv_train.models.variants import BASE_VARIANTS, LIGHT_VARIANTS, OTHER_VARIANTS, SUPER_SUFFIX
+from taehv_train.models.weights import save_weights
+from taehv_train.training import which_latents
+from taehv_train.training.data.loading import ReferenceLatents
 
 # tiny VAE (conftest.TINY_VAES), ref_vae_class, the TAE, its space (the table's, written out), size, frames
 FAMILIES = [
@@ -176,7 +176,7 @@ def test_a_cache_of_raw_latents_from_before_spaces_were_recorded_is_read_by_its_
     refused with the rebuild command for a normalised one."""
     import json
 
-    from training.data.latent_cache import CACHE_MANIFEST, differences, read_cache_manifest
+    from taehv_train.training.data.latent_cache import CACHE_MANIFEST, differences, read_cache_manifest
 
     (tmp_path / CACHE_MANIFEST).write_text(json.dumps({"format": 1, "valid_for": {"epochs": 1}}))
     manifest = read_cache_manifest(tmp_path)
@@ -187,7 +187,7 @@ def test_a_cache_of_raw_latents_from_before_spaces_were_recorded_is_read_by_its_
 
 
 def test_the_classifier_tells_normalised_wan_latents_from_raw_ones(tmp_path, capsys):
-    """``python -m training.which_latents`` (``guess_space``, as the latent-scale check)
+    """``python -m taehv_train.training.which_latents`` (``guess_space``, as the latent-scale check)
     with Wan 2.1's released statistics (the class defaults): latents like madebyollin's
     examples/test_latents_wan.pth (NCTHW, per-channel std 0.6-1.2, means up to 0.8) look
     normalised, the same latents un-normalised look raw; for CogVideoX (scaling factor 1.15)

@@ -13,7 +13,7 @@ import torch
 
 from conftest import REPO_ROOT
 from train_runs import one_line_error
-from training.demo_data import make_demo_dataset
+from taehv_train.training.demo_data import make_demo_dataset
 
 pytestmark = pytest.mark.slow  # the launch script starts training
 
@@ -118,7 +118,7 @@ def test_data_root_alone_scans_that_folder_instead_of_the_presets_annotations(tm
     result = launch("1", "scratch", f"--data_root={demo_clips['root']}", f"--output_dir={tmp_path}", *TINY_SCRATCH)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert f"note: no annotation file: training scans data_root {demo_clips['root']} for clips" in result.stdout
-    assert f"python -m training.make_annotations {demo_clips['root']} -o" in result.stdout
+    assert f"python -m taehv_train.training.make_annotations {demo_clips['root']} -o" in result.stdout
     (run,) = tmp_path.iterdir()
     config = json.loads((run / "config.json").read_text())
     assert (config["data_root"], config["annotation_file"], config["val_annotation_file"]) == (
@@ -132,7 +132,7 @@ def test_data_root_alone_scans_that_folder_instead_of_the_presets_annotations(tm
 def test_custom_config_path(tmp_path):
     config = tmp_path / "my_config.py"
     config.write_text(
-        "from training.configs.taehv_config_test import config as base\n"
+        "from taehv_train.training.configs.taehv_config_test import config as base\n"
         "config = base.replace(data_root='/definitely/missing', annotation_file='', val_annotation_file='')\n"
     )
     result = launch("1", "custom", str(config))
@@ -168,7 +168,7 @@ def test_a_gpu_preset_without_its_files_says_how_to_get_each(tmp_path):
 def test_a_key_typo_in_a_custom_config_file_is_one_line(tmp_path):
     config = tmp_path / "my_config.py"
     config.write_text(
-        "from training.configs.taehv_config_test import config as base\nconfig = base.replace(lerning_rate=3e-4)\n"
+        "from taehv_train.training.configs.taehv_config_test import config as base\nconfig = base.replace(lerning_rate=3e-4)\n"
     )
     result = launch("1", "custom", str(config))
     assert only_error_line(result).endswith(
@@ -289,17 +289,17 @@ def test_an_ending_training_chose_wins_over_a_process_that_dies_on_its_way_out(m
     handlers before the other exited: the launcher exits 2, without a 'rank died' line."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from training import launch
+    from taehv_train.training import launch
 
     def refused_then_aborted(args) -> None:
         Path(os.environ["TAEHV_EXIT_STATUS_FILE"]).write_text("2\n")
         aborted = ProcessFailure(local_rank=1, pid=2, exitcode=-6, error_file="")
         refused = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file="")
         aborted.timestamp, refused.timestamp = 1, 2  # the abort was seen first
-        raise ChildFailedError("training.taehv_train", {0: refused, 1: aborted})
+        raise ChildFailedError("taehv_train.training.taehv_train", {0: refused, 1: aborted})
 
     monkeypatch.setattr(launch, "launch_command", refused_then_aborted)
     monkeypatch.setattr(os, "environ", dict(os.environ))
     with pytest.raises(SystemExit) as ended:
-        launch.main(["--num_processes", "2", "-m", "training.taehv_train", "--config", "c.py"])
+        launch.main(["--num_processes", "2", "-m", "taehv_train.training.taehv_train", "--config", "c.py"])
     assert ended.value.code == 2

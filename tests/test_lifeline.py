@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from common.lifeline import LAUNCHER_PID
+from taehv_train.common.lifeline import LAUNCHER_PID
 from conftest import REPO_ROOT
 from train_runs import all_ended, processes_of, wait_for
 
@@ -24,7 +24,7 @@ PARENT = (
 )
 CHILD = (
     "import os, sys, time\n"
-    "from common import lifeline\n"
+    "from taehv_train.common import lifeline\n"
     "getattr(lifeline, sys.argv[1])(os.getppid())\n"
     "print('tied', flush=True)\n"
     "time.sleep(600)\n"
@@ -65,7 +65,7 @@ def test_a_launcher_gone_before_the_first_line_ends_a_training_process_started_b
     if elastic:
         environment["TORCHELASTIC_RUN_ID"] = "none"
     child = subprocess.run(
-        [sys.executable, "-c", "from common.lifeline import end_with_launcher\nend_with_launcher()\nprint('on')"],
+        [sys.executable, "-c", "from taehv_train.common.lifeline import end_with_launcher\nend_with_launcher()\nprint('on')"],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,

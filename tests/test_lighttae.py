@@ -29,10 +29,10 @@ from test_dropin import (
 
 from bench.harness import load_published, published_file
 from conftest import _require, shared_dir
-from models import fast_paths
-from models.taehv import TAEHV, StreamingTAEHV
-from models.variants import custom_spec, detect_variant
-from models.weights import read_metadata, save_weights
+from taehv_train.models import fast_paths
+from taehv_train.models.taehv import TAEHV, StreamingTAEHV
+from taehv_train.models.variants import custom_spec, detect_variant
+from taehv_train.models.weights import read_metadata, save_weights
 
 FRAMES, SIDE = 5, 16  # two latents; H and W multiples of 8 * patch size 2
 

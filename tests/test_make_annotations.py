@@ -20,23 +20,23 @@ import numpy as np
 import pytest
 from test_launch_script import TINY_SCRATCH, launch
 
-from common.clip_table import ClipTable
-from common.clips import VideoClipDataset
-from common.errors import UserError, exit_on_user_error
-from common.video.files import BadClipError
+from taehv_train.common.clip_table import ClipTable
+from taehv_train.common.clips import VideoClipDataset
+from taehv_train.common.errors import UserError, exit_on_user_error
+from taehv_train.common.video.files import BadClipError
 from train_runs import all_ended, processes_of, wait_for
-from training import make_annotations
-from training.data import probe_pool
-from training.data.annotation_split import DEFAULT_GROUP_REGEX, group_key, split_train_val
-from training.data.probe_records import probes_path, read_probes, shard_of
-from training.make_annotations import main
+from taehv_train.training import make_annotations
+from taehv_train.training.data import probe_pool
+from taehv_train.training.data.annotation_split import DEFAULT_GROUP_REGEX, group_key, split_train_val
+from taehv_train.training.data.probe_records import probes_path, read_probes, shard_of
+from taehv_train.training.make_annotations import main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "training.make_annotations", *args],
+        [sys.executable, "-m", "taehv_train.training.make_annotations", *args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -45,7 +45,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def refused_as_on_the_command_line(capsys, *args: str) -> tuple[int, str, list[str]]:
-    """Run the tool in this process as ``python -m training.make_annotations`` runs it, where
+    """Run the tool in this process as ``python -m taehv_train.training.make_annotations`` runs it, where
     it is expected to refuse: its exit status, stdout and stderr lines (the command line's
     own process is checked by test_cli_refuses_to_overwrite_in_one_line)."""
     capsys.readouterr()
@@ -235,7 +235,7 @@ def test_kill_9_of_the_tool_alone_ends_its_probe_processes(demo_clips, tmp_path)
     group: its probe processes end with it instead of hanging on."""
     src = clip_folder(demo_clips, tmp_path / "videos")
     stuck_tool = (
-        "import sys, time; from training import make_annotations as m; from training.data import probe_pool as p\n"
+        "import sys, time; from taehv_train.training import make_annotations as m; from taehv_train.training.data import probe_pool as p\n"
         "p.probe_video = lambda path, threads=1: time.sleep(600)\n"
         "m.main(sys.argv[1:])"
     )
@@ -312,7 +312,7 @@ def test_one_group_warns_with_the_command_that_splits(demo_clips, tmp_path, caps
     assert "warning: the validation file is empty: all 6 clips are in one group, 'clip'" in err
     command = err.split("to fix it, run: ")[1].strip()
     again = shlex.split(command)
-    assert again[:3] == ["python", "-m", "training.make_annotations"] and again[-2:] == ["--group_regex", ""]
+    assert again[:3] == ["python", "-m", "taehv_train.training.make_annotations"] and again[-2:] == ["--group_regex", ""]
     assert main(again[3:]) == 0  # no --force: the records file says these outputs are this run's
     assert "probed 0 new or changed files, reused 6" in capsys.readouterr().out  # the split alone changed
     assert len(read_list(tmp_path / "a_val.json")) == 1
@@ -497,7 +497,7 @@ def test_stopped_run_continues_where_it_stopped(many_clips, tmp_path, capsys):
     # A kill -9 of the tool mid-way (each probe slowed down to 5 ms) ...
     out = tmp_path / "killed" / "a.json"
     slow_tool = (
-        "import sys, time; from training import make_annotations as m; from training.data import probe_pool as p\n"
+        "import sys, time; from taehv_train.training import make_annotations as m; from taehv_train.training.data import probe_pool as p\n"
         "real = p.probe_video; p.probe_video = lambda path, threads=1: (time.sleep(0.005), real(path, threads))[1]\n"
         "m.main(sys.argv[1:])"
     )
@@ -734,10 +734,10 @@ def test_the_documented_commands_run_from_any_folder(demo_clips, tmp_path):
     merged = run(documented_command(r'--wrap \\\n\s*"(.*?)"'))  # 0.05 of 3 clips holds none out: exit 1
     assert merged.returncode == 1 and "merged 2 probe parts: 3 videos" in merged.stdout, merged.stderr
 
-    plain = run(documented_command(r"^(PYTHONPATH=[^\n]* -m training\.make_annotations [^\n]*)$"))  # relative paths
+    plain = run(documented_command(r"^(PYTHONPATH=[^\n]* -m taehv_train.training\.make_annotations [^\n]*)$"))  # relative paths
     assert plain.returncode == 1 and "found 3 videos" in plain.stdout, plain.stderr
     fix = plain.stderr.split("to fix it, run: ")[1].strip()
-    assert fix.startswith(f"PYTHONPATH={REPO_ROOT} python -m training.make_annotations videos -o annotations.json")
+    assert fix.startswith(f"PYTHONPATH={REPO_ROOT} python -m taehv_train.training.make_annotations videos -o annotations.json")
     fixed = run(fix)
     assert fixed.returncode == 0, fixed.stderr
     assert len(read_list(tmp_path / "annotations_val.json")) == 1

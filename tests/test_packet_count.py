@@ -13,10 +13,10 @@ import pytest
 from test_dataset import DOG, GOPRO, SHADOW, START, VEHDET, write_audio_only_mp4, write_rgba
 
 from bench.bench_annotate import damaged_copies
-from common.packet_count import PacketCount, count_frames_from_packets
-from common.video.files import BadClipError
-from common.video.probe import VideoInfo, probe_video
-from common.video.reader import VideoReader
+from taehv_train.common.packet_count import PacketCount, count_frames_from_packets
+from taehv_train.common.video.files import BadClipError
+from taehv_train.common.video.probe import VideoInfo, probe_video
+from taehv_train.common.video.reader import VideoReader
 
 
 def write_encoded_clip(

@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 import torch
 
-import inference
-from common.clips import frames_to_unit
-from common.config import TrainConfig, load_config
-from common.errors import EXIT_USER_ERROR, UserError, exit_on_user_error
-from common.reference_vae import ReferenceVAE, weight_problems
+from taehv_train import inference
+from taehv_train.common.clips import frames_to_unit
+from taehv_train.common.config import TrainConfig, load_config
+from taehv_train.common.errors import EXIT_USER_ERROR, UserError, exit_on_user_error
+from taehv_train.common.reference_vae import ReferenceVAE, weight_problems
 from conftest import REPO_ROOT, save_tiny_vae
-from models.latent_spaces import guess_space
-from models.taehv import TAEHV
-from models.vae_registry import (
+from taehv_train.models.latent_spaces import guess_space
+from taehv_train.models.taehv import TAEHV
+from taehv_train.models.vae_registry import (
     REF_VAE_CLASSES,
     LatentSpace,
     auto_variant,
@@ -37,14 +37,14 @@ from models.vae_registry import (
     tae_space,
     video_model,
 )
-from models.variants import known_variants
-from models.weights import save_weights
+from taehv_train.models.variants import known_variants
+from taehv_train.models.weights import save_weights
 from train_runs import TEST_CONFIG, TRAIN, train_here
-from training import build_latent_cache
-from training.data.latent_cache import LatentCache, latent_sample_generator
-from training.data.latent_scale_check import compare, diagnose
-from training.data.loading import build_datasets
-from training.preflight import check
+from taehv_train.training import build_latent_cache
+from taehv_train.training.data.latent_cache import LatentCache, latent_sample_generator
+from taehv_train.training.data.latent_scale_check import compare, diagnose
+from taehv_train.training.data.loading import build_datasets
+from taehv_train.training.preflight import check
 
 # tiny VAE, ref_vae_class, facts, the variant "auto" picks, size, an exact frame count
 CASES = [
@@ -77,7 +77,7 @@ IDS = [case[0] for case in CASES]
 @pytest.fixture(scope="module")
 def long_clips(tmp_path_factory) -> dict:
     """Procedural clips long enough for H3 (more than 17 frames), 64x96."""
-    from training.demo_data import make_demo_dataset
+    from taehv_train.training.demo_data import make_demo_dataset
 
     root = tmp_path_factory.mktemp("long_clips")
     return {"root": root, **make_demo_dataset(root, num_clips=3, n_frames=24, height=64, width=96, seed=2)}
@@ -537,7 +537,7 @@ def test_pickled_weights_diffusers_cannot_load_are_one_line_when_loading(tmp_pat
 
 @pytest.mark.slow  # a training process
 def test_training_refuses_unloadable_weights_in_one_line_before_the_run_folder(tmp_path, demo_clips):
-    """``python -m training.taehv_train`` with weights of other shapes: exit 2, one error
+    """``python -m taehv_train.training.taehv_train`` with weights of other shapes: exit 2, one error
     line naming the folder and the tensor, and no run folder."""
     root = broken_reference_vae(tmp_path / "ref_vae", "wrong shapes")
     result = subprocess.run(

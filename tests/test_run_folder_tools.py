@@ -1,4 +1,4 @@
-"""The tools given a run folder (``inference.py``, ``python -m training.export``): the run's
+"""The tools given a run folder (``inference.py``, ``python -m taehv_train.training.export``): the run's
 config gives the data, sizes and variant; they take its best validation, or with
 ``--weights final`` its final weights (an unfinished run's newest checkpoint), and say
 which; a plain autoencoder is named and described as having a latent space of its own.
@@ -18,9 +18,9 @@ from test_inference import run_inference  # noqa: F401 (a fixture)
 from test_train import scalars
 
 from conftest import REPO_ROOT
-from models.diffusers_vae import TAEVideoVAE
-from models.latent_spaces import OWN
-from models.taehv import TAEHV
+from taehv_train.models.diffusers_vae import TAEVideoVAE
+from taehv_train.models.latent_spaces import OWN
+from taehv_train.models.taehv import TAEHV
 from train_runs import assert_identical, train_here
 
 pytestmark = pytest.mark.slow  # a training run and the tools' processes

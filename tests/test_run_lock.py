@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from common.errors import UserError
-from training.state import run_lock
+from taehv_train.common.errors import UserError
+from taehv_train.training.state import run_lock
 
 
 def test_a_held_run_directory_is_refused_with_its_holder_until_released(tmp_path):

@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from models.seraena import Seraena
+from taehv_train.models.seraena import Seraena
 
 
 def batch(

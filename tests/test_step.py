@@ -13,15 +13,15 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from torch.utils.data import DataLoader, Dataset
 
-from common.clips import VideoDataError
-from common.config import TrainConfig
-from models.taehv import TAEHV
+from taehv_train.common.clips import VideoDataError
+from taehv_train.common.config import TrainConfig
+from taehv_train.models.taehv import TAEHV
 from train_runs import tiny_train_step
-from training.data.loading import ReferenceLatents
-from training.data.prefetch import BatchOutOfMemory, Prefetcher, WaitInterrupted
-from training.loop.resilience import StopRequest
-from training.loop.step import OptimizerStepFailed, TrainStep
-from training.taehv_train import Progress
+from taehv_train.training.data.loading import ReferenceLatents
+from taehv_train.training.data.prefetch import BatchOutOfMemory, Prefetcher, WaitInterrupted
+from taehv_train.training.loop.resilience import StopRequest
+from taehv_train.training.loop.step import OptimizerStepFailed, TrainStep
+from taehv_train.training.taehv_train import Progress
 
 FRAMES, SIZE = 5, 8
 
@@ -264,8 +264,8 @@ def test_cached_reference_latents_come_from_the_batch():
 def test_validation_runs_the_model_in_bf16_and_the_metrics_in_fp32(demo_clips, monkeypatch):
     """Under bf16 autocast the metrics' own convolutions (SSIM's window, the sharpness
     Laplacian) would run in bf16 too: 0.43 instead of 0.62 SSIM was seen for the same weights."""
-    from training.data.loading import build_datasets
-    from training.loop import validation
+    from taehv_train.training.data.loading import build_datasets
+    from taehv_train.training.loop import validation
 
     config = TrainConfig(
         variant="taehv",

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from common.config import load_config
-from common.errors import UserError
-from models.taehv import TAEHV
-from training.loop import feed, memory
+from taehv_train.common.config import load_config
+from taehv_train.common.errors import UserError
+from taehv_train.models.taehv import TAEHV
+from taehv_train.training.loop import feed, memory
 
 
 def saved_on_cpu(variant: str, frames: int, with_reference: bool, train_encoder: bool) -> int:

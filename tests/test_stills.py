@@ -7,8 +7,8 @@ import cv2
 import numpy as np
 import torch
 
-from evaluation.stills import HEADER_HEIGHT, comparison_stills, difference_heat_map, frame_indices, tile_size
-from evaluation.videos import latent_picture, rgb_beside_alpha, side_by_side
+from taehv_train.evaluation.stills import HEADER_HEIGHT, comparison_stills, difference_heat_map, frame_indices, tile_size
+from taehv_train.evaluation.videos import latent_picture, rgb_beside_alpha, side_by_side
 
 
 def test_frame_indices_are_first_middle_last():

@@ -11,14 +11,14 @@ import textwrap
 import pytest
 import torch
 
-import models.fast_paths as fast_paths
-import models.taehv as taehv_module
+import taehv_train.models.fast_paths as fast_paths
+import taehv_train.models.taehv as taehv_module
 from conftest import REPO_ROOT
-from models.blocks import MemBlock, SuperMemBlock, WideMemBlock
-from models.fast_paths import Kind, forward_stacked, fused_schedule, with_past
-from models.taehv import TAEHV
-from models.variants import built_name, detect_variant, get_variant, known_variants, split_time
-from models.weights import (
+from taehv_train.models.blocks import MemBlock, SuperMemBlock, WideMemBlock
+from taehv_train.models.fast_paths import Kind, forward_stacked, fused_schedule, with_past
+from taehv_train.models.taehv import TAEHV
+from taehv_train.models.variants import built_name, detect_variant, get_variant, known_variants, split_time
+from taehv_train.models.weights import (
     CheckpointMismatchError,
     WeightsError,
     all_finite,
@@ -281,8 +281,8 @@ def test_streaming_accepts_chunks_and_matches_batch():
 MEMORY_PROBE = textwrap.dedent(
     """
     import json, sys, torch
-    from models.taehv import TAEHV
-    from training.loop.monitoring import peak_rss_bytes
+    from taehv_train.models.taehv import TAEHV
+    from taehv_train.training.loop.monitoring import peak_rss_bytes
     torch.set_num_threads(1)
     model = TAEHV(variant="taehv").eval()
     latents = torch.randn(1, int(sys.argv[1]), 16, 16, 16)

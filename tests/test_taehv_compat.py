@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from models.taehv import TAEHV
-from models.weights import read_metadata, save_weights
+from taehv_train.models.taehv import TAEHV
+from taehv_train.models.weights import read_metadata, save_weights
 
 ATOL = 1e-4
 FIXTURE_SETS = ("", "new_variants")  # the original six variants (and a preview), then taeh3, taeltx2_3, ...

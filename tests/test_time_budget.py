@@ -13,13 +13,13 @@ import pytest
 import torch
 from diffusers.optimization import get_scheduler
 
-from common.config import TrainConfig, load_config
+from taehv_train.common.config import TrainConfig, load_config
 from train_runs import TEST_CONFIG, assert_identical, train_here
-from training.loop import optimisation, time_budget
-from training.loop.optimisation import LearningRateSchedule, parse_duration
-from training.loop.time_budget import Cadence, TimeBudget, keeps_plan
-from training.state.checkpoints import checkpoint_step, list_checkpoints
-from training.state.run_config import Start, config_for_resume, describe_start
+from taehv_train.training.loop import optimisation, time_budget
+from taehv_train.training.loop.optimisation import LearningRateSchedule, parse_duration
+from taehv_train.training.loop.time_budget import Cadence, TimeBudget, keeps_plan
+from taehv_train.training.state.checkpoints import checkpoint_step, list_checkpoints
+from taehv_train.training.state.run_config import Start, config_for_resume, describe_start
 
 
 @pytest.mark.parametrize(
@@ -221,7 +221,7 @@ class Ticks:
 
 def train_on_ticks(monkeypatch, out: Path, clips: dict, *overrides: str) -> Path:
     """A run inside this process (``train_here``) whose time budget reads ``Ticks``."""
-    from training import taehv_train
+    from taehv_train.training import taehv_train
 
     ticks = SimpleNamespace(perf_counter=Ticks())
     with monkeypatch.context() as patch:

@@ -22,14 +22,14 @@ import torch
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from common.errors import UserError
-from common.metrics import lpips_unavailable_reason
+from taehv_train.common.errors import UserError
+from taehv_train.common.metrics import lpips_unavailable_reason
 from conftest import REPO_ROOT
-from models.taehv import TAEHV
-from models.weights import save_weights
+from taehv_train.models.taehv import TAEHV
+from taehv_train.models.weights import save_weights
 from train_runs import TEST_CONFIG, TRAIN, deepspeed_zero2, run_dir, train, train_here
-from training.demo_data import make_demo_dataset
-from training.loop.validation import LABEL_HEIGHT
+from taehv_train.training.demo_data import make_demo_dataset
+from taehv_train.training.loop.validation import LABEL_HEIGHT
 
 pytestmark = pytest.mark.slow  # training processes
 
@@ -299,7 +299,7 @@ def test_every_new_variant_trains_as_a_plain_autoencoder(tmp_path, demo_clips, v
 
 
 def test_the_export_bundle_of_a_run(tmp_path, demo_clips, tiny_cogvideox_vae):
-    """A run writes export/ at its end; `python -m training.export` writes the same from a
+    """A run writes export/ at its end; `python -m taehv_train.training.export` writes the same from a
     run folder (with an fp16 copy). Every weight file loads strictly into our model without
     naming the variant and into a freshly built published-format model; the model card says
     what the model is, what it was trained on and how it validated."""
@@ -313,7 +313,7 @@ def test_the_export_bundle_of_a_run(tmp_path, demo_clips, tiny_cogvideox_vae):
     bundle = run / "export"
     assert sorted(p.name for p in bundle.iterdir()) == ["README.md", "taecvx.pth", "taecvx.safetensors"]
     result = subprocess.run(
-        [sys.executable, "-m", "training.export", str(run), "--out", str(tmp_path / "cli"), "--fp16"],
+        [sys.executable, "-m", "taehv_train.training.export", str(run), "--out", str(tmp_path / "cli"), "--fp16"],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
@@ -337,14 +337,14 @@ def test_the_export_bundle_of_a_run(tmp_path, demo_clips, tiny_cogvideox_vae):
     assert (
         "## Validation" in card and "val/psnr" in card and "taehv_train.py" in card and "Training: 2 of 2 steps" in card
     )
-    assert "python -m training.export" in (tmp_path / "cli" / "README.md").read_text()
+    assert "python -m taehv_train.training.export" in (tmp_path / "cli" / "README.md").read_text()
     # a checkpoint whose weights were damaged after saving: its manifest refuses it to both tools
     checkpoint = run / "checkpoints" / "checkpoint-2"
     data = bytearray((checkpoint / "weights.safetensors").read_bytes())
     data[len(data) // 2 : len(data) // 2 + 4096] = bytes(4096)
     (checkpoint / "weights.safetensors").write_bytes(bytes(data))
     for command in (
-        [sys.executable, "-m", "training.export", str(checkpoint), "--out", str(tmp_path / "damaged")],
+        [sys.executable, "-m", "taehv_train.training.export", str(checkpoint), "--out", str(tmp_path / "damaged")],
         [sys.executable, "inference.py", "--model_path", str(checkpoint), "--config", TEST_CONFIG],
     ):
         result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)

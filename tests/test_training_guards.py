@@ -16,16 +16,16 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from common.config import TrainConfig, load_config, resolve_path
-from common.errors import UserError
+from taehv_train.common.config import TrainConfig, load_config, resolve_path
+from taehv_train.common.errors import UserError
 from conftest import REPO_ROOT
 from conftest import valid_config as valid
-from models.frames import group_frames, plan_frames, ungroup_frames
-from models.taehv import TAEHV
-from training.loop import resilience
-from training.loop.monitoring import tensorboard_hparams
-from training.loop.resilience import StopRequest, WindowTrouble
-from training.preflight import check
+from taehv_train.models.frames import group_frames, plan_frames, ungroup_frames
+from taehv_train.models.taehv import TAEHV
+from taehv_train.training.loop import resilience
+from taehv_train.training.loop.monitoring import tensorboard_hparams
+from taehv_train.training.loop.resilience import StopRequest, WindowTrouble
+from taehv_train.training.preflight import check
 
 CONFIGS = REPO_ROOT / "training" / "configs"
 
@@ -38,7 +38,7 @@ def test_config_paths_resolve_from_the_repository_and_missing_ones_stop_start_up
 
 
 def test_the_reference_vae_is_frozen_and_never_prepared(tiny_cogvideox_vae):
-    from common.reference_vae import ReferenceVAE
+    from taehv_train.common.reference_vae import ReferenceVAE
 
     ref = ReferenceVAE(tiny_cogvideox_vae, dtype="fp32")
     assert not isinstance(ref, torch.nn.Module)  # cannot be handed to accelerator.prepare by mistake
@@ -60,7 +60,7 @@ def test_a_start_and_a_resume_write_one_tensorboard_run(tmp_path):
     as another run."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from training.loop.monitoring import Monitor
+    from taehv_train.training.loop.monitoring import Monitor
 
     config = load_config(CONFIGS / "taehv_config_test.py")
     for start_step in (0, 4):
@@ -76,7 +76,7 @@ def test_a_start_and_a_resume_write_one_tensorboard_run(tmp_path):
 
 
 def test_inputs_follow_the_dtype_of_low_precision_weights():
-    from training.loop.step import training_forward
+    from taehv_train.training.loop.step import training_forward
 
     config = TrainConfig(n_frames=9)
     model = TAEHV(variant="taecvx").to(torch.bfloat16)  # as DeepSpeed bf16 casts the module
@@ -131,8 +131,8 @@ def test_seraena_stays_out_of_prepare_and_trains_on_its_own():
     """The training step hands only the TAE to Accelerate (DeepSpeed takes one model per
     Accelerator); the discriminator keeps its own optimizer and still learns. The 2-process
     ZeRO-2 runs (tests/test_train.py, tests/test_fault_tolerance.py) show it identical on both ranks."""
-    from training.data.loading import ReferenceLatents
-    from training.loop.step import TrainStep
+    from taehv_train.training.data.loading import ReferenceLatents
+    from taehv_train.training.loop.step import TrainStep
 
     config = TrainConfig(
         n_frames=9,
@@ -176,8 +176,8 @@ def test_a_seraena_group_size_that_drops_frames_stops_start_up(tmp_path):
 def test_seraena_groups_and_context_follow_the_decoded_tensor(variant, n_frames):
     """Groups and context come from the decoded tensor (16 for taecvx's 16 frames, 17 for
     taehv's 19), so frames, targets and context always line up."""
-    from models.seraena import Seraena
-    from training.loop.adversarial import seraena_loss
+    from taehv_train.models.seraena import Seraena
+    from taehv_train.training.loop.adversarial import seraena_loss
 
     model = TAEHV(variant=variant)
     plan = model.plan(n_frames)

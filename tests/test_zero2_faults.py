@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from train_runs import assert_identical, tensors, train, wrapped_zero2
-from training.state.checkpoints import list_checkpoints
-from training.state.serialisation import load_tree
+from taehv_train.training.state.checkpoints import list_checkpoints
+from taehv_train.training.state.serialisation import load_tree
 
 pytestmark = pytest.mark.slow  # training processes
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from conftest import REPO_ROOT
 
-TRAIN = ["-m", "training.taehv_train"]  # run as a module from the repository root
+TRAIN = ["-m", "taehv_train.training.taehv_train"]  # run as a module from the repository root
 TEST_CONFIG = str(REPO_ROOT / "training" / "configs" / "taehv_config_test.py")
 ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 ONE_PROCESS = [sys.executable]
@@ -56,13 +56,13 @@ DDP_ENV = {"ACCELERATE_USE_CPU": "true"}
 
 
 def wrapped_ddp(port: int) -> list[str]:
-    """``ddp`` through ``python -m training.launch``, as the launch script runs accelerate."""
-    return [sys.executable, "-m", "training.launch", *ddp(port)[2:]]
+    """``ddp`` through ``python -m taehv_train.training.launch``, as the launch script runs accelerate."""
+    return [sys.executable, "-m", "taehv_train.training.launch", *ddp(port)[2:]]
 
 
 def wrapped_zero2(port: int) -> list[str]:
-    """``deepspeed_zero2`` through ``python -m training.launch``, as the launch script runs accelerate."""
-    return [sys.executable, "-m", "training.launch", *deepspeed_zero2(port)[2:]]
+    """``deepspeed_zero2`` through ``python -m taehv_train.training.launch``, as the launch script runs accelerate."""
+    return [sys.executable, "-m", "taehv_train.training.launch", *deepspeed_zero2(port)[2:]]
 
 
 def tiny_train_step(
@@ -79,11 +79,11 @@ def tiny_train_step(
     (step, the prepared ``loader``)."""
     from accelerate import Accelerator
 
-    from common.config import TrainConfig
-    from models.taehv import TAEHV
-    from training.data.loading import ReferenceLatents
-    from training.loop.resilience import FaultPlan
-    from training.loop.step import TrainStep, accumulation_plugin
+    from taehv_train.common.config import TrainConfig
+    from taehv_train.models.taehv import TAEHV
+    from taehv_train.training.data.loading import ReferenceLatents
+    from taehv_train.training.loop.resilience import FaultPlan
+    from taehv_train.training.loop.step import TrainStep, accumulation_plugin
 
     defaults = {"train_batch_size": 1, "mixed_precision": "no", "lr_scheduler": "constant", "lr_warmup_steps": 0}
     config = TrainConfig(variant="taehv", n_frames=frames, height=size, width=size, **{**defaults, **changes})
@@ -195,7 +195,7 @@ def train_here(out: Path, data: dict, *overrides: str) -> Path:
     directory."""
     from accelerate.state import AcceleratorState, GradientState
 
-    from training import taehv_train
+    from taehv_train.training import taehv_train
 
     def fresh_accelerate_state() -> None:  # as a new process has it (other tests make Accelerators too)
         AcceleratorState._reset_state(reset_partial_state=True)

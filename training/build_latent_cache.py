@@ -1,8 +1,8 @@
 """Build the reference-latent cache: encode the training clips with the frozen reference VAE once.
 
-    python -m training.build_latent_cache --config training/configs/taehv_config_h100.py [--key=value ...]
+    python -m taehv_train.training.build_latent_cache --config training/configs/taehv_config_h100.py [--key=value ...]
         [--output DIR] [--shard_size 256] [--dtype bf16|fp32] [--batch_size N] [--num_workers N]
-    accelerate launch --num_processes 8 -m training.build_latent_cache --config ...   # rank r: shards k % 8 == r
+    accelerate launch --num_processes 8 -m taehv_train.training.build_latent_cache --config ...   # rank r: shards k % 8 == r
 
 The reference VAE dominates a distillation step; with its latents on disk, training costs
 what plain autoencoder training costs. What the cache holds and how training reads it:
@@ -29,14 +29,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from common.clips import VideoClipDataset, frames_to_unit
-from common.config import TrainConfig, load_config, resolve_path
-from common.errors import UserError, exit_on_user_error, readable_size
-from common.flags import ArgumentParser
-from common.lifeline import end_with_launcher
-from common.reference_vae import ReferenceVAE
-from models.atomic import atomic_write
-from training.data.latent_cache import (
+from taehv_train.common.clips import VideoClipDataset, frames_to_unit
+from taehv_train.common.config import TrainConfig, load_config, resolve_path
+from taehv_train.common.errors import UserError, exit_on_user_error, readable_size
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.common.lifeline import end_with_launcher
+from taehv_train.common.reference_vae import ReferenceVAE
+from taehv_train.models.atomic import atomic_write
+from taehv_train.training.data.latent_cache import (
     CACHE_MANIFEST,
     FORMAT_VERSION,
     ROW_CRC32,
@@ -48,10 +48,10 @@ from training.data.latent_cache import (
     shard_path,
     validity,
 )
-from training.data.loading import build_datasets
-from training.loop.distributed import process_state, started_command
-from training.preflight import check
-from training.state.atomic_folders import DiskFullError, is_disk_full
+from taehv_train.training.data.loading import build_datasets
+from taehv_train.training.loop.distributed import process_state, started_command
+from taehv_train.training.preflight import check
+from taehv_train.training.state.atomic_folders import DiskFullError, is_disk_full
 
 logger = logging.getLogger(__name__)
 
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> CacheSummary:
     except Exception as err:
         if not is_disk_full(err):
             raise
-        rerun = started_command("training.build_latent_cache", sys.argv[1:] if argv is None else argv)
+        rerun = started_command("taehv_train.training.build_latent_cache", sys.argv[1:] if argv is None else argv)
         raise full_disk_error(resolve_path(output), rerun) from err
 
 

@@ -1,6 +1,6 @@
 """Procedural driving clips, so that training runs end to end without a dataset.
 
-    python -m training.demo_data OUT_DIR --num_clips 32 --frames 24 --height 96 --width 144 --seed 0
+    python -m taehv_train.training.demo_data OUT_DIR --num_clips 32 --frames 24 --height 96 --width 144 --seed 0
 
 The first users train on driving scenes at 720x480, so each clip is one: a camera in the
 right lane of a (possibly curving) road in perspective, dashed lane markings and edge lines
@@ -26,9 +26,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from common.flags import ArgumentParser
-from common.video_writer import write_video
-from training.make_annotations import write_annotation
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.common.video_writer import write_video
+from taehv_train.training.make_annotations import write_annotation
 
 SUPERSAMPLE = 2  # rendered at twice the size, then area-resized: smooth edges on lane dashes and cars
 

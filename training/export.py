@@ -1,4 +1,4 @@
-"""The export bundle: ``python -m training.export RUN_OR_WEIGHTS --out DIR``.
+"""The export bundle: ``python -m taehv_train.training.export RUN_OR_WEIGHTS --out DIR``.
 
 A training run writes the same bundle into ``export/`` at its end: published-name weight
 files and a model card (what the model is, what it was trained on, how well it did).
@@ -13,15 +13,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
-from common.config import REPO_ROOT
-from common.errors import UserError
-from common.run_files import WEIGHT_CHOICES, RunWeights, run_folder_of, run_weights, validation_history, weights_in_run
-from models.atomic import atomic_write
-from models.ecosystem import comfyui_dtype, export_stem, published_loads, readings
-from models.latent_spaces import OWN, LatentTransform
-from models.vae_registry import video_model
-from models.weights import WeightsError, all_finite, export_state_dict, save_weights, weights_metadata
-from training.state.checkpoints import list_checkpoints, read_trainer_state
+from taehv_train.common.config import REPO_ROOT
+from taehv_train.common.errors import UserError
+from taehv_train.common.run_files import WEIGHT_CHOICES, RunWeights, run_folder_of, run_weights, validation_history, weights_in_run
+from taehv_train.models.atomic import atomic_write
+from taehv_train.models.ecosystem import comfyui_dtype, export_stem, published_loads, readings
+from taehv_train.models.latent_spaces import OWN, LatentTransform
+from taehv_train.models.vae_registry import video_model
+from taehv_train.models.weights import WeightsError, all_finite, export_state_dict, save_weights, weights_metadata
+from taehv_train.training.state.checkpoints import list_checkpoints, read_trainer_state
 
 BUNDLE_FOLDER = "export"  # where a training run writes its bundle
 FP16_MAX = float(torch.finfo(torch.float16).max)
@@ -206,7 +206,7 @@ def write_bundle(
     the variant, or LightX2V's name for a Wan TAE on raw latents. Files already in ``out``
     are a UserError unless ``overwrite`` (a run rewrites its own ``export/``). ``weights``
     chosen among a run's (``run_weights``) say which they are in the card."""
-    from models.taehv import TAEHV
+    from taehv_train.models.taehv import TAEHV
 
     chosen = weights if isinstance(weights, RunWeights) else weights_in_run(weights)
     model = TAEHV(chosen.path)
@@ -242,7 +242,7 @@ def write_bundle(
 def main(argv: list[str] | None = None) -> None:
     import sys
 
-    from common.flags import ArgumentParser
+    from taehv_train.common.flags import ArgumentParser
 
     parser = ArgumentParser(description="Write the export bundle of a training run or a weight file.")
     parser.add_argument("source", help="a run folder, a checkpoint or best_model folder, or a weight file")
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fp16", action="store_true", help="also write <stem>_fp16.safetensors")
     parser.add_argument("--force", action="store_true", help="replace the bundle's files when --out already holds them")
     args = parser.parse_args(argv)
-    typed = ["python", "-m", "training.export", *(sys.argv[1:] if argv is None else argv)]
+    typed = ["python", "-m", "taehv_train.training.export", *(sys.argv[1:] if argv is None else argv)]
     command = f"`{portable(shlex.join(typed))}`"
     chosen = run_weights(args.source, args.weights)
     if chosen.told:
@@ -273,6 +273,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from common.errors import exit_on_user_error
+    from taehv_train.common.errors import exit_on_user_error
 
     exit_on_user_error(main)

@@ -1,6 +1,6 @@
 """``accelerate launch`` as the launch script runs it, with training's own ending kept.
 
-    python -m training.launch [accelerate launch options] -m training.taehv_train --config ...
+    python -m taehv_train.training.launch [accelerate launch options] -m taehv_train.training.taehv_train --config ...
 
 When a training process ends on purpose with a non-zero status (a one-line user error
 such as the data going away, or too many skipped steps), accelerate's launcher adds a
@@ -46,17 +46,17 @@ from accelerate.commands.launch import launch_command, launch_command_parser
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from common.errors import EXIT_USER_ERROR
-from common.lifeline import LAUNCHER_PID
-from training.loop.resilience import EXIT_OUT_OF_MEMORY, EXIT_RANK_LOST
-from training.state.commands import next_command
+from taehv_train.common.errors import EXIT_USER_ERROR
+from taehv_train.common.lifeline import LAUNCHER_PID
+from taehv_train.training.loop.resilience import EXIT_OUT_OF_MEMORY, EXIT_RANK_LOST
+from taehv_train.training.state.commands import next_command
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = launch_command_parser().parse_args(argv)
     # the command the ranks' messages and this wrapper's print to resume the run (the launch script sets its own)
-    os.environ.setdefault("TAEHV_LAUNCH_COMMAND", shlex.join([sys.executable, "-m", "training.launch", *argv]))
+    os.environ.setdefault("TAEHV_LAUNCH_COMMAND", shlex.join([sys.executable, "-m", "taehv_train.training.launch", *argv]))
     os.environ[LAUNCHER_PID] = str(os.getpid())  # the training processes end with this process
     with tempfile.TemporaryDirectory(prefix="taehv_launch_") as folder, elastic_log_held() as held:
         status_file, run_dir_file = Path(folder) / "exit_status", Path(folder) / "run_dir"

@@ -1,6 +1,6 @@
 """Write train/val annotation files for a folder of videos (or of still images).
 
-    python -m training.make_annotations DIR -o annotations.json [--val_fraction 0.1]
+    python -m taehv_train.training.make_annotations DIR -o annotations.json [--val_fraction 0.1]
 
 writes annotations_train.json, annotations_val.json and annotations_skipped.json (and the
 probe records annotations_probes.jsonl) next to ``-o``, says so with the clip counts, and
@@ -81,10 +81,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from common.errors import UserError, counts_in_words, exit_on_user_error
-from common.flags import ArgumentParser
-from common.video.files import IMAGE_EXTENSIONS, find_videos
-from training.data.annotation_split import (
+from taehv_train.common.errors import UserError, counts_in_words, exit_on_user_error
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.common.video.files import IMAGE_EXTENSIONS, find_videos
+from taehv_train.training.data.annotation_split import (
     DEFAULT_GROUP_REGEX,
     Split,
     count,
@@ -93,8 +93,8 @@ from training.data.annotation_split import (
     recorded_split,
     split_problem,
 )
-from training.data.probe_pool import probe_all
-from training.data.probe_records import (
+from taehv_train.training.data.probe_pool import probe_all
+from taehv_train.training.data.probe_records import (
     PROBES_FORMAT,
     ProbeRecords,
     RecordWriter,
@@ -369,7 +369,7 @@ LAUNCH_SCRIPT = REPOSITORY / "train_taehv_h100.sh"
 
 
 def in_repository() -> bool:
-    """Whether this process runs in the repository root, where ``python -m training...`` and
+    """Whether this process runs in the repository root, where ``python -m taehv_train.training...`` and
     ``./train_taehv_h100.sh`` work as they are."""
     return Path.cwd().resolve() == REPOSITORY
 
@@ -378,7 +378,7 @@ def tool_command(args: Sequence[str]) -> str:
     """This tool's command line with ``args``, as it runs from the current folder: outside
     the repository, with the repository on ``PYTHONPATH`` (``python -m`` finds the
     ``training`` package there; the arguments keep their meaning)."""
-    command = shlex.join(["python", "-m", "training.make_annotations", *args])
+    command = shlex.join(["python", "-m", "taehv_train.training.make_annotations", *args])
     return command if in_repository() else f"PYTHONPATH={shlex.quote(str(REPOSITORY))} {command}"
 
 

@@ -15,11 +15,11 @@ import hashlib
 import json
 from pathlib import Path
 
-from common.config import load_config
-from common.errors import UserError
-from common.flags import ArgumentParser
-from common.video.files import clip_extensions, holds_clips
-from training import make_annotations
+from taehv_train.common.config import load_config
+from taehv_train.common.errors import UserError
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.common.video.files import clip_extensions, holds_clips
+from taehv_train.training import make_annotations
 
 
 def annotation_file(output_dir: str | Path, folder: Path) -> Path:
@@ -86,6 +86,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from common.errors import exit_on_user_error
+    from taehv_train.common.errors import exit_on_user_error
 
     exit_on_user_error(main)

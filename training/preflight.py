@@ -9,12 +9,12 @@ launch script, training, the latent-cache builder and the tests call ``check``.
 
 from __future__ import annotations
 
-from common import reference_vae
-from common.config import TrainConfig, invalid_config, missing_paths, spec_of, type_problems
-from models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES
-from training.data import latent_cache, loading
-from training.loop import adversarial, best_model, losses, monitoring, optimisation, resilience, validation
-from training.state import checkpoints
+from taehv_train.common import reference_vae
+from taehv_train.common.config import TrainConfig, invalid_config, missing_paths, spec_of, type_problems
+from taehv_train.models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES
+from taehv_train.training.data import latent_cache, loading
+from taehv_train.training.loop import adversarial, best_model, losses, monitoring, optimisation, resilience, validation
+from taehv_train.training.state import checkpoints
 
 
 def check(config: TrainConfig) -> list[str]:

@@ -2,8 +2,8 @@
 """Train or fine-tune a TAEHV in a reference VAE's latent space.
 
     accelerate launch --config_file accelerate_configs/deepspeed_8gpu.yaml \
-        -m training.taehv_train --config training/configs/taehv_config_h100.py [--key=value ...]
-    python -m training.taehv_train --config training/configs/taehv_config_demo.py   # one process
+        -m taehv_train.training.taehv_train --config training/configs/taehv_config_h100.py [--key=value ...]
+    python -m taehv_train.training.taehv_train --config training/configs/taehv_config_demo.py   # one process
 
 Set-up, then one loop under Accelerate (1 process, DDP or DeepSpeed ZeRO-2; gloo on CPU):
 the data and its reference latents come from ``training.data.loading``; each accumulation
@@ -32,7 +32,7 @@ if __name__ == "__main__":  # a stop signal that arrives while the libraries loa
     EARLY_SIGNALS: list[int] = []
     for _sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(_sig, lambda signum, frame: EARLY_SIGNALS.append(signum))
-    from common.lifeline import end_with_launcher
+    from taehv_train.common.lifeline import end_with_launcher
 
     end_with_launcher()  # before the seconds of imports: a launcher that dies then takes this process with it
 
@@ -50,24 +50,24 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from common.clips import VideoClipDataset, VideoDataError, frames_to_unit
-from common.config import TrainConfig, describe, load_config
-from common.errors import EXIT_USER_ERROR, USER_ERRORS, UserError, debug_requested
-from common.flags import ArgumentParser
-from common.reference_vae import ReferenceVAE
-from common.run_files import run_weights, write_run_marker
-from models.latent_spaces import OWN
-from training.data.latent_scale_check import check_at_start
-from training.data.loading import TrainingData, build_train_loader, build_training_data
-from training.data.prefetch import Prefetcher
-from training.export import BUNDLE_FOLDER, write_bundle
-from training.loop.accelerator import make_accelerator, setup_logging
-from training.loop.best_model import BestTracker
-from training.loop.distributed import process_state
-from training.loop.feed import feed_notes
-from training.loop.memory import check_fits
-from training.loop.monitoring import Monitor
-from training.loop.resilience import (
+from taehv_train.common.clips import VideoClipDataset, VideoDataError, frames_to_unit
+from taehv_train.common.config import TrainConfig, describe, load_config
+from taehv_train.common.errors import EXIT_USER_ERROR, USER_ERRORS, UserError, debug_requested
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.common.reference_vae import ReferenceVAE
+from taehv_train.common.run_files import run_weights, write_run_marker
+from taehv_train.models.latent_spaces import OWN
+from taehv_train.training.data.latent_scale_check import check_at_start
+from taehv_train.training.data.loading import TrainingData, build_train_loader, build_training_data
+from taehv_train.training.data.prefetch import Prefetcher
+from taehv_train.training.export import BUNDLE_FOLDER, write_bundle
+from taehv_train.training.loop.accelerator import make_accelerator, setup_logging
+from taehv_train.training.loop.best_model import BestTracker
+from taehv_train.training.loop.distributed import process_state
+from taehv_train.training.loop.feed import feed_notes
+from taehv_train.training.loop.memory import check_fits
+from taehv_train.training.loop.monitoring import Monitor
+from taehv_train.training.loop.resilience import (
     EXIT_OUT_OF_MEMORY,
     EXIT_RANK_LOST,
     FaultPlan,
@@ -76,17 +76,17 @@ from training.loop.resilience import (
     broadcast_flag,
     lost_rank_cause,
 )
-from training.loop.step import OUT_OF_MEMORY_ADVICE, OptimizerStepFailed, StepResult, TrainStep, build_model
-from training.loop.time_budget import TimeBudget, keeps_plan
-from training.loop.validation import ValidationDataError, validate
-from training.preflight import check
-from training.state.atomic_folders import DiskFullError, is_disk_full
-from training.state.checkpoints import load_training_state, remove_partial_checkpoints, save_checkpoint
-from training.state.commands import launch_command, next_command, next_steps, resume_command
-from training.state.run_config import Start, describe_start
-from training.state.run_lock import release_run_dir
-from training.state.run_start import claim_run_dir, decide_start
-from training.state.trained_weights import export_best_model, export_weights
+from taehv_train.training.loop.step import OUT_OF_MEMORY_ADVICE, OptimizerStepFailed, StepResult, TrainStep, build_model
+from taehv_train.training.loop.time_budget import TimeBudget, keeps_plan
+from taehv_train.training.loop.validation import ValidationDataError, validate
+from taehv_train.training.preflight import check
+from taehv_train.training.state.atomic_folders import DiskFullError, is_disk_full
+from taehv_train.training.state.checkpoints import load_training_state, remove_partial_checkpoints, save_checkpoint
+from taehv_train.training.state.commands import launch_command, next_command, next_steps, resume_command
+from taehv_train.training.state.run_config import Start, describe_start
+from taehv_train.training.state.run_lock import release_run_dir
+from taehv_train.training.state.run_start import claim_run_dir, decide_start
+from taehv_train.training.state.trained_weights import export_best_model, export_weights
 
 logger = logging.getLogger("taehv_train")
 

@@ -1,4 +1,4 @@
-"""Which latent space does a tensor look like? ``python -m training.which_latents FILE --ref_vae_class wan``.
+"""Which latent space does a tensor look like? ``python -m taehv_train.training.which_latents FILE --ref_vae_class wan``.
 
 Latents saved by a pipeline, a sampler or another tool carry no label: raw VAE latents,
 the transformer's scaled or normalised ones (``models.latent_spaces``). This compares
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from common.errors import UserError
-from common.flags import ArgumentParser
-from models.latent_spaces import guess_space
-from models.vae_registry import REF_VAE_CLASSES, class_defaults, latent_space, read_vae_config, spaces_of
-from models.weights import WeightsError, read_state_dict
+from taehv_train.common.errors import UserError
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.models.latent_spaces import guess_space
+from taehv_train.models.vae_registry import REF_VAE_CLASSES, class_defaults, latent_space, read_vae_config, spaces_of
+from taehv_train.models.weights import WeightsError, read_state_dict
 
 logger = logging.getLogger(__name__)
 LAYOUTS = ("NCTHW", "NTCHW")
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> str:
         except ValueError as err:
             raise UserError(f"--ref_vae_path: {err}") from None
         if args.ref_vae_class in ("ltx", "ltx2"):  # its statistics are buffers in its weights
-            from common.reference_vae import ReferenceVAE
+            from taehv_train.common.reference_vae import ReferenceVAE
 
             module = ReferenceVAE(args.ref_vae_path, args.ref_vae_class, args.ref_vae_subfolder, "fp32").vae
     else:
@@ -87,6 +87,6 @@ def main(argv: list[str] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    from common.errors import exit_on_user_error
+    from taehv_train.common.errors import exit_on_user_error
 
     exit_on_user_error(main)

@@ -8,7 +8,7 @@ import math
 import cv2
 import numpy as np
 
-from common.video.resize import AreaResizer
+from taehv_train.common.video.resize import AreaResizer
 
 
 def crop_box(

@@ -9,9 +9,9 @@ from collections.abc import Callable
 import cv2
 import numpy as np
 
-from common.video.files import BadClipError, check_regular_file, opencv_failure
-from common.video.reader import VideoReader
-from common.video.resize import AreaResizer
+from taehv_train.common.video.files import BadClipError, check_regular_file, opencv_failure
+from taehv_train.common.video.reader import VideoReader
+from taehv_train.common.video.resize import AreaResizer
 
 
 class DecodedVideo:

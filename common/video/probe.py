@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.packet_count import count_frames_from_packets
-from common.video.files import IMAGE_EXTENSIONS, BadClipError
-from common.video.in_memory import ImageReader
-from common.video.reader import VideoReader
+from taehv_train.common.packet_count import count_frames_from_packets
+from taehv_train.common.video.files import IMAGE_EXTENSIONS, BadClipError
+from taehv_train.common.video.in_memory import ImageReader
+from taehv_train.common.video.reader import VideoReader
 
 
 def open_clip(path: str, **options: object) -> VideoReader | ImageReader:

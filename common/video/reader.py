@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 import cv2
 import numpy as np
 
-from common.video.files import BadClipError, check_regular_file, opencv_failure, why_not_a_video
+from taehv_train.common.video.files import BadClipError, check_regular_file, opencv_failure, why_not_a_video
 
 if TYPE_CHECKING:
-    from common.video.pyav_stream import PyAVStream
+    from taehv_train.common.video.pyav_stream import PyAVStream
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class VideoReader:
     def _open(self) -> cv2.VideoCapture | PyAVStream:
         check_regular_file(self.path)
         if self._pyav:
-            from common.video.pyav_stream import PyAVOpenError, PyAVStream  # PyAV only for the files that need it
+            from taehv_train.common.video.pyav_stream import PyAVOpenError, PyAVStream  # PyAV only for the files that need it
 
             try:
                 return PyAVStream(self.path, self.threads)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.config import TrainConfig
+from taehv_train.common.config import TrainConfig
 
 
 def from_scratch_for(variant: str, ref_vae_class: str, ref_vae_path: str, n_frames: int, **fields) -> TrainConfig:
@@ -10,7 +10,7 @@ def from_scratch_for(variant: str, ref_vae_class: str, ref_vae_path: str, n_fram
     (``models.variants.BUILT_FAMILIES``), trained from scratch in that VAE's latent space:
     the base recipe (distillation losses, 480x720, bf16, cosine schedule) at the published
     from-scratch learning rate, 3e-4 (the base's 1e-4 fine-tunes published weights)."""
-    from training.configs.taehv_config import config as base
+    from taehv_train.training.configs.taehv_config import config as base
 
     return base.replace(
         n_frames=n_frames,

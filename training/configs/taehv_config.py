@@ -11,7 +11,7 @@ users' driving clips at 480x720, with the distillation recipe: encoder MSE to th
 reference latents, decoder MSE on the reference latents, end-to-end reconstruction MSE.
 """
 
-from common.config import TrainConfig
+from taehv_train.common.config import TrainConfig
 
 config = TrainConfig(
     data_root="data/MiniDataset",

@@ -1,6 +1,6 @@
 """2 nodes x 8 H100 (16 GPUs, effective batch 16 x 2 x 2 = 64)."""
 
-from training.configs.taehv_config import config as base
+from taehv_train.training.configs.taehv_config import config as base
 
 config = base.replace(
     train_batch_size=2,

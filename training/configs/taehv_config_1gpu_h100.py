@@ -1,6 +1,6 @@
 """1 x H100 80GB: quick iteration at full resolution (effective batch 16)."""
 
-from training.configs.taehv_config import config as base
+from taehv_train.training.configs.taehv_config import config as base
 
 config = base.replace(
     train_batch_size=2,

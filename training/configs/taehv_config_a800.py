@@ -1,6 +1,6 @@
 """8 x A800 80GB test of the production recipe (5k steps, effective batch 8 x 1 x 8 = 64)."""
 
-from training.configs.taehv_config import config as base
+from taehv_train.training.configs.taehv_config import config as base
 
 config = base.replace(
     train_batch_size=1,

@@ -3,6 +3,6 @@ causal. Its VAE encodes only in tiles of 24 frames (8 shared), so clips are 24 +
 ...); the TAE maps 4L frames to L latents and back with nothing trimmed. The VAE folder is a local
 copy of the model with its vae/ subfolder."""
 
-from training.configs import from_scratch_for
+from taehv_train.training.configs import from_scratch_for
 
 config = from_scratch_for("tae_allegro", "allegro", "checkpoints/Allegro", n_frames=24)

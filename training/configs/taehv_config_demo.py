@@ -1,6 +1,6 @@
 """CPU demo (`make demo`): the from-scratch preset (taehv_config_scratch.py: TAECVX
 architecture, no reference VAE, plain autoencoder on the reconstruction loss) on the
-built-in procedural driving clips (`python -m training.demo_data demo_output/data`, 96x144),
+built-in procedural driving clips (`python -m taehv_train.training.demo_data demo_output/data`, 96x144),
 in about 12 minutes on 2 CPU cores (set-up included).
 
 Measured choices (docs/benchmarks.md, "Demo training run"): crops at the scale of the
@@ -10,7 +10,7 @@ makes more optimizer steps per minute than batch 4 and learns more per minute fr
 lr 6e-4 beats 3e-4 and 1e-3; over 2000-2600 steps cosine decay (50 warm-up steps) ends 0.3-0.4 dB
 above the from-scratch preset's constant rate, which wins in runs of a few hundred steps."""
 
-from training.configs.taehv_config_scratch import config as scratch
+from taehv_train.training.configs.taehv_config_scratch import config as scratch
 
 config = scratch.replace(
     output_dir="demo_output/runs",

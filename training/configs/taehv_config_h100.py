@@ -1,6 +1,6 @@
 """8 x H100 80GB production run (effective batch 8 GPUs x 2 x 4 = 64)."""
 
-from training.configs.taehv_config import config as base
+from taehv_train.training.configs.taehv_config import config as base
 
 config = base.replace(
     train_batch_size=2,

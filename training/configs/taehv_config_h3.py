@@ -4,7 +4,7 @@ and taeh3 decodes 17c - 12 frames of c chunks exactly, so clips are 22 frames (o
 56, ...) at multiples of 16. The VAE folder is a local copy of the MiniMax H3 model with
 its vae/ subfolder."""
 
-from training.configs.taehv_config import config as base
+from taehv_train.training.configs.taehv_config import config as base
 
 config = base.replace(
     n_frames=22,

@@ -5,7 +5,7 @@ frame; docs/reference_vaes.md). Its pipeline refines single images (T = 1); 5-fr
 first frame as that case and the frames after it as the VAE's causal time axis. The VAE folder
 is a local copy of the model with its vae/ subfolder."""
 
-from training.configs import from_scratch_for
+from taehv_train.training.configs import from_scratch_for
 
 config = from_scratch_for(
     "tae_hunyuanimage_refiner", "hunyuanimage_refiner", "checkpoints/HunyuanImage-2.1-refiner", n_frames=5

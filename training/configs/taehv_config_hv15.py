@@ -2,7 +2,7 @@
 space, 4x in time; clips are 4k+1 frames at multiples of 16. The VAE folder is a local copy
 of HunyuanVideo-1.5 (diffusers format) with its vae/ subfolder."""
 
-from training.configs.taehv_config import config as base
+from taehv_train.training.configs.taehv_config import config as base
 
 config = base.replace(
     n_frames=17,

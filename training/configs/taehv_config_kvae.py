@@ -3,6 +3,6 @@ time. Its posterior has unit variance, so the latents are its mean; clips are 4k
 21, 37, 53, ... (docs/reference_vaes.md). The VAE folder is a local copy of the model with its vae/
 subfolder."""
 
-from training.configs import from_scratch_for
+from taehv_train.training.configs import from_scratch_for
 
 config = from_scratch_for("tae_kvae", "kvae", "checkpoints/KVAE-video", n_frames=17)

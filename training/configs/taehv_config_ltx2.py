@@ -5,7 +5,7 @@ LTX-2's own length) at multiples of 32 (480x704 keeps the driving clips' 720x480
 nearly whole). The VAE folder is a local copy of the LTX-2.3 model with its vae/ subfolder.
 """
 
-from training.configs.taehv_config import config as base
+from taehv_train.training.configs.taehv_config import config as base
 
 config = base.replace(
     n_frames=25,  # 8k+1: what LTX's VAE takes and taeltx2_3 decodes exactly

@@ -2,6 +2,6 @@
 pools time 2x, then 3x); clips are 6k+1 frames. The VAE folder is a local copy of the model with its
 vae/ subfolder."""
 
-from training.configs import from_scratch_for
+from taehv_train.training.configs import from_scratch_for
 
 config = from_scratch_for("tae_mochi", "mochi", "checkpoints/mochi-1-preview", n_frames=13)

@@ -9,7 +9,7 @@ writing output/progressive_stage1/export/taecvx.pth, which stage 2 starts from:
     ./train_taehv_h100.sh 8 progressive_stage2
 """
 
-from training.configs.taehv_config import config as base
+from taehv_train.training.configs.taehv_config import config as base
 
 config = base.replace(
     run_name="progressive_stage1",

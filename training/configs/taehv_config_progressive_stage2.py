@@ -2,7 +2,7 @@
 from stage 1's export; the encoder, and so the latent space, stays as stage 1 left it
 (train_encoder=False). See taehv_config_progressive_stage1.py."""
 
-from training.configs.taehv_config import config as base
+from taehv_train.training.configs.taehv_config import config as base
 
 config = base.replace(
     run_name="progressive_stage2",

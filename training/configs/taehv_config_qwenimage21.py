@@ -4,6 +4,6 @@ folder of RGBA PNG/WebP images (scanned, each a one-frame clip; videos in it cou
 annotation_file at a list of them with "frames": 1. The VAE folder is a local copy of the model
 with its vae/ subfolder."""
 
-from training.configs import from_scratch_for
+from taehv_train.training.configs import from_scratch_for
 
 config = from_scratch_for("tae_qwenimage2_1", "qwenimage21", "checkpoints/Qwen-Image-2.1", n_frames=1)

@@ -16,8 +16,8 @@ decoded and downscaled in memory (``frame_cache_mb``: no step waits for seeking 
 and its validations, strips and checkpoints are spread over the budget
 (``training/loop/time_budget.py``)."""
 
-from common.config import native_bf16
-from training.configs.taehv_config import config as base
+from taehv_train.common.config import native_bf16
+from taehv_train.training.configs.taehv_config import config as base
 
 config = base.replace(
     n_frames=9,

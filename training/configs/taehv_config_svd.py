@@ -3,6 +3,6 @@
 clip); any clip length, 14 as the released model generates. The VAE folder is a local copy of the
 model with its vae/ subfolder."""
 
-from training.configs import from_scratch_for
+from taehv_train.training.configs import from_scratch_for
 
 config = from_scratch_for("tae_svd", "svd", "checkpoints/stable-video-diffusion-img2vid-xt", n_frames=14)

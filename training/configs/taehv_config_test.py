@@ -1,7 +1,7 @@
 """Tiny config for tests and smoke runs: a few steps at 32x32 on the demo clips
 (the from-scratch preset, without the demo's crops and validation size)."""
 
-from training.configs.taehv_config_scratch import config as scratch
+from taehv_train.training.configs.taehv_config_scratch import config as scratch
 
 config = scratch.replace(
     output_dir="output/test",

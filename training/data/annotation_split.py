@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from common.errors import UserError
+from taehv_train.common.errors import UserError
 
 DEFAULT_GROUP_REGEX = r"^(?:.*/)?[^_./]+"
 

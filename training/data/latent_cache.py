@@ -1,4 +1,4 @@
-"""Reading the reference-latent cache that ``python -m training.build_latent_cache`` builds.
+"""Reading the reference-latent cache that ``python -m taehv_train.training.build_latent_cache`` builds.
 
 The dataset draws every sample from ``(seed, epoch, index)``, so the latents of
 ``dataset[index]`` at ``epoch`` are a fixed tensor: the cache stores them for epochs
@@ -29,12 +29,12 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
-from common.clip_loader import EpochDataset, shared_epoch
-from common.clips import VideoClipDataset, VideoDataError
-from common.config import TrainConfig, below
-from common.errors import UserError
-from models.latent_spaces import RAW
-from models.variants import get_variant
+from taehv_train.common.clip_loader import EpochDataset, shared_epoch
+from taehv_train.common.clips import VideoClipDataset, VideoDataError
+from taehv_train.common.config import TrainConfig, below
+from taehv_train.common.errors import UserError
+from taehv_train.models.latent_spaces import RAW
+from taehv_train.models.variants import get_variant
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +42,12 @@ FORMAT_VERSION = 1
 CACHE_MANIFEST = "manifest.json"
 SAMPLING_STREAM = 0x1A7E  # keeps the latent noise stream apart from the dataset's (seed, epoch, index) draws
 REBUILD_SHARDS = (
-    "delete the damaged shard(s) and rerun `python -m training.build_latent_cache` with the same "
+    "delete the damaged shard(s) and rerun `python -m taehv_train.training.build_latent_cache` with the same "
     "settings (it computes only the missing shards)"
 )
 ROW_CRC32 = "row_crc32"  # shard metadata: the CRC-32 of every latent row, comma-separated
 VALIDITY_HELP = (
-    "rebuild it with `python -m training.build_latent_cache --config <this config>`, or set "
+    "rebuild it with `python -m taehv_train.training.build_latent_cache --config <this config>`, or set "
     "latent_cache_dir='' to compute reference latents online"
 )
 
@@ -145,7 +145,7 @@ class LatentCache:
         if manifest is None:
             raise UserError(
                 f"{self.directory} is not a latent cache (no {CACHE_MANIFEST}); build it with "
-                "`python -m training.build_latent_cache --config <config> --output DIR`"
+                "`python -m taehv_train.training.build_latent_cache --config <config> --output DIR`"
             )
         if manifest.get("format") != FORMAT_VERSION:
             raise UserError(
@@ -208,7 +208,7 @@ class LatentCache:
         if missing:
             raise UserError(
                 f"latent cache {self.directory} is incomplete: {len(missing)} shard(s) missing "
-                f"(e.g. {missing[0]}); rerun `python -m training.build_latent_cache` with the same "
+                f"(e.g. {missing[0]}); rerun `python -m taehv_train.training.build_latent_cache` with the same "
                 "settings to finish it"
             )
         damaged = self.damaged_shards()

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from common.metrics import rms, rms_ratio
-from models.latent_spaces import LatentTransform, SpaceGuess, guess_space
+from taehv_train.common.metrics import rms, rms_ratio
+from taehv_train.models.latent_spaces import LatentTransform, SpaceGuess, guess_space
 
 logger = logging.getLogger(__name__)
 TOLERANCE = 2.0  # a ratio beyond [1/2, 2] is "far from 1"

@@ -23,14 +23,14 @@ from typing import Protocol
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from common.clip_loader import build_dataloader, stop_signals_held
-from common.clips import VideoClipDataset, VideoDataError, valid_crop_scale, valid_short_clip_policy
-from common.config import TrainConfig, below, spec_of
-from common.metrics import lpips_unavailable_reason
-from common.reference_vae import ReferenceVAE
-from common.video.files import clip_extensions, holds_clips
-from models.variants import VariantSpec
-from training.data.latent_cache import CachedLatentDataset
+from taehv_train.common.clip_loader import build_dataloader, stop_signals_held
+from taehv_train.common.clips import VideoClipDataset, VideoDataError, valid_crop_scale, valid_short_clip_policy
+from taehv_train.common.config import TrainConfig, below, spec_of
+from taehv_train.common.metrics import lpips_unavailable_reason
+from taehv_train.common.reference_vae import ReferenceVAE
+from taehv_train.common.video.files import clip_extensions, holds_clips
+from taehv_train.models.variants import VariantSpec
+from taehv_train.training.data.latent_cache import CachedLatentDataset
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def notes(config: TrainConfig) -> list[str]:
     if config.annotation_file or config.val_annotation_file or not config.data_root:
         return []
     annotate = shlex.join(
-        ["python", "-m", "training.make_annotations", config.data_root, "-o", f"{config.data_root}/annotations.json"]
+        ["python", "-m", "taehv_train.training.make_annotations", config.data_root, "-o", f"{config.data_root}/annotations.json"]
     )
     return [
         f"no annotation file: training scans data_root {config.data_root} for clips and has no validation set; "

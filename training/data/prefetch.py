@@ -53,9 +53,9 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from common.clips import VideoDataError
-from training.data.cuda_sequence import DeviceFeed
-from training.data.loading import DataPosition, batches_until_data_error
+from taehv_train.common.clips import VideoDataError
+from taehv_train.training.data.cuda_sequence import DeviceFeed
+from taehv_train.training.data.loading import DataPosition, batches_until_data_error
 
 logger = logging.getLogger(__name__)
 PUT_TIMEOUT_S = 0.1  # how often a thread waiting for room checks whether it was closed

@@ -17,9 +17,9 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import NamedTuple
 
-from common.lifeline import end_with_parent
-from common.video.files import BadClipError, check_regular_file
-from common.video.probe import probe_video
+from taehv_train.common.lifeline import end_with_parent
+from taehv_train.common.video.files import BadClipError, check_regular_file
+from taehv_train.common.video.probe import probe_video
 
 Job = tuple[Path, str]  # (root, path relative to it)
 

@@ -15,10 +15,10 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
 
-from common.config import TrainConfig
-from common.errors import UserError
-from training.loop.distributed import process_group_backend
-from training.loop.step import accumulation_plugin
+from taehv_train.common.config import TrainConfig
+from taehv_train.common.errors import UserError
+from taehv_train.training.loop.distributed import process_group_backend
+from taehv_train.training.loop.step import accumulation_plugin
 
 
 def make_accelerator(config: TrainConfig, run_dir: Path) -> Accelerator:

@@ -16,11 +16,11 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from common.config import TrainConfig, below
-from models.frames import group_frames, group_sizes, ungroup_frames
-from models.seraena import Seraena
-from models.taehv import TAEHV
-from models.variants import VariantSpec
+from taehv_train.common.config import TrainConfig, below
+from taehv_train.models.frames import group_frames, group_sizes, ungroup_frames
+from taehv_train.models.seraena import Seraena
+from taehv_train.models.taehv import TAEHV
+from taehv_train.models.variants import VariantSpec
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config import TrainConfig, below
+from taehv_train.common.config import TrainConfig, below
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ import math
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from common.config import TrainConfig
-from training.loop.memory import decodes_own_latents, meta_training_inputs, uses_reference
+from taehv_train.common.config import TrainConfig
+from taehv_train.training.loop.memory import decodes_own_latents, meta_training_inputs, uses_reference
 
 logger = logging.getLogger(__name__)
 

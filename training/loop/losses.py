@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from common.config import TrainConfig, below
-from common.metrics import lpips_unavailable_reason, rms_ratio
-from models.taehv import AutoencoderOutput
-from models.variants import VariantSpec
+from taehv_train.common.config import TrainConfig, below
+from taehv_train.common.metrics import lpips_unavailable_reason, rms_ratio
+from taehv_train.models.taehv import AutoencoderOutput
+from taehv_train.models.variants import VariantSpec
 
 
 def config_errors(config: TrainConfig) -> list[str]:
@@ -99,7 +99,7 @@ def compute_losses(
     if out.decoded is not None:
         terms["reconstruction_loss"] = (_mse(out.decoded, targets, "reconstruction loss"), weights.reconstruction)
         if weights.lpips > 0:
-            from common.metrics import video_lpips
+            from taehv_train.common.metrics import video_lpips
 
             terms["lpips_loss"] = (video_lpips(out.decoded, targets).mean(), weights.lpips)
     if not terms:

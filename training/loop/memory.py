@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from common.config import TrainConfig
-from common.errors import UserError, readable_size
-from models.taehv import TAEHV
+from taehv_train.common.config import TrainConfig
+from taehv_train.common.errors import UserError, readable_size
+from taehv_train.models.taehv import TAEHV
 
 _HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 CGROUP_MEMORY_LIMIT = Path("/sys/fs/cgroup/memory.max")

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING
 import torch
 from accelerate import Accelerator
 
-from common.config import TrainConfig, below
-from training.data.cuda_sequence import IdleClock
-from training.loop.feed import micro_batch_flops, peak_flops
+from taehv_train.common.config import TrainConfig, below
+from taehv_train.training.data.cuda_sequence import IdleClock
+from taehv_train.training.loop.feed import micro_batch_flops, peak_flops
 
 if TYPE_CHECKING:
-    from training.loop.step import StepResult
+    from taehv_train.training.loop.step import StepResult
 
 logger = logging.getLogger(__name__)
 HPARAM_TYPES = (int, float, str, bool)

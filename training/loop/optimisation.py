@@ -12,7 +12,7 @@ import re
 
 import torch
 
-from common.config import TrainConfig, below
+from taehv_train.common.config import TrainConfig, below
 
 MIXED_PRECISION = ("no", "fp16", "bf16")
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")

@@ -46,19 +46,19 @@ from accelerate.utils import GradientAccumulationPlugin
 from diffusers.training_utils import EMAModel
 from torch.utils.data import DataLoader
 
-from common.clips import VideoDataError, frames_to_unit
-from common.config import TrainConfig
-from models.seraena import Seraena
-from models.taehv import TAEHV, AutoencoderOutput
-from training.data.cuda_sequence import IdleClock
-from training.data.loading import ReferenceLatents
-from training.data.prefetch import BatchOutOfMemory, Fetched, WaitInterrupted
-from training.loop import deepspeed_engine
-from training.loop.adversarial import build_seraena, seraena_loss
-from training.loop.losses import LossWeights, compute_losses
-from training.loop.optimisation import LearningRateSchedule, compiles
-from training.loop.resilience import FaultPlan, Settled, StopRequest, WindowTrouble, failing_backward_backend
-from training.state.checkpoints import TrainingObjects
+from taehv_train.common.clips import VideoDataError, frames_to_unit
+from taehv_train.common.config import TrainConfig
+from taehv_train.models.seraena import Seraena
+from taehv_train.models.taehv import TAEHV, AutoencoderOutput
+from taehv_train.training.data.cuda_sequence import IdleClock
+from taehv_train.training.data.loading import ReferenceLatents
+from taehv_train.training.data.prefetch import BatchOutOfMemory, Fetched, WaitInterrupted
+from taehv_train.training.loop import deepspeed_engine
+from taehv_train.training.loop.adversarial import build_seraena, seraena_loss
+from taehv_train.training.loop.losses import LossWeights, compute_losses
+from taehv_train.training.loop.optimisation import LearningRateSchedule, compiles
+from taehv_train.training.loop.resilience import FaultPlan, Settled, StopRequest, WindowTrouble, failing_backward_backend
+from taehv_train.training.state.checkpoints import TrainingObjects
 
 logger = logging.getLogger(__name__)
 

@@ -34,9 +34,9 @@ from typing import Protocol
 
 import torch
 
-from common.config import TrainConfig
-from training.loop.optimisation import LearningRateSchedule, parse_duration
-from training.loop.resilience import agree, broadcast_numbers
+from taehv_train.common.config import TrainConfig
+from taehv_train.training.loop.optimisation import LearningRateSchedule, parse_duration
+from taehv_train.training.loop.resilience import agree, broadcast_numbers
 
 logger = logging.getLogger(__name__)
 WARMUP_STEPS = 2  # this process's first steps, left out of the measurement (kernel selection, allocator growth)

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 
-from common.clips import VideoClipDataset, VideoDataError, frames_to_unit
-from common.config import TrainConfig, below
-from common.metrics import (
+from taehv_train.common.clips import VideoClipDataset, VideoDataError, frames_to_unit
+from taehv_train.common.config import TrainConfig, below
+from taehv_train.common.metrics import (
     lpips_unavailable_reason,
     video_alpha_psnr,
     video_lpips,
@@ -25,9 +25,9 @@ from common.metrics import (
     video_sharpness,
     video_ssim,
 )
-from common.reference_vae import ReferenceVAE
-from models.taehv import TAEHV
-from training.loop.resilience import agree
+from taehv_train.common.reference_vae import ReferenceVAE
+from taehv_train.models.taehv import TAEHV
+from taehv_train.training.loop.resilience import agree
 
 logger = logging.getLogger(__name__)
 STRIP_FRAMES = 6

@@ -26,9 +26,9 @@ from typing import Any, NoReturn
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object
 
-from common.errors import UserError, readable_size
-from common.run_files import CHECKPOINT_MANIFEST, file_checksum
-from models.atomic import atomic_write, fsync_directory, temporary_name
+from taehv_train.common.errors import UserError, readable_size
+from taehv_train.common.run_files import CHECKPOINT_MANIFEST, file_checksum
+from taehv_train.models.atomic import atomic_write, fsync_directory, temporary_name
 
 
 class DiskFullError(UserError):

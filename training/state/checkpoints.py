@@ -35,7 +35,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from safetensors.torch import load_file, save_file
 
-from common.config import (
+from taehv_train.common.config import (
     TrainConfig,
     below,
     changed_from_file,
@@ -44,16 +44,16 @@ from common.config import (
     run_prefix,
     same_config_file,
 )
-from common.errors import UserError
-from common.run_files import (
+from taehv_train.common.errors import UserError
+from taehv_train.common.run_files import (
     CHECKPOINT_MANIFEST,
     DamagedCheckpointError,
     finished_info,
     newest_intact,
     read_checkpoint_manifest,
 )
-from models.atomic import TMP_PREFIX
-from training.state.atomic_folders import (
+from taehv_train.models.atomic import TMP_PREFIX
+from taehv_train.training.state.atomic_folders import (
     abandon,
     checksum_files,
     failed_ranks,
@@ -62,8 +62,8 @@ from training.state.atomic_folders import (
     rename_into_place,
     write_manifest,
 )
-from training.state.serialisation import load_tree, save_tree, tensor_bytes
-from training.state.trained_weights import export_weights
+from taehv_train.training.state.serialisation import load_tree, save_tree, tensor_bytes
+from taehv_train.training.state.trained_weights import export_weights
 
 logger = logging.getLogger(__name__)
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")

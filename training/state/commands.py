@@ -10,17 +10,17 @@ import shlex
 import sys
 from pathlib import Path
 
-from training.loop.distributed import started_command
-from training.state.checkpoints import list_checkpoints
+from taehv_train.training.loop.distributed import started_command
+from taehv_train.training.state.checkpoints import list_checkpoints
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 def launch_command() -> list[str]:
     """The command that started this run: the launch script's or the launcher's (passed in
-    TAEHV_LAUNCH_COMMAND), else this module's (``python -m training.taehv_train ...``)."""
+    TAEHV_LAUNCH_COMMAND), else this module's (``python -m taehv_train.training.taehv_train ...``)."""
     launch = os.environ.get("TAEHV_LAUNCH_COMMAND")
-    return shlex.split(launch) if launch else started_command("training.taehv_train", sys.argv[1:])
+    return shlex.split(launch) if launch else started_command("taehv_train.training.taehv_train", sys.argv[1:])
 
 
 def resume_command(checkpoint: Path | str = "latest") -> str:
@@ -58,5 +58,5 @@ def next_steps(run_dir: Path) -> list[tuple[str, str]]:
         "--output_dir",
         str(run / "eval"),
     ]
-    export = [sys.executable, "-m", "training.export", str(run), "--out", f"{run}_tae"]
+    export = [sys.executable, "-m", "taehv_train.training.export", str(run), "--out", f"{run}_tae"]
     return [("evaluate it", shlex.join(evaluate)), ("export it", shlex.join(export))]

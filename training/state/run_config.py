@@ -16,10 +16,10 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.config import TrainConfig, apply_overrides, given_keys, resolve_paths, with_budget
-from common.errors import UserError
-from common.run_files import finished_info
-from training.state.checkpoints import checkpoint_step, read_trainer_state, resolve_resume
+from taehv_train.common.config import TrainConfig, apply_overrides, given_keys, resolve_paths, with_budget
+from taehv_train.common.errors import UserError
+from taehv_train.common.run_files import finished_info
+from taehv_train.training.state.checkpoints import checkpoint_step, read_trainer_state, resolve_resume
 
 logger = logging.getLogger(__name__)
 

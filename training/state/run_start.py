@@ -13,11 +13,11 @@ from typing import IO
 import torch
 from accelerate import PartialState
 
-from common.config import TrainConfig
-from common.errors import UserError
-from training.state.checkpoints import new_run_dir
-from training.state.run_config import Start, start_of
-from training.state.run_lock import lock_run_dir
+from taehv_train.common.config import TrainConfig
+from taehv_train.common.errors import UserError
+from taehv_train.training.state.checkpoints import new_run_dir
+from taehv_train.training.state.run_config import Start, start_of
+from taehv_train.training.state.run_lock import lock_run_dir
 
 
 def decide_start(state: PartialState, base: TrainConfig, given: list[str]) -> Start:

@@ -18,8 +18,8 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from diffusers.training_utils import EMAModel
 
-from models.weights import save_weights
-from training.state.atomic_folders import write_atomically
+from taehv_train.models.weights import save_weights
+from taehv_train.training.state.atomic_folders import write_atomically
 
 
 def fp32_weights(
