@@ -6,10 +6,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup browser lint test test-fast demo bench bench-speed bench-gpu gpu-check clean
 
-$(STAMP): requirements.txt requirements-dev.txt
+# The package itself is installed editable (pyproject.toml): `import taehv_train.models.taehv`
+# works from any folder and the repository's files stay the ones that run.
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
 setup: $(STAMP)

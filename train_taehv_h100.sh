@@ -142,7 +142,7 @@ fi
 CHECK_OUT=$("$PYTHON" - "$CONFIG" "${EXTRA[@]}" 2>&1 <<'EOF'
 import importlib.util
 import sys
-if any(importlib.util.find_spec(name) is None for name in ("torch", "accelerate", "deepspeed", "diffusers")):
+if any(importlib.util.find_spec(name) is None for name in ("taehv_train", "torch", "accelerate", "deepspeed", "diffusers")):
     sys.exit(3)
 import torch
 print(f"gpus={torch.cuda.device_count()}", flush=True)
@@ -173,7 +173,7 @@ LOCAL_GPUS=$(sed -n 's/^gpus=//p' <<<"$CHECK_OUT")
 (( CHECK_STATUS == 126 || CHECK_STATUS == 127 )) && die "cannot run the Python interpreter $PYTHON (set PYTHON to one, or run 'make setup')"
 if (( CHECK_STATUS == 3 )) || [[ -z "$LOCAL_GPUS" ]]; then
   (( CHECK_STATUS == 3 )) || echo "$CHECK_OUT" >&2
-  die "the Python environment ($PYTHON) lacks torch/accelerate/deepspeed/diffusers: run 'make setup' or 'pip install -r requirements.txt'"
+  die "the Python environment ($PYTHON) lacks this package or torch/accelerate/deepspeed/diffusers: run 'make setup' (or 'pip install -e .' in $REPO_DIR)"
 fi
 ok "python environment: $PYTHON"
 

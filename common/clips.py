@@ -27,9 +27,13 @@ import numpy as np
 import torch
 
 from taehv_train.common.clip_loader import EpochDataset, shared_epoch
-from taehv_train.common.clip_loader import build_dataloader as build_dataloader  # re-exported: docs/data.md imports it from here
+from taehv_train.common.clip_loader import (
+    build_dataloader as build_dataloader,  # re-exported: docs/data.md imports it from here
+)
 from taehv_train.common.clip_table import ClipTable
-from taehv_train.common.errors import VideoDataError as VideoDataError  # re-exported: lives in errors.py for clip_loader
+from taehv_train.common.errors import (
+    VideoDataError as VideoDataError,  # re-exported: lives in errors.py for clip_loader
+)
 from taehv_train.common.errors import counts_in_words
 from taehv_train.common.video.crop import ClipWriter, crop_box
 from taehv_train.common.video.files import IMAGE_EXTENSIONS, BadClipError
@@ -366,8 +370,8 @@ class VideoClipDataset(EpochDataset):
                 f"max_failure_fraction={self.max_failure_fraction:.0%}) in {self.source}; reasons: {reasons}; e.g. "
                 f"{examples[:3]}",
                 "Check it and data_root, regenerate the annotation with "
-                f"`python -m taehv_train.training.make_annotations DIR -o annotations.json{min_frames}` (it drops unusable "
-                "files"
+                f"`python -m taehv_train.training.make_annotations DIR -o annotations.json{min_frames}` "
+                "(it drops unusable files"
                 + (" and clips shorter than n_frames" if min_frames else "")
                 + "), or raise max_failure_fraction.",
             )

@@ -97,7 +97,9 @@ class TrainConfig:
     # which latents the TAE works on: raw, scaled, normalised or normalised_scaled (models/latent_spaces.py);
     # auto: the variant's published space, else its pipeline's (docs/reference_vaes.md, "Which latents go in")
     latent_space: str = "auto"
-    latent_cache_dir: str = ""  # latents precomputed by `python -m taehv_train.training.build_latent_cache`; empty: online
+    latent_cache_dir: str = (
+        ""  # latents precomputed by `python -m taehv_train.training.build_latent_cache`; empty: online
+    )
     latent_cache_epochs: int = 1  # epochs of random draws (clip window, crop, flip) the cache holds
 
     # -- Seraena adversarial targets (models/seraena.py) --------------------------------
@@ -455,7 +457,8 @@ def missing_paths(config: TrainConfig) -> list[str]:
 def how_to_get(key: str, path: Path, config: TrainConfig, demo: bool) -> str:
     """The end of ``missing_paths``' message for ``key``: how to get what it names."""
     if demo:
-        return ": `make demo` makes the built-in clips there (or `python -m taehv_train.training.demo_data demo_output/data` alone)"
+        demo_data = "python -m taehv_train.training.demo_data demo_output/data"
+        return f": `make demo` makes the built-in clips there (or `{demo_data}` alone)"
     if key == "pretrained_model_path":
         return fetch_hint(path)
     if key == "ref_vae_path":

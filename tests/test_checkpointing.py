@@ -14,10 +14,10 @@ import pytest
 import torch
 from accelerate import Accelerator
 
+from conftest import REPO_ROOT
 from taehv_train.common.config import TrainConfig, load_config
 from taehv_train.common.errors import UserError
 from taehv_train.common.run_files import CHECKPOINT_MANIFEST, finished_info, write_run_marker
-from conftest import REPO_ROOT
 from taehv_train.training.loop.best_model import BestTracker
 from taehv_train.training.loop.resilience import FaultPlan, agree
 from taehv_train.training.state.atomic_folders import DiskFullError, is_disk_full, write_atomically

@@ -19,20 +19,20 @@ import torch
 from test_train import scalars
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from taehv_train import inference
 import taehv_train.models.taehv as taehv_module
+from conftest import valid_config
+from taehv_train import inference
 from taehv_train.common.config import TrainConfig
 from taehv_train.common.errors import UserError
-from conftest import valid_config
 from taehv_train.models.diffusers_vae import TAEVideoVAE
 from taehv_train.models.taehv import TAEHV, run_blocks
 from taehv_train.models.variants import known_variants
 from taehv_train.models.weights import save_weights
-from train_runs import ONE_PROCESS, run_dir, tiny_train_step, train, train_here
 from taehv_train.training.data.loading import ReferenceLatents
 from taehv_train.training.loop.optimisation import compiles
 from taehv_train.training.loop.step import TrainStep
 from taehv_train.training.preflight import check
+from train_runs import ONE_PROCESS, run_dir, tiny_train_step, train, train_here
 
 pytestmark = pytest.mark.slow  # torch.compile and training processes
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
+import textwrap
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
-from taehv_train.common.config import TrainConfig
 from conftest import REPO_ROOT
+from taehv_train.common.config import TrainConfig
 from taehv_train.models.downloads import GITHUB_FILES, HUB_FILES, HUB_VAES, fetch_command
 
 DOCS = [
@@ -133,3 +136,45 @@ def test_checkpoints_readme_gives_the_command_the_errors_give_for_every_publishe
         name for name in [*GITHUB_FILES, *HUB_FILES, *HUB_VAES] if fetch_command(f"checkpoints/{name}") not in readme
     ]
     assert missing == []
+
+
+def python_blocks(doc: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)
+
+
+# Runs each snippet that stands on its own as written, in a folder of the user's own: the
+# imports, then the snippet, then a check of every `name = ...  # (shape)` comment.
+RUN_SNIPPETS = textwrap.dedent("""
+    import ast, re, sys
+    for source in sys.argv[1:]:
+        namespace = {}
+        exec(compile(source, "<snippet>", "exec"), namespace)
+        for name, shape in re.findall(r"^\\s*(\\w+) = .*# (\\([\\d, ]+\\))", source, re.M):
+            assert tuple(namespace[name].shape) == ast.literal_eval(shape), (name, namespace[name].shape, shape)
+        print("snippet ran")
+""")
+
+
+@pytest.mark.slow  # a Python process that encodes and decodes 17 frames of 480x720
+def test_the_docs_python_snippets_run_from_another_folder(tmp_path):
+    """The package is installed, not found through the working folder: from a folder that is
+    not the repository, every Python block's imports work, and the README's (given
+    taecvx-shaped weights in that folder's checkpoints/) runs as written, with the shapes its
+    comments give."""
+    blocks = [block for doc in DOCS for block in python_blocks(doc)]
+    lines = [line for block in blocks for line in block.splitlines()]
+    imports = "\n".join(line for line in lines if line.startswith(("from ", "import ")))
+    assert "taehv_train" in imports
+    (tmp_path / "checkpoints").mkdir()
+    save = "from taehv_train.models.taehv import TAEHV; from taehv_train.models.weights import save_weights; "
+    save += "save_weights(TAEHV(None, variant='taecvx'), 'checkpoints/taecvx.pth')"
+    result = subprocess.run(
+        [sys.executable, "-c", f"{imports}\n{save}"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (readme,) = python_blocks(REPO_ROOT / "README.md")
+    result = subprocess.run(
+        [sys.executable, "-c", RUN_SNIPPETS, readme], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n").count("snippet ran") == 1

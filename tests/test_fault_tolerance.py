@@ -29,9 +29,11 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from taehv_train.common.run_files import CHECKPOINT_MANIFEST
 from conftest import REPO_ROOT
+from taehv_train.common.run_files import CHECKPOINT_MANIFEST
 from taehv_train.models.atomic import TMP_PREFIX
+from taehv_train.training.state.checkpoints import checkpoint_step, list_checkpoints
+from taehv_train.training.state.run_lock import lock_run_dir, release_run_dir
 from train_runs import (
     DDP_ENV,
     ONE_PROCESS,
@@ -52,8 +54,6 @@ from train_runs import (
     wait_for,
     wrapped_ddp,
 )
-from taehv_train.training.state.checkpoints import checkpoint_step, list_checkpoints
-from taehv_train.training.state.run_lock import lock_run_dir, release_run_dir
 
 pytestmark = pytest.mark.slow  # training processes
 
@@ -677,7 +677,10 @@ def test_a_late_sigterm_stops_its_window_and_kill_9_of_one_rank_is_one_line(tmp_
     last = (logs / "err").read_text().strip().splitlines()[-1]
     assert last.startswith("error: rank 1 died (signal 9, SIGKILL: kill -9 or out of memory, see dmesg): resume with: ")
     command = shlex.split(last.split("): resume with: ")[1])
-    assert command[:3] == [sys.executable, "-m", "taehv_train.training.launch"] and command[-2:] == ["--resume", "latest"]
+    assert command[:3] == [sys.executable, "-m", "taehv_train.training.launch"] and command[-2:] == [
+        "--resume",
+        "latest",
+    ]
     assert (run / "train.log").read_text().strip().endswith(last)
     assert all((c / CHECKPOINT_MANIFEST).is_file() for c in list_checkpoints(run / "checkpoints"))
 

@@ -13,8 +13,8 @@ from collections import Counter
 import torch
 
 from taehv_train.common.config import REPO_ROOT
-from train_runs import train_here
 from taehv_train.training.loop.step import TrainStep
+from train_runs import train_here
 
 READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy")
 READS_PER_STEP = 1  # the window's settled flags (training.loop.resilience.WindowTrouble.settle)

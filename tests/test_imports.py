@@ -94,7 +94,9 @@ def bare_imports(path: Path) -> list[str]:
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
         if isinstance(node, ast.ImportFrom) and not node.level:
             names = [node.module or ""]
-        bare += [f"{path.name}:{node.lineno} {name}" for name in names if name.split(".")[0] in (*PACKAGES, "inference")]
+        bare += [
+            f"{path.name}:{node.lineno} {name}" for name in names if name.split(".")[0] in (*PACKAGES, "inference")
+        ]
     return bare
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from test_dataset import fifos, write_audio_only_mp4, write_huge_header_png, write_index_video, write_rgba
 
+from conftest import REPO_ROOT
 from taehv_train.common.clips import VideoClipDataset, frames_to_unit
 from taehv_train.common.metrics import (
     frame_psnr,
@@ -29,7 +30,6 @@ from taehv_train.common.metrics import (
     video_ssim,
     video_temporal_error,
 )
-from conftest import REPO_ROOT
 from taehv_train.models.frames import plan_frames
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.weights import save_weights

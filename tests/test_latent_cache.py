@@ -24,17 +24,17 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState
 
+from conftest import REPO_ROOT, save_tiny_vae
 from taehv_train.common.clip_loader import build_dataloader
 from taehv_train.common.clips import VideoClipDataset, VideoDataError, frames_to_unit
 from taehv_train.common.config import TrainConfig, load_config
 from taehv_train.common.errors import UserError
 from taehv_train.common.reference_vae import ReferenceVAE
-from conftest import REPO_ROOT, save_tiny_vae
-from train_runs import TEST_CONFIG, one_line_error
 from taehv_train.training.build_latent_cache import entry_point, main
 from taehv_train.training.data.latent_cache import CachedLatentDataset, LatentCache, latent_sample_generator
 from taehv_train.training.data.loading import build_datasets
 from taehv_train.training.make_annotations import write_annotation
+from train_runs import TEST_CONFIG, one_line_error
 
 MISSING = 5  # index of the missing file in the annotation (6 clips: shards {0, 1}, {2, 3}, {4, 5})
 LATENT_SHAPE = (3, 16, 4, 4)  # 9 frames at 32x32 -> 3 latent frames of 16 x 4 x 4
@@ -284,7 +284,12 @@ def test_a_full_disk_is_one_line_and_its_command_finishes_the_cache(data, tiny_c
     disk, logs = tmp_path / "disk", tmp_path / "logs"
     disk.mkdir(), logs.mkdir()
     build = shlex.join(
-        [sys.executable, "-m", "taehv_train.training.build_latent_cache", *cli_args(data, tiny_cogvideox_vae, disk / "cache")]
+        [
+            sys.executable,
+            "-m",
+            "taehv_train.training.build_latent_cache",
+            *cli_args(data, tiny_cogvideox_vae, disk / "cache"),
+        ]
     )
     script = f"""
         mount -t tmpfs -o size=16k none {disk}
@@ -309,7 +314,8 @@ def test_a_full_disk_is_one_line_and_its_command_finishes_the_cache(data, tiny_c
     found = re.search(
         rf"error: no space left on the device of {disk / 'cache'} for the latent cache: ([1-5]) of 6 shards are "
         r"written, the other ([1-5]) need about [0-9.]+ KiB, [0-9.]+ KiB are free\. Free space there, then re-run "
-        rf"\(it keeps the written shards\): .* -m taehv_train.training\.build_latent_cache --config .* --output {disk / 'cache'} ",
+        r"\(it keeps the written shards\): .* -m taehv_train\.training\.build_latent_cache --config .* "
+        rf"--output {disk / 'cache'} ",
         line,
     )
     assert found and int(found.group(1)) + int(found.group(2)) == 6, line

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT
-from train_runs import one_line_error
 from taehv_train.training.demo_data import make_demo_dataset
+from train_runs import one_line_error
 
 pytestmark = pytest.mark.slow  # the launch script starts training
 
@@ -168,7 +168,8 @@ def test_a_gpu_preset_without_its_files_says_how_to_get_each(tmp_path):
 def test_a_key_typo_in_a_custom_config_file_is_one_line(tmp_path):
     config = tmp_path / "my_config.py"
     config.write_text(
-        "from taehv_train.training.configs.taehv_config_test import config as base\nconfig = base.replace(lerning_rate=3e-4)\n"
+        "from taehv_train.training.configs.taehv_config_test import config as base\n"
+        "config = base.replace(lerning_rate=3e-4)\n"
     )
     result = launch("1", "custom", str(config))
     assert only_error_line(result).endswith(

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from taehv_train.common.lifeline import LAUNCHER_PID
 from conftest import REPO_ROOT
+from taehv_train.common.lifeline import LAUNCHER_PID
 from train_runs import all_ended, processes_of, wait_for
 
 # the parent starts the child, which ties itself to it and says so, then both wait for good
@@ -65,7 +65,11 @@ def test_a_launcher_gone_before_the_first_line_ends_a_training_process_started_b
     if elastic:
         environment["TORCHELASTIC_RUN_ID"] = "none"
     child = subprocess.run(
-        [sys.executable, "-c", "from taehv_train.common.lifeline import end_with_launcher\nend_with_launcher()\nprint('on')"],
+        [
+            sys.executable,
+            "-c",
+            "from taehv_train.common.lifeline import end_with_launcher\nend_with_launcher()\nprint('on')",
+        ],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,

@@ -24,12 +24,12 @@ from taehv_train.common.clip_table import ClipTable
 from taehv_train.common.clips import VideoClipDataset
 from taehv_train.common.errors import UserError, exit_on_user_error
 from taehv_train.common.video.files import BadClipError
-from train_runs import all_ended, processes_of, wait_for
 from taehv_train.training import make_annotations
 from taehv_train.training.data import probe_pool
 from taehv_train.training.data.annotation_split import DEFAULT_GROUP_REGEX, group_key, split_train_val
 from taehv_train.training.data.probe_records import probes_path, read_probes, shard_of
 from taehv_train.training.make_annotations import main
+from train_runs import all_ended, processes_of, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -235,7 +235,9 @@ def test_kill_9_of_the_tool_alone_ends_its_probe_processes(demo_clips, tmp_path)
     group: its probe processes end with it instead of hanging on."""
     src = clip_folder(demo_clips, tmp_path / "videos")
     stuck_tool = (
-        "import sys, time; from taehv_train.training import make_annotations as m; from taehv_train.training.data import probe_pool as p\n"
+        "import sys, time\n"
+        "from taehv_train.training import make_annotations as m\n"
+        "from taehv_train.training.data import probe_pool as p\n"
         "p.probe_video = lambda path, threads=1: time.sleep(600)\n"
         "m.main(sys.argv[1:])"
     )
@@ -312,7 +314,10 @@ def test_one_group_warns_with_the_command_that_splits(demo_clips, tmp_path, caps
     assert "warning: the validation file is empty: all 6 clips are in one group, 'clip'" in err
     command = err.split("to fix it, run: ")[1].strip()
     again = shlex.split(command)
-    assert again[:3] == ["python", "-m", "taehv_train.training.make_annotations"] and again[-2:] == ["--group_regex", ""]
+    assert again[:3] == [sys.executable, "-m", "taehv_train.training.make_annotations"] and again[-2:] == [
+        "--group_regex",
+        "",
+    ]
     assert main(again[3:]) == 0  # no --force: the records file says these outputs are this run's
     assert "probed 0 new or changed files, reused 6" in capsys.readouterr().out  # the split alone changed
     assert len(read_list(tmp_path / "a_val.json")) == 1
@@ -336,7 +341,7 @@ def test_the_summary_names_the_files_and_prints_the_command_that_trains_on_them(
     (command,) = [line.removeprefix("train on them: ") for line in result.stdout.splitlines() if "train on" in line]
     words = shlex.split(command)
     assert words == [
-        "./train_taehv_h100.sh",  # the tool ran in the repository
+        str(REPO_ROOT / "train_taehv_h100.sh"),  # absolute: it works from any folder
         "1",
         "scratch",
         f"--data_root={src}",
@@ -497,7 +502,9 @@ def test_stopped_run_continues_where_it_stopped(many_clips, tmp_path, capsys):
     # A kill -9 of the tool mid-way (each probe slowed down to 5 ms) ...
     out = tmp_path / "killed" / "a.json"
     slow_tool = (
-        "import sys, time; from taehv_train.training import make_annotations as m; from taehv_train.training.data import probe_pool as p\n"
+        "import sys, time\n"
+        "from taehv_train.training import make_annotations as m\n"
+        "from taehv_train.training.data import probe_pool as p\n"
         "real = p.probe_video; p.probe_video = lambda path, threads=1: (time.sleep(0.005), real(path, threads))[1]\n"
         "m.main(sys.argv[1:])"
     )
@@ -709,19 +716,18 @@ def documented_command(pattern: str) -> str:
 @pytest.mark.slow  # processes of the tool
 def test_the_documented_commands_run_from_any_folder(demo_clips, tmp_path):
     """docs/data.md's Slurm array job and merge, submitted from a folder that is not the
-    repository; the tool run there with the repository on PYTHONPATH, as the docs say, and
+    repository; the tool run there by the installed package's Python, as the docs say, and
     the command its split warning prints, run there as it is printed."""
     src = tmp_path / "videos"
     src.mkdir()
     for name, clip in zip(("a_0.mp4", "b_0.mp4", "c_0.mp4"), sorted((demo_clips["root"] / "videos").glob("*.mp4"))):
         (src / name).symlink_to(clip)
     out = tmp_path / "slurm" / "annotations.json"
-    python_bin = str(Path(sys.executable).parent)  # `python`, as the docs and printed commands name it
 
     def run(command: str, **env: str) -> subprocess.CompletedProcess:
         for doc, here in (("/path/to/taehv-train", REPO_ROOT), ("/data/videos", src), ("/data/annotations.json", out)):
             command = command.replace(doc, str(here))
-        environment = {**os.environ, "PATH": f"{python_bin}:{os.environ['PATH']}", **env}
+        environment = {**os.environ, **env}
         environment.pop("PYTHONPATH", None)
         return subprocess.run(
             ["bash", "-c", command], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120
@@ -734,10 +740,12 @@ def test_the_documented_commands_run_from_any_folder(demo_clips, tmp_path):
     merged = run(documented_command(r'--wrap \\\n\s*"(.*?)"'))  # 0.05 of 3 clips holds none out: exit 1
     assert merged.returncode == 1 and "merged 2 probe parts: 3 videos" in merged.stdout, merged.stderr
 
-    plain = run(documented_command(r"^(PYTHONPATH=[^\n]* -m taehv_train.training\.make_annotations [^\n]*)$"))  # relative paths
+    plain = run(
+        documented_command(r"^(\S+ -m taehv_train\.training\.make_annotations videos [^\n]*)$")
+    )  # relative paths
     assert plain.returncode == 1 and "found 3 videos" in plain.stdout, plain.stderr
     fix = plain.stderr.split("to fix it, run: ")[1].strip()
-    assert fix.startswith(f"PYTHONPATH={REPO_ROOT} python -m taehv_train.training.make_annotations videos -o annotations.json")
+    assert fix.startswith(f"{sys.executable} -m taehv_train.training.make_annotations videos -o annotations.json")
     fixed = run(fix)
     assert fixed.returncode == 0, fixed.stderr
     assert len(read_list(tmp_path / "annotations_val.json")) == 1

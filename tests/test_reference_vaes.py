@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import REPO_ROOT, save_tiny_vae
 from taehv_train import inference
 from taehv_train.common.clips import frames_to_unit
 from taehv_train.common.config import TrainConfig, load_config
 from taehv_train.common.errors import EXIT_USER_ERROR, UserError, exit_on_user_error
 from taehv_train.common.reference_vae import ReferenceVAE, weight_problems
-from conftest import REPO_ROOT, save_tiny_vae
 from taehv_train.models.latent_spaces import guess_space
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.vae_registry import (
@@ -39,12 +39,12 @@ from taehv_train.models.vae_registry import (
 )
 from taehv_train.models.variants import known_variants
 from taehv_train.models.weights import save_weights
-from train_runs import TEST_CONFIG, TRAIN, train_here
 from taehv_train.training import build_latent_cache
 from taehv_train.training.data.latent_cache import LatentCache, latent_sample_generator
 from taehv_train.training.data.latent_scale_check import compare, diagnose
 from taehv_train.training.data.loading import build_datasets
 from taehv_train.training.preflight import check
+from train_runs import TEST_CONFIG, TRAIN, train_here
 
 # tiny VAE, ref_vae_class, facts, the variant "auto" picks, size, an exact frame count
 CASES = [

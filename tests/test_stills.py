@@ -7,7 +7,13 @@ import cv2
 import numpy as np
 import torch
 
-from taehv_train.evaluation.stills import HEADER_HEIGHT, comparison_stills, difference_heat_map, frame_indices, tile_size
+from taehv_train.evaluation.stills import (
+    HEADER_HEIGHT,
+    comparison_stills,
+    difference_heat_map,
+    frame_indices,
+    tile_size,
+)
 from taehv_train.evaluation.videos import latent_picture, rgb_beside_alpha, side_by_side
 
 

@@ -14,12 +14,12 @@ import torch
 from diffusers.optimization import get_scheduler
 
 from taehv_train.common.config import TrainConfig, load_config
-from train_runs import TEST_CONFIG, assert_identical, train_here
 from taehv_train.training.loop import optimisation, time_budget
 from taehv_train.training.loop.optimisation import LearningRateSchedule, parse_duration
 from taehv_train.training.loop.time_budget import Cadence, TimeBudget, keeps_plan
 from taehv_train.training.state.checkpoints import checkpoint_step, list_checkpoints
 from taehv_train.training.state.run_config import Start, config_for_resume, describe_start
+from train_runs import TEST_CONFIG, assert_identical, train_here
 
 
 @pytest.mark.parametrize(

@@ -22,14 +22,14 @@ import torch
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from conftest import REPO_ROOT
 from taehv_train.common.errors import UserError
 from taehv_train.common.metrics import lpips_unavailable_reason
-from conftest import REPO_ROOT
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.weights import save_weights
-from train_runs import TEST_CONFIG, TRAIN, deepspeed_zero2, run_dir, train, train_here
 from taehv_train.training.demo_data import make_demo_dataset
 from taehv_train.training.loop.validation import LABEL_HEIGHT
+from train_runs import TEST_CONFIG, TRAIN, deepspeed_zero2, run_dir, train, train_here
 
 pytestmark = pytest.mark.slow  # training processes
 

@@ -23,9 +23,9 @@ import json
 import pytest
 import torch
 
-from train_runs import assert_identical, tensors, train, wrapped_zero2
 from taehv_train.training.state.checkpoints import list_checkpoints
 from taehv_train.training.state.serialisation import load_tree
+from train_runs import assert_identical, tensors, train, wrapped_zero2
 
 pytestmark = pytest.mark.slow  # training processes
 

@@ -2,7 +2,8 @@
 
     python -m taehv_train.training.build_latent_cache --config training/configs/taehv_config_h100.py [--key=value ...]
         [--output DIR] [--shard_size 256] [--dtype bf16|fp32] [--batch_size N] [--num_workers N]
-    accelerate launch --num_processes 8 -m taehv_train.training.build_latent_cache --config ...   # rank r: shards k % 8 == r
+    accelerate launch --num_processes 8 -m taehv_train.training.build_latent_cache --config ...
+        # (rank r: shards k % 8 == r)
 
 The reference VAE dominates a distillation step; with its latents on disk, training costs
 what plain autoencoder training costs. What the cache holds and how training reads it:

@@ -15,7 +15,14 @@ from safetensors.torch import save
 
 from taehv_train.common.config import REPO_ROOT
 from taehv_train.common.errors import UserError
-from taehv_train.common.run_files import WEIGHT_CHOICES, RunWeights, run_folder_of, run_weights, validation_history, weights_in_run
+from taehv_train.common.run_files import (
+    WEIGHT_CHOICES,
+    RunWeights,
+    run_folder_of,
+    run_weights,
+    validation_history,
+    weights_in_run,
+)
 from taehv_train.models.atomic import atomic_write
 from taehv_train.models.ecosystem import comfyui_dtype, export_stem, published_loads, readings
 from taehv_train.models.latent_spaces import OWN, LatentTransform

@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = launch_command_parser().parse_args(argv)
     # the command the ranks' messages and this wrapper's print to resume the run (the launch script sets its own)
-    os.environ.setdefault("TAEHV_LAUNCH_COMMAND", shlex.join([sys.executable, "-m", "taehv_train.training.launch", *argv]))
+    os.environ.setdefault(
+        "TAEHV_LAUNCH_COMMAND", shlex.join([sys.executable, "-m", "taehv_train.training.launch", *argv])
+    )
     os.environ[LAUNCHER_PID] = str(os.getpid())  # the training processes end with this process
     with tempfile.TemporaryDirectory(prefix="taehv_launch_") as folder, elastic_log_held() as held:
         status_file, run_dir_file = Path(folder) / "exit_status", Path(folder) / "run_dir"

@@ -368,18 +368,10 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 LAUNCH_SCRIPT = REPOSITORY / "train_taehv_h100.sh"
 
 
-def in_repository() -> bool:
-    """Whether this process runs in the repository root, where ``python -m taehv_train.training...`` and
-    ``./train_taehv_h100.sh`` work as they are."""
-    return Path.cwd().resolve() == REPOSITORY
-
-
 def tool_command(args: Sequence[str]) -> str:
-    """This tool's command line with ``args``, as it runs from the current folder: outside
-    the repository, with the repository on ``PYTHONPATH`` (``python -m`` finds the
-    ``training`` package there; the arguments keep their meaning)."""
-    command = shlex.join(["python", "-m", "taehv_train.training.make_annotations", *args])
-    return command if in_repository() else f"PYTHONPATH={shlex.quote(str(REPOSITORY))} {command}"
+    """This tool's command line with ``args``, with this interpreter: it works from any
+    folder (the arguments keep their meaning there, as the user typed them there)."""
+    return shlex.join([sys.executable, "-m", __spec__.name, *args])
 
 
 def train_command(annotated: Annotated) -> str:

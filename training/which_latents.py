@@ -1,4 +1,5 @@
-"""Which latent space does a tensor look like? ``python -m taehv_train.training.which_latents FILE --ref_vae_class wan``.
+"""Which latent space does a tensor look like?
+``python -m taehv_train.training.which_latents FILE --ref_vae_class wan``.
 
 Latents saved by a pipeline, a sampler or another tool carry no label: raw VAE latents,
 the transformer's scaled or normalised ones (``models.latent_spaces``). This compares

@@ -60,7 +60,10 @@ class VideoReader:
     def _open(self) -> cv2.VideoCapture | PyAVStream:
         check_regular_file(self.path)
         if self._pyav:
-            from taehv_train.common.video.pyav_stream import PyAVOpenError, PyAVStream  # PyAV only for the files that need it
+            from taehv_train.common.video.pyav_stream import (  # PyAV only for the files that need it
+                PyAVOpenError,
+                PyAVStream,
+            )
 
             try:
                 return PyAVStream(self.path, self.threads)

@@ -84,7 +84,14 @@ def notes(config: TrainConfig) -> list[str]:
     if config.annotation_file or config.val_annotation_file or not config.data_root:
         return []
     annotate = shlex.join(
-        ["python", "-m", "taehv_train.training.make_annotations", config.data_root, "-o", f"{config.data_root}/annotations.json"]
+        [
+            "python",
+            "-m",
+            "taehv_train.training.make_annotations",
+            config.data_root,
+            "-o",
+            f"{config.data_root}/annotations.json",
+        ]
     )
     return [
         f"no annotation file: training scans data_root {config.data_root} for clips and has no validation set; "

@@ -57,7 +57,13 @@ from taehv_train.training.loop import deepspeed_engine
 from taehv_train.training.loop.adversarial import build_seraena, seraena_loss
 from taehv_train.training.loop.losses import LossWeights, compute_losses
 from taehv_train.training.loop.optimisation import LearningRateSchedule, compiles
-from taehv_train.training.loop.resilience import FaultPlan, Settled, StopRequest, WindowTrouble, failing_backward_backend
+from taehv_train.training.loop.resilience import (
+    FaultPlan,
+    Settled,
+    StopRequest,
+    WindowTrouble,
+    failing_backward_backend,
+)
 from taehv_train.training.state.checkpoints import TrainingObjects
 
 logger = logging.getLogger(__name__)
