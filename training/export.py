@@ -78,8 +78,8 @@ def _loading_lines(model, files: dict[str, torch.dtype]) -> list[str]:
         "",
         "## Loading it",
         "",
-        f'- This package (taehv-train): `TAEHV("{safetensors}")` from `models/taehv.py`; `{pth}` loads the same way '
-        "(its name gives the variant).",
+        f'- This package (taehv-train): `TAEHV("{safetensors}")` from `taehv_train.models.taehv`; `{pth}` loads the '
+        "same way (its name gives the variant).",
         f'- The published `taehv.py` (madebyollin/taehv): `TAEHV(checkpoint_path="{pth}")`, which builds the '
         "architecture from the file name."
         if published_loads(model.variant, model.activation)
@@ -88,7 +88,7 @@ def _loading_lines(model, files: dict[str, torch.dtype]) -> list[str]:
         "- diffusers pipelines: not as a pipeline's VAE: its latents are its own, no diffusion model's."
         if own
         else f'- diffusers pipelines: `pipe.vae = TAEVideoVAE.from_file("{safetensors}", like=pipe.vae)` from '
-        "`models/diffusers_vae.py` (it converts between the pipeline's latents and the TAE's).",
+        "`taehv_train.models.diffusers_vae` (it converts between the pipeline's latents and the TAE's).",
     ]
     if own:
         return lines + [
