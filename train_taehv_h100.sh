@@ -2,6 +2,9 @@
 # Launch TAEHV training on 1, 8 or 16 GPUs (DeepSpeed ZeRO-2), or on CPU processes.
 # Run with --help for usage.
 set -euo pipefail
+# the run's clock starts here: a time budget (--max_train_time) counts the checks and the start-up too
+EPOCH_NOW=${EPOCHREALTIME:-}
+export TAEHV_STARTED_AT="${TAEHV_STARTED_AT:-${EPOCH_NOW/,/.}}"
 cd "$(dirname "$0")"
 
 if [[ -t 1 ]]; then RED=$'\e[31m'; GREEN=$'\e[32m'; YELLOW=$'\e[33m'; BOLD=$'\e[1m'; RESET=$'\e[0m'
