@@ -151,16 +151,13 @@ class TimeBudget:
         None while a budget with no step limit has not fixed it."""
         return self.progress.planned_steps or self.config.max_train_steps or None
 
-    def _spread(self, left: float, validation: float, checkpoint: float) -> int:
+    def _spread(self, left: float, each: float) -> int:
         """How many validations the first plan spreads: ``validations_per_budget``, fewer
-        when they (and the checkpoints at the config's ratio) would take more than
-        ``ASIDE_SHARE`` of the time ``left`` (a short budget, or a slow validation), at least one."""
-        config = self.config
-        if not config.validations_per_budget:
-            return 0
-        each = validation + checkpoint * config.validation_every / config.checkpointing_steps
-        fits = math.floor(ASIDE_SHARE * left / each) if each else config.validations_per_budget
-        return max(1, min(config.validations_per_budget, fits))
+        when they would take more than ``ASIDE_SHARE`` of the time ``left`` (``each``: a
+        validation and the checkpoints at the config's ratio to it), at least one."""
+        wanted = self.config.validations_per_budget
+        fits = math.floor(ASIDE_SHARE * left / each) if each else wanted
+        return max(1, min(wanted, fits)) if wanted else 0
 
     @property
     def cadence(self) -> Cadence:
@@ -224,14 +221,14 @@ class TimeBudget:
         checkpoint cost; the schedule's horizon follows. Returns the planned count."""
         progress, config = self.progress, self.config
         mark_step, mark_seconds = self._mark
-        per_step = (self._on_steps() - mark_seconds) / (progress.step - mark_step)
+        per_step = max((self._on_steps() - mark_seconds) / (progress.step - mark_step), 1e-6)
         validation, checkpoint = progress.validation_seconds, progress.checkpoint_seconds  # 0: none done
         ending = validation + ENDING_CHECKPOINTS * checkpoint + MARGIN_SHARE * self.budget
         left = max(self.budget - progress.train_seconds - ending, 0.0)
-        spread = 0 if progress.planned_steps else self._spread(left, validation, checkpoint)
+        each = validation + checkpoint * config.validation_every / config.checkpointing_steps
+        spread = 0 if progress.planned_steps else self._spread(left, each)
         if spread:  # that many validations (and checkpoints at the config's ratio) to come, whatever the step count
-            asides = spread * (validation + checkpoint * config.validation_every / config.checkpointing_steps)
-            steps = (left - asides) / per_step
+            steps = (left - spread * each) / per_step
         else:  # at the intervals in force
             cadence = self.cadence
             steps = left / (per_step + validation / cadence.validation + checkpoint / cadence.checkpoints)
