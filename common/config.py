@@ -133,7 +133,7 @@ class TrainConfig:
     ema_decay: float = 0.999
 
     # -- monitoring and checkpoints --------------------------------------------------
-    log_every: int = 50  # lowered so a run of known length logs its loss 20 times, unless typed (monitoring.py)
+    log_every: int = 50  # lowered so a run of known length logs its loss ~40 times, unless typed (monitoring.py)
     validation_every: int = 1000
     num_validation_samples: int = 20
     validation_batch_size: int = 2

@@ -219,6 +219,10 @@ def test_the_clock_starts_when_the_launch_began(monkeypatch):
     assert time_budget.launch_started(later) == later
     monkeypatch.delenv(time_budget.LAUNCH_STARTED)
     assert time_budget.launch_started(later) == later
+    # a process that took 10 s loading its libraries reserves a fifth of that for its exit
+    clock = time_budget.ProcessClock.measure(time.perf_counter() - 10.0)
+    assert clock.exiting == pytest.approx(2.0, abs=0.1)
+    assert time_budget.ProcessClock.measure(None).exiting == 0.0  # a run inside a test's process
 
 
 @pytest.mark.parametrize("kind", ["cosine", "linear"])
@@ -361,7 +365,7 @@ def test_a_budget_run_on_a_machine_slowed_midway_ends_within_3_percent_of_its_bu
     """Measured from the process's start to its exit, start-up and final save included: the
     machine runs at half speed from step 8 on (``slow`` fault, after the first plan at step
     5), the plans that follow move the end, and the run still ends within 3% of its 40 s. Its plan is far below what the
-    preset needs, and its loss is logged at every step or so, not every 10th."""
+    preset needs, and from the plan on its loss is logged at least 20 times, not every 10th step."""
     budget = 40.0
     began = time.perf_counter()
     result = train(
@@ -373,6 +377,7 @@ def test_a_budget_run_on_a_machine_slowed_midway_ends_within_3_percent_of_its_bu
         "--fault_injection=slow@8-100000",
         "--run_name=run",
         config=SCRATCH_CONFIG,
+        env={"OMP_NUM_THREADS": "1"},  # one thread's speed changes least when other work shares the cores
     )
     elapsed = time.perf_counter() - began
     log = (tmp_path / "run" / "train.log").read_text()
@@ -381,6 +386,7 @@ def test_a_budget_run_on_a_machine_slowed_midway_ends_within_3_percent_of_its_bu
     assert moved and moved[-1] < first  # half speed: fewer steps fit
     assert abs(elapsed - budget) <= 0.03 * budget, f"{elapsed:.1f} s for a {budget:.0f} s budget\n{log[-3000:]}"
     assert f"this run trains {first} steps: the scratch preset reaches under 15 dB held-out PSNR" in result.stderr
+    planned_at = int(re.search(r"a step over steps \d+-(\d+),", log).group(1))
     end = json.loads((tmp_path / "run" / "finished.json").read_text())["step"]
-    logged = re.findall(r"step \d+: loss", log)
-    assert len(logged) >= min(end, 20)
+    logged = [int(step) for step in re.findall(r"step (\d+): loss", log)]
+    assert len([step for step in logged if step > planned_at]) >= min(20, end - planned_at)  # not every 10th

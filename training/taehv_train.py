@@ -76,7 +76,7 @@ from training.loop.resilience import (
     lost_rank_cause,
 )
 from training.loop.step import OUT_OF_MEMORY_ADVICE, OptimizerStepFailed, StepResult, TrainStep, build_model
-from training.loop.time_budget import TimeBudget, keeps_plan, launch_started
+from training.loop.time_budget import ProcessClock, TimeBudget, keeps_plan
 from training.loop.validation import ValidationDataError, validate
 from training.preflight import check
 from training.state.atomic_folders import DiskFullError, is_disk_full
@@ -234,9 +234,9 @@ class TrainingRun:
 def main(argv: list[str] | None = None, stop: StopRequest | None = None, started: float | None = None) -> Path:
     """Train as the config says; returns the run directory. ``stop`` is installed by the
     caller before anything slow, so that a signal during start-up is not lost; ``started``:
-    ``time.perf_counter()`` when this process started (a time budget counts the start-up
-    from then, or from the launch's start; default: now)."""
-    started = launch_started(time.perf_counter() if started is None else started)
+    ``time.perf_counter()`` when this process started, before it loaded the libraries (a time
+    budget counts the start-up from then, or from the launch's start; default: now)."""
+    clock = ProcessClock.measure(started)
     stop = stop or StopRequest()
     config_file, overrides = parse_args(argv)
     start = decide_start(process_state(), load_config(config_file, overrides), overrides)
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None, started
     torch.autograd.set_detect_anomaly(config.detect_anomaly)
     try:
         log_every_typed = "log_every" in given_keys(overrides)
-        return train(config, accelerator, run_dir, start, faults, stop, started, log_every_typed)
+        return train(config, accelerator, run_dir, start, faults, stop, clock, log_every_typed)
     except Exception as err:  # a full disk, or another process gone: say what to run next
         if is_disk_full(err):
             what = str(err) if isinstance(err, DiskFullError) else f"no space left on the device of {run_dir} ({err})"
@@ -293,7 +293,7 @@ def train(
     start: Start,
     faults: FaultPlan,
     stop: StopRequest,
-    started: float,
+    clock: ProcessClock,
     log_every_typed: bool = False,
 ) -> Path:
     """Build the model, data and step, restore the checkpoint ``start`` resumes, and run the
@@ -339,7 +339,8 @@ def train(
         )
     # the schedule's horizon: the step count a time budget fixed, else this start's max_train_steps
     train_step.schedule.total = (progress.planned_steps or config.max_train_steps) * accelerator.num_processes
-    budget = TimeBudget(config, progress, train_step.schedule, accelerator.num_processes, started, accelerator.device)
+    processes, device = accelerator.num_processes, accelerator.device
+    budget = TimeBudget(config, progress, train_step.schedule, processes, clock.started, device, clock.exiting)
     if budget.budget is None and accelerator.is_main_process:
         warn_if_short(config, config.max_train_steps)
     if data.latents.available:  # a run from published or earlier weights must already be on the reference scale

@@ -33,13 +33,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 HPARAM_TYPES = (int, float, str, bool)
-LOG_POINTS = 20  # the fewest loss log steps a run of a known length gets, unless log_every is typed
+# the loss log steps a run of a known length aims at, unless log_every is typed: twice the 20 it
+# should get at least, so a time budget whose plan is halved midway still logs 20
+LOG_POINTS = 40
 
 
 def log_interval(log_every: int, last_step: int | None, typed: bool) -> int:
     """Steps between two loss log steps: the config's ``log_every``, lowered so that a run
-    whose length is known (``last_step``: its step count or a time budget's plan) logs at
-    least ``LOG_POINTS`` times; a ``log_every`` typed on the command line is kept as typed."""
+    whose length is known (``last_step``: its step count or a time budget's plan) logs
+    about ``LOG_POINTS`` times; a ``log_every`` typed on the command line is kept as typed."""
     if typed or not last_step:
         return log_every
     return max(1, min(log_every, last_step // LOG_POINTS))

@@ -17,7 +17,8 @@ run ends, so the budget is turned into a plan:
   intervals say; only what this run has not measured yet) to measure what each costs,
   then plans: ``planned_steps`` is the steps that fit in the time left, with the
   validations and checkpoints still to come and the ending (a last validation, a
-  checkpoint and the final export, reserved as ``ENDING_CHECKPOINTS`` checkpoints) and
+  checkpoint and the final export, reserved as ``ENDING_CHECKPOINTS`` checkpoints; the
+  process's exit, ``EXIT_SHARE`` of what loading its libraries took) and
   ``MARGIN_SHARE`` of the budget kept aside; capped by ``max_train_steps`` when that is
   set (0: no step limit; a budget typed without it is the run's length,
   ``common.config.with_budget``). ``validations_per_budget`` spreads that many
@@ -64,6 +65,28 @@ ENDING_CHECKPOINTS = 2  # what the ending saves, in checkpoints: its checkpoint 
 ASIDE_SHARE = 0.25  # of the time left at the first plan, the most its spread validations and checkpoints take
 PLAN_KEYS = ("max_train_time", "max_train_steps", "validations_per_budget")  # what a plan is made for
 LAUNCH_STARTED = "TAEHV_STARTED_AT"  # the wall-clock time (time.time()) the launch began
+# the process's exit (the interpreter unloading its libraries) as a share of what loading them took:
+# 0.18-0.20 measured on a busy 2-core AMD EPYC (2026-11-29: 1.3-1.8 s to exit after 6.5-9.7 s of imports)
+EXIT_SHARE = 0.2
+
+
+@dataclass(frozen=True)
+class ProcessClock:
+    """When the run's clock started for this process (``time.perf_counter``'s scale), and
+    the seconds its exit will take, which the plan reserves."""
+
+    started: float
+    exiting: float
+
+    @classmethod
+    def measure(cls, process_started: float | None) -> ProcessClock:
+        """Now, after the libraries are loaded; ``process_started``: ``time.perf_counter()``
+        when this process started, before it loaded them (None: a run inside a process
+        that was started for something else, whose clock starts now)."""
+        now = time.perf_counter()
+        if process_started is None:
+            return cls(launch_started(now), 0.0)
+        return cls(launch_started(process_started), EXIT_SHARE * (now - process_started))
 
 
 def launch_started(process_started: float) -> float:
@@ -133,12 +156,14 @@ class TimeBudget:
         processes: int,
         started: float,
         device: torch.device,
+        exiting: float = 0.0,
     ):
         """``started``: ``time.perf_counter()`` when the run's clock started for this process
         (``launch_started``; its start-up counts against the budget); ``device``: where the
-        ranks agree on what their clocks say."""
+        ranks agree on what their clocks say; ``exiting``: the seconds the process's exit
+        will take (``ProcessClock``), reserved with the ending."""
         self.config, self.progress, self.schedule, self.processes = config, progress, schedule, processes
-        self.device = device
+        self.device, self.exiting = device, exiting
         self.budget = parse_duration(config.max_train_time) if config.max_train_time else None
         self._started, self._spent_before = started, progress.train_seconds
         self._first_step = progress.step
@@ -223,7 +248,7 @@ class TimeBudget:
         mark_step, mark_seconds = self._mark
         per_step = max((self._on_steps() - mark_seconds) / (progress.step - mark_step), 1e-6)
         validation, checkpoint = progress.validation_seconds, progress.checkpoint_seconds  # 0: none done
-        ending = validation + ENDING_CHECKPOINTS * checkpoint + MARGIN_SHARE * self.budget
+        ending = validation + ENDING_CHECKPOINTS * checkpoint + self.exiting + MARGIN_SHARE * self.budget
         left = max(self.budget - progress.train_seconds - ending, 0.0)
         each = validation + checkpoint * config.validation_every / config.checkpointing_steps
         spread = 0 if progress.planned_steps else self._spread(left, each)
