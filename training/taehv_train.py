@@ -263,8 +263,8 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None, started
         remove_partial_checkpoints(run_dir / "checkpoints")
     set_seed(config.seed)  # identical initial weights on every rank
     torch.autograd.set_detect_anomaly(config.detect_anomaly)
+    log_every_typed = "log_every" in given_keys(overrides)
     try:
-        log_every_typed = "log_every" in given_keys(overrides)
         return train(config, accelerator, run_dir, start, faults, stop, clock, log_every_typed)
     except Exception as err:  # a full disk, or another process gone: say what to run next
         if is_disk_full(err):
