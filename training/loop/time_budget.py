@@ -32,10 +32,11 @@ run ends, so the budget is turned into a plan:
   The intervals stay as first planned. Every rank takes rank 0's plan.
 - The plan, the seconds spent and what a validation and a checkpoint cost are saved in
   every checkpoint. A resumed run goes on with them and plans again once it has measured
-  its own steps: it ends when the run's time (all its processes, their start-ups included,
-  the pause between them not) reaches the budget, as an uninterrupted run does; it trains
-  as many fewer steps as its own start-up and the work lost since the checkpoint cost. A
-  resume that changes what the plan was made for (``PLAN_KEYS``) plans afresh.
+  its own steps: it ends when the run's time reaches the budget, as an uninterrupted run
+  does. That time is the seconds up to the checkpoint plus this process's own, its
+  start-up included (the pause and the work after the checkpoint, trained again, are not
+  counted), so it trains as many fewer steps as its start-up took. A resume that changes
+  what the plan was made for (``PLAN_KEYS``) plans afresh.
 """
 
 from __future__ import annotations
