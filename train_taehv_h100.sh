@@ -2,6 +2,9 @@
 # Launch TAEHV training on 1, 8 or 16 GPUs (DeepSpeed ZeRO-2), or on CPU processes.
 # Run with --help for usage.
 set -euo pipefail
+# the run's clock starts here: a time budget (--max_train_time) counts the checks and the start-up too
+EPOCH_NOW=${EPOCHREALTIME:-}
+export TAEHV_STARTED_AT="${TAEHV_STARTED_AT:-${EPOCH_NOW/,/.}}"
 # Paths the user types (--data, a custom config, --resume PATH) are relative to the folder the
 # script is run from; the script then works in the repository, where the presets' own
 # relative paths (output/, checkpoints/, data/) lead.

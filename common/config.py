@@ -119,8 +119,9 @@ class TrainConfig:
     train_batch_size: int = 2  # per process
     gradient_accumulation_steps: int = 1  # the only source: accelerate YAMLs must not set it
     max_train_steps: int = 100_000  # optimizer steps; 0 with max_train_time: no step limit, the budget decides
-    # wall-clock budget ("8h", "45m", "1h30m", "600s"): fixed as a step count early on (training/loop/time_budget.py);
-    # typed without --max_train_steps, the budget alone is the run's length (with_budget)
+    # wall-clock budget ("8h", "45m", "1h30m", "600s"), start-up and final save included: planned as a step count
+    # and corrected as the run goes (training/loop/time_budget.py); typed without --max_train_steps, the budget
+    # alone is the run's length (with_budget)
     max_train_time: str = ""
     validations_per_budget: int = 10  # under max_train_time: validations spread over the run; 0: validation_every
     learning_rate: float = 1e-4
@@ -135,7 +136,7 @@ class TrainConfig:
     ema_decay: float = 0.999
 
     # -- monitoring and checkpoints --------------------------------------------------
-    log_every: int = 50
+    log_every: int = 50  # lowered so a run of known length logs its loss ~40 times, unless typed (monitoring.py)
     validation_every: int = 1000
     num_validation_samples: int = 20
     validation_batch_size: int = 2

@@ -71,9 +71,10 @@ def assert_same_training(full, resumed) -> None:
     assert_identical(full / "final_model.safetensors", resumed / "final_model.safetensors")
     for name in sorted(p.name for p in (full / last).glob("*.safetensors")):
         assert_identical(full / last / name, resumed / last / name)
-    # measured on the wall clock: the seconds spent, and a time budget's plan (a process
-    # resumed before it measures again; here max_train_steps ends the runs before any plan)
-    wall_clock = {"train_seconds", "planned_steps", "validation_every"}
+    # measured on the wall clock: the seconds spent, what a validation and a checkpoint took, and
+    # a time budget's plan (a process resumed before it measures again; here max_train_steps
+    # ends the runs before any plan)
+    wall_clock = {"train_seconds", "planned_steps", "validation_every", "validation_seconds", "checkpoint_seconds"}
     progress = [
         {k: v for k, v in trainer_state(run / last)["progress"].items() if k not in wall_clock}
         for run in (full, resumed)

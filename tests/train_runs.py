@@ -17,6 +17,16 @@ from conftest import REPO_ROOT
 
 TRAIN = ["-m", "taehv_train.training.taehv_train"]  # run as a module from the repository root
 TEST_CONFIG = str(REPO_ROOT / "training" / "configs" / "taehv_config_test.py")
+SCRATCH_CONFIG = str(REPO_ROOT / "training" / "configs" / "taehv_config_scratch.py")
+# the from-scratch preset at the test preset's sizes (its name is what a run's expectations are looked up by)
+SCRATCH_AT_TEST_SIZES = (
+    "--width=32",
+    "--train_batch_size=1",
+    "--mixed_precision=no",
+    "--frame_cache_mb=0",
+    "--dataloader_num_workers=0",
+    "--num_validation_samples=2",
+)
 ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 ONE_PROCESS = [sys.executable]
 
@@ -149,10 +159,10 @@ def all_ended(pids: list[int]) -> bool:
     return True
 
 
-def training_options(out: Path, data: dict, *overrides: str) -> list[str]:
+def training_options(out: Path, data: dict, *overrides: str, config: str = TEST_CONFIG) -> list[str]:
     return [
         "--config",
-        TEST_CONFIG,
+        config,
         f"--output_dir={out}",
         f"--data_root={data['root']}",
         f"--annotation_file={data['train']}",
@@ -161,8 +171,8 @@ def training_options(out: Path, data: dict, *overrides: str) -> list[str]:
     ]
 
 
-def train_args(launcher: list[str], out: Path, data: dict, *overrides: str) -> list[str]:
-    return [*launcher, *TRAIN, *training_options(out, data, *overrides)]
+def train_args(launcher: list[str], out: Path, data: dict, *overrides: str, config: str = TEST_CONFIG) -> list[str]:
+    return [*launcher, *TRAIN, *training_options(out, data, *overrides, config=config)]
 
 
 def train(
@@ -173,10 +183,11 @@ def train(
     env: dict | None = None,
     timeout: int = 300,
     expect: int = 0,
+    config: str = TEST_CONFIG,
 ) -> subprocess.CompletedProcess:
-    """Run training to its end and check the exit status."""
+    """Run training (the test preset, or ``config``) to its end and check the exit status."""
     result = subprocess.run(
-        train_args(launcher, out, data, *overrides),
+        train_args(launcher, out, data, *overrides, config=config),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -187,7 +198,7 @@ def train(
     return result
 
 
-def train_here(out: Path, data: dict, *overrides: str) -> Path:
+def train_here(out: Path, data: dict, *overrides: str, config: str = TEST_CONFIG) -> Path:
     """A one-process run inside this test process, for tests of what training makes (the
     seconds of imports a fresh process spends are paid once); tests of processes, signals
     and exit statuses use ``train``. What a run sets for its process (the root logger's
@@ -205,7 +216,7 @@ def train_here(out: Path, data: dict, *overrides: str) -> Path:
     handlers, level, environ = root.handlers[:], root.level, dict(os.environ)
     fresh_accelerate_state()
     try:
-        return taehv_train.main(training_options(out, data, *overrides))
+        return taehv_train.main(training_options(out, data, *overrides, config=config))
     finally:
         for handler in set(root.handlers) - set(handlers):
             handler.close()  # the run's train.log

@@ -27,8 +27,10 @@ where there is one to resume; ``--debug`` keeps the traceback.
 from __future__ import annotations
 
 import signal
+import time
 
 if __name__ == "__main__":  # a stop signal that arrives while the libraries load is kept for later
+    PROCESS_STARTED = time.perf_counter()  # a time budget counts the libraries' loading too
     EARLY_SIGNALS: list[int] = []
     for _sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(_sig, lambda signum, frame: EARLY_SIGNALS.append(signum))
@@ -40,7 +42,6 @@ import logging
 import os
 import shlex
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -51,7 +52,7 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from taehv_train.common.clips import VideoClipDataset, VideoDataError, frames_to_unit
-from taehv_train.common.config import TrainConfig, describe, load_config
+from taehv_train.common.config import TrainConfig, describe, given_keys, load_config
 from taehv_train.common.errors import EXIT_USER_ERROR, USER_ERRORS, UserError, debug_requested
 from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.reference_vae import ReferenceVAE
@@ -64,6 +65,7 @@ from taehv_train.training.export import BUNDLE_FOLDER, write_bundle
 from taehv_train.training.loop.accelerator import make_accelerator, setup_logging
 from taehv_train.training.loop.best_model import BestTracker
 from taehv_train.training.loop.distributed import process_state
+from taehv_train.training.loop.expectations import warn_if_short
 from taehv_train.training.loop.feed import feed_notes
 from taehv_train.training.loop.memory import check_fits
 from taehv_train.training.loop.monitoring import Monitor
@@ -77,7 +79,7 @@ from taehv_train.training.loop.resilience import (
     lost_rank_cause,
 )
 from taehv_train.training.loop.step import OUT_OF_MEMORY_ADVICE, OptimizerStepFailed, StepResult, TrainStep, build_model
-from taehv_train.training.loop.time_budget import TimeBudget, keeps_plan
+from taehv_train.training.loop.time_budget import ProcessClock, TimeBudget, keeps_plan
 from taehv_train.training.loop.validation import ValidationDataError, validate
 from taehv_train.training.preflight import check
 from taehv_train.training.state.atomic_folders import DiskFullError, is_disk_full
@@ -124,6 +126,8 @@ class Progress:
     train_seconds: float = 0.0  # wall-clock seconds spent on the run, all its processes
     planned_steps: int = 0  # the step count max_train_time fixed (training.loop.time_budget); 0: max_train_steps
     validation_every: int = 0  # the validation interval max_train_time spread; 0: the config's intervals
+    validation_seconds: float = 0.0  # what the last validation took (0: none yet), for the time budget's plan
+    checkpoint_seconds: float = 0.0  # what the last checkpoint took (0: none yet)
 
     @property
     def next_window(self) -> int:
@@ -230,10 +234,12 @@ class TrainingRun:
         return broadcast_flag(self.tracker.should_stop, acc.device)
 
 
-def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path:
+def main(argv: list[str] | None = None, stop: StopRequest | None = None, started: float | None = None) -> Path:
     """Train as the config says; returns the run directory. ``stop`` is installed by the
-    caller before anything slow, so that a signal during start-up is not lost."""
-    started = time.perf_counter()  # the time budget counts the start-up too
+    caller before anything slow, so that a signal during start-up is not lost; ``started``:
+    ``time.perf_counter()`` when this process started, before it loaded the libraries (a time
+    budget counts the start-up from then, or from the launch's start; default: now)."""
+    clock = ProcessClock.measure(started)
     stop = stop or StopRequest()
     config_file, overrides = parse_args(argv)
     start = decide_start(process_state(), load_config(config_file, overrides), overrides)
@@ -260,8 +266,9 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> Path
         remove_partial_checkpoints(run_dir / "checkpoints")
     set_seed(config.seed)  # identical initial weights on every rank
     torch.autograd.set_detect_anomaly(config.detect_anomaly)
+    log_every_typed = "log_every" in given_keys(overrides)
     try:
-        return train(config, accelerator, run_dir, start, faults, stop, started)
+        return train(config, accelerator, run_dir, start, faults, stop, clock, log_every_typed)
     except Exception as err:  # a full disk, or another process gone: say what to run next
         if is_disk_full(err):
             what = str(err) if isinstance(err, DiskFullError) else f"no space left on the device of {run_dir} ({err})"
@@ -289,11 +296,13 @@ def train(
     start: Start,
     faults: FaultPlan,
     stop: StopRequest,
-    started: float,
+    clock: ProcessClock,
+    log_every_typed: bool = False,
 ) -> Path:
     """Build the model, data and step, restore the checkpoint ``start`` resumes, and run the
     loop to its end: each pass trains one accumulation window, then logs, validates and
-    checkpoints at their intervals and decides whether to stop."""
+    checkpoints at their intervals and decides whether to stop. ``log_every_typed``: the
+    command line set ``log_every`` (kept as typed, ``training.loop.monitoring.log_interval``)."""
     resume_from = start.checkpoint
     model = build_model(config, resumed=resume_from is not None)
     ref_vae = ReferenceVAE.from_config(config, accelerator.device) if config.ref_vae_path else None
@@ -333,7 +342,10 @@ def train(
         )
     # the schedule's horizon: the step count a time budget fixed, else this start's max_train_steps
     train_step.schedule.total = (progress.planned_steps or config.max_train_steps) * accelerator.num_processes
-    budget = TimeBudget(config, progress, train_step.schedule, accelerator.num_processes, started, accelerator.device)
+    processes, device = accelerator.num_processes, accelerator.device
+    budget = TimeBudget(config, progress, train_step.schedule, processes, clock.started, device, clock.exiting)
+    if budget.budget is None and accelerator.is_main_process:
+        warn_if_short(config, config.max_train_steps)
     if data.latents.available:  # a run from published or earlier weights must already be on the reference scale
         check_latent_scale(train_step, data, pretrained=bool(config.pretrained_model_path))
     if accelerator.is_main_process:  # only once the start-up worked: a failed resume leaves the run as it was
@@ -349,7 +361,7 @@ def train(
         )
         accelerator.end_training()
         return run_dir
-    monitor = Monitor(accelerator, config, run_dir, progress.step, train_step.idle)
+    monitor = Monitor(accelerator, config, run_dir, progress.step, train_step.idle, log_every_typed)
     run = TrainingRun(config, run_dir, train_step, progress, tracker, monitor, faults, data.val, ref_vae)
     progress_bar = tqdm(
         total=budget.last_step,
@@ -428,26 +440,35 @@ def train_windows(
         last = out_of_time or budget.reached(step)
         cadence = budget.cadence
 
-        if step % config.log_every == 0 or last:
+        if monitor.logs_at(step, budget.last_step) or last:
             logs = monitor.log_train(step, train_step.scheduler.get_last_lr()[0], result.grad_norm, samples_per_step)
             psnr = monitor.last_psnr  # shown from the first validation on
             progress_bar.set_postfix(
                 loss=f"{logs['train/loss']:.4f}", **({} if psnr is None else {"psnr": f"{psnr:.2f}"})
             )
-        early_stop, validation = False, None
-        if run.val_set is not None and (cadence.validates(step) or last or planning):  # planning: measures its cost
+        early_stop = False
+        # a step that plans validates and checkpoints first when the run has not measured what each costs
+        validates = cadence.validates(step) or last or (planning and budget.unmeasured("validation"))
+        if run.val_set is not None and validates:
             try:
-                with budget.aside() as validation:
+                with budget.aside("validation"):
                     early_stop = run.validate(cadence.draws(step) or last)
             except ValidationDataError as err:  # raised on every rank together; the step is saved by finish
                 stop_reason, data_error = "data", err
                 break
-        if planning and not last:  # the time budget fixes the run's step count and intervals
-            progress_bar.total = budget.plan(validation.seconds if validation is not None else 0.0)
+        saved = planning and budget.unmeasured("checkpoint")
+        if saved:
+            with budget.aside("checkpoint"):
+                run.checkpoint()
+        if planning and not last:  # the time budget fixes (or corrects) the run's step count
+            first_plan = not progress.planned_steps
+            progress_bar.total = budget.plan()
+            if first_plan and accelerator.is_main_process:
+                warn_if_short(config, progress.planned_steps, budget.budget)
             progress_bar.refresh()
             last, cadence = budget.reached(step), budget.cadence
-        if cadence.checkpoints_at(step) or last:
-            with budget.aside():
+        if not saved and (cadence.checkpoints_at(step) or last):
+            with budget.aside("checkpoint"):
                 run.checkpoint()
 
         if last:
@@ -553,15 +574,15 @@ def tell_launcher(variable: str, text: str) -> None:
         Path(target).write_text(text)
 
 
-def entry_point(argv: list[str] | None = None, early_signals: list[int] = ()) -> None:
+def entry_point(argv: list[str] | None = None, early_signals: list[int] = (), started: float | None = None) -> None:
     """Run training and exit with the documented status; every ending that is not a crash
-    is one line on stderr and in train.log (when the run got that far)."""
+    is one line on stderr and in train.log (when the run got that far). ``started``: as for ``main``."""
     stop = StopRequest().install()
     for signum in early_signals:
         stop.receive(signum)
     status = 0
     try:
-        main(argv, stop)
+        main(argv, stop, started)
     except USER_ERRORS as err:
         if debug_requested(argv):
             raise
@@ -584,4 +605,4 @@ def entry_point(argv: list[str] | None = None, early_signals: list[int] = ()) ->
 
 
 if __name__ == "__main__":
-    entry_point(early_signals=EARLY_SIGNALS)
+    entry_point(early_signals=EARLY_SIGNALS, started=PROCESS_STARTED)

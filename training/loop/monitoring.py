@@ -33,6 +33,18 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 HPARAM_TYPES = (int, float, str, bool)
+# the loss log steps a run of a known length aims at, unless log_every is typed: twice the 20 it
+# should get at least, so a time budget whose plan is halved midway still logs 20
+LOG_POINTS = 40
+
+
+def log_interval(log_every: int, last_step: int | None, typed: bool) -> int:
+    """Steps between two loss log steps: the config's ``log_every``, lowered so that a run
+    whose length is known (``last_step``: its step count or a time budget's plan) logs
+    about ``LOG_POINTS`` times; a ``log_every`` typed on the command line is kept as typed."""
+    if typed or not last_step:
+        return log_every
+    return max(1, min(log_every, last_step // LOG_POINTS))
 
 
 def config_errors(config: TrainConfig) -> list[str]:
@@ -90,8 +102,11 @@ class Monitor:
         run_dir: Path,
         start_step: int = 0,
         idle: IdleClock | None = None,
+        log_every_typed: bool = False,
     ):
+        """``log_every_typed``: the command line set ``log_every`` (``log_interval``)."""
         self.accelerator, self.config, self.run_dir = accelerator, config, run_dir
+        self.log_every_typed = log_every_typed
         self.idle = idle or IdleClock(accelerator.device)
         self.flops_per_micro_batch = micro_batch_flops(config)
         self.peak_flops = peak_flops(accelerator.device, config.mixed_precision)
@@ -110,6 +125,10 @@ class Monitor:
         self._micro_batches = 0  # trained since the last log (skipped windows included: they computed)
         self.total_failures = 0
         self.last_psnr: float | None = None  # none before the first validation
+
+    def logs_at(self, step: int, last_step: int | None) -> bool:
+        """Whether ``step`` is a loss log step (``log_interval``) of a run ending at ``last_step``."""
+        return step % log_interval(self.config.log_every, last_step, self.log_every_typed) == 0
 
     def add_window(self, result: StepResult) -> None:
         """Add an accumulation window (``training.loop.step``): the (finite) loss terms of

@@ -98,13 +98,30 @@ def parse_duration(text: str) -> float | None:
 class LearningRateSchedule:
     """The learning-rate factor at a scheduler step: diffusers' ``constant``,
     ``constant_with_warmup``, ``cosine`` (half a cycle) and ``linear`` schedules, with a
-    horizon (``total``) that a time budget can set once the run's speed is known. Its
+    horizon (``total``) that a time budget sets once the run's speed is known and moves as
+    it re-plans (``retarget``: the decay goes on from where it is, without a jump). Its
     attributes are plain data, so ``LambdaLR.state_dict`` saves them and a resumed run
     gets the horizon it had. A horizon of 0 (a time budget that has not planned its step
     count yet, with no step limit) means no decay yet."""
 
     def __init__(self, kind: str, warmup: int, total: int):
         self.kind, self.warmup, self.total = kind, warmup, total
+        # the step the current horizon was set at and the share of the decay done by then
+        self.anchor_step, self.anchor_progress = warmup, 0.0
+
+    def progress(self, step: int) -> float:
+        """The share of the decay done at ``step``: from the anchor's share, evenly to 1 at the horizon."""
+        if not self.total:
+            return 0.0
+        done = float(step - self.anchor_step) / float(max(1, self.total - self.anchor_step))
+        return self.anchor_progress + (1.0 - self.anchor_progress) * done
+
+    def retarget(self, step: int, total: int) -> None:
+        """Move the horizon to ``total`` at scheduler step ``step``: the rate at ``step`` stays
+        what it is, and the rest of the decay is spread over the steps to the new horizon."""
+        if step > self.anchor_step:
+            self.anchor_step, self.anchor_progress = step, min(self.progress(step), 1.0)
+        self.total = total
 
     def __call__(self, step: int) -> float:
         if self.kind == "constant":
@@ -114,6 +131,6 @@ class LearningRateSchedule:
         if self.kind == "constant_with_warmup" or not self.total:
             return 1.0
         if self.kind == "linear":
-            return max(0.0, float(self.total - step) / float(max(1, self.total - self.warmup)))
-        progress = float(step - self.warmup) / float(max(1, self.total - self.warmup))
-        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))
+            left = float(self.total - step) / float(max(1, self.total - self.anchor_step))
+            return max(0.0, (1.0 - self.anchor_progress) * left)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * self.progress(step))))

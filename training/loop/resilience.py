@@ -43,6 +43,7 @@ FAULT_KINDS = (
     "crash_in_save",
     "sigterm",
     "disk_full",
+    "slow",
 )
 # Exit status of a process that lost contact with another process of its run (which died
 # or was killed): the launcher (``training.launch``) then reports the one that died.
@@ -241,7 +242,9 @@ class FaultPlan:
     ``oom_copy`` raises an out-of-memory error in the copy of a batch to the device by the
     prefetching thread (``training.data.prefetch``), at the N-th batch this process's
     prefetcher copied since the run (re)started, counted from 1 (on a CPU too, where the
-    copy moves nothing). Without a rank, every rank is hit.
+    copy moves nothing), ``slow`` makes windows N..M take twice as long (each sleeps, before
+    its optimizer step, as long as its micro-batches took: a machine that slows down).
+    Without a rank, every rank is hit.
     """
 
     faults: set[tuple[str, int, int | None]] = field(default_factory=set)
@@ -297,6 +300,11 @@ class FaultPlan:
         if self.fires("sigterm", step, rank):
             self.faults -= {("sigterm", step, rank), ("sigterm", step, None)}
             os.kill(os.getpid(), signal.SIGTERM)
+
+    def maybe_slow(self, step: int, rank: int, seconds: float) -> None:
+        """Sleep ``seconds`` (what window ``step`` took so far) in window ``step``."""
+        if self.fires("slow", step, rank):
+            time.sleep(seconds)
 
     def maybe_fill_disk(self, step: int, rank: int) -> None:
         if self.fires("disk_full", step, rank):

@@ -310,6 +310,7 @@ class TrainStep:
         failures, data_wait, taken = torch.zeros((), dtype=torch.long), 0.0, 0
         # this rank's data is gone, or a stop came while it waited: NaN gradients to the window's end
         data_error: VideoDataError | WaitInterrupted | None = None
+        began = time.perf_counter()
         while True:
             started = time.perf_counter()
             self.idle.pause()  # the GPU finishes what is queued while the host waits
@@ -336,6 +337,7 @@ class TrainStep:
                 if micro_losses is not None:
                     losses.append(micro_losses)
                 if last:
+                    self.faults.maybe_slow(window, acc.process_index, time.perf_counter() - began)
                     self.faults.maybe_signal(window, acc.process_index)
                     return self.end_window(trouble, losses, taken, data_wait, failures, data_error, window)
 
