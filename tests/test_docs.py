@@ -158,13 +158,18 @@ RUN_SNIPPETS = textwrap.dedent("""
 @pytest.mark.slow  # a Python process that encodes and decodes 17 frames of 480x720
 def test_the_docs_python_snippets_run_from_another_folder(tmp_path):
     """The package is installed, not found through the working folder: from a folder that is
-    not the repository, every Python block's imports work, and the README's (given
-    taecvx-shaped weights in that folder's checkpoints/) runs as written, with the shapes its
-    comments give."""
+    not the repository, no top-level models/common/... is found, every Python block's
+    imports work, and the README's (given taecvx-shaped weights in that folder's
+    checkpoints/) runs as written, with the shapes its comments give."""
     blocks = [block for doc in DOCS for block in python_blocks(doc)]
     lines = [line for block in blocks for line in block.splitlines()]
     imports = "\n".join(line for line in lines if line.startswith(("from ", "import ")))
     assert "taehv_train" in imports
+    # the package's folders are importable under its namespace only, not as top-level names
+    bare = ("models", "common", "training", "evaluation", "inference")
+    claimed = f"import importlib.util as u; print([n for n in {bare} if u.find_spec(n)])"
+    names = subprocess.run([sys.executable, "-c", claimed], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert names.stdout.strip() == "[]", names.stdout + names.stderr
     (tmp_path / "checkpoints").mkdir()
     save = "from taehv_train.models.taehv import TAEHV; from taehv_train.models.weights import save_weights; "
     save += "save_weights(TAEHV(None, variant='taecvx'), 'checkpoints/taecvx.pth')"
