@@ -10,10 +10,9 @@ import shlex
 import sys
 from pathlib import Path
 
+from taehv_train.common.config import REPO_ROOT
 from taehv_train.training.loop.distributed import started_command
 from taehv_train.training.state.checkpoints import list_checkpoints
-
-REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 def launch_command() -> list[str]:
@@ -52,7 +51,7 @@ def next_steps(run_dir: Path) -> list[tuple[str, str]]:
     run = run_dir.resolve()
     evaluate = [
         sys.executable,
-        str(REPOSITORY / "inference.py"),
+        str(REPO_ROOT / "inference.py"),
         "--model_path",
         str(run),
         "--output_dir",
