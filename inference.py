@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from taehv_train.common.clips import VideoClipDataset, VideoDataError
-from taehv_train.common.config import DTYPES, TrainConfig, load_config
+from taehv_train.common.config import COUNT, DTYPES, RANGES, Range, TrainConfig, load_config
+from taehv_train.common.devices import checked_device, default_device
 from taehv_train.common.errors import USER_ERRORS, UserError, exit_on_user_error
 from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.metrics import lpips_unavailable_reason
@@ -120,7 +121,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="torch.compile the model's blocks (TAEHV.compile, inductor); compilation happens in the "
         "warm-up on the first clip and is not timed",
     )
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=default_device(), help="cpu, cuda, cuda:N or mps (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="which samples are drawn (deterministic)")
     p.add_argument("--fps", type=float, default=None, help="fps of written videos (default: the source's)")
     p.add_argument("--output_dir", default="inference_results")
@@ -129,17 +130,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="show the traceback of user errors (files, options, out of memory) instead of one line",
     )
-    args = p.parse_args(argv)
-    if args.num_samples < 1:
-        p.error("--num_samples must be >= 1")
-    if args.n_frames is not None and args.n_frames < 1:
-        p.error("--n_frames must be >= 1")
-    if args.stride is not None and args.stride < 1:
-        p.error("--stride must be >= 1")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        p.error("--device cuda requested but CUDA is not available")
-    if args.dtype == "fp16" and not args.device.startswith("cuda"):
-        p.error("--dtype fp16 needs a CUDA device")
+    return checked_options(p.parse_args(argv))
+
+
+# the numeric flags' ranges: the config keys' (common.config.RANGES) where a flag stands for one
+OPTION_RANGES = {
+    "num_samples": Range(1, COUNT),
+    "n_frames": RANGES["n_frames"],
+    "stride": RANGES["stride_max"],
+    "height": RANGES["height"],
+    "width": RANGES["width"],
+    "seed": RANGES["seed"],
+    "fps": Range(0, 1000, open_low=True),
+}
+
+
+def checked_options(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` once its values are in range and its device is usable here; else a UserError
+    (one line), before any model is built or output folder made."""
+    for flag, bounds in OPTION_RANGES.items():
+        if (value := getattr(args, flag)) is not None and (problem := bounds.problem(f"--{flag}", value)):
+            raise UserError(problem)
+    if checked_device(args.device).type != "cuda" and args.dtype == "fp16":
+        raise UserError("--dtype fp16 needs a CUDA device")
     return args
 
 

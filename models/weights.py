@@ -52,6 +52,8 @@ def _refuse_unfinished(path: Path) -> None:
 def _check_path(path: str | os.PathLike) -> Path:
     path = Path(path)
     _refuse_unfinished(path)
+    if path.is_dir():
+        raise WeightsError(f"{path} is a folder, not a file")
     if not path.is_file():
         raise WeightsNotFoundError(f"weight file {path} not found{fetch_hint(path)}")
     if path.suffix not in WEIGHT_SUFFIXES:
@@ -145,20 +147,26 @@ def _load_pth(path: Path) -> object:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         raise _refused_pickle(path, err) from None  # never chain torch's advice to drop the check
-    except (EOFError, RuntimeError, KeyError) as err:  # empty file, damaged zip archive, garbage bytes
+    except (EOFError, RuntimeError, KeyError, IndexError) as err:  # empty file, damaged zip archive, garbage bytes
         detail = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise WeightsError(f"{path} is not a readable PyTorch weight file (damaged or truncated): {detail}") from err
 
 
-def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Tensors of a weight file, on the CPU."""
+def read_tensors(path: str | os.PathLike) -> object:
+    """What a ``.safetensors`` file (a dict of tensors) or a ``.pth``/``.pt`` file (tensors
+    and plain containers only) holds, on the CPU; any failure a WeightsError."""
     path = _check_path(path)
     if path.suffix == ".safetensors":
         try:
             return load_file(str(path), device="cpu")
         except SafetensorError as err:
             raise _unreadable_safetensors(path, err) from err
-    state_dict = _load_pth(path)
+    return _load_pth(path)
+
+
+def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Tensors of a weight file, on the CPU."""
+    state_dict = read_tensors(path)
     if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise CheckpointMismatchError(
             f"{path} is not a plain state dict of tensors (a training checkpoint folder? "

@@ -338,9 +338,10 @@ def test_frame_counts_above_64_work_with_a_reference_vae(tmp_path, variant, fram
 
 
 def test_validation_size_is_checked_and_used_for_the_held_out_clips(tmp_path, demo_clips):
-    with pytest.raises(UserError) as err:
-        check(valid(tmp_path, height=0, val_height=48))
-    assert "must be positive, got 0x720" in str(err.value) and "set both val_height and val_width" in str(err.value)
+    with pytest.raises(UserError, match=r"height=0 must be in \[1, 16384\]"):
+        check(valid(tmp_path, height=0))
+    with pytest.raises(UserError, match="set both val_height and val_width"):
+        check(valid(tmp_path, val_height=48))
     with pytest.raises(UserError, match=r"val_height and val_width must be multiples of 8 \(.*\), got 44x64"):
         check(valid(tmp_path, val_height=44, val_width=64))
     from taehv_train.training.data.loading import build_datasets

@@ -193,8 +193,8 @@ def test_an_empty_data_folder_is_refused_before_a_run_folder_exists(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (("--height=0",), "error: invalid config: height and width must be positive, got 0x32"),
-        (("--height=0", "--width=4"), "error: invalid config:"),  # several problems: one line each below it
+        (("--height=0",), "error: invalid config: height=0 must be in [1, 16384]"),
+        (("--height=0", "--width=0"), "error: invalid config:"),  # several problems: one line each below it
         (("--resume", "checkpoint-3"), "error: --resume checkpoint-3: no run of this config under"),
     ],
 )
@@ -203,7 +203,7 @@ def test_a_pre_flight_refusal_is_one_error_line_on_stderr(tmp_path, demo_clips, 
     assert result.returncode == 2 and "Traceback" not in result.stdout + result.stderr
     first, *more = result.stderr.splitlines()
     assert first.startswith(message) and all(line.startswith("  ") for line in more), result.stderr
-    assert len(more) == (2 if "--width=4" in overrides else 0)
+    assert len(more) == (2 if "--width=0" in overrides else 0)
     assert "launch:" not in result.stdout and not (tmp_path / "out").exists()
 
 

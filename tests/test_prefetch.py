@@ -219,7 +219,7 @@ def test_an_out_of_memory_copy_costs_that_batch_and_the_next_ones_come(accelerat
 
 
 def test_batch_timeout_below_zero_is_refused(tmp_path):
-    with pytest.raises(UserError, match="batch_timeout must be >= 0"):
+    with pytest.raises(UserError, match="batch_timeout=-1.0 must be >= 0"):
         check(valid_config(tmp_path, batch_timeout=-1.0))
     assert TrainConfig().batch_timeout > 0  # a bound by default
 

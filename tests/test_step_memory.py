@@ -119,4 +119,4 @@ def test_frame_caches_larger_than_the_machines_ram_are_refused_with_the_numbers(
     monkeypatch.setattr(memory, "host_memory", lambda: 8 << 30)
     with pytest.raises(UserError, match=r"x 1 loader process\(es\) .* lower frame_cache_mb well below 4096,"):
         memory.check_fits(config.replace(frame_cache_mb=4097, dataloader_num_workers=0))
-    memory.check_frame_cache(config.replace(frame_cache_mb=1024))  # 1 GiB x 4 x 2 fits 8 GiB
+    memory.check_host_memory(config.replace(frame_cache_mb=512))  # 0.5 GiB x 4 x 2 and the batches fit 8 GiB

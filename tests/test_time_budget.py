@@ -173,16 +173,21 @@ def test_a_machine_that_slows_down_moves_the_end_and_the_schedule_follows_withou
     assert budget.plan() > 16
 
 
-def test_the_plan_spreads_fewer_validations_when_they_would_take_much_of_the_time_left(clock):
+def test_the_plan_spreads_fewer_validations_when_they_would_take_much_of_the_time_left(clock, caplog):
     progress = fresh_progress()
     budget = TimeBudget(
         budget_config(validations_per_budget=10), progress, LearningRateSchedule("constant", 0, 0), 1, 0.0, CPU
     )
     steps(budget, clock, [3] * 5, aside={3: 1})
     validate(budget, clock, 4)
-    # 20 s spent, 70 s left after the ending: 5 s a validation and its checkpoint, at most a quarter of it
+    # 20 s spent, 73 s left after the ending: 5 s a validation and its checkpoint, at most a quarter of it
     budget.plan()
     assert progress.validation_every == math.ceil(progress.planned_steps / 3)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [
+        "validations_per_budget=10: 3 validation(s) of 5.0 s each (with their checkpoints) fit in the 25% of the "
+        f"73 s left that they may take; validating every {progress.validation_every} steps"
+    ]
 
 
 def test_without_spreading_the_plan_counts_the_configs_validations(clock):

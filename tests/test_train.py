@@ -265,7 +265,7 @@ def test_a_user_error_is_one_line_and_debug_keeps_the_traceback(tmp_path, demo_c
     ]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        "error: invalid config: height and width must be positive, got 0x32"
+        "error: invalid config: height=0 must be in [1, 16384]"
     ]
     debug = subprocess.run([*args, "--debug"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "UserError" in debug.stderr

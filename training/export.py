@@ -264,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fp16", action="store_true", help="also write <stem>_fp16.safetensors")
     parser.add_argument("--force", action="store_true", help="replace the bundle's files when --out already holds them")
     args = parser.parse_args(argv)
+    if not args.out.strip():  # Path("") is the current folder
+        raise UserError("--out is empty: name the folder to write the bundle into")
     typed = ["python", "-m", "taehv_train.training.export", *(sys.argv[1:] if argv is None else argv)]
     command = f"`{portable(shlex.join(typed))}`"
     chosen = run_weights(args.source, args.weights)

@@ -1,26 +1,34 @@
 """The config check before any heavy work: every component's ``config_errors(config)``, asked in one go.
 
-Each component owns the rules of its keys (data sizes and frames, the reference VAE, the
-losses, Seraena, optimisation, validation, checkpoints, early stopping, fault handling);
-whether a valid config fits this machine's memory is ``training.loop.memory.check_fits``.
-this module only asks them all, so a user sees every problem of a config at once. The
-launch script, training, the latent-cache builder and the tests call ``check``.
+Every numeric key's range is one table, ``common.config.RANGES``, checked first: the
+components compute with those values. Each component owns the rules that relate its keys to
+each other, the variant and the data (sizes and frames, the reference VAE, the losses,
+Seraena, optimisation, early stopping, fault handling); whether a valid config fits this
+machine's memory is ``training.loop.memory.check_fits``. This module only asks them all, so
+a user sees every problem of a kind at once. The launch script, training, the latent-cache
+builder and the tests call ``check``.
 """
 
 from __future__ import annotations
 
 from taehv_train.common import reference_vae
-from taehv_train.common.config import TrainConfig, invalid_config, missing_paths, spec_of, type_problems
+from taehv_train.common.config import (
+    TrainConfig,
+    invalid_config,
+    missing_paths,
+    range_problems,
+    spec_of,
+    type_problems,
+)
 from taehv_train.models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES
 from taehv_train.training.data import latent_cache, loading
-from taehv_train.training.loop import adversarial, best_model, losses, monitoring, optimisation, resilience, validation
-from taehv_train.training.state import checkpoints
+from taehv_train.training.loop import adversarial, best_model, losses, optimisation, resilience
 
 
 def check(config: TrainConfig) -> list[str]:
     """Validate a config before any heavy work. Raises UserError listing every problem;
     returns informational notes (e.g. frames the reconstruction loss does not cover)."""
-    if errors := type_problems(config):
+    if errors := type_problems(config) or range_problems(config):  # the components compute with these values
         raise invalid_config(errors)
     if config.variant == "auto":  # with_auto_variant could not tell: say why
         folder_problems = (
@@ -43,9 +51,6 @@ def check(config: TrainConfig) -> list[str]:
         *adversarial.config_errors(config, spec),
         *optimisation.config_errors(config),
         *latent_cache.config_errors(config),
-        *monitoring.config_errors(config),
-        *validation.config_errors(config),
-        *checkpoints.config_errors(config),
         *best_model.config_errors(config),
         *resilience.config_errors(config),
         *missing_paths(config),

@@ -13,7 +13,6 @@ for Wan 2.1, HunyuanVideo, CogVideoX, Mochi, Cosmos, Qwen-Image 2.1, ...).
 from __future__ import annotations
 
 import logging
-import pickle
 from pathlib import Path
 
 import torch
@@ -22,7 +21,7 @@ from taehv_train.common.errors import UserError
 from taehv_train.common.flags import ArgumentParser
 from taehv_train.models.latent_spaces import guess_space
 from taehv_train.models.vae_registry import REF_VAE_CLASSES, class_defaults, latent_space, read_vae_config, spaces_of
-from taehv_train.models.weights import WeightsError, read_state_dict
+from taehv_train.models.weights import all_finite, read_tensors
 
 logger = logging.getLogger(__name__)
 LAYOUTS = ("NCTHW", "NTCHW")
@@ -30,23 +29,21 @@ LAYOUTS = ("NCTHW", "NTCHW")
 
 def read_latents(path: Path) -> torch.Tensor:
     """The one tensor in a ``.pth``/``.pt`` (a tensor or a dict of one, loaded with
-    ``weights_only=True``) or ``.safetensors`` file."""
-    if path.suffix in (".pth", ".pt"):
-        try:
-            value = torch.load(path, map_location="cpu", weights_only=True)
-        except FileNotFoundError:
-            raise UserError(f"{path} not found") from None
-        except (pickle.UnpicklingError, RuntimeError, EOFError) as err:  # damaged, or objects other than tensors
-            raise UserError(f"{path} is not a readable tensor file ({type(err).__name__}: {err})") from None
-    else:
-        try:
-            value = read_state_dict(path)
-        except WeightsError as err:
-            raise UserError(str(err)) from None
+    ``weights_only=True``) or ``.safetensors`` file (``models.weights.read_tensors``: a file
+    that is none of these is a WeightsError); an empty tensor or one with NaN or Inf values
+    has no statistics to compare, so it is a UserError too."""
+    if not path.exists():
+        raise UserError(f"{path} not found")
+    value = read_tensors(path)
     tensors = [value] if isinstance(value, torch.Tensor) else list(value.values()) if isinstance(value, dict) else []
     if len(tensors) != 1 or not isinstance(tensors[0], torch.Tensor) or tensors[0].ndim != 5:
         raise UserError(f"{path} must hold one 5-dimensional latent tensor (NCTHW or NTCHW)")
-    return tensors[0].float()
+    latents = tensors[0].float()
+    if not latents.numel():
+        raise UserError(f"{path} holds an empty tensor {tuple(latents.shape)}: no latents to tell the space of")
+    if not all_finite(latents):
+        raise UserError(f"{path} holds NaN or infinite values: latents from a run that diverged, or a damaged file")
+    return latents
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -31,7 +31,7 @@ from safetensors import SafetensorError, safe_open
 
 from taehv_train.common.clip_loader import EpochDataset, shared_epoch
 from taehv_train.common.clips import VideoClipDataset, VideoDataError
-from taehv_train.common.config import TrainConfig, below
+from taehv_train.common.config import TrainConfig
 from taehv_train.common.errors import UserError
 from taehv_train.models.latent_spaces import RAW
 from taehv_train.models.variants import get_variant
@@ -62,10 +62,9 @@ def latent_sample_generator(seed: int, epoch: int, index: int, device: torch.dev
 
 def config_errors(config: TrainConfig) -> list[str]:
     """What is wrong with the latent-cache keys."""
-    found = below(config, ("latent_cache_epochs",), 1)
     if config.latent_cache_dir and not config.ref_vae_path:
-        found.append("latent_cache_dir holds reference latents: set ref_vae_path to the VAE the cache was made with")
-    return found
+        return ["latent_cache_dir holds reference latents: set ref_vae_path to the VAE the cache was made with"]
+    return []
 
 
 def shard_path(directory: Path, epoch: int, shard: int) -> Path:

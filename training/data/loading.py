@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from taehv_train.common.clip_loader import build_dataloader, stop_signals_held
 from taehv_train.common.clips import VideoClipDataset, VideoDataError, valid_crop_scale, valid_short_clip_policy
-from taehv_train.common.config import TrainConfig, below, spec_of
+from taehv_train.common.config import TrainConfig, spec_of
 from taehv_train.common.metrics import lpips_unavailable_reason
 from taehv_train.common.reference_vae import ReferenceVAE
 from taehv_train.common.video.files import clip_extensions, holds_clips
@@ -38,14 +38,12 @@ logger = logging.getLogger(__name__)
 def config_errors(config: TrainConfig, spec: VariantSpec) -> list[str]:
     """What is wrong with the data keys: sizes the variant can take, frames, strides, crops."""
     found, multiple = [], 8 * spec.patch_size
-    if config.height <= 0 or config.width <= 0:
-        found.append(f"height and width must be positive, got {config.height}x{config.width}")
     if config.height % multiple or config.width % multiple:
         found.append(
             f"height and width must be multiples of {multiple} (8 * patch_size of {spec.name}), "
             f"got {config.height}x{config.width}"
         )
-    if config.val_height < 0 or config.val_width < 0 or (config.val_height == 0) != (config.val_width == 0):
+    if (config.val_height == 0) != (config.val_width == 0):
         found.append(
             f"set both val_height and val_width (positive), or neither, got {config.val_height}x{config.val_width}"
         )
@@ -54,10 +52,8 @@ def config_errors(config: TrainConfig, spec: VariantSpec) -> list[str]:
             f"val_height and val_width must be multiples of {multiple} (8 * patch_size of {spec.name}), "
             f"got {config.val_height}x{config.val_width}"
         )
-    if config.n_frames < 1:
-        found.append("n_frames must be >= 1")
-    if not 1 <= config.stride_min <= config.stride_max:
-        found.append("need 1 <= stride_min <= stride_max")
+    if config.stride_min > config.stride_max:
+        found.append("need stride_min <= stride_max")
     if not valid_crop_scale(config.crop_scale_min, config.crop_scale_max):
         found.append("need 0 < crop_scale_min <= crop_scale_max <= 1")
     if not valid_short_clip_policy(config.short_clip_policy):
@@ -70,12 +66,7 @@ def config_errors(config: TrainConfig, spec: VariantSpec) -> list[str]:
             f"{scanned} holds no videos or images ({', '.join(clip_extensions(images=True))}): point data_root "
             "at your clips"
         )
-    return [
-        *found,
-        *below(config, ("dataloader_num_workers", "frame_cache_mb"), 0),
-        *below(config, ("prefetch_batches",), 1),
-        *below(config, ("batch_timeout",), 0),
-    ]
+    return found
 
 
 def notes(config: TrainConfig) -> list[str]:

@@ -16,7 +16,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from taehv_train.common.config import TrainConfig, below
+from taehv_train.common.config import TrainConfig
 from taehv_train.models.frames import group_frames, group_sizes, ungroup_frames
 from taehv_train.models.seraena import Seraena
 from taehv_train.models.taehv import TAEHV
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 def config_errors(config: TrainConfig, spec: VariantSpec) -> list[str]:
     """What is wrong with the Seraena keys: the group size must divide the decoded frames
     and leave an even number of groups per batch (the discriminator takes halves)."""
-    found = below(config, ("n_seraena_frames",), 1) + below(config, ("seraena_loss_weight",), 0)
+    found = []
     if not config.use_seraena:
         return found
     decoded = spec.plan(config.n_frames).decoded_frames
@@ -45,10 +45,6 @@ def config_errors(config: TrainConfig, spec: VariantSpec) -> list[str]:
             f"({config.train_batch_size} x {decoded} / {config.n_seraena_frames}) must be even: use an "
             f"even train_batch_size" + (f" or n_seraena_frames in {even}" if even else "")
         )
-    if config.seraena_buffer_size < 1:
-        found.append("seraena_buffer_size must be >= 1")
-    if config.seraena_learning_rate <= 0:
-        found.append("seraena_learning_rate must be > 0")
     return found
 
 

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from taehv_train.common.config import TrainConfig, below
+from taehv_train.common.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ METRIC_DIRECTIONS = {
 
 def config_errors(config: TrainConfig) -> list[str]:
     """What is wrong with the best-model and early-stopping keys."""
-    found = below(config, ("early_stopping_patience", "early_stopping_min_delta"), 0)
+    found = []
     if config.best_metric not in METRIC_DIRECTIONS:
         found.append(f"best_metric={config.best_metric!r}: expected one of {', '.join(METRIC_DIRECTIONS)}")
     if config.best_metric == "val/psnr_from_reference_latents" and not config.ref_vae_path:

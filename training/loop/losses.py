@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from taehv_train.common.config import TrainConfig, below
+from taehv_train.common.config import TrainConfig
 from taehv_train.common.metrics import lpips_unavailable_reason, rms_ratio
 from taehv_train.models.taehv import AutoencoderOutput
 from taehv_train.models.variants import VariantSpec
@@ -21,9 +21,7 @@ from taehv_train.models.variants import VariantSpec
 
 def config_errors(config: TrainConfig) -> list[str]:
     """What is wrong with the loss weights: the recipe needs at least one loss that trains."""
-    found = below(
-        config, ("encoder_loss_weight", "decoder_loss_weight", "reconstruction_loss_weight", "lpips_loss_weight"), 0
-    )
+    found = []
     if (
         config.ref_vae_path
         and config.encoder_loss_weight + config.decoder_loss_weight + config.reconstruction_loss_weight <= 0

@@ -9,8 +9,9 @@ Weights and optimizer state of a tiny TAE are small beside them; the reference V
 Seraena and LPIPS are not counted. A run whose activations alone exceed the device's
 memory is refused before the run starts (the launch script's pre-flight, then training on
 each node), with the number, instead of hanging in start-up or dying in its first step.
-Frame caches (``frame_cache_mb`` per loader process) whose sum over this machine's loader
-processes exceeds its RAM are refused the same way.
+Frame caches (``frame_cache_mb`` per loader process) and prefetched batches whose sum over
+this machine's processes exceeds its RAM are refused the same way, and so is fp16 mixed
+precision without a GPU (it would train in fp32).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from taehv_train.common.config import TrainConfig
+from taehv_train.common.config import TrainConfig, native_bf16, spec_of
 from taehv_train.common.errors import UserError, readable_size
 from taehv_train.models.taehv import TAEHV
 
@@ -123,20 +124,57 @@ def device_memory() -> tuple[str, int]:
     ), host_memory() // processes
 
 
-def check_frame_cache(config: TrainConfig) -> None:
-    """Raise UserError when the frame caches could outgrow this machine's RAM: every loader
-    process (each DataLoader worker, or the training process without workers) of every
-    training process here fills its own up to ``frame_cache_mb``, so a typo such as
-    100000000 would end in the out-of-memory killer hours into a run."""
-    loaders, processes = max(config.dataloader_num_workers, 1), local_processes()
+def check_host_memory(config: TrainConfig) -> None:
+    """Raise UserError when what the loaders hold could outgrow this machine's RAM: every
+    loader process (each DataLoader worker, or the training process without workers) of
+    every training process here fills its own frame cache up to ``frame_cache_mb``, and each
+    training process keeps ``prefetch_batches`` batches received plus ``prefetch_factor``
+    prepared by each worker. A typo such as 100000000 would end in the out-of-memory killer
+    hours into a run."""
+    workers, processes, available = config.dataloader_num_workers, local_processes(), host_memory()
+    loaders = max(workers, 1)
     per_loader = config.frame_cache_mb << 20
-    total, available = per_loader * loaders * processes, host_memory()
-    if total > available:
+    caches = per_loader * loaders * processes
+    if caches > available:
         raise UserError(
             f"frame_cache_mb={config.frame_cache_mb} ({readable_size(per_loader)} per loader process) x {loaders} "
             f"loader process(es) (dataloader_num_workers) x {processes} training process(es) on this machine is "
-            f"{readable_size(total)}, more than its {readable_size(available)} of RAM: lower frame_cache_mb "
+            f"{readable_size(caches)}, more than its {readable_size(available)} of RAM: lower frame_cache_mb "
             f"well below {available // (loaders * processes) >> 20}, which alone would fill it (0 turns the cache off)"
+        )
+    batch = batch_bytes(config)
+    prepared = workers * config.prefetch_factor  # batches the workers of one training process prepare ahead
+    held = batch * (config.prefetch_batches + prepared) * processes
+    if caches + held > available:
+        fits = (available - caches) // (batch * processes) - prepared
+        raise UserError(
+            f"prefetch_batches={config.prefetch_batches} and prefetch_factor={config.prefetch_factor} x {workers} "
+            f"dataloader_num_workers keep {config.prefetch_batches + prepared} batches of {readable_size(batch)} "
+            f"per training process, x {processes} training process(es) on this machine: {readable_size(held)}, "
+            + (f"which with the frame caches' {readable_size(caches)} is " if caches else "")
+            + f"more than its {readable_size(available)} of RAM: "
+            + (
+                f"set prefetch_batches to at most {fits}"
+                if fits >= 1
+                else "lower frame_cache_mb, prefetch_factor, dataloader_num_workers or train_batch_size"
+            )
+        )
+
+
+def batch_bytes(config: TrainConfig) -> int:
+    """Bytes of one training batch as the loader delivers it: uint8 frames."""
+    channels = spec_of(config).image_channels
+    return config.train_batch_size * config.n_frames * channels * config.height * config.width
+
+
+def check_precision(config: TrainConfig) -> None:
+    """Raise UserError for ``mixed_precision=fp16`` without a GPU: Accelerate has no fp16
+    autocast on a CPU and would train in fp32 while the run says fp16."""
+    if config.mixed_precision == "fp16" and not torch.cuda.is_available():
+        bf16 = "native on this CPU" if native_bf16() else "emulated on this CPU: slower than no"
+        raise UserError(
+            f"mixed_precision=fp16 needs a GPU: on a CPU it would train in fp32; use mixed_precision=bf16 "
+            f"({bf16}) or no"
         )
 
 
@@ -152,9 +190,11 @@ def check_fits(config: TrainConfig) -> list[str]:
     """Raise UserError when one step's activations alone exceed the device's memory;
     else the estimate as a note for the log (a warning when the backward pass's peak may
     not fit). The launch script's pre-flight and training call it on the machine that
-    trains; ``training.preflight.check`` stays a property of the config alone. The frame
-    caches are checked against this machine's RAM first (``check_frame_cache``)."""
-    check_frame_cache(config)
+    trains; ``training.preflight.check`` stays a property of the config alone. The precision
+    (``check_precision``) and what the loaders hold in this machine's RAM (``check_host_memory``)
+    are checked first."""
+    check_precision(config)
+    check_host_memory(config)
     where, available = device_memory()
     needed = step_bytes(config)
     if needed > available:

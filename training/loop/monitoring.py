@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from accelerate import Accelerator
 
-from taehv_train.common.config import TrainConfig, below
+from taehv_train.common.config import TrainConfig
 from taehv_train.training.data.cuda_sequence import IdleClock
 from taehv_train.training.loop.feed import micro_batch_flops, peak_flops
 
@@ -45,11 +45,6 @@ def log_interval(log_every: int, last_step: int | None, typed: bool) -> int:
     if typed or not last_step:
         return log_every
     return max(1, min(log_every, last_step // LOG_POINTS))
-
-
-def config_errors(config: TrainConfig) -> list[str]:
-    """What is wrong with the logging and profiling keys."""
-    return below(config, ("log_every", "validation_every"), 1) + below(config, ("image_log_every", "profile_steps"), 0)
 
 
 def tensorboard_hparams(config: TrainConfig) -> dict:

@@ -263,6 +263,17 @@ class TimeBudget:
             planned = min(planned, config.max_train_steps)
         planned = max(planned, progress.step)
         every = max(1, math.ceil(planned / spread)) if spread else progress.validation_every
+        if spread and spread < config.validations_per_budget:
+            logger.warning(
+                "validations_per_budget=%d: %d validation(s) of %.1f s each (with their checkpoints) fit in the %.0f%% "
+                "of the %.0f s left that they may take; validating every %d steps",
+                config.validations_per_budget,
+                spread,
+                each,
+                100 * ASIDE_SHARE,
+                left,
+                every,
+            )
         before = progress.planned_steps
         progress.planned_steps, progress.validation_every = map(int, broadcast_numbers([planned, every], self.device))
         self.schedule.retarget(progress.step * self.processes, progress.planned_steps * self.processes)

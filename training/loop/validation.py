@@ -15,7 +15,7 @@ import torch
 from accelerate import Accelerator
 
 from taehv_train.common.clips import VideoClipDataset, VideoDataError, frames_to_unit
-from taehv_train.common.config import TrainConfig, below
+from taehv_train.common.config import TrainConfig
 from taehv_train.common.metrics import (
     lpips_unavailable_reason,
     video_alpha_psnr,
@@ -31,11 +31,6 @@ from taehv_train.training.loop.resilience import agree
 
 logger = logging.getLogger(__name__)
 STRIP_FRAMES = 6
-
-
-def config_errors(config: TrainConfig) -> list[str]:
-    """What is wrong with the validation keys."""
-    return below(config, ("validation_batch_size",), 1) + below(config, ("num_validation_samples",), 0)
 
 
 class ValidationDataError(VideoDataError):

@@ -37,7 +37,6 @@ from safetensors.torch import load_file, save_file
 
 from taehv_train.common.config import (
     TrainConfig,
-    below,
     changed_from_file,
     config_file_label,
     resolve_path,
@@ -80,11 +79,6 @@ class Stateful(Protocol):
 # ----------------------------------------------------------------------------------------
 # Finding runs and checkpoints
 # ----------------------------------------------------------------------------------------
-
-
-def config_errors(config: TrainConfig) -> list[str]:
-    """What is wrong with the checkpoint keys."""
-    return below(config, ("checkpointing_steps", "checkpoints_total_limit"), 1)
 
 
 def checkpoint_step(path: Path) -> int:
