@@ -34,6 +34,7 @@ from taehv_train.evaluation.evaluator import EvaluationOptions, Evaluator, mean_
 from taehv_train.evaluation.frame_size import FrameSize, describe
 from taehv_train.evaluation.provenance import TRAINING, RunSets
 from taehv_train.evaluation.report import write_report
+from taehv_train.models.atomic import atomic_write
 from taehv_train.models.latent_spaces import AUTO_SPACE, SPACES
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES
@@ -258,7 +259,7 @@ def build_dataset(
     if args.videos:
         annotation = output_dir / "inputs.json"
         files = video_files(args.videos)
-        annotation.write_text(json.dumps({"total": len(files), "list": [{"full_path": f} for f in files]}, indent=1))
+        atomic_write(annotation, json.dumps({"total": len(files), "list": [{"full_path": f} for f in files]}, indent=1))
         data_root = None
     elif annotation is None and data_root is None:
         if config is None:
@@ -422,7 +423,7 @@ def main(argv: list[str] | None = None) -> dict:
         "skipped": skipped,
         "summary": summarise(samples),
     }
-    (output_dir / "metrics.json").write_text(json.dumps(results, indent=2))
+    atomic_write(output_dir / "metrics.json", json.dumps(results, indent=2))
     report = write_report(output_dir, results)
     print_summary(results)
     skipped_note = f" (skipped clips: {len(skipped)}, listed there)" if skipped else ""

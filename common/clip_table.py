@@ -3,7 +3,6 @@ annotation file or a scanned folder, stored so forked DataLoader workers share i
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,7 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from taehv_train.common.annotation_file import read_annotation
 from taehv_train.common.video.files import clip_extensions, find_videos
+
+MAX_FRAMES = int(np.iinfo(np.int32).max)  # frame counts are int32; no real clip comes near (2.3 years at 30 fps)
 
 
 @dataclass(frozen=True)
@@ -64,14 +66,14 @@ class ClipTable:
 
         With ``data_root``, ``path`` is taken relative to it (``full_path`` when there is
         no ``path``); without, ``full_path`` wins and ``path`` is relative to the
-        annotation file's folder. Absolute paths are used as they are. An entry whose
-        ``frames`` is not a positive whole number (missing or null: the container says), or
-        whose relative path leaves the root (``../../etc/passwd``), is left out and listed
-        in ``refused``.
+        annotation file's folder. Absolute paths are used as they are. A file of another
+        shape is an ``AnnotationFileError`` (``read_annotation``). An entry whose ``frames``
+        is not a positive whole number (missing or null: the container says) or is above
+        ``MAX_FRAMES``, or whose relative path leaves the root (``../../etc/passwd``), is
+        left out and listed in ``refused``.
         """
         annotation_file = Path(annotation_file)
-        with open(annotation_file, encoding="utf-8") as f:
-            entries = json.load(f)["list"]
+        entries = read_annotation(annotation_file)["list"]
         if data_root is not None:
             keys = ("path", "full_path")
             root = str(data_root)
@@ -81,18 +83,17 @@ class ClipTable:
         paths, frames, refused = [], [], []
         first, second = keys
         for i, entry in enumerate(entries):
-            if first in entry:
-                key = first
-            elif second in entry:
-                key = second
-            else:
-                raise ValueError(f"{annotation_file}: entry {i} has neither 'path' nor 'full_path'")
-            path, count = str(entry[key]), entry.get("frames")
-            if type(count) is not int or count < 1:  # a bool, float, None or anything else: look closer
+            path, count = entry[first if first in entry else second], entry.get("frames")
+            if type(count) is not int or not 1 <= count <= MAX_FRAMES:  # a bool, float, None, ...: look closer
                 if isinstance(count, float) and count.is_integer():
                     count = int(count)
                 if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
                     refused.append((path, f"entry {i}: frames={count!r} is not a positive whole number"))
+                    continue
+                if count is not None and count > MAX_FRAMES:
+                    refused.append(
+                        (path, f"entry {i}: frames={count} is more than any clip holds (at most {MAX_FRAMES})")
+                    )
                     continue
             # only a path holding ".." can leave the root (normpath is the slow part of this loop)
             if ".." in path and not os.path.isabs(path) and os.path.normpath(path).split(os.sep)[0] == os.pardir:

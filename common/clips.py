@@ -36,7 +36,7 @@ from taehv_train.common.errors import (
 )
 from taehv_train.common.errors import counts_in_words
 from taehv_train.common.video.crop import ClipWriter, crop_box
-from taehv_train.common.video.files import IMAGE_EXTENSIONS, BadClipError
+from taehv_train.common.video.files import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, BadClipError
 from taehv_train.common.video.in_memory import DecodedVideo, ImageReader
 from taehv_train.common.video.probe import open_clip
 from taehv_train.common.video.reader import VideoReader
@@ -76,6 +76,39 @@ def fit_stride(length: int, n_frames: int, stride: int, policy: ShortClipPolicy)
     if policy == "skip" or length < n_frames:
         return None
     return 1 if n_frames == 1 else (length - 1) // (n_frames - 1)
+
+
+def frames_needed(n_frames: int, stride_min: int, policy: ShortClipPolicy) -> int:
+    """Decodable frames a clip needs to give a sample: ``n_frames`` (the stride is lowered
+    to fit), or at the smallest stride under ``policy="skip"``."""
+    return n_frames if policy == "lower_stride" else (n_frames - 1) * stride_min + 1
+
+
+def unusable_clips(clips: ClipTable, source: str, need: int, n_frames: int) -> VideoDataError | None:
+    """The error when ``clips`` (from ``source``) can give no sample: none at all (every
+    entry refused, or none listed), or annotated frame counts that say none has the ``need``
+    frames a sample takes; None otherwise (a count not annotated is the container's, at
+    load time). Never suggests ``--min_frames``, which would keep nothing; still images
+    alone are named as such (one frame each)."""
+    if not len(clips):
+        refused = f" ({len(clips.refused)} entries refused, e.g. {clips.refused[0][1]})" if clips.refused else ""
+        return VideoDataError(
+            f"no clips in {source}{refused}: point data_root/annotation_file at your videos, write an "
+            "annotation with `python -m taehv_train.training.make_annotations DIR -o annotations.json`, or "
+            "generate demo data with `python -m taehv_train.training.demo_data OUT_DIR`"
+        )
+    if not ((clips.frames >= 0) & (clips.frames < need)).all():
+        return None
+    if all(Path(clips.path(i)).suffix.lower() in IMAGE_EXTENSIONS for i in range(len(clips))):
+        return VideoDataError(
+            f"{source} lists no videos, only {len(clips)} still images (one frame each), and a sample needs "
+            f"{need} frames (n_frames={n_frames})",
+            f"add videos ({', '.join(VIDEO_EXTENSIONS)}), or train on stills with n_frames=1",
+        )
+    return VideoDataError(
+        f"all {len(clips)} clips in {source} have fewer than the {need} frames a sample needs (n_frames={n_frames})",
+        "lower n_frames or use longer clips",
+    )
 
 
 @dataclass(frozen=True)
@@ -170,18 +203,9 @@ class VideoClipDataset(EpochDataset):
                 source,
                 self.refused_entries[0][1],
             )
-        if len(self.clips) == 0:
-            raise VideoDataError(
-                f"no clips in {source}"
-                + (
-                    f" ({len(self.refused_entries)} entries refused, e.g. {self.refused_entries[0][1]})"
-                    if self.refused_entries
-                    else ""
-                )
-                + ": point data_root/annotation_file at your videos, write an "
-                "annotation with `python -m taehv_train.training.make_annotations DIR -o annotations.json`, or "
-                "generate demo data with `python -m taehv_train.training.demo_data OUT_DIR`"
-            )
+        need = frames_needed(n_frames, stride_range[0], short_clip_policy)
+        if (error := unusable_clips(self.clips, source, need, n_frames)) is not None:
+            raise error
 
         self.n_frames, self.height, self.width, self.channels = n_frames, height, width, channels
         self.stride_range, self.crop_scale, self.hflip = stride_range, crop_scale, hflip
@@ -200,9 +224,7 @@ class VideoClipDataset(EpochDataset):
     def min_frames(self) -> int:
         """Decodable frames a clip needs to give a sample: ``n_frames`` (the stride is lowered
         to fit), or at the smallest stride under ``short_clip_policy="skip"``."""
-        if self.short_clip_policy == "lower_stride":
-            return self.n_frames
-        return (self.n_frames - 1) * self.stride_range[0] + 1
+        return frames_needed(self.n_frames, self.stride_range[0], self.short_clip_policy)
 
     def _leave_out_short_clips(self, source: str) -> list[str]:
         """Leave out, up front, the clips whose annotated frame count is below ``min_frames``,
@@ -212,23 +234,16 @@ class VideoClipDataset(EpochDataset):
         short = (self.clips.frames >= 0) & (self.clips.frames < need)
         if not short.any():
             return []
-        advice = (
-            f"`python -m taehv_train.training.make_annotations DIR -o annotations.json --min_frames {need}` writes an "
-            "annotation without them"
-        )
-        if short.all():
-            raise VideoDataError(
-                f"all {len(short)} clips in {source} have fewer than the {need} frames a sample needs "
-                f"(n_frames={self.n_frames}): lower n_frames or use longer clips; {advice}"
-            )
         logger.warning(
-            "%d of %d clips in %s have fewer than the %d frames a sample needs (n_frames=%d) and are left out; %s",
+            "%d of %d clips in %s have fewer than the %d frames a sample needs (n_frames=%d) and are left out; "
+            "`python -m taehv_train.training.make_annotations DIR -o annotations.json --min_frames %d` writes an "
+            "annotation without them",
             short.sum(),
             len(short),
             source,
             need,
             self.n_frames,
-            advice,
+            need,
         )
         left_out = [self.clips.path(i) for i in np.flatnonzero(short)]
         self.clips = self.clips.subset(np.flatnonzero(~short))
@@ -364,7 +379,8 @@ class VideoClipDataset(EpochDataset):
         report = ProbeReport(probed=n, failed=len(examples), reasons=reasons)
         logger.info("probed clips: %s", report)
         if report.failure_fraction > self.max_failure_fraction:
-            min_frames = f" --min_frames {self.n_frames}" if "too short" in reasons else ""
+            # --min_frames only where it keeps some of the clips probed
+            min_frames = f" --min_frames {self.n_frames}" if "too short" in reasons and report.failed < n else ""
             raise VideoDataError(
                 f"{report.failed} of {n} probed clips are unusable ({report.failure_fraction:.0%} > "
                 f"max_failure_fraction={self.max_failure_fraction:.0%}) in {self.source}; reasons: {reasons}; e.g. "

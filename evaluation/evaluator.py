@@ -43,6 +43,7 @@ from taehv_train.evaluation.frame_size import FrameSize
 from taehv_train.evaluation.stills import comparison_stills
 from taehv_train.evaluation.timing import timed
 from taehv_train.evaluation.videos import latent_picture, rgb_beside_alpha, side_by_side, to_uint8_frames
+from taehv_train.models.atomic import atomic_write
 from taehv_train.models.frames import FramePlan
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.vae_registry import reference_vae_frames
@@ -350,8 +351,13 @@ def no_usable_clip(skipped: list[dict], dataset: VideoClipDataset) -> UserError:
 def write_png(path: Path, image: np.ndarray) -> None:
     """An HWC uint8 RGB or RGBA image as PNG (RGBA: with its alpha channel)."""
     order = cv2.COLOR_RGBA2BGRA if image.shape[2] == 4 else cv2.COLOR_RGB2BGR
-    if not cv2.imwrite(str(path), cv2.cvtColor(image, order)):
-        raise OSError(f"cannot write {path}")
+    converted = cv2.cvtColor(image, order)
+
+    def write(tmp: Path) -> None:
+        if not cv2.imwrite(str(tmp), converted):
+            raise OSError(f"cannot write {path}")
+
+    atomic_write(path, write)
 
 
 def probe_fps(path: str) -> float:

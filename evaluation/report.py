@@ -16,6 +16,7 @@ import cv2
 
 from taehv_train.evaluation.evaluator import mean_text
 from taehv_train.evaluation.frame_size import describe
+from taehv_train.models.atomic import atomic_write
 
 MAX_EMBED_BYTES = 64 * 2**20  # larger sets of videos are linked, not embedded
 
@@ -252,5 +253,4 @@ def write_report(output_dir: Path, results: dict) -> Path:
         ]
     parts += [f"<script>{SCRIPT}</script></body></html>"]
     path = output_dir / "summary_report.html"
-    path.write_text("".join(parts), encoding="utf-8")
-    return path
+    return atomic_write(path, "".join(parts))

@@ -510,11 +510,14 @@ def test_bad_annotation_entries_are_refused_one_by_one_and_listed(index_dir, tmp
         index_dataset(index_dir, tmp_path, [{"path": "long.mp4", "frames": -5}], n_frames=8)
 
 
-def test_only_short_clips_is_an_error_that_says_how_to_fix_the_annotation(index_dir, tmp_path):
+def test_only_short_clips_is_an_error_that_says_what_to_change_and_no_min_frames_that_keeps_nothing(
+    index_dir, tmp_path
+):
     with pytest.raises(
-        VideoDataError, match=r"all 1 clips .* fewer than the 13 frames a sample needs.*--min_frames 13"
-    ):
+        VideoDataError, match=r"all 1 clips .* fewer than the 13 frames a sample needs.*lower n_frames or use longer"
+    ) as error:
         index_dataset(index_dir, tmp_path, [{"path": "short.mp4", "frames": 12}], n_frames=13)
+    assert "--min_frames" not in str(error.value)
 
 
 def test_val_mode_is_fixed(index_dir, tmp_path):

@@ -62,7 +62,8 @@ empty; the output says why and what to run); 2 for a user's mistake, found befor
 is probed (a flag out of range, DIR not a folder, existing output files without ``--force``,
 a split with other settings than the files record without ``--resplit``, a malformed
 ``--shard``, missing or mismatched parts for ``--merge``) or when writing fails
-(no space, no permission): ``error: ...`` on stderr; 130 when stopped by Ctrl+C (the
+(no space, no permission; the train, val and skipped files are replaced together or not
+at all, so the former ones stay whole): ``error: ...`` on stderr; 130 when stopped by Ctrl+C (the
 records so far are kept).
 """
 
@@ -84,6 +85,7 @@ from tqdm import tqdm
 from taehv_train.common.errors import UserError, counts_in_words, exit_on_user_error
 from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.video.files import IMAGE_EXTENSIONS, find_videos
+from taehv_train.models.atomic import atomic_write, atomic_write_all
 from taehv_train.training.data.annotation_split import (
     DEFAULT_GROUP_REGEX,
     Split,
@@ -113,14 +115,17 @@ DEFAULT_PROBE_TIMEOUT = 600.0  # seconds per file: a decoded probe reads 1.5-5 h
 EXIT_INTERRUPTED = 130
 
 
-def write_annotation(path: Path, entries: Sequence[dict], split: Split | None = None) -> None:
+def annotation_text(entries: Sequence[dict], split: Split | None = None) -> str:
     """Users' format, one clip per line so that large files stay diffable; with ``split``,
     the settings of the train/val split the file is a side of (readers take only "list")."""
     recorded = f'"split": {json.dumps(asdict(split))}, ' if split is not None else ""
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(f'{{"total": {len(entries)}, {recorded}"list": [\n')
-        f.write(",\n".join(json.dumps(e, ensure_ascii=False) for e in entries))
-        f.write("\n]}\n")
+    clips = ",\n".join(json.dumps(e, ensure_ascii=False) for e in entries)
+    return f'{{"total": {len(entries)}, {recorded}"list": [\n{clips}\n]}}\n'
+
+
+def write_annotation(path: Path, entries: Sequence[dict], split: Split | None = None) -> None:
+    """Write ``annotation_text`` to ``path``; a failed write leaves the file there as it was."""
+    atomic_write(path, annotation_text(entries, split))
 
 
 def annotation_entry(record: dict, min_frames: int) -> tuple[dict | None, str | None]:
@@ -176,13 +181,19 @@ def write_outputs(
     is_val = held_out([e["path"] for e in kept], split, known)
     train = [e for e, v in zip(kept, is_val) if not v]
     val = [e for e, v in zip(kept, is_val) if v]
-    try:
-        paths["train"].parent.mkdir(parents=True, exist_ok=True)
-        write_annotation(paths["train"], train, split)
-        write_annotation(paths["val"], val, split)
-        paths["skipped"].write_text(json.dumps({"total": len(skipped), "list": skipped}, indent=1) + "\n")
+    try:  # all three or none: a full disk leaves the former files whole and of one split
+        atomic_write_all(
+            {
+                paths["train"]: annotation_text(train, split),
+                paths["val"]: annotation_text(val, split),
+                paths["skipped"]: json.dumps({"total": len(skipped), "list": skipped}, indent=1) + "\n",
+            }
+        )
     except OSError as err:  # read-only file system, no space, no permission: the user's to fix
-        raise UserError(f"cannot write the annotations next to {paths['train']}: {err.strerror or err}") from None
+        raise UserError(
+            f"cannot write the annotations next to {paths['train']}: {err.strerror or err} "
+            "(the files there are as they were)"
+        ) from None
     return train, val, skipped
 
 

@@ -4,7 +4,8 @@ It annotates DIR with ``training.make_annotations`` (probing only files it has n
 a re-run over a grown folder costs only the new clips) into
 ``<output_dir>/annotations/<folder>-<hash>/annotations_{train,val}.json``, split by
 make_annotations' rule (about ``--val_fraction`` 0.1 of the clips held out, whole source
-groups together; clip by clip when all are of one source), and writes the overrides that
+groups together; clip by clip when no group fits that share: one source, or a few large
+ones such as two camera folders), and writes the overrides that
 train on them, one per line, for the launch script. With one clip it trains without a
 validation set and says so.
 """
@@ -12,14 +13,16 @@ validation set and says so.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
+from taehv_train.common.annotation_file import read_annotation
 from taehv_train.common.config import load_config
 from taehv_train.common.errors import UserError
 from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.video.files import clip_extensions, holds_clips
+from taehv_train.models.atomic import atomic_write
 from taehv_train.training import make_annotations
+from taehv_train.training.data.annotation_split import Split, split_problem
 
 
 def annotation_file(output_dir: str | Path, folder: Path) -> Path:
@@ -41,8 +44,8 @@ def annotate(folder: Path, output_dir: str | Path) -> list[str]:
     # the launch script goes on to train on them: the tool's own "train on them" line is left out
     status = make_annotations.main([str(folder), "-o", str(out), *recorded_split(paths)], train_line=False)
     kept = clip_counts(paths)
-    if status != 0 and kept["train"] > 1 and not kept["val"]:  # one source group: split clip by clip instead
-        print("note: every clip is of one source: validation clips are held out file by file (--group_regex '')")
+    if status != 0 and kept["train"] > 1 and not kept["val"]:  # no source group fits the share: clip by clip
+        print(f"note: {why_nothing_held_out(paths)}: validation clips are held out file by file (--group_regex '')")
         status = make_annotations.main([str(folder), "-o", str(out), "--group_regex", ""], train_line=False)
         kept = clip_counts(paths)
     if not kept["train"]:
@@ -54,10 +57,19 @@ def annotate(folder: Path, output_dir: str | Path) -> list[str]:
     return [*overrides, "--val_annotation_file="]
 
 
+def why_nothing_held_out(paths: dict[str, Path]) -> str:
+    """Why the split the train file records held no clip out: one source group, or groups
+    each larger than the share held out (``split_problem``'s words)."""
+    train = read_annotation(paths["train"])
+    clips = [entry["path"] for entry in train["list"]]
+    message, _ = split_problem(clips, Split(**train["split"]), 0)
+    return message
+
+
 def recorded_split(paths: dict[str, Path]) -> list[str]:
     """The split flags this folder's files were written with (a re-run keeps their split),
     none before its first run."""
-    split = json.loads(paths["val"].read_text()).get("split") if paths["val"].is_file() else None
+    split = read_annotation(paths["val"]).get("split") if paths["val"].is_file() else None
     if not split:
         return []
     return [
@@ -72,7 +84,7 @@ def recorded_split(paths: dict[str, Path]) -> list[str]:
 
 def clip_counts(paths: dict[str, Path]) -> dict[str, int]:
     """How many clips make_annotations wrote into the train and val files."""
-    return {part: json.loads(paths[part].read_text())["total"] for part in ("train", "val")}
+    return {part: len(read_annotation(paths[part])["list"]) for part in ("train", "val")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--overrides_file", type=Path, required=True, help="where the training overrides go")
     args, overrides = parser.parse_known_args(argv)
     config = load_config(args.config, [o for o in overrides if o.startswith("--output_dir=")])
-    args.overrides_file.write_text("\n".join(annotate(args.folder, config.output_dir)) + "\n")
+    atomic_write(args.overrides_file, "\n".join(annotate(args.folder, config.output_dir)) + "\n")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ from taehv_train.common.errors import EXIT_USER_ERROR, USER_ERRORS, UserError, d
 from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.reference_vae import ReferenceVAE
 from taehv_train.common.run_files import run_weights, write_run_marker
+from taehv_train.models.atomic import atomic_write
 from taehv_train.models.latent_spaces import OWN
 from taehv_train.training.data.latent_scale_check import check_at_start
 from taehv_train.training.data.loading import TrainingData, build_train_loader, build_training_data
@@ -349,7 +350,7 @@ def train(
     if data.latents.available:  # a run from published or earlier weights must already be on the reference scale
         check_latent_scale(train_step, data, pretrained=bool(config.pretrained_model_path))
     if accelerator.is_main_process:  # only once the start-up worked: a failed resume leaves the run as it was
-        (run_dir / "config.json").write_text(describe(config))
+        atomic_write(run_dir / "config.json", describe(config))
         with open(run_dir / "command.txt", "a") as commands:  # every start of the run, for the model card
             commands.write(shlex.join(launch_command()) + "\n")
         if start.extending:  # unfinished again until its new end (final_model.* is replaced then)
@@ -571,7 +572,7 @@ def tell_launcher(variable: str, text: str) -> None:
     when a process dies."""
     target = os.environ.get(variable)
     if target and os.environ.get("LOCAL_RANK", "0") == "0":
-        Path(target).write_text(text)
+        atomic_write(target, text)
 
 
 def entry_point(argv: list[str] | None = None, early_signals: list[int] = (), started: float | None = None) -> None:

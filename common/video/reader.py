@@ -24,6 +24,12 @@ logger = logging.getLogger(__name__)
 # as a BadClipError reason instead. OpenCV reads this when it opens its first video; a
 # level the user set wins (16 shows FFmpeg's errors again).
 os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "8")  # AV_LOG_FATAL
+# OpenCV's own "[ WARN:0@...] ... VIDEOIO(FFMPEG): backend is generally available but can't
+# be used to capture by name", once per file it cannot open (damaged, truncated, replaced
+# mid-run): the failure reaches the user as the counted, logged skip of the clip instead.
+# Errors still show, and a level the user set in OPENCV_LOG_LEVEL wins.
+if "OPENCV_LOG_LEVEL" not in os.environ:
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
 
 
 class VideoReader:

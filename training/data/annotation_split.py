@@ -11,7 +11,6 @@ empty and which flags give both sides clips.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 import shlex
@@ -20,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from taehv_train.common.annotation_file import read_annotation
 from taehv_train.common.errors import UserError
 
 DEFAULT_GROUP_REGEX = r"^(?:.*/)?[^_./]+"
@@ -95,13 +95,13 @@ def recorded_split(paths: dict[str, Path]) -> RecordedSplit | None:
     for part in ("train", "val"):
         if not (path := paths[part]).is_file():
             continue
+        data = read_annotation(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
             sides |= {entry["path"]: part == "val" for entry in data["list"]}
             if "split" in data:
                 values = data["split"]
                 split = Split(float(values["val_fraction"]), int(values["seed"]), str(values["group_regex"]))
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError) as err:  # a shape of its own: not written by this tool
             raise UserError(
                 f"cannot read the split in {path} ({type(err).__name__}: {err}): pass --resplit to split anew, "
                 "or another -o"

@@ -23,8 +23,17 @@ from typing import Protocol
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from taehv_train.common.annotation_file import AnnotationFileError
 from taehv_train.common.clip_loader import build_dataloader, stop_signals_held
-from taehv_train.common.clips import VideoClipDataset, VideoDataError, valid_crop_scale, valid_short_clip_policy
+from taehv_train.common.clip_table import ClipTable
+from taehv_train.common.clips import (
+    VideoClipDataset,
+    VideoDataError,
+    frames_needed,
+    unusable_clips,
+    valid_crop_scale,
+    valid_short_clip_policy,
+)
 from taehv_train.common.config import TrainConfig, spec_of
 from taehv_train.common.metrics import lpips_unavailable_reason
 from taehv_train.common.reference_vae import ReferenceVAE
@@ -66,7 +75,7 @@ def config_errors(config: TrainConfig, spec: VariantSpec) -> list[str]:
             f"{scanned} holds no videos or images ({', '.join(clip_extensions(images=True))}): point data_root "
             "at your clips"
         )
-    return found
+    return [*found, *annotation_errors(config)]
 
 
 def notes(config: TrainConfig) -> list[str]:
@@ -88,6 +97,29 @@ def notes(config: TrainConfig) -> list[str]:
         f"no annotation file: training scans data_root {config.data_root} for clips and has no validation set; "
         f"`{annotate}` splits them into training and validation files and prints the command that trains on them"
     ]
+
+
+def annotation_errors(config: TrainConfig) -> list[str]:
+    """The annotation files read now, as the datasets will read them, so that a damaged file
+    or one whose clips can give no sample (all refused, all too short, stills alone) is
+    found before any run folder exists: one line each. A folder is scanned at load time
+    (frame counts unknown); a missing file is ``missing_paths``'."""
+    files = [config.annotation_file]
+    if config.num_validation_samples > 0:
+        files.append(config.val_annotation_file)
+    need = frames_needed(config.n_frames, config.stride_min, config.short_clip_policy)
+    found = []
+    for file in files:
+        if not file or not Path(file).is_file():
+            continue
+        try:
+            clips = ClipTable.from_annotation(file, config.data_root or None)
+        except AnnotationFileError as err:
+            found.append(str(err))
+            continue
+        if (error := unusable_clips(clips, str(file), need, config.n_frames)) is not None:
+            found.append(str(error))
+    return found
 
 
 def build_datasets(config: TrainConfig) -> tuple[VideoClipDataset, VideoClipDataset | None]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 from taehv_train.common.errors import UserError
+from taehv_train.models.atomic import atomic_write
 from taehv_train.training.data.probe_pool import Probe
 
 PROBES_FORMAT = 1  # version of the records file: the header's "make_annotations_probes"
@@ -167,14 +168,16 @@ class RecordWriter:
     record is appended and flushed as it arrives, so a kill loses only the files in flight."""
 
     def __init__(self, path: Path, header: dict, reused: Iterable[dict]):
-        self.path, self.count = path, 0
-        temporary = path.with_name(path.name + ".tmp")
-        self.file: TextIO = self._attempt(lambda: open(temporary, "w", encoding="utf-8"))
-        self._write(header)
-        for record in reused:
-            self.add(record, flush=False)
+        reused = list(reused)
+        self.path, self.count = path, len(reused)
+
+        def start(temporary: Path) -> None:
+            with open(temporary, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(record) + "\n" for record in (header, *reused))
+
+        self._attempt(lambda: atomic_write(path, start))
+        self.file: TextIO = self._attempt(lambda: open(path, "a", encoding="utf-8"))
         self.synced = 0.0
-        self._attempt(lambda: (self.file.flush(), os.fsync(self.file.fileno()), os.replace(temporary, path)))
 
     def _attempt(self, action):
         try:
@@ -186,14 +189,13 @@ class RecordWriter:
         # ASCII escapes: a file name that is not UTF-8 (a surrogate escape) reads back the same
         self._attempt(lambda: self.file.write(json.dumps(record) + "\n"))
 
-    def add(self, record: dict, flush: bool = True) -> None:
+    def add(self, record: dict) -> None:
         self._write(record)
         self.count += 1
-        if flush:
-            self._attempt(self.file.flush)
-            if time.monotonic() - self.synced > FSYNC_SECONDS:
-                self._attempt(lambda: os.fsync(self.file.fileno()))
-                self.synced = time.monotonic()
+        self._attempt(self.file.flush)
+        if time.monotonic() - self.synced > FSYNC_SECONDS:
+            self._attempt(lambda: os.fsync(self.file.fileno()))
+            self.synced = time.monotonic()
 
     def finish(self) -> None:
         """Mark the run complete (``--merge`` requires it of every part)."""

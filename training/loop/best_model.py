@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from taehv_train.common.config import TrainConfig
+from taehv_train.models.atomic import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -90,4 +91,4 @@ class BestTracker:
         return tracker
 
     def write_history(self, run_dir: Path) -> None:
-        (run_dir / "validation_history.json").write_text(json.dumps(self.history, indent=1))
+        atomic_write(run_dir / "validation_history.json", json.dumps(self.history, indent=1))
