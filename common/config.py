@@ -147,6 +147,7 @@ class TrainConfig:
     checkpoints_total_limit: int = 3  # newest complete checkpoints kept (best_model/ is separate)
     resume_from_checkpoint: str = ""  # "latest", a checkpoint name or a path
     auto_resume: bool = False  # continue the newest complete checkpoint of this run if any, else start fresh
+    allow_data_change: bool = False  # a resume may go on with clips other than those its run started with
 
     # -- best model, early stopping and numerical faults -----------------------------
     best_metric: str = "val/psnr"  # what best_model/ and early stopping follow (direction known per metric)
