@@ -109,3 +109,20 @@ def test_the_refusal_to_extend_a_finished_budget_run_quotes_its_own_budget(tmp_p
         f"finished at step {step} (max_train_time=2s): give --max_train_steps above {step} and --max_train_time= "
         "(or more than its spent 2s) to extend it"
     ) in str(refusal.value)
+
+
+def test_a_custom_config_file_runs_once_per_process(stopped, tmp_path):
+    """A config file is Python code: a start that reads it twice (a resume checks it against
+    the run's) runs it once."""
+    run, data = stopped
+    counted = tmp_path / "counted.py"
+    counted.write_text(
+        "from pathlib import Path\n"
+        "from taehv_train.training.configs.taehv_config_test import config\n"
+        "with open(Path(__file__).with_suffix('.runs'), 'a') as runs:\n"
+        "    runs.write('ran\\n')\n"
+    )
+    checkpoint = run / "checkpoints" / "checkpoint-2"
+    with pytest.raises(UserError, match="but this command uses"):  # the run was started with the test preset
+        train_here(run.parent, data, "--resume", str(checkpoint), config=str(counted))
+    assert (tmp_path / "counted.runs").read_text() == "ran\n"

@@ -2,13 +2,15 @@
 config gives the data, sizes and variant; they take its best validation, or with
 ``--weights final`` its final weights (an unfinished run's newest checkpoint), and say
 which; a plain autoencoder is named and described as having a latent space of its own.
-One finished plain-autoencoder run (the test preset) serves every test; its copy without
-``final_model.*`` and its last checkpoint is the unfinished run."""
+They read a run that is still training: the checkpoint they chose stays while they read it,
+its rotation notwithstanding. One finished plain-autoencoder run (the test preset) serves
+every test; its copy without ``final_model.*`` and its last checkpoint is the unfinished run."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from conftest import REPO_ROOT
 from taehv_train.models.diffusers_vae import TAEVideoVAE
 from taehv_train.models.latent_spaces import OWN
 from taehv_train.models.taehv import TAEHV
+from taehv_train.training import export as export_tool
 from train_runs import assert_identical, train_here
 
 pytestmark = pytest.mark.slow  # a training run and the tools' processes
@@ -184,3 +187,56 @@ def test_the_logs_are_in_words(runs):
     logged = scalars(runs["finished"])
     assert "train/host_memory_gb" in logged  # what it is on every device
     assert ("train/gpu_memory_gb" in logged) == torch.cuda.is_available()
+
+
+def rotated_while_read(monkeypatch, run: Path) -> list[list[str]]:
+    """As a tool verifies the run's newest checkpoint, checkpoint-3, the run saves
+    checkpoint-4 and rotates to one checkpoint (training's own rotation, in a thread of its
+    own, waited for); the checkpoints the rotation left, once per tool."""
+    from taehv_train.common import run_files
+    from taehv_train.training.state.checkpoints import rotate_checkpoints
+
+    checkpoints, checksum, left = run / "checkpoints", run_files.file_checksum, []
+
+    def checksum_while_the_run_rotates(path: Path, *args) -> str:
+        if path.parent.name == "checkpoint-3" and not (checkpoints / "checkpoint-4").exists():
+            shutil.copytree(checkpoints / "checkpoint-2", checkpoints / "checkpoint-4")
+            rotation = threading.Thread(target=rotate_checkpoints, args=(checkpoints, 1))
+            rotation.start()
+            rotation.join(timeout=60)
+            left.append(sorted(p.name for p in checkpoints.iterdir()))
+        return checksum(path, *args)
+
+    monkeypatch.setattr(run_files, "file_checksum", checksum_while_the_run_rotates)
+    return left
+
+
+def test_the_tools_keep_the_checkpoint_they_read_from_the_rotation_of_a_run_still_training(
+    runs,
+    run_inference,  # noqa: F811
+    monkeypatch,
+    capsys,
+    tmp_path,
+):
+    from taehv_train.training.state.checkpoints import rotate_checkpoints
+
+    run = tmp_path / runs["unfinished"].name
+    shutil.copytree(runs["unfinished"], run)
+    left = rotated_while_read(monkeypatch, run)
+    note = f"{run.name} is unfinished: using checkpoints/checkpoint-3 (step 3 of 4)"
+    for tool in ("inference", "export"):
+        shutil.copytree(run / "checkpoints" / "checkpoint-2", run / "checkpoints" / "checkpoint-3")
+        if tool == "inference":
+            out = tmp_path / "eval"
+            result = run_inference("--model_path", str(run), "--weights", "final", "--output_dir", str(out))
+            assert result.returncode == 0 and note in result.stdout, result.stdout + result.stderr[-2000:]
+            assert json.loads((out / "metrics.json").read_text())["model"]["step"] == 3
+        else:
+            capsys.readouterr()
+            export_tool.main([str(run), "--weights", "final", "--out", str(tmp_path / "bundle")])
+            assert note in capsys.readouterr().out and (tmp_path / "bundle" / "README.md").is_file()
+        # the rotation passed over the checkpoint being read; the next one, after the tool, removes it
+        assert left.pop() == ["checkpoint-3", "checkpoint-4"]
+        rotate_checkpoints(run / "checkpoints", 1)
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-4"]
+        (run / "checkpoints" / "checkpoint-4").rename(run / "checkpoints" / "checkpoint-2")
