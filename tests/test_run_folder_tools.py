@@ -24,7 +24,7 @@ from taehv_train.models.diffusers_vae import TAEVideoVAE
 from taehv_train.models.latent_spaces import OWN
 from taehv_train.models.taehv import TAEHV
 from taehv_train.training import export as export_tool
-from train_runs import assert_identical, train_here
+from train_runs import assert_identical, train_here, wait_for
 
 pytestmark = pytest.mark.slow  # a training run and the tools' processes
 
@@ -240,3 +240,35 @@ def test_the_tools_keep_the_checkpoint_they_read_from_the_rotation_of_a_run_stil
         rotate_checkpoints(run / "checkpoints", 1)
         assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-4"]
         (run / "checkpoints" / "checkpoint-4").rename(run / "checkpoints" / "checkpoint-2")
+
+
+def waits_for_a_lock(path: Path) -> bool:
+    """Whether a process waits for an ``flock`` on ``path`` (``/proc/locks``: ``->`` lines)."""
+    inode = f":{path.stat().st_ino} "
+    return any("->" in line and inode in line for line in Path("/proc/locks").read_text().splitlines())
+
+
+def test_a_new_best_waits_for_the_tool_reading_best_model(runs, run_inference, monkeypatch, tmp_path):  # noqa: F811
+    from taehv_train.common import run_files
+    from taehv_train.training.state.atomic_folders import rename_into_place
+
+    run = tmp_path / runs["unfinished"].name
+    shutil.copytree(runs["unfinished"], run)
+    best, checksum, writers = run / "best_model", run_files.file_checksum, []
+    step = json.loads((best / "model_info.json").read_text())["step"]
+
+    def checksum_while_a_new_best_is_saved(path: Path, *args) -> str:
+        if path.parent == best and not writers:  # the run's next best: checkpoint-2's folder, say
+            manifest = best / "checkpoint.json"
+            shutil.copytree(run / "checkpoints" / "checkpoint-2", run / ".tmp-best_model")
+            writers.append(threading.Thread(target=rename_into_place, args=(run / ".tmp-best_model", best)))
+            writers[0].start()
+            wait_for(lambda: not writers[0].is_alive() or waits_for_a_lock(manifest), 60, "the new best")
+        return checksum(path, *args)
+
+    monkeypatch.setattr(run_files, "file_checksum", checksum_while_a_new_best_is_saved)
+    result = run_inference("--model_path", str(run), "--output_dir", str(tmp_path / "eval"), "--num_samples", "1")
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    assert f"{run.name}: its best validation, best_model/ at step {step} (val/psnr " in result.stdout, result.stdout
+    writers[0].join(timeout=60)  # once the tool has loaded the weights, the new best replaces them
+    assert not (best / "model_info.json").exists() and (best / "optimizer.json").is_file()
