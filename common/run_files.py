@@ -121,8 +121,11 @@ def newest_intact_checkpoint(run: Path, held: ExitStack | None = None) -> Path |
     for _ in range(READ_TRIES):
         for checkpoint in reversed(_checkpoints_of(run)):
             handle = hold_for_reading(checkpoint)
-            if handle is None:  # rotated away since the listing: newer ones came
+            if handle is None and not checkpoint.exists():  # rotated away since the listing: newer ones came
                 break
+            if handle is None:
+                logger.warning("skipping %s: it has no %s", checkpoint, CHECKPOINT_MANIFEST)
+                continue
             if newest_intact([checkpoint]) is None:
                 handle.close()
                 continue
@@ -183,7 +186,7 @@ def best_model_weights(run: Path, held: ExitStack | None = None) -> Path | None:
     for _ in range(READ_TRIES):
         if not best.is_file():
             return None
-        if held is None:
+        if held is None or not (best.parent / CHECKPOINT_MANIFEST).is_file():  # a folder from before manifests
             return verified_weights(best)
         handle = hold_for_reading(best.parent)
         if handle is not None:  # else replaced before the lock: the new one

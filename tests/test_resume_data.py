@@ -79,6 +79,20 @@ def test_a_resume_onto_other_clips_is_refused_before_anything_is_written(stopped
     assert sorted((p.relative_to(run), p.stat().st_mtime_ns) for p in run.rglob("*")) == before
 
 
+def test_data_that_is_missing_or_unreadable_on_resume_is_one_line(stopped, tmp_path):
+    run, data = stopped
+    data["val"].rename(tmp_path / "val.json")
+    try:
+        with pytest.raises(UserError, match=f"val_annotation_file: {data['val']} does not exist"):
+            resume(run, data)
+    finally:
+        (tmp_path / "val.json").rename(data["val"])
+    with changed(data["train"], []):
+        data["train"].write_text('{"list": [')  # cut off
+        with pytest.raises(UserError, match=f"cannot read the training clips of {data['train']}: "):
+            resume(run, data)
+
+
 def test_an_allowed_change_is_listed_and_restarts_the_best_model_comparison_on_new_validation_clips(stopped):
     run, data = stopped
     train, val = entries(data["train"]), entries(data["val"])

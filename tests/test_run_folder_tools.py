@@ -272,3 +272,15 @@ def test_a_new_best_waits_for_the_tool_reading_best_model(runs, run_inference, m
     assert f"{run.name}: its best validation, best_model/ at step {step} (val/psnr " in result.stdout, result.stdout
     writers[0].join(timeout=60)  # once the tool has loaded the weights, the new best replaces them
     assert not (best / "model_info.json").exists() and (best / "optimizer.json").is_file()
+
+
+def test_a_checkpoint_folder_without_its_manifest_is_passed_over_by_a_reading_tool(runs, tmp_path):
+    from contextlib import ExitStack
+
+    from taehv_train.common.run_files import FINAL, run_weights
+
+    run = tmp_path / runs["unfinished"].name
+    shutil.copytree(runs["unfinished"], run)
+    (run / "checkpoints" / "checkpoint-9").mkdir()  # a leftover of another version, say
+    with ExitStack() as held:
+        assert run_weights(run, FINAL, held).path == run / "checkpoints" / "checkpoint-2" / "weights.safetensors"

@@ -16,7 +16,14 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from taehv_train.common.config import TrainConfig, apply_overrides, given_keys, resolve_paths, with_budget
+from taehv_train.common.config import (
+    TrainConfig,
+    apply_overrides,
+    given_keys,
+    missing_paths,
+    resolve_paths,
+    with_budget,
+)
 from taehv_train.common.errors import UserError
 from taehv_train.common.run_files import finished_info
 from taehv_train.training.state.checkpoints import checkpoint_step, read_trainer_state, resolve_resume
@@ -107,8 +114,8 @@ def with_data_checked(start: Start, saved: dict | None) -> Start:
     """``start`` with the changes of its run's data (``training.state.run_data``) listed, and
     ``new_validation_set`` when the validation clips changed; a change is refused unless the
     resume line gives ``allow_data_change``. A run that recorded no data (from before the
-    record) is not compared."""
-    if saved is None:
+    record) is not compared, nor data that is missing now (the pre-flight names it)."""
+    if saved is None or missing_paths(start.config):
         return start
     now = data_record(start.config)
     changed = data_changes(saved, now)

@@ -17,6 +17,7 @@ import hashlib
 
 from taehv_train.common.clip_table import ClipTable
 from taehv_train.common.config import TrainConfig
+from taehv_train.common.errors import UserError
 
 PART_NAMES = {"train": "training", "val": "validation"}
 
@@ -29,7 +30,11 @@ def data_record(config: TrainConfig) -> dict[str, dict]:
         sources["val"] = config.val_annotation_file
     record = {}
     for part, annotation_file in sources.items():
-        table, source = ClipTable.from_source(config.data_root or None, annotation_file or None)
+        try:
+            table, source = ClipTable.from_source(config.data_root or None, annotation_file or None)
+        except (OSError, ValueError, KeyError, TypeError) as err:  # not an annotation file: the user's to fix
+            where = annotation_file or config.data_root
+            raise UserError(f"cannot read the {PART_NAMES[part]} clips of {where}: {err}") from err
         digest = hashlib.sha256()
         for array in (table.offsets, table.path_bytes, table.frames):
             digest.update(array.tobytes())
