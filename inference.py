@@ -16,6 +16,7 @@ import json
 import logging
 import shutil
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -200,10 +201,12 @@ def model_variant(requested: str | None, path: Path) -> str | None:
 
 def load_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[TAEHV, RunWeights]:
     """The model of ``--model_path`` and ``--weights`` (``run_weights``: which weights, and
-    the line that says so)."""
-    chosen = run_weights(args.model_path, args.weights)
-    path = chosen.path
-    model = TAEHV(path, variant=model_variant(args.variant, path)).to(device, dtype).eval()
+    the line that says so); the folder they come from is held until they are loaded, so the
+    rotation of a run still training cannot remove it meanwhile."""
+    with ExitStack() as held:
+        chosen = run_weights(args.model_path, args.weights, held)
+        path = chosen.path
+        model = TAEHV(path, variant=model_variant(args.variant, path)).to(device, dtype).eval()
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if args.compile:

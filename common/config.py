@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import logging
 import math
@@ -148,6 +149,7 @@ class TrainConfig:
     checkpoints_total_limit: int = 3  # newest complete checkpoints kept (best_model/ is separate)
     resume_from_checkpoint: str = ""  # "latest", a checkpoint name or a path
     auto_resume: bool = False  # continue the newest complete checkpoint of this run if any, else start fresh
+    allow_data_change: bool = False  # a resume may go on with clips other than those its run started with
 
     # -- best model, early stopping and numerical faults -----------------------------
     best_metric: str = "val/psnr"  # what best_model/ and early stopping follow (direction known per metric)
@@ -238,6 +240,17 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
         raise UserError(f"config file {path} not found")
     if path.suffix == ".json":
         return resolve_paths(with_overrides(config_from_json(path), list(overrides)))
+    stamp = path.stat()
+    config = _run_config_file(path, path.resolve(), stamp.st_mtime_ns, stamp.st_size)
+    return with_auto_variant(resolve_paths(with_overrides(replace(config, config_file=str(path)), list(overrides))))
+
+
+@functools.cache
+def _run_config_file(path: Path, resolved: Path, mtime_ns: int, size: int) -> TrainConfig:
+    """The ``config`` the Python config file ``path`` (``resolved``) defines, run once per
+    process (and again once the file changed: ``mtime_ns``, ``size``): a config file is
+    Python code, which a start reads in more than one place (a resume checks it against the
+    run's)."""
     try:
         namespace = runpy.run_path(str(path))
     except SyntaxError as err:
@@ -248,7 +261,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
         lines = [
             frame.lineno
             for frame in traceback.extract_tb(err.__traceback__)
-            if Path(frame.filename).resolve() == path.resolve()
+            if Path(frame.filename).resolve() == resolved
         ]
         raise UserError(f"{path}:{lines[-1]}: {err}" if lines else str(err)) from None
     except Exception as err:  # not Python that runs here (a log, a video, a config of another tool)
@@ -256,7 +269,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
     config = namespace.get("config")
     if not isinstance(config, TrainConfig):
         raise UserError(f"{path} must define `config = TrainConfig(...)` (got {type(config).__name__})")
-    return with_auto_variant(resolve_paths(with_overrides(replace(config, config_file=str(path)), list(overrides))))
+    return config
 
 
 ANNOTATION_KEYS = ("annotation_file", "val_annotation_file")

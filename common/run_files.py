@@ -4,7 +4,10 @@ export bundle read it.
 A checkpoint (or ``best_model``) folder holds a manifest, ``checkpoint.json``, listing every
 file with its size and CRC-32 (``training.state.atomic_folders`` writes it). A weight file
 inside such a folder is trusted only once the manifest vouches for it (``verified_weights``);
-a run folder is the one that holds the run's ``config.json`` (``run_folder_of``).
+a run folder is the one that holds the run's ``config.json`` (``run_folder_of``). The tools
+read a run that may still be training: given an ``ExitStack``, ``run_weights`` holds the
+checkpoint or ``best_model`` folder it chose (``common.folder_locks``) until the stack
+closes, so that the run's rotation cannot delete it while it is verified and loaded.
 """
 
 from __future__ import annotations
@@ -13,14 +16,15 @@ import json
 import logging
 import re
 import zlib
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 from taehv_train.common.errors import UserError
+from taehv_train.common.folder_locks import CHECKPOINT_MANIFEST, hold_for_reading
 from taehv_train.models.atomic import atomic_write
 from taehv_train.models.weights import find_weights, run_folder
 
-CHECKPOINT_MANIFEST = "checkpoint.json"
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 CHECKPOINT_WEIGHTS = "weights.safetensors"  # the model inside a checkpoint or best_model folder
 FINAL_MODELS = ("final_model.safetensors", "final_model.pth")
@@ -72,11 +76,20 @@ def read_checkpoint_manifest(path: Path, verify_checksums: bool = False) -> dict
     return manifest
 
 
-def verified_weights(path: str | Path) -> Path:
+def verified_weights(path: str | Path, held: ExitStack | None = None) -> Path:
     """The weight file behind ``path`` (``models.weights.find_weights``); inside a checkpoint
-    or ``best_model`` folder, only once its manifest's checksums vouch for the folder's files."""
+    or ``best_model`` folder, only once its manifest's checksums vouch for the folder's files
+    (with ``held``, verified once the folder is held for the rest of ``held``)."""
     weights = find_weights(path)
     if (weights.parent / CHECKPOINT_MANIFEST).is_file():
+        if held is not None:
+            handle = hold_for_reading(weights.parent)
+            if handle is None:
+                raise DamagedCheckpointError(
+                    f"{weights.parent} was removed or replaced as it was being read (its run is still training): "
+                    "give the run folder for its newest checkpoint (--weights final) or its best model"
+                )
+            held.enter_context(handle)
         try:
             read_checkpoint_manifest(weights.parent, verify_checksums=True)
         except DamagedCheckpointError as err:
@@ -97,13 +110,43 @@ def newest_intact(checkpoints: list[Path]) -> Path | None:
     return None
 
 
-def newest_intact_checkpoint(run: Path) -> Path | None:
-    """The newest intact checkpoint of ``run``, or None."""
+READ_TRIES = 5  # a folder removed or replaced before its lock: the tools look again, this often
+
+
+def newest_intact_checkpoint(run: Path, held: ExitStack | None = None) -> Path | None:
+    """The newest intact checkpoint of ``run``, or None; held for the rest of ``held``
+    (the rotation of a run still training keeps it), verified once held."""
+    if held is None:
+        return newest_intact(_checkpoints_of(run))
+    for _ in range(READ_TRIES):
+        for checkpoint in reversed(_checkpoints_of(run)):
+            handle = hold_for_reading(checkpoint)
+            if handle is None and not checkpoint.exists():  # rotated away since the listing: newer ones came
+                break
+            if handle is None:
+                logger.warning("skipping %s: it has no %s", checkpoint, CHECKPOINT_MANIFEST)
+                continue
+            if newest_intact([checkpoint]) is None:
+                handle.close()
+                continue
+            held.enter_context(handle)
+            return checkpoint
+        else:
+            return None
+    raise _kept_changing(run / "checkpoints")
+
+
+def _checkpoints_of(run: Path) -> list[Path]:
+    """The checkpoint folders of ``run``, oldest first."""
     steps = {}
     for folder in (run / "checkpoints").glob("checkpoint-*"):
         if folder.is_dir() and (match := CHECKPOINT_NAME.match(folder.name)):
             steps[folder] = int(match.group(1))
-    return newest_intact(sorted(steps, key=steps.get))
+    return sorted(steps, key=steps.get)
+
+
+def _kept_changing(folder: Path) -> UserError:
+    return UserError(f"{folder} was replaced {READ_TRIES} times while it was being read: try again")
 
 
 BEST, FINAL = "best", "final"
@@ -135,11 +178,21 @@ def validation_history(run: Path) -> list[dict]:
     return json.loads(history.read_text()) if history.is_file() else []
 
 
-def best_model_weights(run: Path) -> Path | None:
-    """The weights of ``run``'s best validation (``best_model/``, verified); None for a run
-    that has not validated. What a run folder stands for unless the final weights are asked for."""
+def best_model_weights(run: Path, held: ExitStack | None = None) -> Path | None:
+    """The weights of ``run``'s best validation (``best_model/``, verified, held for the rest
+    of ``held``: a new best waits to replace it); None for a run that has not validated.
+    What a run folder stands for unless the final weights are asked for."""
     best = run / BEST_MODEL / CHECKPOINT_WEIGHTS
-    return verified_weights(best) if best.is_file() else None
+    for _ in range(READ_TRIES):
+        if not best.is_file():
+            return None
+        if held is None or not (best.parent / CHECKPOINT_MANIFEST).is_file():  # a folder from before manifests
+            return verified_weights(best)
+        handle = hold_for_reading(best.parent)
+        if handle is not None:  # else replaced before the lock: the new one
+            held.enter_context(handle)
+            return verified_weights(best)
+    raise _kept_changing(run / BEST_MODEL)
 
 
 def _score(run: Path, step: int | None) -> str:
@@ -161,15 +214,15 @@ def _step_of(weights: Path, run: Path) -> int | None:
     return info.get("step") if info else None
 
 
-def _final_weights(run: Path) -> tuple[Path | None, int | None, str]:
+def _final_weights(run: Path, held: ExitStack | None) -> tuple[Path | None, int | None, str]:
     """The run's latest weights, their step, and a note when the run is not finished:
     ``final_model.*`` of a finished run, else its newest intact checkpoint (None when it has
-    none yet)."""
+    none yet; held for the rest of ``held``)."""
     if finished_info(run) is not None:
         weights = verified_weights(run)
         return weights, _step_of(weights, run), ""
     final = next((run / name for name in FINAL_MODELS if (run / name).is_file()), None)
-    checkpoint = newest_intact_checkpoint(run)
+    checkpoint = newest_intact_checkpoint(run, held)
     if checkpoint is None:
         return final, None, ""
     config = json.loads((run / "config.json").read_text())
@@ -180,19 +233,20 @@ def _final_weights(run: Path) -> tuple[Path | None, int | None, str]:
     return checkpoint / CHECKPOINT_WEIGHTS, step, note
 
 
-def run_weights(path: str | Path, which: str | None = None) -> RunWeights:
+def run_weights(path: str | Path, which: str | None = None, held: ExitStack | None = None) -> RunWeights:
     """The weights the tools take for ``path`` and the line that says which. A run folder
     gives its best validation (``best_model/``) unless ``which`` is ``FINAL`` or it has not
     validated; else its final weights, which for a run that is not finished (stopped, or a
     finished run being extended) are its newest intact checkpoint's. Anything else is
     ``verified_weights``, described by its run when it comes from one; ``which`` is for
-    run folders only."""
+    run folders only. With ``held``, the checkpoint or ``best_model`` folder chosen is held
+    until ``held`` closes: load the weights before (``common.folder_locks``)."""
     run = Path(path)
     if not (run.is_dir() and (run / "config.json").is_file()):
         if which is not None:
             raise UserError(f"--weights {which} chooses among a run folder's weights; {path} is not a run folder")
-        return weights_in_run(verified_weights(run))
-    best = best_model_weights(run) if which != FINAL else None
+        return weights_in_run(verified_weights(run, held))
+    best = best_model_weights(run, held) if which != FINAL else None
     if best is not None:
         step, validations = _step_of(best, run), len(validation_history(run))
         line = (
@@ -200,7 +254,7 @@ def run_weights(path: str | Path, which: str | None = None) -> RunWeights:
             f"{validations} validations{'' if finished_info(run) else '; the run has not finished'})"
         )
         return RunWeights(best, step, line, "--weights final for its latest weights")
-    final, final_step, unfinished = _final_weights(run)
+    final, final_step, unfinished = _final_weights(run, held)
     if final is None:  # nothing to take: the error names what was looked for
         return RunWeights(verified_weights(run))
     line = unfinished or f"{run.name}: its final weights, {final.name} at step {final_step}"

@@ -2,13 +2,15 @@
 config gives the data, sizes and variant; they take its best validation, or with
 ``--weights final`` its final weights (an unfinished run's newest checkpoint), and say
 which; a plain autoencoder is named and described as having a latent space of its own.
-One finished plain-autoencoder run (the test preset) serves every test; its copy without
-``final_model.*`` and its last checkpoint is the unfinished run."""
+They read a run that is still training: the checkpoint they chose stays while they read it,
+its rotation notwithstanding. One finished plain-autoencoder run (the test preset) serves
+every test; its copy without ``final_model.*`` and its last checkpoint is the unfinished run."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,8 @@ from conftest import REPO_ROOT
 from taehv_train.models.diffusers_vae import TAEVideoVAE
 from taehv_train.models.latent_spaces import OWN
 from taehv_train.models.taehv import TAEHV
-from train_runs import assert_identical, train_here
+from taehv_train.training import export as export_tool
+from train_runs import assert_identical, train_here, wait_for
 
 pytestmark = pytest.mark.slow  # a training run and the tools' processes
 
@@ -184,3 +187,100 @@ def test_the_logs_are_in_words(runs):
     logged = scalars(runs["finished"])
     assert "train/host_memory_gb" in logged  # what it is on every device
     assert ("train/gpu_memory_gb" in logged) == torch.cuda.is_available()
+
+
+def rotated_while_read(monkeypatch, run: Path) -> list[list[str]]:
+    """As a tool verifies the run's newest checkpoint, checkpoint-3, the run saves
+    checkpoint-4 and rotates to one checkpoint (training's own rotation, in a thread of its
+    own, waited for); the checkpoints the rotation left, once per tool."""
+    from taehv_train.common import run_files
+    from taehv_train.training.state.checkpoints import rotate_checkpoints
+
+    checkpoints, checksum, left = run / "checkpoints", run_files.file_checksum, []
+
+    def checksum_while_the_run_rotates(path: Path, *args) -> str:
+        if path.parent.name == "checkpoint-3" and not (checkpoints / "checkpoint-4").exists():
+            shutil.copytree(checkpoints / "checkpoint-2", checkpoints / "checkpoint-4")
+            rotation = threading.Thread(target=rotate_checkpoints, args=(checkpoints, 1))
+            rotation.start()
+            rotation.join(timeout=60)
+            left.append(sorted(p.name for p in checkpoints.iterdir()))
+        return checksum(path, *args)
+
+    monkeypatch.setattr(run_files, "file_checksum", checksum_while_the_run_rotates)
+    return left
+
+
+def test_the_tools_keep_the_checkpoint_they_read_from_the_rotation_of_a_run_still_training(
+    runs,
+    run_inference,  # noqa: F811
+    monkeypatch,
+    capsys,
+    tmp_path,
+):
+    from taehv_train.training.state.checkpoints import rotate_checkpoints
+
+    run = tmp_path / runs["unfinished"].name
+    shutil.copytree(runs["unfinished"], run)
+    left = rotated_while_read(monkeypatch, run)
+    note = f"{run.name} is unfinished: using checkpoints/checkpoint-3 (step 3 of 4)"
+    for tool in ("inference", "export"):
+        shutil.copytree(run / "checkpoints" / "checkpoint-2", run / "checkpoints" / "checkpoint-3")
+        if tool == "inference":
+            out = tmp_path / "eval"
+            result = run_inference("--model_path", str(run), "--weights", "final", "--output_dir", str(out))
+            assert result.returncode == 0 and note in result.stdout, result.stdout + result.stderr[-2000:]
+            assert json.loads((out / "metrics.json").read_text())["model"]["step"] == 3
+        else:
+            capsys.readouterr()
+            export_tool.main([str(run), "--weights", "final", "--out", str(tmp_path / "bundle")])
+            assert note in capsys.readouterr().out and (tmp_path / "bundle" / "README.md").is_file()
+        # the rotation passed over the checkpoint being read; the next one, after the tool, removes it
+        assert left.pop() == ["checkpoint-3", "checkpoint-4"]
+        rotate_checkpoints(run / "checkpoints", 1)
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-4"]
+        (run / "checkpoints" / "checkpoint-4").rename(run / "checkpoints" / "checkpoint-2")
+
+
+def waits_for_a_lock(path: Path) -> bool:
+    """Whether a process waits for an ``flock`` on ``path`` (``/proc/locks``: ``->`` lines)."""
+    inode = f":{path.stat().st_ino} "
+    return any("->" in line and inode in line for line in Path("/proc/locks").read_text().splitlines())
+
+
+def test_a_new_best_waits_for_the_tool_reading_best_model(runs, run_inference, monkeypatch, tmp_path):  # noqa: F811
+    from taehv_train.common import run_files
+    from taehv_train.training.state.atomic_folders import rename_into_place
+
+    run = tmp_path / runs["unfinished"].name
+    shutil.copytree(runs["unfinished"], run)
+    best, checksum, writers = run / "best_model", run_files.file_checksum, []
+    step = json.loads((best / "model_info.json").read_text())["step"]
+
+    def checksum_while_a_new_best_is_saved(path: Path, *args) -> str:
+        if path.parent == best and not writers:  # the run's next best: checkpoint-2's folder, say
+            manifest = best / "checkpoint.json"
+            shutil.copytree(run / "checkpoints" / "checkpoint-2", run / ".tmp-best_model")
+            writers.append(threading.Thread(target=rename_into_place, args=(run / ".tmp-best_model", best)))
+            writers[0].start()
+            wait_for(lambda: not writers[0].is_alive() or waits_for_a_lock(manifest), 60, "the new best")
+        return checksum(path, *args)
+
+    monkeypatch.setattr(run_files, "file_checksum", checksum_while_a_new_best_is_saved)
+    result = run_inference("--model_path", str(run), "--output_dir", str(tmp_path / "eval"), "--num_samples", "1")
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    assert f"{run.name}: its best validation, best_model/ at step {step} (val/psnr " in result.stdout, result.stdout
+    writers[0].join(timeout=60)  # once the tool has loaded the weights, the new best replaces them
+    assert not (best / "model_info.json").exists() and (best / "optimizer.json").is_file()
+
+
+def test_a_checkpoint_folder_without_its_manifest_is_passed_over_by_a_reading_tool(runs, tmp_path):
+    from contextlib import ExitStack
+
+    from taehv_train.common.run_files import FINAL, run_weights
+
+    run = tmp_path / runs["unfinished"].name
+    shutil.copytree(runs["unfinished"], run)
+    (run / "checkpoints" / "checkpoint-9").mkdir()  # a leftover of another version, say
+    with ExitStack() as held:
+        assert run_weights(run, FINAL, held).path == run / "checkpoints" / "checkpoint-2" / "weights.safetensors"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -268,15 +269,16 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError("--out is empty: name the folder to write the bundle into")
     typed = ["python", "-m", "taehv_train.training.export", *(sys.argv[1:] if argv is None else argv)]
     command = f"`{portable(shlex.join(typed))}`"
-    chosen = run_weights(args.source, args.weights)
-    if chosen.told:
-        print(f"weights: {chosen.told}")
-    try:
-        written = write_bundle(chosen, Path(args.out), args.fp16, command, overwrite=args.force)
-    except WeightsError:  # the source's problem, not the output folder's
-        raise
-    except OSError as err:  # read-only file system, no space, no permission: the user's to fix
-        raise UserError(f"cannot write the bundle into {args.out}: {err.strerror or err}") from None
+    with ExitStack() as held:  # the folder of the weights, held from choosing them to the bundle's end
+        chosen = run_weights(args.source, args.weights, held)
+        if chosen.told:
+            print(f"weights: {chosen.told}")
+        try:
+            written = write_bundle(chosen, Path(args.out), args.fp16, command, overwrite=args.force)
+        except WeightsError:  # the source's problem, not the output folder's
+            raise
+        except OSError as err:  # read-only file system, no space, no permission: the user's to fix
+            raise UserError(f"cannot write the bundle into {args.out}: {err.strerror or err}") from None
     for path in written:
         print(f"wrote {path}")
 

@@ -87,6 +87,7 @@ from taehv_train.training.state.atomic_folders import DiskFullError, is_disk_ful
 from taehv_train.training.state.checkpoints import load_training_state, remove_partial_checkpoints, save_checkpoint
 from taehv_train.training.state.commands import launch_command, next_command, next_steps, resume_command
 from taehv_train.training.state.run_config import Start, describe_start
+from taehv_train.training.state.run_data import data_record
 from taehv_train.training.state.run_lock import release_run_dir
 from taehv_train.training.state.run_start import claim_run_dir, decide_start
 from taehv_train.training.state.trained_weights import export_best_model, export_weights
@@ -175,13 +176,16 @@ class TrainingRun:
     faults: FaultPlan
     val_set: VideoClipDataset | None
     ref_vae: ReferenceVAE | None
+    data: dict[str, dict]  # the clips read at this start (training.state.run_data), for a resume to compare
 
     def checkpoint(self) -> Path:
         """Save the full training state at the current step (every rank calls it)."""
         trainer_state = {
             "progress": asdict(self.progress),
             "validation_history": self.tracker.history,
+            "best_model_since": self.tracker.since,
             "config": self.config.to_dict(),
+            "data": self.data,
         }
         return save_checkpoint(
             self.train_step.objects,
@@ -334,7 +338,15 @@ def train(
             config.best_metric,
             config.early_stopping_patience,
             config.early_stopping_min_delta,
+            since=start.step if start.new_validation_set else saved.get("best_model_since", -1),
         )
+        if start.new_validation_set:
+            logger.warning(
+                "the validation clips changed: the best-model comparison restarts at step %d (%s is replaced at "
+                "the next validation; the scores before it were of other clips)",
+                start.step,
+                run_dir / "best_model",
+            )
         logger.info(
             "resumed from %s; data position: epoch %d, batch %d",
             describe_start(start),
@@ -363,7 +375,9 @@ def train(
         accelerator.end_training()
         return run_dir
     monitor = Monitor(accelerator, config, run_dir, progress.step, train_step.idle, log_every_typed)
-    run = TrainingRun(config, run_dir, train_step, progress, tracker, monitor, faults, data.val, ref_vae)
+    run = TrainingRun(
+        config, run_dir, train_step, progress, tracker, monitor, faults, data.val, ref_vae, data_record(config)
+    )
     progress_bar = tqdm(
         total=budget.last_step,
         initial=progress.step,

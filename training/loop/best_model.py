@@ -6,6 +6,8 @@ leave while another waits in a collective. Its state (history, best value, patie
 counter) lives in every checkpoint, so a resumed run stops exactly where an uninterrupted
 one would. Only the history is stored: the best value and the patience counter are
 replayed from it, so they always agree with it (also when the metric is changed on resume).
+A resume onto another validation set (``allow_data_change``) restarts the comparison:
+validations up to ``since`` stay in the history but are not compared with later ones.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class BestTracker:
     best_step: int | None = None
     bad_validations: int = 0
     history: list[dict] = field(default_factory=list)
+    since: int = -1  # validations at this step or before scored other clips: not compared
 
     @property
     def higher_is_better(self) -> bool:
@@ -83,11 +86,12 @@ class BestTracker:
         return self.patience > 0 and self.bad_validations >= self.patience
 
     @classmethod
-    def replay(cls, history: list[dict], metric: str, patience: int, min_delta: float) -> BestTracker:
-        """The tracker a run with this history would have now."""
-        tracker = cls(metric=metric, patience=patience, min_delta=min_delta, history=list(history))
+    def replay(cls, history: list[dict], metric: str, patience: int, min_delta: float, since: int = -1) -> BestTracker:
+        """The tracker a run with this history would have now (comparing the validations after ``since``)."""
+        tracker = cls(metric=metric, patience=patience, min_delta=min_delta, history=list(history), since=since)
         for entry in history:
-            tracker._score(entry["step"], {k: v for k, v in entry.items() if k != "step"})
+            if entry["step"] > since:
+                tracker._score(entry["step"], {k: v for k, v in entry.items() if k != "step"})
         return tracker
 
     def write_history(self, run_dir: Path) -> None:

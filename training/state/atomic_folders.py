@@ -27,6 +27,7 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object
 
 from taehv_train.common.errors import UserError, readable_size
+from taehv_train.common.folder_locks import replacing
 from taehv_train.common.run_files import CHECKPOINT_MANIFEST, file_checksum
 from taehv_train.models.atomic import atomic_write, fsync_directory, temporary_name
 
@@ -139,9 +140,10 @@ def write_manifest(tmp: Path, info: dict[str, Any], checksums: dict[str, str], s
 
 def rename_into_place(tmp: Path, final: Path) -> None:
     """Rename the finished ``tmp`` to ``final``, durably (main process only)."""
-    if final.exists():  # an incomplete leftover of the same name
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    with replacing(final):  # best_model/: after its readers have loaded it
+        if final.exists():  # the previous one, or an incomplete leftover of the same name
+            shutil.rmtree(final)
+        os.replace(tmp, final)
     fsync_directory(final.parent)
 
 

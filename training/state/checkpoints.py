@@ -44,6 +44,7 @@ from taehv_train.common.config import (
     same_config_file,
 )
 from taehv_train.common.errors import UserError
+from taehv_train.common.folder_locks import remove_unless_read
 from taehv_train.common.run_files import (
     CHECKPOINT_MANIFEST,
     DamagedCheckpointError,
@@ -448,6 +449,14 @@ class SaveFaults(Protocol):
     def maybe_crash_in_save(self, step: int, rank: int) -> None: ...
 
 
+def rotate_checkpoints(directory: Path, keep: int) -> None:
+    """Keep the newest ``keep`` complete checkpoints in ``directory``; one a tool is reading
+    (``common.folder_locks``) stays until a later rotation."""
+    for old in list_checkpoints(directory)[:-keep]:
+        if not remove_unless_read(old):
+            logger.info("kept %s for now: a tool is reading it", old.name)
+
+
 def save_checkpoint(
     objects: TrainingObjects, directory: Path, step: int, keep: int, trainer_state: dict, faults: SaveFaults
 ) -> Path:
@@ -491,9 +500,8 @@ def save_checkpoint(
         rename_into_place(tmp, final)
     acc.wait_for_everyone()
 
-    if acc.is_main_process:  # rotation: only complete checkpoints count, the newest kept
-        for old in list_checkpoints(directory)[:-keep]:
-            shutil.rmtree(old)
+    if acc.is_main_process:
+        rotate_checkpoints(directory, keep)
         manifest = read_checkpoint_manifest(final)
         logger.info(
             "saved checkpoint %s (%.0f MB; checksums took %.2f s)",

@@ -16,15 +16,24 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from taehv_train.common.config import TrainConfig, apply_overrides, given_keys, resolve_paths, with_budget
+from taehv_train.common.config import (
+    TrainConfig,
+    apply_overrides,
+    given_keys,
+    missing_paths,
+    resolve_paths,
+    with_budget,
+)
 from taehv_train.common.errors import UserError
 from taehv_train.common.run_files import finished_info
 from taehv_train.training.state.checkpoints import checkpoint_step, read_trainer_state, resolve_resume
+from taehv_train.training.state.run_data import data_changes, data_record, validation_changed
 
 logger = logging.getLogger(__name__)
 
-# how this start runs, never taken from the run: which checkpoint, and faults injected by tests
-START_KEYS = ("resume_from_checkpoint", "auto_resume", "fault_injection")
+# how this start runs, never taken from the run: which checkpoint, whether its data may have changed,
+# and faults injected by tests
+START_KEYS = ("resume_from_checkpoint", "auto_resume", "allow_data_change", "fault_injection")
 _FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
 
 
@@ -38,8 +47,9 @@ class Start:
     checkpoint: Path | None = None
     step: int = 0  # the checkpoint's step
     horizon: int = 0  # the step the run ends at
-    changes: tuple[str, ...] = ()  # "key old -> new" for each key the resume line changed
+    changes: tuple[str, ...] = ()  # "key old -> new" for each key the resume line changed, then the data's changes
     extending: bool = False  # a finished run trained further
+    new_validation_set: bool = False  # the validation clips changed (allowed): the best-model comparison restarts
     done: bool = False
 
 
@@ -77,20 +87,22 @@ def start_of(base: TrainConfig, given: list[str]) -> Start:
     if checkpoint is None:
         return Start(base)
     state = read_trainer_state(checkpoint)
-    config, changes = config_for_resume(base, given, state.get("config", {}))
+    saved = state.get("config", {})
+    config, changes = config_for_resume(base, given, saved)
     step, planned = checkpoint_step(checkpoint), state.get("progress", {}).get("planned_steps")
     start = Start(config, run, checkpoint, step, planned or config.max_train_steps, changes)
     info = finished_info(run)
     if info is None:
-        return start
+        return with_data_checked(start, state.get("data"))
     raised = config.max_train_steps > info["step"]
     if (info["reason"] == "finished" and raised) or (info["reason"] == "early_stop" and changes):
-        return dataclasses.replace(start, horizon=config.max_train_steps, extending=True)
+        extended = dataclasses.replace(start, horizon=config.max_train_steps, extending=True)
+        return with_data_checked(extended, state.get("data"))
     if not base.resume_from_checkpoint:  # auto_resume
         return dataclasses.replace(start, done=True)
     how = (
-        f"finished at step {info['step']} ({run_length(info, config)}): "
-        f"give --max_train_steps above {info['step']}{spent_budget(config)} to extend it"
+        f"finished at step {info['step']} ({run_length(info, saved)}): "
+        f"give --max_train_steps above {info['step']}{spent_budget(saved)} to extend it"
         if info["reason"] == "finished"
         else f"stopped early at step {info['step']}: give the changes that train it further "
         "(e.g. --early_stopping_patience=0)"
@@ -98,17 +110,43 @@ def start_of(base: TrainConfig, given: list[str]) -> Start:
     raise UserError(f"{run} {how}, or start a new run (without --resume)")
 
 
-def run_length(info: dict, config: TrainConfig) -> str:
-    """What ended a finished run: its step limit, or its time budget."""
-    steps = info.get("max_train_steps", config.max_train_steps)
-    return f"max_train_steps={steps}" if steps else f"max_train_time={config.max_train_time}"
+def with_data_checked(start: Start, saved: dict | None) -> Start:
+    """``start`` with the changes of its run's data (``training.state.run_data``) listed, and
+    ``new_validation_set`` when the validation clips changed; a change is refused unless the
+    resume line gives ``allow_data_change``. A run that recorded no data (from before the
+    record) is not compared, nor data that is missing now (the pre-flight names it)."""
+    if saved is None or missing_paths(start.config):
+        return start
+    now = data_record(start.config)
+    changed = data_changes(saved, now)
+    if not changed:
+        return start
+    new_validation_set = validation_changed(saved, now)
+    if not start.config.allow_data_change:
+        scores = ", and score its best model on another validation set" if new_validation_set else ""
+        raise UserError(
+            f"the data of {start.run} changed since it started ({'; '.join(changed)}): this resume would train on "
+            f"other clips{scores}. Put the data back as it was, resume with --allow_data_change=true to go on with "
+            "the clips as they are now, or start a new run (without --resume)"
+        )
+    changes = (*start.changes, *(f"data: {change}" for change in changed))
+    if new_validation_set:
+        changes += ("data: the best-model comparison restarts (scores of other validation sets are not compared)",)
+    return dataclasses.replace(start, changes=changes, new_validation_set=new_validation_set)
 
 
-def spent_budget(config: TrainConfig) -> str:
-    """For a run with a time budget: that it is spent, and how to lift it."""
-    if not config.max_train_time:
+def run_length(info: dict, saved: dict) -> str:
+    """What ended a finished run: its step limit, or its time budget (the run's own, from its
+    ``saved`` config, not one typed on the resume line)."""
+    steps = info.get("max_train_steps", saved.get("max_train_steps"))
+    return f"max_train_steps={steps}" if steps else f"max_train_time={saved.get('max_train_time')}"
+
+
+def spent_budget(saved: dict) -> str:
+    """For a run with a time budget (in its ``saved`` config): that it is spent, and how to lift it."""
+    if not saved.get("max_train_time"):
         return ""
-    return f" and --max_train_time= (or more than its spent {config.max_train_time})"
+    return f" and --max_train_time= (or more than its spent {saved['max_train_time']})"
 
 
 def describe_start(start: Start) -> str:
