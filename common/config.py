@@ -74,9 +74,9 @@ class TrainConfig:
     dataloader_num_workers: int = 4
     prefetch_factor: int = 2  # batches each loader worker prepares ahead
     prefetch_batches: int = 2  # batches a thread keeps received (on CUDA: already on the GPU) for the step
-    # seconds the step waits for one batch before this process's data counts as gone (a stalled loader
-    # worker or storage: the run saves its last step and stops, exit 2); 0: no bound
-    batch_timeout: float = 1800.0
+    # seconds the step waits for one batch before this process's loader counts as failed (a stalled
+    # loader worker or storage: the run saves its last step and stops, exit 2); 0: no bound
+    batch_timeout: float = 600.0
     persistent_workers: bool = True
     frame_cache_mb: int = 0  # per loader process: videos kept decoded and downscaled in memory (0: off; docs/data.md)
 

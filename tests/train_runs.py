@@ -111,13 +111,14 @@ def tiny_train_step(
     return train_step, loader
 
 
-def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
-    """The pid of training process ``rank`` among the launcher's children."""
-    children = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
+def rank_pid(launcher: subprocess.Popen | int, rank: int) -> int:
+    """The pid of training process ``rank`` among the launcher's children (the launcher: its process or pid)."""
+    parent = launcher if isinstance(launcher, int) else launcher.pid
+    children = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True).stdout.split()
     for pid in children:
         if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
             return int(pid)
-    raise AssertionError(f"no rank {rank} among the children {children} of {launcher.pid}")
+    raise AssertionError(f"no rank {rank} among the children {children} of {parent}")
 
 
 def child_running(parent: int, module: str) -> int:

@@ -60,6 +60,7 @@ from taehv_train.common.run_files import run_weights, write_run_marker
 from taehv_train.models.atomic import atomic_write
 from taehv_train.models.latent_spaces import OWN
 from taehv_train.training.data.latent_scale_check import check_at_start
+from taehv_train.training.data.loader_workers import LoaderFault
 from taehv_train.training.data.loading import TrainingData, build_train_loader, build_training_data
 from taehv_train.training.data.prefetch import Prefetcher
 from taehv_train.training.export import BUNDLE_FOLDER, write_bundle
@@ -247,7 +248,8 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None, started
     clock = ProcessClock.measure(started)
     stop = stop or StopRequest()
     config_file, overrides = parse_args(argv)
-    start = decide_start(process_state(), load_config(config_file, overrides), overrides)
+    base = load_config(config_file, overrides)
+    start = decide_start(process_state(base.batch_timeout), base, overrides)
     config = start.config
     notes = [*check(config), *check_fits(config), *feed_notes(config)]
     faults = FaultPlan.parse(config.fault_injection)
@@ -528,8 +530,18 @@ def finish(stop_reason: str, run: TrainingRun, stop: StopRequest, data_error: Vi
                 f"memory); saved {path}. Lower learning_rate, enable max_grad_norm, use bf16 instead of fp16, or "
                 f"check the data and the reference VAE, then resume with: {resume_command(path)}"
             )
+        if stop_reason == "data" and isinstance(data_error, LoaderFault):
+            raise DataGone(
+                f"the data loader failed at step {progress.step}: {data_error.reason}; saved {path}. "
+                f"{data_error.advice}, then resume with: {resume_command(path)}"
+            )
+        if stop_reason == "data" and data_error is None:
+            raise DataGone(
+                f"another process of the run could not load its training batch at step {progress.step} (its own "
+                f"line says why); saved {path}. Fix that, then resume with: {resume_command(path)}"
+            )
         if stop_reason == "data":
-            cause = data_error.reason if data_error else "on another rank"
+            cause = data_error.reason
             which = "validation" if isinstance(data_error, ValidationDataError) else "training"
             raise DataGone(
                 f"the {which} data became unreadable at step {progress.step} ({cause}); "

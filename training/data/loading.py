@@ -40,6 +40,7 @@ from taehv_train.common.reference_vae import ReferenceVAE
 from taehv_train.common.video.files import clip_extensions, holds_clips
 from taehv_train.models.variants import VariantSpec
 from taehv_train.training.data.latent_cache import CachedLatentDataset
+from taehv_train.training.data.loader_workers import worker_death
 
 logger = logging.getLogger(__name__)
 
@@ -223,8 +224,9 @@ def build_train_loader(dataset: Dataset, config: TrainConfig, device: torch.devi
 
 def batches_until_data_error(loader: Iterable[dict]) -> Iterator[dict | VideoDataError]:
     """The loader's batches; when the data can no longer produce one (files deleted or a
-    storage mount gone mid-run), the VideoDataError takes that batch's place and ends the
-    iteration, so the training step can tell every rank and the run can save and stop."""
+    storage mount gone mid-run, or a loader worker died: ``LoaderFault``), the
+    VideoDataError takes that batch's place and ends the iteration, so the training step
+    can tell every rank and the run can save and stop."""
     # the workers start with stop signals held: at iter() of a DataLoader, at the first batch
     # of a prepared one (Accelerate's loaders iterate in a generator, which starts on next())
     with stop_signals_held():
@@ -242,6 +244,12 @@ def batches_until_data_error(loader: Iterable[dict]) -> Iterator[dict | VideoDat
             return
         except VideoDataError as err:  # a worker's too, with its reason (common.clip_loader.WorkerDataError)
             yield err
+            return
+        except (RuntimeError, OSError, EOFError) as err:  # what the loader raises when a worker dies
+            died = worker_death(err)
+            if died is None:
+                raise
+            yield died
             return
         yield batch
 

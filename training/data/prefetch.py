@@ -29,7 +29,13 @@ The taking thread never waits without end. It waits for a batch in short slices,
 - when ``stopping()`` is true (a SIGTERM/SIGINT the main thread received while it waited),
   the item is a ``WaitInterrupted``;
 - when no batch came within ``batch_timeout`` seconds (a stalled loader worker or storage;
-  0: no bound), the item is a ``VideoDataError``, as when the data is gone.
+  0: no bound), the item is a ``LoaderFault``, as when the data is gone; meanwhile the
+  wait is logged every ``WAIT_LOG_S`` seconds, on every rank;
+- a loader worker that died is a ``LoaderFault`` (``training.data.loader_workers``) in
+  the place of the batch it owed.
+
+``close`` ends the loader's workers (the run is over; a stalled one would keep the process
+from exiting).
 
 Once the data is gone (a ``VideoDataError``) or a wait was interrupted, every later item is
 that same error or interruption, counted on through the epoch (an item has the position of
@@ -55,15 +61,16 @@ from torch.utils.data import DataLoader
 
 from taehv_train.common.clips import VideoDataError
 from taehv_train.training.data.cuda_sequence import DeviceFeed
+from taehv_train.training.data.loader_workers import LoaderFault, end_workers
 from taehv_train.training.data.loading import DataPosition, batches_until_data_error
 
 logger = logging.getLogger(__name__)
 PUT_TIMEOUT_S = 0.1  # how often a thread waiting for room checks whether it was closed
 WAIT_SLICE_S = 0.1  # how often the taking thread, waiting for a batch, checks the thread, the stop and the bound
-CLOSE_TIMEOUT_S = 60.0  # for the batch being received when the run ends
-# after a wait that was interrupted or timed out: the thread is stuck in (or slow with) the
-# loader, and the run is about to save; a daemon thread left behind cannot keep the process alive
-ABANDON_TIMEOUT_S = 1.0
+# for the thread to leave the loader when the run ends, before the loader's workers are ended
+# (a stalled one never answers)
+CLOSE_TIMEOUT_S = 1.0
+WAIT_LOG_S = 30.0  # how often a rank waiting for its next batch says so
 
 
 @dataclass(frozen=True)
@@ -163,10 +170,17 @@ class Prefetcher(Iterator[Fetched]):
     def __next__(self) -> Fetched:
         if self._standing_in is not None:
             return self._take(self._next_slot(self._standing_in))
-        started = time.monotonic()
+        started = logged = time.monotonic()
         while True:
             with contextlib.suppress(queue.Empty):
                 return self._take(self._ready.get(timeout=WAIT_SLICE_S))
+            if time.monotonic() - logged >= WAIT_LOG_S:
+                logged = time.monotonic()
+                logger.warning(
+                    "waiting %.0f s for the next batch from the loader (%s)",
+                    logged - started,
+                    f"gives up after batch_timeout={self.batch_timeout:g} s" if self.batch_timeout else "no bound",
+                )
             if not self._thread.is_alive():
                 with contextlib.suppress(queue.Empty):  # what it queued before it ended
                     return self._take(self._ready.get_nowait())
@@ -178,22 +192,23 @@ class Prefetcher(Iterator[Fetched]):
                 )
             if self.batch_timeout and time.monotonic() - started >= self.batch_timeout:
                 return self._stand_in(
-                    VideoDataError(
+                    LoaderFault(
                         f"no batch came from the loader within {self.batch_timeout:g} s (batch_timeout): a stalled "
                         "loader worker or storage",
-                        "Check the storage and the loader workers (or raise batch_timeout), then resume",
+                        "Check the storage and the loader workers (or raise batch_timeout)",
                     )
                 )
 
     def close(self) -> None:
-        """Stop the thread (it finishes the batch it is receiving) and let the loader go."""
+        """Stop the thread and end the loader's workers: the run is over, and a stalled
+        worker would otherwise keep the process from exiting (``loader_workers.end_workers``)."""
         self._closed.set()
         with contextlib.suppress(queue.Empty):  # room for a put the thread is waiting on
             while True:
                 self._ready.get_nowait()
-        self._thread.join(CLOSE_TIMEOUT_S if self._standing_in is None else ABANDON_TIMEOUT_S)
-        if self._thread.is_alive():  # a daemon thread: it cannot keep the process alive
-            logger.warning("the batch-prefetching thread is still waiting for a loader worker; leaving it behind")
+        self._thread.join(CLOSE_TIMEOUT_S)
+        # a thread still waiting on a worker gets its death and ends; a daemon thread cannot keep the process alive
+        end_workers()
 
     def _take(self, item: Fetched) -> Fetched:
         """``item`` handed to the step: the run's position moves to it; on CUDA the taking

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import timedelta
 
 import torch
 from accelerate import PartialState
+from torch.distributed.constants import default_pg_timeout
+
+# what a rank that gave up waiting for its batch may still take to reach the window's agreement
+COLLECTIVE_MARGIN_S = 600.0
 
 
 def process_group_backend() -> str | None:
@@ -16,13 +21,23 @@ def process_group_backend() -> str | None:
     return "gloo" if distributed and not torch.cuda.is_available() else None
 
 
-def process_state() -> PartialState:
-    """Accelerate's process state. Several processes without CUDA need ``cpu=True`` as well
-    as gloo: otherwise (``accelerate launch --multi_gpu`` with ACCELERATE_USE_CPU, or
+def collective_timeout(batch_timeout: float) -> timedelta:
+    """How long a collective waits for the other ranks: past ``batch_timeout`` (a rank
+    whose loader stalled gives up on its batch then, finishes its window and joins the
+    agreement, ``training.data.prefetch``) by ``COLLECTIVE_MARGIN_S``, and never below
+    torch's default (NCCL's own is shorter: the ranks waiting for a stalled one would die
+    of it first)."""
+    return max(default_pg_timeout, timedelta(seconds=batch_timeout + COLLECTIVE_MARGIN_S))
+
+
+def process_state(batch_timeout: float = 0.0) -> PartialState:
+    """Accelerate's process state (the process group is made by the first call, with
+    ``collective_timeout(batch_timeout)``). Several processes without CUDA need ``cpu=True``
+    as well as gloo: otherwise (``accelerate launch --multi_gpu`` with ACCELERATE_USE_CPU, or
     torchrun on CPU) Accelerate counts the ranks but its barriers do nothing."""
     backend = process_group_backend()
     cpu = backend == "gloo" or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
-    return PartialState(cpu=cpu, **({"backend": backend} if backend else {}))
+    return PartialState(cpu=cpu, timeout=collective_timeout(batch_timeout), **({"backend": backend} if backend else {}))
 
 
 def started_command(module: str, argv: list[str]) -> list[str]:
