@@ -537,8 +537,9 @@ def finish(stop_reason: str, run: TrainingRun, stop: StopRequest, data_error: Vi
             )
         if stop_reason == "data" and data_error is None:
             raise DataGone(
-                f"another process of the run could not load its training batch at step {progress.step} (its own "
-                f"line says why); saved {path}. Fix that, then resume with: {resume_command(path)}"
+                f"the training data became unreadable at step {progress.step} on another process of the run, or "
+                f"its loader failed there (that process's line says which); saved {path}. Fix that, then resume "
+                f"with: {resume_command(path)}"
             )
         if stop_reason == "data":
             cause = data_error.reason
