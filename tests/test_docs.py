@@ -1,7 +1,7 @@
 """The docs name only what exists: the README's layout table has one row per folder and
 names files that are there, every repository path and `python -m` module the docs (README,
 docs/, tests/README.md, checkpoints/README.md) name exists, and every `--flag` /
-`--key=value` they show is a config key or a flag of a tool."""
+`--key=value` they show is a config key or a flag of a tool, and every test they cite is there."""
 
 from __future__ import annotations
 
@@ -96,10 +96,25 @@ def test_every_path_and_module_the_docs_name_exists():
                     and not (REPO_ROOT / token).exists()
                 ):
                     missing.append(f"{doc.name}: {token}")
-            modules = re.findall(r"python3? -m ((?:training|bench|evaluation|models|common)(?:\.\w+)+)(?![\w<.])", span)
+            modules = re.findall(
+                r"python3? -m (?:taehv_train\.)?((?:training|bench|evaluation|models|common)(?:\.\w+)+)(?![\w<.])", span
+            )
             for module in modules:
                 if not (REPO_ROOT / (module.replace(".", "/") + ".py")).exists():
                     missing.append(f"{doc.name}: python -m {module}")
+    assert missing == []
+
+
+def test_every_test_the_docs_name_exists():
+    """``tests/test_x.py::test_name`` (a trailing ``*`` for a prefix) names a test function
+    that is there, so a table's "tested by" column never points at a renamed test."""
+    missing = []
+    for doc in DOCS:
+        for file, name, prefix in re.findall(r"(test_\w+\.py)::(test_\w+)(\*?)", doc.read_text()):
+            source = REPO_ROOT / "tests" / file
+            pattern = rf"^def {name}" + ("" if prefix else r"\(")
+            if not (source.is_file() and re.search(pattern, source.read_text(), flags=re.M)):
+                missing.append(f"{doc.name}: {file}::{name}{prefix}")
     assert missing == []
 
 
