@@ -358,7 +358,8 @@ def test_the_summary_names_the_files_and_prints_the_command_that_trains_on_them(
 def test_a_rerun_keeps_each_clips_side_and_refuses_another_split(demo_clips, tmp_path, capsys):
     """Clips added to a held-out source are held out with it (a fresh split would move the
     held-out clip into training); other split settings are refused in one line before
-    anything is probed, unless --resplit; files that record no settings keep their sides."""
+    anything is probed, unless --resplit; files that record no settings keep their sides; a
+    damaged file is one line that names --resplit, which splits anew without reading it."""
     clips = sorted((demo_clips["root"] / "videos").glob("*.mp4"))
     src = tmp_path / "videos"
     src.mkdir()
@@ -399,6 +400,15 @@ def test_a_rerun_keeps_each_clips_side_and_refuses_another_split(demo_clips, tmp
     held_out = read_list(val)
     assert "a_val.json records no split settings" in annotate(capsys, src, out, "--val_fraction", "0.1")
     assert read_list(val) == held_out
+
+    val.write_bytes(val.read_bytes()[:40])  # cut off (by another tool, or an edit): its split cannot be kept
+    status, _, stderr = refused_as_on_the_command_line(capsys, str(src), "-o", str(out), "--val_fraction", "0.1")
+    assert status == 2 and len(stderr) == 1
+    assert "a_val.json is no valid JSON" in stderr[0] and stderr[0].endswith(
+        "pass --resplit to split anew, or another -o"
+    )
+    assert "split anew (--resplit)" in annotate(capsys, src, out, "--val_fraction", "0.1", "--resplit")
+    assert read_list(val)
 
 
 # ----------------------------------------------------------------------------------------

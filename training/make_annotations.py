@@ -340,7 +340,7 @@ def annotate(
             f"{output.parent} already holds {', '.join(there)}: pass --force to replace them, or another -o"
         )
     if shard is None:
-        known, split_note = kept_sides(recorded_split(paths) if ours else None, split, resplit)
+        known, split_note = kept_sides(recorded_split(paths) if ours and not resplit else None, split, resplit)
 
     rel_paths, images = files_to_annotate(root, parts[0].header["images"] if parts else images, shard)
     what = "videos and images" if images else "videos"

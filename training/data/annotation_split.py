@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from taehv_train.common.annotation_file import read_annotation
+from taehv_train.common.annotation_file import AnnotationFileError, read_annotation
 from taehv_train.common.errors import UserError
 
 DEFAULT_GROUP_REGEX = r"^(?:.*/)?[^_./]+"
@@ -95,12 +95,14 @@ def recorded_split(paths: dict[str, Path]) -> RecordedSplit | None:
     for part in ("train", "val"):
         if not (path := paths[part]).is_file():
             continue
-        data = read_annotation(path)
         try:
+            data = read_annotation(path)
             sides |= {entry["path"]: part == "val" for entry in data["list"]}
             if "split" in data:
                 values = data["split"]
                 split = Split(float(values["val_fraction"]), int(values["seed"]), str(values["group_regex"]))
+        except AnnotationFileError as err:  # damaged (a cut-off write by another tool, an edit)
+            raise UserError(f"{err}; pass --resplit to split anew, or another -o") from None
         except (ValueError, KeyError, TypeError) as err:  # a shape of its own: not written by this tool
             raise UserError(
                 f"cannot read the split in {path} ({type(err).__name__}: {err}): pass --resplit to split anew, "
@@ -117,10 +119,10 @@ def kept_sides(recorded: RecordedSplit | None, split: Split, resplit: bool) -> t
     the files do not record; other settings split anew when nothing was held out, and are
     refused otherwise (unless ``resplit``): a new split would move held-out clips into the
     training set of the runs that use the files."""
-    if recorded is None:
-        return {}, f"split by {split.flags()}; recorded in the files: a re-run keeps each clip's side"
     if resplit:
         return {}, f"split anew (--resplit) by {split.flags()}"
+    if recorded is None:
+        return {}, f"split by {split.flags()}; recorded in the files: a re-run keeps each clip's side"
     if recorded.split == split:
         return recorded.sides, f"split by {split.flags()} as recorded: known clips keep their side, new ones are split"
     if not recorded.held_out:
