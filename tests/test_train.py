@@ -234,6 +234,19 @@ def test_unusable_validation_clips_stop_the_start_naming_their_file(tmp_path, de
     assert not (tmp_path / "out" / "run" / "checkpoints").exists()  # not a step trained
 
 
+def test_too_few_clips_for_one_full_batch_stop_the_start_in_one_line(tmp_path, demo_clips):
+    """Fewer training clips than a full batch for every process would make every epoch empty
+    (the last incomplete batch is dropped): the start stops with one line saying what to
+    change, instead of waiting batch_timeout for a batch that never comes."""
+    with pytest.raises(UserError) as error:
+        train_here(tmp_path / "out", demo_clips, "--run_name=run", "--train_batch_size=6")
+    assert str(error.value) == (
+        "5 training clips make 0 full batches of train_batch_size=6, and the training process needs one per step. "
+        "Add clips (at least 6), or lower train_batch_size or the number of processes"
+    )
+    assert not (tmp_path / "out" / "run" / "checkpoints").exists()
+
+
 def test_resume_of_missing_checkpoint_is_an_error(tmp_path, demo_clips):
     args = [
         sys.executable,

@@ -61,7 +61,12 @@ from taehv_train.models.atomic import atomic_write
 from taehv_train.models.latent_spaces import OWN
 from taehv_train.training.data.latent_scale_check import check_at_start
 from taehv_train.training.data.loader_workers import LoaderFault
-from taehv_train.training.data.loading import TrainingData, build_train_loader, build_training_data
+from taehv_train.training.data.loading import (
+    TrainingData,
+    build_train_loader,
+    build_training_data,
+    check_full_batches,
+)
 from taehv_train.training.data.prefetch import Prefetcher
 from taehv_train.training.export import BUNDLE_FOLDER, write_bundle
 from taehv_train.training.loop.accelerator import make_accelerator, setup_logging
@@ -318,6 +323,7 @@ def train(
         (ref_vae.transform.space, ref_vae.transform) if ref_vae else (OWN, None)
     )
     data = build_training_data(config, ref_vae)
+    check_full_batches(data.train, config.train_batch_size, accelerator.num_processes)
     train_step, loader = TrainStep.build(
         config,
         accelerator,

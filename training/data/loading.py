@@ -207,6 +207,21 @@ def build_training_data(config: TrainConfig, ref_vae: ReferenceVAE | None) -> Tr
     return TrainingData(cached, val, ReferenceLatents(ref_vae, cached=True))
 
 
+def check_full_batches(dataset: Dataset, batch_size: int, processes: int) -> None:
+    """A VideoDataError when ``dataset`` cannot give every training process a full batch per
+    epoch: the loader drops the last incomplete batch and Accelerate the last incomplete
+    round of batches across processes, so every epoch would be empty and the run would wait
+    for a batch that never comes (``batch_timeout``)."""
+    if len(dataset) // batch_size >= processes:
+        return
+    who = "the training process" if processes == 1 else f"each of the {processes} training processes"
+    raise VideoDataError(
+        f"{len(dataset)} training clips make {len(dataset) // batch_size} full batches of train_batch_size="
+        f"{batch_size}, and {who} needs one per step",
+        f"Add clips (at least {batch_size * processes}), or lower train_batch_size or the number of processes",
+    )
+
+
 def build_train_loader(dataset: Dataset, config: TrainConfig, device: torch.device) -> DataLoader:
     """The shuffled, epoch-seeded training loader (pinned batches on CUDA)."""
     return build_dataloader(
