@@ -225,3 +225,18 @@ def save_tiny_vae(root: Path, name: str, **overrides) -> Path:
     ref_vae = REF_VAE_CLASSES["wan" if name == "wan22" else name]
     getattr(diffusers, ref_vae.diffusers_class)(**{**TINY_VAES[name], **overrides}).save_pretrained(root / "vae")
     return root
+
+
+def tool_exit(capsys, main, *args: str) -> tuple[int, str, list[str]]:
+    """A tool's ``main`` run in this process as its ``python -m`` entry point runs it
+    (``exit_on_user_error``): exit status, stdout, stderr lines."""
+    from taehv_train.common.errors import exit_on_user_error
+
+    capsys.readouterr()
+    try:
+        exit_on_user_error(main, list(args))
+        status = 0
+    except SystemExit as stop:
+        status = stop.code or 0
+    out, err = capsys.readouterr()
+    return status, out, err.splitlines()

@@ -19,7 +19,8 @@ import pytest
 import torch
 from test_launch_script import launch
 
-from taehv_train.common.errors import UserError, exit_on_user_error
+from conftest import tool_exit
+from taehv_train.common.errors import UserError
 from taehv_train.models.atomic import TMP_PREFIX
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.weights import save_weights
@@ -36,19 +37,6 @@ def link_clips(demo_clips: dict[str, Path], folder: Path, count: int) -> Path:
     for clip in sorted((demo_clips["root"] / "videos").glob("*.mp4"))[:count]:
         (folder / clip.name).symlink_to(clip)
     return folder
-
-
-def tool_exit(capsys, module, *args: str) -> tuple[int, str, list[str]]:
-    """A tool run in this process as its ``python -m`` entry point runs it: exit status,
-    stdout, stderr lines."""
-    capsys.readouterr()
-    try:
-        exit_on_user_error(module, list(args))
-        status = 0
-    except SystemExit as stop:
-        status = stop.code or 0
-    out, err = capsys.readouterr()
-    return status, out, err.splitlines()
 
 
 def test_a_full_disk_while_annotating_leaves_the_former_files_byte_identical(demo_clips, tmp_path, monkeypatch, capsys):

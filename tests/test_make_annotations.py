@@ -20,9 +20,10 @@ import numpy as np
 import pytest
 from test_launch_script import TINY_SCRATCH, launch
 
+from conftest import tool_exit
 from taehv_train.common.clip_table import ClipTable
 from taehv_train.common.clips import VideoClipDataset
-from taehv_train.common.errors import UserError, exit_on_user_error
+from taehv_train.common.errors import UserError
 from taehv_train.common.video.files import BadClipError
 from taehv_train.training import make_annotations
 from taehv_train.training.data import probe_pool
@@ -48,11 +49,7 @@ def refused_as_on_the_command_line(capsys, *args: str) -> tuple[int, str, list[s
     """Run the tool in this process as ``python -m taehv_train.training.make_annotations`` runs it, where
     it is expected to refuse: its exit status, stdout and stderr lines (the command line's
     own process is checked by test_cli_refuses_to_overwrite_in_one_line)."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        exit_on_user_error(make_annotations._exit_with_status, list(args))
-    stdout, stderr = capsys.readouterr()
-    return exit_info.value.code, stdout, stderr.splitlines()
+    return tool_exit(capsys, make_annotations._exit_with_status, *args)
 
 
 @pytest.mark.slow  # a process of the tool

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, tool_exit
 from taehv_train.common.config import _TYPES, RANGES, TrainConfig, load_config, range_problems
-from taehv_train.common.errors import exit_on_user_error
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.weights import save_weights
 from taehv_train.training import export, taehv_train, which_latents
@@ -22,11 +21,9 @@ from train_runs import TEST_CONFIG
 
 def one_error_line(main, argv: list[str], capsys) -> str:
     """The ``error:`` line ``main`` ends in on stderr, asserting exit status 2 and no traceback."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as stop:
-        exit_on_user_error(main, argv)
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and "Traceback" not in err, err
+    status, _, lines = tool_exit(capsys, main, *argv)
+    err = "\n".join(lines)
+    assert status == 2 and "Traceback" not in err, err
     line = err[err.index("error: ") :].rstrip()
     assert "\n" not in line, err
     return line
