@@ -70,6 +70,8 @@ WAIT_SLICE_S = 0.1  # how often the taking thread, waiting for a batch, checks t
 # for the thread to leave the loader when the run ends, before the loader's workers are ended
 # (a stalled one never answers)
 CLOSE_TIMEOUT_S = 1.0
+# for it to leave the loader once the workers are ended (torch's status check: every 5 s)
+ENDED_TIMEOUT_S = 10.0
 WAIT_LOG_S = 30.0  # how often a rank waiting for its next batch says so
 
 
@@ -207,8 +209,12 @@ class Prefetcher(Iterator[Fetched]):
             while True:
                 self._ready.get_nowait()
         self._thread.join(CLOSE_TIMEOUT_S)
-        # a thread still waiting on a worker gets its death and ends; a daemon thread cannot keep the process alive
         end_workers()
+        # a thread still waiting on an ended worker sees its death at the loader's next status check; it must
+        # be gone before the interpreter exits: a daemon thread inside torch then aborts the process
+        self._thread.join(ENDED_TIMEOUT_S)
+        if self._thread.is_alive():
+            logger.warning("the batch-prefetching thread did not end within %.0f s of its workers", ENDED_TIMEOUT_S)
 
     def _take(self, item: Fetched) -> Fetched:
         """``item`` handed to the step: the run's position moves to it; on CUDA the taking
