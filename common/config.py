@@ -138,6 +138,9 @@ class TrainConfig:
     ema_decay: float = 0.999
 
     # -- monitoring and checkpoints --------------------------------------------------
+    # trackers the scalars go to, comma-separated: tensorboard, wandb, mlflow, comet_ml, aim, clearml, dvclive,
+    # swanlab, trackio, or all (the installed ones); the others are optional extras (training/loop/trackers.py)
+    report_to: str = "tensorboard"
     log_every: int = 50  # lowered so a run of known length logs its loss ~40 times, unless typed (monitoring.py)
     validation_every: int = 1000
     num_validation_samples: int = 20

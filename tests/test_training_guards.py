@@ -23,8 +23,8 @@ from taehv_train.common.errors import UserError
 from taehv_train.models.frames import group_frames, plan_frames, ungroup_frames
 from taehv_train.models.taehv import TAEHV
 from taehv_train.training.loop import resilience
-from taehv_train.training.loop.monitoring import tensorboard_hparams
 from taehv_train.training.loop.resilience import StopRequest, WindowTrouble
+from taehv_train.training.loop.trackers import tensorboard_hparams
 from taehv_train.training.preflight import check
 
 CONFIGS = REPO_ROOT / "training" / "configs"
@@ -61,10 +61,11 @@ def test_a_start_and_a_resume_write_one_tensorboard_run(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from taehv_train.training.loop.monitoring import Monitor
+    from taehv_train.training.loop.trackers import log_with
 
     config = load_config(CONFIGS / "taehv_config_test.py")
     for start_step in (0, 4):
-        accelerator = Accelerator(cpu=True, log_with="tensorboard", project_dir=str(tmp_path))
+        accelerator = Accelerator(cpu=True, log_with=log_with(config, tmp_path), project_dir=str(tmp_path))
         Monitor(accelerator, config, tmp_path, start_step)
         accelerator.log({"train/loss": 1.0}, step=start_step + 1)
         accelerator.end_training()

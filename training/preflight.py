@@ -3,7 +3,7 @@
 Every numeric key's range is one table, ``common.config.RANGES``, checked first: the
 components compute with those values. Each component owns the rules that relate its keys to
 each other, the variant and the data (sizes and frames, the reference VAE, the losses,
-Seraena, optimisation, early stopping, fault handling); whether a valid config fits this
+Seraena, optimisation, early stopping, fault handling, trackers); whether a valid config fits this
 machine's memory is ``training.loop.memory.check_fits``. This module only asks them all, so
 a user sees every problem of a kind at once. The launch script, training, the latent-cache
 builder and the tests call ``check``.
@@ -22,7 +22,7 @@ from taehv_train.common.config import (
 )
 from taehv_train.models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES
 from taehv_train.training.data import latent_cache, loading
-from taehv_train.training.loop import adversarial, best_model, losses, optimisation, resilience
+from taehv_train.training.loop import adversarial, best_model, losses, optimisation, resilience, trackers
 
 
 def check(config: TrainConfig) -> list[str]:
@@ -53,6 +53,7 @@ def check(config: TrainConfig) -> list[str]:
         *latent_cache.config_errors(config),
         *best_model.config_errors(config),
         *resilience.config_errors(config),
+        *trackers.config_errors(config),
         *missing_paths(config),
     ]
     if errors:

@@ -19,6 +19,7 @@ from taehv_train.common.config import TrainConfig
 from taehv_train.common.errors import UserError
 from taehv_train.training.loop.distributed import process_group_backend
 from taehv_train.training.loop.step import accumulation_plugin
+from taehv_train.training.loop.trackers import log_with
 
 
 def make_accelerator(config: TrainConfig, run_dir: Path) -> Accelerator:
@@ -41,7 +42,7 @@ def make_accelerator(config: TrainConfig, run_dir: Path) -> Accelerator:
         # there would race the step's; the sampler and the clips' draws are seeded by the epoch on every rank
         rng_types=[],
         mixed_precision=config.mixed_precision,
-        log_with="tensorboard",
+        log_with=log_with(config, run_dir),
         project_dir=str(run_dir),
         kwargs_handlers=[InitProcessGroupKwargs(backend=backend)] if backend else [],
         # pinned batches copied asynchronously to the GPU (the loader pins them on CUDA)

@@ -1,4 +1,5 @@
-"""TensorBoard scalars, the log line, image strips and the profiler for the training loop.
+"""The training loop's scalars (to every tracker: ``training.loop.trackers``), the log line,
+the reconstruction strips (TensorBoard) and the profiler.
 
 Loss terms and failure counts are summed as tensors between log steps (no host sync per
 step) and averaged across ranks only when logged. What the log step reports about speed:
@@ -27,12 +28,12 @@ from accelerate import Accelerator
 from taehv_train.common.config import TrainConfig
 from taehv_train.training.data.cuda_sequence import IdleClock
 from taehv_train.training.loop.feed import micro_batch_flops, peak_flops
+from taehv_train.training.loop.trackers import start_trackers, tensorboard_writer
 
 if TYPE_CHECKING:
     from taehv_train.training.loop.step import StepResult
 
 logger = logging.getLogger(__name__)
-HPARAM_TYPES = (int, float, str, bool)
 # the loss log steps a run of a known length aims at, unless log_every is typed: twice the 20 it
 # should get at least, so a time budget whose plan is halved midway still logs 20
 LOG_POINTS = 40
@@ -45,11 +46,6 @@ def log_interval(log_every: int, last_step: int | None, typed: bool) -> int:
     if typed or not last_step:
         return log_every
     return max(1, min(log_every, last_step // LOG_POINTS))
-
-
-def tensorboard_hparams(config: TrainConfig) -> dict:
-    """Only the value types TensorBoard's hparams accept (others raise ValueError there)."""
-    return {k: v for k, v in config.to_dict().items() if isinstance(v, HPARAM_TYPES)}
 
 
 def peak_rss_bytes() -> int:
@@ -105,13 +101,7 @@ class Monitor:
         self.idle = idle or IdleClock(accelerator.device)
         self.flops_per_micro_batch = micro_batch_flops(config)
         self.peak_flops = peak_flops(accelerator.device, config.mixed_precision)
-        # One TensorBoard run per training run: Accelerate's own hyperparameter logging writes into a new
-        # time-stamped folder at every start (TensorBoard shows each as another run), so the hyperparameters go
-        # into the run's folder itself, once, at its first start.
-        accelerator.init_trackers("logs")
-        if accelerator.is_main_process and start_step == 0:
-            writer = accelerator.get_tracker("tensorboard", unwrap=True)
-            writer.add_hparams(tensorboard_hparams(config), {}, run_name=".")
+        start_trackers(accelerator, config, run_dir, first_start=start_step == 0)
         self._sums: dict[str, torch.Tensor] = {}
         self._count = 0
         self._failures = torch.zeros((), dtype=torch.long)
@@ -179,15 +169,14 @@ class Monitor:
         return logs
 
     def log_validation(self, step: int, metrics: dict, draw: bool) -> None:
-        """The validation's scalars, and its reconstruction strip when ``draw`` (the loop's
-        cadence: every ``image_log_every`` steps, or as a time budget spread them, and the last)."""
+        """The validation's scalars, and its reconstruction strip (TensorBoard only) when ``draw``
+        (the loop's cadence: every ``image_log_every`` steps, or as a time budget spread them, and the last)."""
         strip = metrics.pop("strip", None)
         self.last_psnr = metrics.get("val/psnr")
         self.accelerator.log(metrics, step=step)
         if self.accelerator.is_main_process:
             logger.info("step %d validation: %s", step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
-            if strip is not None and draw:
-                writer = self.accelerator.get_tracker("tensorboard", unwrap=True)
+            if strip is not None and draw and (writer := tensorboard_writer(self.accelerator)) is not None:
                 writer.add_image("val/reconstruction", strip, step, dataformats="CHW")
 
     def profiler(self) -> torch.profiler.profile | None:
