@@ -416,6 +416,33 @@ def test_newer_variants_evaluate_by_their_published_file_name(
     assert len(metrics["samples"][0]["taehv"]["psnr_per_frame"]) == compared
 
 
+def test_taeos1_3_says_its_scores_are_of_its_own_latents_where_open_sora_chunks_the_clip(
+    tmp_path, videos_dir, run_inference
+):
+    """Open-Sora 1.3's pipeline has 10 latents for 33 frames (two 17-frame chunks sharing a
+    frame), taeos1_3 encodes them to 9: the run says what its scores show."""
+    path = save_weights(TAEHV(variant="taeos1_3"), tmp_path / "taeos1_3.pth")
+    result = run_inference(
+        "--model_path",
+        str(path),
+        "--videos",
+        str(videos_dir / CLIPS[0]),
+        "--height",
+        "32",
+        "--width",
+        "48",
+        "--n_frames",
+        "33",
+        "--num_samples",
+        "1",
+        "--output_dir",
+        str(tmp_path / "out"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Open-Sora 1.3's pipeline has 10 latents for 33 frames" in result.stdout
+    assert "taeos1_3 encodes them to 9 as one sequence: these scores are of taeos1_3's own latents" in result.stdout
+
+
 def test_debug_keeps_the_traceback(weights, tmp_path, videos_dir):
     command = [
         sys.executable,
