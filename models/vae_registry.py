@@ -8,6 +8,8 @@ read it. Everything else here is read from the model folder's ``config.json`` al
 weights are loaded, and the file is read once per process), so a config check can judge a
 reference VAE before anything starts: its diffusers class, latent channels, spatial and
 temporal compression (hence the frame rule), and which TAE variants fit its latent space.
+For a published TAE whose reference VAE diffusers cannot load (taeos1_3), what no config
+says is kept here (``UNLOADED_REFERENCES``: its statistics and its time axis).
 
 Which latents a TAE works on (raw, scaled, normalised) is its latent space
 (``models.latent_spaces``): ``tae_space`` reads it from the published table, else from the
@@ -545,6 +547,7 @@ class UnloadedReference:
     transform: LatentTransform  # the map into the TAE's space, with the VAE's statistics
     latent_frames: Callable[[int], int]  # how many latents its pipeline has for a clip of T frames
     agrees: Callable[[int], bool]  # whether the TAE's latents of a clip of T frames line up with them
+    time_axis: str  # how its VAE lays out time, for messages
 
 
 # published TAEs whose reference VAE diffusers cannot load (a diffusers class's statistics are
@@ -555,6 +558,7 @@ UNLOADED_REFERENCES = {
         LatentTransform(NORMALISED, 1.0, OPENSORA13_MEAN, OPENSORA13_STD),
         opensora13_latent_frames,
         opensora13_agrees,
+        "its VAE encodes 17-frame chunks sharing a frame, 5 latents each",
     ),
 }
 
@@ -576,10 +580,9 @@ def reference_latents_note(variant: str, n_frames: int) -> str | None:
         return None
     theirs, ours = reference.latent_frames(n_frames), plan_frames(n_frames).latent_frames
     return (
-        f"{reference.video_model}'s pipeline has {theirs} latents for {n_frames} frames (its VAE encodes 17-frame "
-        f"chunks sharing a frame, 5 latents each), {variant} encodes them to {ours} as one sequence: these scores "
-        f"are of {variant}'s own latents, not of its decode of {reference.video_model}'s (docs/evaluation.md, "
-        "frame rules)"
+        f"{reference.video_model}'s pipeline has {theirs} latents for {n_frames} frames ({reference.time_axis}), "
+        f"{variant} encodes them to {ours} as one sequence: these scores are of {variant}'s own latents, not of its "
+        f"decode of {reference.video_model}'s (docs/evaluation.md, frame rules)"
     )
 
 
