@@ -38,7 +38,7 @@ from taehv_train.evaluation.report import write_report
 from taehv_train.models.atomic import atomic_write
 from taehv_train.models.latent_spaces import AUTO_SPACE, SPACES
 from taehv_train.models.taehv import TAEHV
-from taehv_train.models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES
+from taehv_train.models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES, reference_latents_note
 from taehv_train.models.variants import get_variant
 from taehv_train.models.weights import read_metadata
 
@@ -383,6 +383,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"{size}{size_note(args, config)} "
             f"({plan.latent_frames} latents, {plan.aligned_frames} aligned decoded frames compared)"
         )
+        if (note := reference_latents_note(model.variant, dataset.n_frames)) is not None:
+            print(f"⚠️  {note}")
         samples, skipped = evaluator.evaluate(np.asarray(order), count)
     except USER_ERRORS:  # nothing could be evaluated: leave no output folder behind
         if new_folder:

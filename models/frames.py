@@ -117,6 +117,43 @@ def plan_frames(
     )
 
 
+OS13_CHUNK_FRAMES = 17  # Open-Sora 1.3's micro_frame_size: the frames its VAE encodes at once
+OS13_CHUNK_LATENTS = (OS13_CHUNK_FRAMES - 1) // 4 + 1  # its micro_z_frame_size: one chunk's latents
+
+
+def opensora13_latent_frames(input_frames: int) -> int:
+    """How many latents Open-Sora 1.3's pipeline samples for a clip of ``input_frames``
+    frames, as its 1.3 configs run its VAE (``micro_frame_size=17``, ``temporal_overlap=True``:
+    hpcaitech/Open-Sora tag v1.3, ``configs/opensora-v1-3/inference/t2v.py``, lines 29 and 33):
+    one for a single frame, else 5 for every whole 16 frames after the first
+    (``opensora/models/vae_v1_3/vae.py`` get_latent_size, lines 70-79, whose size
+    ``scripts/inference.py`` samples its noise at, lines 96 and 283).
+
+    That is its VAE's chunked time axis: a clip is cut into chunks of 17 frames that start
+    every 16 frames, each sharing its first frame with the chunk before, and each chunk is
+    encoded on its own to 5 latents (encode_micro_frame, lines 100-102); the decoder takes
+    the latents back 5 at a time, 17 frames each, and averages the shared frames
+    (decode_micro_frame, lines 171-183): 16k + 1 frames -> 5k latents -> 16k + 1 frames.
+    taeos1_3 encodes a clip as one sequence (``plan_frames``: ceil(T / 4) latents):
+    ``opensora13_agrees`` says where the two meet.
+    """
+    if input_frames < 1:
+        raise ValueError(f"need at least one input frame, got {input_frames}")
+    if input_frames == 1:
+        return 1
+    return (input_frames - 1) // (OS13_CHUNK_FRAMES - 1) * OS13_CHUNK_LATENTS
+
+
+def opensora13_agrees(input_frames: int) -> bool:
+    """Whether taeos1_3's latents of a clip of ``input_frames`` frames line up with Open-Sora
+    1.3's (``opensora13_latent_frames``): for one frame, and for one chunk (17 to 20 frames,
+    whose 5 latents both decode to its first 17) only; past one chunk Open-Sora's latents
+    restart at each shared frame where the TAE's run on, even where the counts match (37
+    frames: 10 latents each, of 33 frames and of 37)."""
+    ours = plan_frames(input_frames).latent_frames
+    return input_frames == 1 or ours == opensora13_latent_frames(input_frames) == OS13_CHUNK_LATENTS
+
+
 def h3_kept_frames(latent_frames: int, t_downscale: int = 4, t_upscale: int = 4) -> list[int]:
     """Which of the ``latent_frames * t_upscale`` raw decoded frames H3 keeps: all but the
     first ``t_upscale - 1`` of each chunk's frames (one chunk: 20 frames / t_downscale

@@ -79,15 +79,27 @@ TAE_SPACES = {
         "madebyollin/taehv examples/TAEW2.2_T2I_Demo.ipynb gives WanPipeline latents_mean=0, latents_std=1",
         "shown",
     ),
-    "taehv1_5": SpaceRow(SCALED, _README + "raw * scaling_factor (1.03682)", "stated"),
+    "taehv1_5": SpaceRow(
+        SCALED,
+        "blepping/ComfyUI-bleh py/better_previews/base.py VIDEO_FORMATS (hunyuanvideo15: taehv1_5.pth with "
+        "latent_formats.HunyuanVideo15) and py/nodes/taevid.py TAEVidDecode (latent_format().process_in(samples) "
+        "before decode: raw * scale_factor 1.03682, comfy/latent_formats.py class HunyuanVideo15); its previews "
+        "hand the sampler's x0, which ComfyUI keeps in process_in's space (comfy/samplers.py, process_latent_in "
+        "before sampling, process_latent_out after)",
+        "loaders",
+    ),
     "taeos1_3": SpaceRow(
-        RAW,
-        "Open-Sora 1.3's VAE has no diffusers class; no published code shows its latents: raw is assumed",
+        NORMALISED,
+        "madebyollin/taehv README: 'TAEHV encodes / decodes exactly what diffusion models use'; Open-Sora 1.3's "
+        "DiT gets (z - mean) / std: hpcaitech/Open-Sora tag v1.3 opensora/models/vae_v1_3/vae.py normalize_z "
+        "(lines 118-125) with constants.py VAE_STAT_DICT['video'] (lines 176-213), as "
+        "configs/opensora-v1-3/inference/t2v.py sets normalization='video' (line 32)",
         "stated",
     ),
     "taeh3": SpaceRow(
         NORMALISED,
-        _README + "(raw - latents_mean) / latents_std (the MiniMax H3 modular pipeline's decoders.py)",
+        _README + "(raw - latents_mean) / latents_std (diffusers modular_pipelines/minimax_h3/decoders.py:188 "
+        "computes latents * latents_std + latents_mean before decoding)",
         "stated",
     ),
     "taeltx_2": SpaceRow(
@@ -96,8 +108,20 @@ TAE_SPACES = {
         "(latent - latents_mean) / latents_std and decodes x * latents_std + latents_mean (scaling_factor 1.0)",
         "shown",
     ),
-    "taeltx2_3": SpaceRow(NORMALISED, "as taeltx_2 (the same TAE family and reference wrapper)", "stated"),
-    "taeltx2_3_wide": SpaceRow(NORMALISED, "as taeltx_2 (the wide decoder of taeltx2_3)", "stated"),
+    "taeltx2_3": SpaceRow(
+        NORMALISED,
+        "blepping/ComfyUI-bleh py/better_previews/base.py VIDEO_FORMATS (ltxav23: taeltx2_3.pth, TAEVidLTX2, "
+        "latent_formats.LTXV, whose process_in multiplies by 1.0) and py/nodes/taevid.py TAEVidDecode hand it "
+        "ComfyUI's LTX latents, which its LTX VAE normalises: comfy/ldm/lightricks/vae/causal_video_autoencoder.py "
+        "VideoVAE.encode returns per_channel_statistics.normalize(means), (means - mean-of-means) / std-of-means",
+        "loaders",
+    ),
+    "taeltx2_3_wide": SpaceRow(
+        NORMALISED,
+        "as taeltx2_3: blepping/ComfyUI-bleh py/better_previews/base.py VIDEO_FORMATS (ltxav23wide: "
+        "taeltx2_3_wide.pth, TAEVidLTX23Wide, latent_formats.LTXV)",
+        "loaders",
+    ),
     "lighttaew2_1": SpaceRow(
         RAW,
         "LightX2V lightx2v/models/video_encoders/hf/wan/vae_tiny.py: need_scaled (set for 'lighttae' paths in "

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from taehv_train.models.frames import exact_frame_counts, plan_frames
+from taehv_train.models.frames import exact_frame_counts, opensora13_agrees, opensora13_latent_frames, plan_frames
 from taehv_train.models.taehv import TAEHV
+from taehv_train.models.vae_registry import reference_latents_note
 
 
 def expected_counts(t: int, cogvideox: bool) -> tuple[int, int]:
@@ -56,3 +57,36 @@ def test_target_alignment():
         plan_frames(12).target(x)
     with pytest.raises(ValueError):
         plan_frames(0)
+
+
+def open_sora_chunk_latents(t: int) -> int:
+    """Open-Sora 1.3's VAE encoding a clip of 16k + 1 frames, in our words: chunks of 17
+    frames start every 16 frames (hpcaitech/Open-Sora v1.3 opensora/models/vae_v1_3/vae.py
+    encode_micro_frame, lines 100-102), each encoded on its own, 17 frames to 17 // 4 + 1
+    latents (encoder.py VideoEncoder.forward, lines 114-118)."""
+    return sum(min(17, t - start) // 4 + 1 for start in range(0, t - 1, 16))
+
+
+def open_sora_decoded_frames(latents: int) -> int:
+    """Its decoder on them (decode_micro_frame, lines 171-183): 5 latents at a time, each
+    chunk decoding to 4 * 5 - 3 = 17 frames, and every chunk after the first merging its
+    first frame into the last frame of the one before."""
+    chunks = latents // 5
+    return 17 * chunks - (chunks - 1)
+
+
+def test_open_sora_1_3s_chunked_latents_agree_with_taeos1_3_on_one_chunk_only():
+    for k in range(1, 8):  # 16k + 1 frames: the clip lengths its VAE encodes and decodes back
+        t = 16 * k + 1
+        assert opensora13_latent_frames(t) == open_sora_chunk_latents(t) == 5 * k
+        assert open_sora_decoded_frames(5 * k) == t
+    assert opensora13_latent_frames(1) == plan_frames(1).latent_frames == 1
+    assert [t for t in range(1, 129) if opensora13_agrees(t)] == [1, 17, 18, 19, 20]
+    # 37 frames: 10 latents each, but Open-Sora's restart at frame 16 (two chunks of 33 frames)
+    assert opensora13_latent_frames(37) == plan_frames(37).latent_frames == 10 and not opensora13_agrees(37)
+    # 113 frames, configs/opensora-v1-3/inference/t2v.py's num_frames (line 1): 35 latents, taeos1_3's 29
+    assert (opensora13_latent_frames(113), plan_frames(113).latent_frames) == (35, 29)
+    assert reference_latents_note("taeos1_3", 17) is None
+    assert reference_latents_note("taew2_1", 33) is None  # a reference VAE diffusers loads: its own rule
+    note = reference_latents_note("taeos1_3_super", 33)  # a super decoder: its base's reference
+    assert "Open-Sora 1.3's pipeline has 10 latents for 33 frames" in note and "encodes them to 9 as one" in note

@@ -386,12 +386,17 @@ def test_a_checkpoint_still_being_written_names_the_finished_one(weights, tmp_pa
     assert "checkpoints/README.md" not in result.stderr  # it exists: no advice on fetching it
 
 
-@pytest.mark.parametrize("variant, size, frames, compared", [("taeltx2_3", (32, 64), 9, 9), ("taeh3", (32, 48), 17, 5)])
+@pytest.mark.parametrize(
+    "variant, size, frames, compared",
+    [("taeltx2_3", (32, 64), 9, 9), ("taeh3", (32, 48), 17, 5), ("taeos1_3", (32, 48), 33, 33)],
+)
 def test_newer_variants_evaluate_by_their_published_file_name(
     variant, size, frames, compared, tmp_path, videos_dir, run_inference
 ):
     """A published-name .pth of LTX (8k+1 frames, multiples of 32) or H3 (17-frame chunks:
-    17 frames decode to 5) evaluates with its own frame plan."""
+    17 frames decode to 5) evaluates with its own frame plan; taeos1_3 on 33 frames, which
+    Open-Sora 1.3's pipeline holds in 10 latents (two 17-frame chunks sharing a frame) where
+    taeos1_3 encodes 9, says its scores are of its own latents."""
     path = save_weights(TAEHV(variant=variant), tmp_path / f"{variant}.pth")
     result = run_inference(
         "--model_path",
@@ -414,6 +419,11 @@ def test_newer_variants_evaluate_by_their_published_file_name(
     assert metrics["model"]["variant"] == variant
     assert (metrics["settings"]["n_frames"], metrics["settings"]["compared_frames"]) == (frames, compared)
     assert len(metrics["samples"][0]["taehv"]["psnr_per_frame"]) == compared
+    said = (
+        "Open-Sora 1.3's pipeline has 10 latents for 33 frames (its VAE encodes 17-frame chunks sharing a frame, "
+        "5 latents each), taeos1_3 encodes them to 9 as one sequence: these scores are of taeos1_3's own latents"
+    )
+    assert (said in result.stdout) == (variant == "taeos1_3")
 
 
 def test_debug_keeps_the_traceback(weights, tmp_path, videos_dir):

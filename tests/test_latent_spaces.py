@@ -8,6 +8,8 @@ the table's space."""
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,7 +31,14 @@ from taehv_train.models.latent_spaces import (
     published_space,
 )
 from taehv_train.models.taehv import TAEHV
-from taehv_train.models.vae_registry import REF_VAE_CLASSES, class_defaults, file_space, spaces_of, tae_space
+from taehv_train.models.vae_registry import (
+    REF_VAE_CLASSES,
+    class_defaults,
+    file_space,
+    published_transform,
+    spaces_of,
+    tae_space,
+)
 from taehv_train.models.variants import BASE_VARIANTS, LIGHT_VARIANTS, OTHER_VARIANTS, SUPER_SUFFIX
 from taehv_train.models.weights import save_weights
 from taehv_train.training import which_latents
@@ -115,6 +124,40 @@ def test_a_tae_without_a_reference_vae_has_a_space_of_its_own_and_old_files_hold
     assert file_space("tae_mochi", None) == (NORMALISED_SCALED, None)  # a built one: its pipeline's
     assert file_space("custom", None) == (None, None)
     assert file_space("taew2_1", {"format": "taehv", "variant": "taew2_1"}) == (RAW, None)  # ours, before spaces
+
+
+def docs_space_rows() -> dict[str, tuple[str, str]]:
+    """docs/reference_vaes.md's table of the published weights: each name -> (space, how sure)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reference_vaes.md").read_text()
+    table = text[text.index("| weights | space | evidence | how sure |") :].split("\n\n")[0]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split(" | ")]
+        for name in re.findall(r"`([^`]+)`", cells[0]):
+            rows[name] = (cells[1].split()[0], cells[-1])
+    return rows
+
+
+def test_the_docs_table_of_published_weights_is_the_table_in_the_code():
+    assert docs_space_rows() == {name: (row.space, row.certainty) for name, row in TAE_SPACES.items()}
+
+
+def test_taeos1_3_maps_raw_latents_with_open_sora_1_3s_video_statistics():
+    transform = published_transform("taeos1_3")
+    assert transform.space == TAE_SPACES["taeos1_3"].space == NORMALISED
+    assert published_transform("taeos1_3" + SUPER_SUFFIX) == transform and published_transform("taew2_1") is None
+    # hpcaitech/Open-Sora v1.3 opensora/models/vae_v1_3/constants.py VAE_STAT_DICT["video"]:
+    # 16 values each, the first and last channels' at lines 178, 193 (mean) and 196, 211 (std)
+    assert len(transform.mean) == len(transform.std) == 16
+    assert (transform.mean[0], transform.mean[15]) == (-0.19016949832439423, -0.023072388023138046)
+    assert (transform.std[0], transform.std[15]) == (0.9490776062011719, 0.9473513960838318)
+    raw = torch.randn(1, 3, 16, 2, 2) * 2 + 0.5
+    mean, std = (torch.tensor(v).view(1, 1, 16, 1, 1) for v in (transform.mean, transform.std))
+    # vae.py normalize_z (lines 118-125): (z - mean) / std per channel; un_normalize_z (197-204): z * std + mean
+    assert torch.allclose(transform.to_tae(raw), (raw - mean) / std)
+    assert torch.allclose(transform.to_raw((raw - mean) / std), raw, atol=1e-6)
+    assert file_space("taeos1_3", None) == (NORMALISED, transform)  # the published file carries them
+    assert TAEHV(variant="taeos1_3").latent_transform == transform
 
 
 @pytest.fixture(scope="module")
