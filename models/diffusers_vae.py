@@ -31,7 +31,14 @@ from diffusers.utils import BaseOutput
 
 from .latent_spaces import NORMALISED_SCALED, OWN, SCALED, SPACES, LatentTransform, transform_for
 from .taehv import TAEHV
-from .vae_registry import REF_VAE_CLASSES, class_defaults, ref_vae_class_of, reference_transform, video_model
+from .vae_registry import (
+    REF_VAE_CLASSES,
+    class_defaults,
+    published_transform,
+    ref_vae_class_of,
+    reference_transform,
+    video_model,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -126,9 +133,11 @@ def wrapper_transform(
     if space not in SPACES:
         raise ValueError(f"latent_space must be one of {', '.join(SPACES)}, got {space!r}")
     recorded = tae.latent_transform
-    if like is None and recorded is not None and recorded.space == space:
-        return recorded  # the statistics it was trained with
     ref_vae_class = ref_vae_class_of(tae.variant)
+    # the statistics it was trained with; a like= VAE's replace them only where diffusers has its
+    # reference VAE (taeos1_3's, Open-Sora 1.3's, is none: another VAE's statistics would be wrong)
+    if recorded is not None and recorded.space == space and (like is None or published_transform(tae.variant)):
+        return recorded
     if ref_vae_class is None:
         return transform_for(space, config, like)
     return reference_transform(space, ref_vae_class, config, like)

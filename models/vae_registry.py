@@ -193,7 +193,10 @@ def ref_vae_class_of(variant: str) -> str | None:
 def video_model(variant: str) -> str | None:
     """The video model whose latent space ``variant`` lives in, for model cards and messages."""
     name = ref_vae_class_of(variant)
-    return REF_VAE_CLASSES[name].variants[built_family(variant) or variant.removesuffix(SUPER_SUFFIX)] if name else None
+    if name is None:
+        unloaded = UNLOADED_REFERENCES.get(variant.removesuffix(SUPER_SUFFIX))
+        return unloaded.video_model if unloaded else None
+    return REF_VAE_CLASSES[name].variants[built_family(variant) or variant.removesuffix(SUPER_SUFFIX)]
 
 
 @dataclass(frozen=True)

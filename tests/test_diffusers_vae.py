@@ -48,6 +48,7 @@ from conftest import published_format_weights, save_tiny_vae
 from taehv_train.models.diffusers_vae import TAEVideoVAE
 from taehv_train.models.latent_spaces import LatentTransform
 from taehv_train.models.taehv import TAEHV
+from taehv_train.models.vae_registry import published_transform
 from taehv_train.models.weights import save_weights
 
 # float32 rounding of the pipelines' own arithmetic (x / (1 / std) against x * std, ...), amplified by
@@ -657,6 +658,15 @@ def test_a_like_vae_of_another_latent_space_is_refused(recipe_files):
     like = diffusers.AutoencoderKLWan(base_dim=4, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1)
     with pytest.raises(ValueError, match="like= is a VAE with 4 latent channels, but taew2_1 has 16"):
         wrapped("taew2_1", recipe_files, like=like)
+
+
+def test_taeos1_3_keeps_open_soras_statistics_beside_a_like_vae_of_another_model(recipe_files):
+    """Diffusers has no Open-Sora 1.3 VAE, so like= is some other VAE of 16 channels: its
+    config lays out the wrapper, and taeos1_3 still converts with Open-Sora 1.3's statistics."""
+    import diffusers
+
+    like = diffusers.AutoencoderKLWan(base_dim=4, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1)
+    assert wrapped("taeos1_3", recipe_files, like=like).transform == published_transform("taeos1_3")
 
 
 def test_a_tae_with_a_space_of_its_own_is_refused_unless_a_space_is_named(tmp_path):
