@@ -183,7 +183,7 @@ def test_a_wan_tae_trained_with_latent_space_raw_takes_comfyuis_lighttaew2_route
     assert previewer_file(names, "Wan21") == "lighttaew2_1.pth"
     trained = TAEHV(run / "export" / "lighttaew2_1.safetensors").eval()
     assert trained.latent_space == RAW
-    network, file_format = comfyui_network(run / "export" / "lighttaew2_1.pth", tmp_path)
+    network, file_format, _ = comfyui_network(run / "export" / "lighttaew2_1.pth")
     latent = torch.randn(1, 3, 16, 1, 1) * 2 + 0.5  # ComfyUI's Wan LATENT: raw
     handed = preview_latents(FORMATS["Wan21"].process_in(latent), "Wan21")
     with torch.no_grad():

@@ -142,7 +142,10 @@ def _preview_lines(model, files: dict[str, torch.dtype]) -> list[str]:
     preview = comfyui_preview(list(files), model.variant)
     video = video_model(model.variant) or "its video model"
     if preview is None:
-        lines = [f"- ComfyUI's live preview: no latent format of ComfyUI's asks for a TAE for {video}."]
+        lines = [
+            "- ComfyUI's live preview: of ComfyUI's video latent formats only HunyuanVideo's (1.5), Wan's and "
+            f"MiniMax H3's name a TAE to preview with (`taesd_decoder_name`): none previews {video} with this file."
+        ]
     elif not preview.candidates:
         lines = [
             f"- ComfyUI's live preview of {video} ({preview.model.latent_format}) loads "
