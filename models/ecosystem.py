@@ -88,10 +88,12 @@ class ComfyModel:
 
 
 # the video model of each published TAE family, as ComfyUI holds it (Comfy-Org/ComfyUI
-# comfy/latent_formats.py at 9a9a69fd: Wan21/Wan22/HunyuanVideo/HunyuanVideo15 map their
-# LATENT into the model's space in process_in, so it is raw; MiniMaxH3Video and LTXV keep it
-# as ComfyUI's VAE gives it, normalised: comfy/ldm/minimax/vae.py MiniMaxH3VideoVAE.encode
-# returns (mean - latents_mean) / latents_std and decode undoes it)
+# comfy/latent_formats.py at 9a9a69fd: Wan21/Wan22/HunyuanVideo/HunyuanVideo15/CogVideoX map
+# their LATENT into the model's space in process_in, so it is raw; MiniMaxH3Video and LTXV
+# keep it as ComfyUI's VAE gives it, normalised: comfy/ldm/minimax/vae.py at 3bd3ca17,
+# MiniMaxH3VideoVAE.encode returns (mean - latents_mean) / latents_std and decode undoes it;
+# LTX's decoder un-normalises first, per_channel_statistics.un_normalize in
+# comfy/ldm/lightricks/vae/causal_video_autoencoder.py)
 _WAN21, _WAN22 = ComfyModel("Wan21", RAW, "lighttaew2_1"), ComfyModel("Wan22", RAW, "lighttaew2_2")
 _HUNYUAN15, _LTX = ComfyModel("HunyuanVideo15", RAW, "lighttaehy1_5"), ComfyModel("LTXV", NORMALISED, None)
 COMFYUI_MODELS = {

@@ -53,7 +53,8 @@ class LatentFormat:
     def _stats(self, z: torch.Tensor) -> tuple[torch.Tensor | float, torch.Tensor | float]:
         if self.mean is None:
             return 0.0, 1.0
-        return (torch.tensor(v, dtype=z.dtype).view(1, 1, -1, 1, 1) for v in (self.mean, self.std))
+        mean, std = (torch.tensor(v, dtype=z.dtype).view(1, 1, -1, 1, 1) for v in (self.mean, self.std))
+        return mean, std
 
     def process_in(self, z: torch.Tensor) -> torch.Tensor:
         mean, std = self._stats(z)
