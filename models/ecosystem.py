@@ -3,17 +3,30 @@
 None of them reads our metadata: they tell the model, and which latents to hand it, from
 the file's name, its tensors' shapes and its dtype. The export bundle names and types its
 files so that they take each TAE as what it is (``export_stem``, ``comfyui_dtype``), and
-its model card says how to load it where their rules cannot tell (``readings``). The
-rules, from their sources (docs/reference_vaes.md, "Which latents go in"):
+its model card says how to load it where their rules cannot tell (``readings``,
+``comfyui_preview``). The rules, from their sources (docs/reference_vaes.md, "Which
+latents go in" and "ComfyUI: previews and VAEDecode"):
 
 - ComfyUI ``comfy/sd.py`` (the ``"decoder.22.bias" in sd`` branch) with
-  ``comfy/taesd/taehv.py`` and ``comfy/latent_formats.py``: 48 or 128 latent channels get no
-  latent format (VAEDecode hands them ComfyUI's latents: raw for Wan 2.2, normalised for
-  LTX, whose ComfyUI VAE normalises inside); 32 channels with 12 outputs are LightX2V's
-  HunyuanVideo 1.5 TAE (LeakyReLU, pixels in [-1, 1], HunyuanVideo15's scale: scaled
-  latents); 16 channels in fp16 are TAEHV (HunyuanVideo's scale: scaled latents), in other
-  dtypes LightX2V's lighttaew2_1 (raw latents). Its live previews hand the TAE the sampler's
-  latents (the model's space) through the same format.
+  ``comfy/taesd/taehv.py`` and ``comfy/latent_formats.py``: a TAE file becomes a VAE whose
+  ``decode`` applies the file's own latent format's ``process_in`` to what it is handed.
+  24 latent channels with 12 outputs are MiniMax H3's taeh3, 48 or 128 channels Wan 2.2's
+  and LTX-2's: no latent format; 32 channels with 12 outputs are LightX2V's HunyuanVideo
+  1.5 TAE (LeakyReLU, pixels in [-1, 1], HunyuanVideo15's scale: scaled latents); 16
+  channels in fp16 are TAEHV (HunyuanVideo's scale: scaled latents), in other dtypes
+  LightX2V's lighttaew2_1 (no latent format). VAEDecode hands the file ComfyUI's LATENT:
+  what ComfyUI's own VAE encodes (``COMFYUI_MODELS``): raw latents, but normalised ones for
+  LTX and MiniMax H3, whose ComfyUI VAEs normalise inside.
+- ComfyUI ``latent_preview.py``: the live preview of a model whose latent format names a
+  ``taesd_decoder_name`` loads the first file of ``models/vae_approx`` (names in sorted
+  order, ``folder_paths.get_filename_list``) that starts with that name, as the VAE loader
+  would (the rules above), and ``TAEHVPreviewerImpl`` decodes the first latent frame of
+  the sampler's denoised estimate ``x0`` (the model's space) taken back through the
+  model's ``latent_format.process_out``: ComfyUI's LATENT again, so the file gets what
+  VAEDecode hands it, one latent frame without the frames before it. For Wan the file gets
+  raw latents, so a Wan TAE in the default normalised space has no core ComfyUI route;
+  one trained with ``latent_space=raw`` is exported as ``lighttaew2_*``, the name Wan's
+  preview looks for.
 - LightX2V ``lightx2v/pipeline.py`` and ``models/video_encoders/hf/wan/vae_tiny.py``: a Wan
   TAE whose path contains ``lighttae`` gets raw latents (``need_scaled``), any other the
   runner's normalised ones; its HunyuanVideo 1.5 TAE (``lighttae_hy15.py``) gets raw latents.
@@ -29,7 +42,7 @@ import torch
 
 from .latent_spaces import NORMALISED, OWN, RAW, SCALED
 from .vae_registry import OWN_SUFFIX, ref_vae_class_of
-from .variants import built_family
+from .variants import SUPER_SUFFIX, built_family
 
 
 @dataclass(frozen=True)
@@ -62,16 +75,92 @@ def comfyui_dtype(latent_channels: int, space: str | None, activation: str) -> t
     return torch.float16 if latent_channels == 16 and space == SCALED and activation == "relu" else torch.float32
 
 
-def comfyui_reading(latent_channels: int, outputs: int, dtype: torch.dtype, ref_vae_class: str | None) -> Reading:
-    """What ComfyUI builds from a TAE file with these shapes and dtype, and which latents its
-    VAEDecode hands it (``comfy/sd.py``, the ``"decoder.22.bias" in sd`` branch)."""
+@dataclass(frozen=True)
+class ComfyModel:
+    """A video model as ComfyUI holds it: its latent format (``comfy/latent_formats.py``),
+    the space of its LATENT (what ComfyUI's VAE for it encodes and VAEDecode takes), and
+    the name its live preview looks for in ``models/vae_approx`` (``taesd_decoder_name``;
+    None: the format names none, so no TAE previews it)."""
+
+    latent_format: str
+    latents: str
+    preview_name: str | None
+
+
+# the video model of each published TAE family, as ComfyUI holds it (Comfy-Org/ComfyUI
+# comfy/latent_formats.py at 9a9a69fd: Wan21/Wan22/HunyuanVideo/HunyuanVideo15/CogVideoX map
+# their LATENT into the model's space in process_in, so it is raw; MiniMaxH3Video and LTXV
+# keep it as ComfyUI's VAE gives it, normalised: comfy/ldm/minimax/vae.py at 3bd3ca17,
+# MiniMaxH3VideoVAE.encode returns (mean - latents_mean) / latents_std and decode undoes it;
+# LTX's decoder un-normalises first, per_channel_statistics.un_normalize in
+# comfy/ldm/lightricks/vae/causal_video_autoencoder.py)
+_WAN21, _WAN22 = ComfyModel("Wan21", RAW, "lighttaew2_1"), ComfyModel("Wan22", RAW, "lighttaew2_2")
+_HUNYUAN15, _LTX = ComfyModel("HunyuanVideo15", RAW, "lighttaehy1_5"), ComfyModel("LTXV", NORMALISED, None)
+COMFYUI_MODELS = {
+    "taehv": ComfyModel("HunyuanVideo", RAW, "taehv"),
+    "taew2_1": _WAN21,
+    "lighttaew2_1": _WAN21,
+    "taew2_2": _WAN22,
+    "lighttaew2_2": _WAN22,
+    "taehv1_5": _HUNYUAN15,
+    "lighttaehy1_5": _HUNYUAN15,
+    "taeh3": ComfyModel("MiniMaxH3Video", NORMALISED, "taeh3"),
+    "taecvx": ComfyModel("CogVideoX", RAW, None),
+    "taeltx_2": _LTX,
+    "taeltx2_3": _LTX,
+    "taeltx2_3_wide": _LTX,
+}
+
+
+def comfyui_model(variant: str) -> ComfyModel | None:
+    """The ComfyUI model a TAE variant (a super decoder too) belongs to; None for the TAEs
+    of models ComfyUI previews with no TAE of this family (Open-Sora, the built ones)."""
+    return COMFYUI_MODELS.get(variant.removesuffix(SUPER_SUFFIX))
+
+
+def comfyui_reading(latent_channels: int, outputs: int, dtype: torch.dtype, variant: str) -> Reading:
+    """What ComfyUI builds from a TAE file with these shapes and dtype, and which latents it
+    decodes from ComfyUI's LATENT of the variant's model (``comfy/sd.py``, the
+    ``"decoder.22.bias" in sd`` branch): the file's own latent format's ``process_in`` of it."""
+    model = comfyui_model(variant)
+    latents = model.latents if model else RAW
+    if latent_channels == 24 and outputs == 12:
+        return Reading("ComfyUI", "relu", latents, "taeh3 (no latent format)")
     if latent_channels in (48, 128):
-        return Reading("ComfyUI", "relu", NORMALISED if ref_vae_class in ("ltx", "ltx2") else RAW, "no latent format")
+        return Reading("ComfyUI", "relu", latents, "no latent format")
     if latent_channels == 32 and outputs == 12:
         return Reading("ComfyUI", "leaky_relu", SCALED, "lighttae_hv15 (LeakyReLU, HunyuanVideo15's scale)")
     if dtype == torch.float16:
         return Reading("ComfyUI", "relu", SCALED, "taehv (HunyuanVideo's scale)")
-    return Reading("ComfyUI", "relu", RAW, "lighttaew2_1 (no latent format)")
+    return Reading("ComfyUI", "relu", latents, "lighttaew2_1 (no latent format)")
+
+
+@dataclass(frozen=True)
+class Preview:
+    """The files ComfyUI's live preview of a model could take (``latent_preview.py``,
+    ``get_previewer``): those whose name starts with the model's ``preview_name``, in the
+    sorted order it lists them; it takes the first."""
+
+    model: ComfyModel
+    candidates: tuple[str, ...]
+
+
+def comfyui_preview(file_names: list[str], variant: str) -> Preview | None:
+    """The preview of the variant's own model; None where ComfyUI has no TAE preview for it."""
+    model = comfyui_model(variant)
+    if model is None or model.preview_name is None:
+        return None
+    return Preview(model, tuple(name for name in sorted(file_names) if name.startswith(model.preview_name)))
+
+
+def previews_taking(file_names: list[str], variant: str) -> dict[ComfyModel, tuple[str, ...]]:
+    """Other models whose live preview would take some of these files by their names
+    (``taehv1_5*`` starts with HunyuanVideo's ``taehv``), with those files: in
+    ``models/vae_approx`` next to such a model, they are decoded as that model's TAE."""
+    own = comfyui_model(variant)
+    others = {model for model in COMFYUI_MODELS.values() if model.preview_name and model != own}
+    taken = {m: tuple(n for n in sorted(file_names) if n.startswith(m.preview_name)) for m in others}
+    return {model: names for model, names in sorted(taken.items(), key=lambda kv: kv[0].latent_format) if names}
 
 
 def lightx2v_reading(file_name: str, variant: str) -> Reading | None:
@@ -88,8 +177,7 @@ def lightx2v_reading(file_name: str, variant: str) -> Reading | None:
 
 def readings(file_name: str, variant: str, latent_channels: int, patch_size: int, dtype: torch.dtype) -> list[Reading]:
     """ComfyUI's and LightX2V's readings of an exported file."""
-    ref_vae_class = ref_vae_class_of(variant)
-    found = [comfyui_reading(latent_channels, 3 * patch_size**2, dtype, ref_vae_class)]
+    found = [comfyui_reading(latent_channels, 3 * patch_size**2, dtype, variant)]
     lightx2v = lightx2v_reading(file_name, variant)
     return found + ([lightx2v] if lightx2v else [])
 

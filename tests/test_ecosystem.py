@@ -10,22 +10,11 @@ import torch
 from safetensors.torch import load_file
 
 from bench.harness import load_published, published_file
+from comfyui_rules import comfyui_takes
 from taehv_train.common.errors import UserError
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.weights import save_weights
 from taehv_train.training.export import write_bundle
-
-
-def comfyui_takes(state_dict: dict[str, torch.Tensor]) -> tuple[str, str]:
-    """(activation, latent format) ComfyUI builds for a TAE file: comfy/sd.py L760-787 and
-    comfy/taesd/taehv.py L131-134 (upstream fe2511468d6b, 2026-02-03)."""
-    channels = state_dict["decoder.1.weight"].shape[1]
-    if channels in (48, 128):  # "Wan 2.2 and LTX2": latent_format=None
-        return "relu", "none"
-    if channels == 32 and state_dict["decoder.22.bias"].shape[0] == 12:  # lighttae_hv15
-        return "leaky_relu", "HunyuanVideo15"
-    # "taehv currently only available in float16, so assume it's not lighttaew2_1"
-    return "relu", "HunyuanVideo" if state_dict["decoder.1.weight"].dtype == torch.float16 else "none"
 
 
 def lightx2v_space(file_name: str, variant: str) -> str:

@@ -7,7 +7,9 @@ files and a model card (what the model is, what it was trained on, how well it d
 from __future__ import annotations
 
 import json
+import logging
 import shlex
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -25,12 +27,22 @@ from taehv_train.common.run_files import (
     weights_in_run,
 )
 from taehv_train.models.atomic import atomic_write
-from taehv_train.models.ecosystem import comfyui_dtype, export_stem, published_loads, readings
-from taehv_train.models.latent_spaces import OWN, LatentTransform
+from taehv_train.models.ecosystem import (
+    Reading,
+    comfyui_dtype,
+    comfyui_preview,
+    comfyui_reading,
+    export_stem,
+    previews_taking,
+    published_loads,
+    readings,
+)
+from taehv_train.models.latent_spaces import OWN, RAW, LatentTransform
 from taehv_train.models.vae_registry import video_model
 from taehv_train.models.weights import WeightsError, all_finite, export_state_dict, save_weights, weights_metadata
 from taehv_train.training.state.checkpoints import list_checkpoints, read_trainer_state
 
+logger = logging.getLogger(__name__)
 BUNDLE_FOLDER = "export"  # where a training run writes its bundle
 FP16_MAX = float(torch.finfo(torch.float16).max)
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16"}
@@ -100,22 +112,77 @@ def _loading_lines(model, files: dict[str, torch.dtype]) -> list[str]:
         if not name.endswith(".safetensors"):
             continue
         for reading in readings(name, model.variant, model.latent_channels, model.patch_size, dtype):
-            if reading.activation != model.activation:
-                verdict = (
-                    f"not this network (it has {model.activation}): decode with the diffusers wrapper "
-                    "(TAEVideoVAE.from_file) or this package's TAEHV instead"
-                )
-            elif reading.space != model.latent_space:
-                verdict = (
-                    f"the right network, handed the wrong latents (it decodes {model.latent_space} ones): convert "
-                    "them first, or decode with the diffusers wrapper (TAEVideoVAE.from_file), which does"
-                )
-            else:
-                verdict = "the right model"
             lines.append(
                 f"- {reading.tool} takes `{name}` as {reading.how}, {reading.activation}, decoding "
-                f"{reading.space} latents: {verdict}."
+                f"{reading.space} latents: {_verdict(model, reading)}."
             )
+    return lines + _preview_lines(model, files)
+
+
+def _verdict(model, reading: Reading) -> str:
+    """Whether a tool's reading of a file is this TAE in its space, and what to do if not."""
+    if reading.activation != model.activation:
+        return (
+            f"not this network (it has {model.activation}): decode with the diffusers wrapper "
+            "(TAEVideoVAE.from_file) or this package's TAEHV instead"
+        )
+    if reading.space != model.latent_space:
+        return (
+            f"the right network, handed the wrong latents (it decodes {model.latent_space} ones): convert "
+            "them first, or decode with the diffusers wrapper (TAEVideoVAE.from_file), which does"
+        )
+    return "the right model"
+
+
+def _preview_lines(model, files: dict[str, torch.dtype]) -> list[str]:
+    """What ComfyUI's live preview does with the bundle's files in ``models/vae_approx``
+    (``models.ecosystem.comfyui_preview``): the file it takes for the TAE's own model and
+    what that file decodes, or why none is taken; and other models' previews that would take
+    a file by its name."""
+    preview = comfyui_preview(list(files), model.variant)
+    video = video_model(model.variant) or "its video model"
+    if preview is None:
+        lines = [
+            "- ComfyUI's live preview: of ComfyUI's video latent formats only HunyuanVideo's (1.5), Wan's and "
+            f"MiniMax H3's name a TAE to preview with (`taesd_decoder_name`): none previews {video} with this file."
+        ]
+    elif not preview.candidates:
+        lines = [
+            f"- ComfyUI's live preview of {video} ({preview.model.latent_format}) loads "
+            f"`models/vae_approx/{preview.model.preview_name}*` and hands it {preview.model.latents} latents: "
+            f"none of these files is named so, and this TAE decodes {model.latent_space} ones: no core ComfyUI "
+            "preview route"
+            + (
+                f" (trained with `--latent_space=raw` it is exported as `{export_stem(model.variant, RAW)}`, the name "
+                "that preview takes)."
+                if export_stem(model.variant, RAW).startswith(preview.model.preview_name)
+                else "."
+            )
+        ]
+    else:
+        outputs = 3 * model.patch_size**2
+        read = {
+            name: comfyui_reading(model.latent_channels, outputs, files[name], model.variant)
+            for name in preview.candidates
+        }
+        verdicts = {name: _verdict(model, reading) for name, reading in read.items()}
+        taken = preview.candidates[0]
+        reading, verdict = read[taken], verdicts[taken]
+        lines = [
+            f"- ComfyUI's live preview of {video} ({preview.model.latent_format}) takes `{taken}`, the first file "
+            f"in `models/vae_approx` named `{preview.model.preview_name}*`, as {reading.how}, and hands it the first "
+            f"latent frame of the sampler's denoised estimate through `{preview.model.latent_format}.process_out`: "
+            f"{preview.model.latents} latents, as VAEDecode does, then the file's own format: {reading.space} "
+            f"latents: {verdict}."
+        ]
+        right = [name for name, said in verdicts.items() if said == "the right model"]
+        if verdict != "the right model" and right:
+            lines.append(f"  Put `{right[0]}` in `models/vae_approx` without the other files: the right model there.")
+    for other, names in previews_taking(list(files), model.variant).items():
+        lines.append(
+            f"- {', '.join(f'`{n}`' for n in names)} also start with `{other.preview_name}`: in `models/vae_approx` "
+            f"next to a {other.latent_format} model, ComfyUI's preview of that model takes it for that model's TAE."
+        )
     return lines
 
 
@@ -204,7 +271,12 @@ def half_precision(model, advice: str) -> dict[str, torch.Tensor]:
 
 
 def write_bundle(
-    weights: Path | RunWeights, out: Path, fp16: bool = False, command: str = "", overwrite: bool = False
+    weights: Path | RunWeights,
+    out: Path,
+    fp16: bool = False,
+    command: str = "",
+    overwrite: bool = False,
+    tell: Callable[[str], None] = logger.info,
 ) -> list[Path]:
     """The files a user takes away, named and typed so that other tools take them as this
     TAE in its latent space (``models.ecosystem``): ``<stem>.pth`` (published key format,
@@ -213,7 +285,8 @@ def write_bundle(
     it), optionally ``<stem>_fp16.safetensors``, and a model card ``README.md``. The stem is
     the variant, or LightX2V's name for a Wan TAE on raw latents. Files already in ``out``
     are a UserError unless ``overwrite`` (a run rewrites its own ``export/``). ``weights``
-    chosen among a run's (``run_weights``) say which they are in the card."""
+    chosen among a run's (``run_weights``) say which they are in the card. ``tell`` gets
+    the card's line on ComfyUI's live preview: whether the bundle has a route there."""
     from taehv_train.models.taehv import TAEHV
 
     chosen = weights if isinstance(weights, RunWeights) else weights_in_run(weights)
@@ -244,6 +317,8 @@ def write_bundle(
         )
     card = _model_card(model, chosen, files, command)
     written.append(atomic_write(out / "README.md", card))
+    if model.latent_space != OWN:
+        tell(_preview_lines(model, files)[0].removeprefix("- "))
     return written
 
 
@@ -274,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
         if chosen.told:
             print(f"weights: {chosen.told}")
         try:
-            written = write_bundle(chosen, Path(args.out), args.fp16, command, overwrite=args.force)
+            written = write_bundle(chosen, Path(args.out), args.fp16, command, overwrite=args.force, tell=print)
         except WeightsError:  # the source's problem, not the output folder's
             raise
         except OSError as err:  # read-only file system, no space, no permission: the user's to fix
