@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""What a live preview costs per step next to the pipeline's own step; prints JSON.
+
+    python -m bench.bench_preview
+    python -m bench.bench_preview --height 64 --width 64 --frames 17 --latent_frames 1
+
+The tiny WanPipeline of the tests (bench/tiny_pipelines.py: a one-layer transformer, the
+TAEW2.1 architecture as ``pipe.vae``, random weights: speed does not depend on them) samples
+``--steps`` steps twice per repeat: once with a callback that only reads the clock, once with
+``LivePreview`` every step. Per step: the pipeline's step (the time between callbacks, the
+preview's own time taken out) and the preview call (unpacking, the estimate, the conversion
+and the TAE decode of the first sample), medians over all steps of all repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from bench.harness import command_line, print_json, threads_summary, utc_now
+from bench.tiny_pipelines import inputs, wan_pipeline
+from taehv_train.common.flags import ArgumentParser
+from taehv_train.models.diffusers_vae import TAEVideoVAE, pipeline_config
+from taehv_train.models.live_preview import LivePreview
+from taehv_train.models.taehv import TAEHV
+
+
+def sample(pipe, steps: int, size: dict, preview: LivePreview | None) -> tuple[list[float], list[float]]:
+    """(the pipeline's step seconds, the preview call seconds) of one call of ``pipe``."""
+    marks, previews = [time.perf_counter()], []
+
+    def callback(pipe, step, timestep, kwargs):
+        if preview is not None:
+            start = time.perf_counter()
+            kwargs = preview(pipe, step, timestep, kwargs)
+            previews.append(time.perf_counter() - start)
+        marks.append(time.perf_counter())
+        return kwargs
+
+    torch.manual_seed(0)
+    pipe(
+        **{**inputs("wan"), **size},
+        num_inference_steps=steps,
+        output_type="latent",
+        callback_on_step_end=callback,
+    )
+    between = [b - a for a, b in zip(marks, marks[1:])]
+    return [t - p for t, p in zip(between[1:], previews[1:])] if previews else between[1:], previews[1:]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--frames", type=int, default=9, help="num_frames of the clip sampled")
+    parser.add_argument("--height", type=int, default=32)
+    parser.add_argument("--width", type=int, default=32)
+    parser.add_argument("--latent_frames", type=int, default=None, help="decode only these first latent frames")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    tae = TAEHV(variant="taew2_1").eval().requires_grad_(False)
+    pipe = wan_pipeline(TAEVideoVAE(tae, pipeline_config(tae)))
+    preview = LivePreview(TAEHV(variant="taew2_1").eval().requires_grad_(False), pipe, latent_frames=args.latent_frames)
+    size = {"num_frames": args.frames, "height": args.height, "width": args.width}
+    plain, steps, calls = [], [], []
+    with torch.inference_mode():
+        sample(pipe, 2, size, preview)  # warm-up
+        for _ in range(args.repeats):  # the runs alternate, so a busy machine slows both alike
+            plain += sample(pipe, args.steps, size, None)[0]
+            step, call = sample(pipe, args.steps, size, preview)
+            steps, calls = steps + step, calls + call
+    step_s, preview_s = statistics.median(plain), statistics.median(calls)
+    report = {
+        "command": command_line("bench.bench_preview"),
+        "when": utc_now(),
+        "machine": threads_summary(),
+        "pipeline": "WanPipeline, one-layer transformer",
+        "clip": size,
+        "latent_frames": args.latent_frames,
+        "step_seconds": round(step_s, 5),
+        "step_seconds_with_preview": round(statistics.median(steps), 5),
+        "preview_seconds": round(preview_s, 5),
+        "preview_per_step": round(preview_s / step_s, 3),
+        "preview_shape": list(preview.latest.video.shape),
+    }
+    print_json(report)
+    return report
+
+
+if __name__ == "__main__":
+    main()
