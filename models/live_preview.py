@@ -13,11 +13,13 @@ The denoised estimate: ``FlowMatchEulerDiscreteScheduler.step`` (diffusers
 schedulers/scheduling_flow_match_euler_discrete.py) moves ``x_i`` to ``x_{i+1} = x_i +
 (sigma_{i+1} - sigma_i) * v`` and defines the estimate as ``x_i - sigma_i * v`` (its
 stochastic branch), so from two consecutive steps' latents ``x0 = x_i - sigma_i * (x_{i+1} -
-x_i) / (sigma_{i+1} - sigma_i)``, exactly; after the last step (sigma 0) it is the final
+x_i) / (sigma_{i+1} - sigma_i)``, exact in float32; after the last step (sigma 0) it is the final
 latents. The first step has no latents before it to take ``v`` from, and other schedulers
 (CogVideoX's DDIM and DPM, a stochastic flow-matching one) no estimate the callback can
 reach (their ``_callback_tensor_inputs`` hold the latents only): those previews decode the
-latents as they are, and say so (``Preview.denoised``).
+latents as they are, and say so (``Preview.denoised``). In bf16 pipelines the latents are
+rounded to bf16 after each step, which the difference of two steps magnifies by ``sigma_i /
+(sigma_i - sigma_{i+1})``: early previews are the noisier (docs/evaluation.md).
 """
 
 from __future__ import annotations
