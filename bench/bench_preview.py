@@ -9,7 +9,13 @@ TAEW2.1 architecture as ``pipe.vae``, random weights: speed does not depend on t
 ``--steps`` steps twice per repeat: once with a callback that only reads the clock, once with
 ``LivePreview`` every step. Per step: the pipeline's step (the time between callbacks, the
 preview's own time taken out) and the preview call (unpacking, the estimate, the conversion
-and the TAE decode of the first sample), medians over all steps of all repeats.
+and the TAE decode of the first sample), medians and minima over all steps of all repeats
+(on a busy machine the minima are the steadier figures).
+
+``bf16_estimate_error``: the same pipeline with a bf16 transformer, ``--bf16_steps`` steps,
+no guidance: at chosen steps the mean absolute distance of the preview's estimate, and of
+the latents as they are, to the scheduler's own ``sample - sigma * model_output`` (the
+transformer's input and output caught by a hook).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from bench.harness import command_line, print_json, threads_summary, utc_now
 from bench.tiny_pipelines import inputs, wan_pipeline
 from taehv_train.common.flags import ArgumentParser
 from taehv_train.models.diffusers_vae import TAEVideoVAE, pipeline_config
-from taehv_train.models.live_preview import LivePreview
+from taehv_train.models.live_preview import LivePreview, denoised
 from taehv_train.models.taehv import TAEHV
 
 
@@ -51,6 +57,41 @@ def sample(pipe, steps: int, size: dict, preview: LivePreview | None) -> tuple[l
     return [t - p for t, p in zip(between[1:], previews[1:])] if previews else between[1:], previews[1:]
 
 
+def bf16_estimate_error(pipe, steps: int) -> list[dict]:
+    """Per step after the first (a few of them): how far the estimate and the latents are
+    from the scheduler's x0 with the transformer in bf16."""
+    pipe.transformer.to(torch.bfloat16)
+    caught, seen = [], []
+    hook = pipe.transformer.register_forward_hook(
+        lambda module, args, kwargs, out: caught.append((kwargs["hidden_states"].float(), out[0].float())),
+        with_kwargs=True,
+    )
+
+    def callback(pipe, step, timestep, kwargs):
+        seen.append((pipe.scheduler.step_index, kwargs["latents"].float()))
+        return kwargs
+
+    torch.manual_seed(0)
+    pipe(**inputs("wan"), num_inference_steps=steps, output_type="latent", callback_on_step_end=callback)
+    hook.remove()
+    pipe.transformer.to(torch.float32)
+    rows = []
+    for step in sorted({1, steps // 3, 2 * steps // 3, steps - 1}):
+        index, latents = seen[step]
+        sample, prediction = caught[step]
+        exact = sample - float(pipe.scheduler.sigmas[index - 1]) * prediction
+        estimate = denoised(pipe.scheduler, index, seen[step - 1], latents)
+        rows.append(
+            {
+                "step": step,
+                "estimate": round((estimate - exact).abs().mean().item(), 4),
+                "latents": round((latents - exact).abs().mean().item(), 4),
+                "x0_std": round(exact.std().item(), 3),
+            }
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=8)
@@ -59,6 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--height", type=int, default=32)
     parser.add_argument("--width", type=int, default=32)
     parser.add_argument("--latent_frames", type=int, default=None, help="decode only these first latent frames")
+    parser.add_argument("--bf16_steps", type=int, default=30, help="steps of the bf16 estimate check")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     tae = TAEHV(variant="taew2_1").eval().requires_grad_(False)
@@ -84,7 +126,11 @@ def main(argv: list[str] | None = None) -> dict:
         "step_seconds_with_preview": round(statistics.median(steps), 5),
         "preview_seconds": round(preview_s, 5),
         "preview_per_step": round(preview_s / step_s, 3),
+        "step_best_seconds": round(min(plain), 5),
+        "preview_best_seconds": round(min(calls), 5),
+        "preview_per_step_best": round(min(calls) / min(plain), 3),
         "preview_shape": list(preview.latest.video.shape),
+        "bf16_estimate_error": bf16_estimate_error(pipe, args.bf16_steps),
     }
     print_json(report)
     return report
