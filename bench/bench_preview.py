@@ -74,7 +74,6 @@ def bf16_estimate_error(pipe, steps: int) -> list[dict]:
     torch.manual_seed(0)
     pipe(**inputs("wan"), num_inference_steps=steps, output_type="latent", callback_on_step_end=callback)
     hook.remove()
-    pipe.transformer.to(torch.float32)
     rows = []
     for step in sorted({1, steps // 3, 2 * steps // 3, steps - 1}):
         index, latents = seen[step]

@@ -154,3 +154,19 @@ def test_settings_that_cannot_preview_are_refused(recipe_files):
     ltx = PIPELINES["ltx"](tiny_vae("ltx"))
     with pytest.raises(ValueError, match=r"LTXPipeline packs its latents into tokens: pass video_size="):
         LivePreview.from_file(recipe_files("taeltx_2"), ltx)
+
+
+@torch.no_grad()
+def test_the_benchmark_reports_the_preview_against_the_step_and_the_bf16_estimate():
+    """bench/bench_preview.py on its smallest run: the ratio is of the figures it prints, and
+    with the transformer in bf16 the estimate is nearer the scheduler's x0 than the latents
+    are before the last step, and equal to them after it (sigma 0)."""
+    from bench.bench_preview import main
+
+    report = main(["--steps", "2", "--repeats", "1", "--bf16_steps", "6", "--latent_frames", "1"])
+    assert report["preview_shape"] == [1, 1, 3, 32, 32]
+    assert report["preview_per_step"] == pytest.approx(report["preview_seconds"] / report["step_seconds"], rel=1e-2)
+    rows = report["bf16_estimate_error"]
+    assert [row["step"] for row in rows] == [1, 2, 4, 5]
+    assert all(row["estimate"] < row["latents"] for row in rows[:-1])
+    assert rows[-1]["estimate"] == rows[-1]["latents"]
