@@ -59,7 +59,7 @@ def sample(pipe, steps: int, size: dict, preview: LivePreview | None) -> tuple[l
 
 def bf16_estimate_error(pipe, steps: int) -> list[dict]:
     """Per step after the first (a few of them): how far the estimate and the latents are
-    from the scheduler's x0 with the transformer in bf16."""
+    from the scheduler's x0 with ``pipe``'s transformer cast to bf16 (and left so)."""
     pipe.transformer.to(torch.bfloat16)
     caught, seen = [], []
     hook = pipe.transformer.register_forward_hook(

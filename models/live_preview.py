@@ -1,5 +1,7 @@
 """Live previews while a diffusers video pipeline samples: a TAE decodes each chosen step's
-denoised estimate, as ComfyUI's previewer does with its samplers' ``x0``.
+denoised estimate, as ComfyUI's previewer does with its samplers' ``x0`` (Comfy-Org/ComfyUI
+latent_preview.py: ``prepare_callback`` hands it ``x0``; ``TAEHVPreviewerImpl.
+decode_latent_to_preview`` decodes ``x0[:1, :, :1]``, the first sample's first latent frame).
 
 ``LivePreview`` is a ``callback_on_step_end``: ``pipe(..., callback_on_step_end=preview)``.
 The pipelines call it after the scheduler's step with the new latents, which are in the
