@@ -103,6 +103,19 @@ def published_format_weights(variant: str, path: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def recipe_files(tmp_path_factory):
+    """Published-format weights (the compat recipe's, under the published file name, no
+    metadata) by variant, each written once and only read."""
+    root = tmp_path_factory.mktemp("published_format")
+
+    def file(variant: str) -> Path:
+        path = root / f"{variant}.pth"
+        return path if path.is_file() else published_format_weights(variant, path)
+
+    return file
+
+
 @pytest.fixture(scope="session")
 def demo_clips(tmp_path_factory) -> dict[str, Path]:
     """Six procedural clips (48x64, 12 frames) with train/val annotations, for training runs."""

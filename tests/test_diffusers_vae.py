@@ -8,8 +8,6 @@ madebyollin/taehv examples/TAEW2.1_T2I_Demo.ipynb)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from diffusers import (
@@ -29,22 +27,17 @@ from diffusers import (
     FlowMatchEulerDiscreteScheduler,
     HunyuanImageRefinerPipeline,
     HunyuanImageTransformer2DModel,
-    HunyuanVideoPipeline,
-    HunyuanVideoTransformer3DModel,
-    LTXPipeline,
-    LTXVideoTransformer3DModel,
     MochiPipeline,
     MochiTransformer3DModel,
     QwenImage21Pipeline,
     QwenImage21Transformer2DModel,
     StableVideoDiffusionPipeline,
     UNetSpatioTemporalConditionModel,
-    WanPipeline,
-    WanTransformer3DModel,
 )
 from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
 
-from conftest import published_format_weights, save_tiny_vae
+from bench.tiny_pipelines import hunyuan_pipeline, ltx_pipeline, wan_pipeline
+from conftest import save_tiny_vae
 from taehv_train.models.diffusers_vae import TAEVideoVAE
 from taehv_train.models.latent_spaces import LatentTransform
 from taehv_train.models.taehv import TAEHV
@@ -55,19 +48,6 @@ from taehv_train.models.weights import save_weights
 # the recipe weights' large activations: up to 5e-4 of the [-1, 1] range seen; a TAE handed the
 # latents of another space differs by far more (test_wan_pipeline_runs_end_to_end_with_the_tae)
 ROUNDING = 2e-3
-
-
-@pytest.fixture(scope="module")
-def recipe_files(tmp_path_factory):
-    """Published-format weights (the compat recipe's, under the published file name, no
-    metadata) by variant, each written once and only read."""
-    root = tmp_path_factory.mktemp("published_format")
-
-    def file(variant: str) -> Path:
-        path = root / f"{variant}.pth"
-        return path if path.is_file() else published_format_weights(variant, path)
-
-    return file
 
 
 def wrapped(variant: str, recipe_files, like: torch.nn.Module | None = None) -> TAEVideoVAE:
@@ -140,54 +120,13 @@ def test_wan_pipeline_hands_lighttae_the_raw_latents_as_lightx2v_does(recipe_fil
     torch.testing.assert_close(run("pt"), direct, atol=ROUNDING, rtol=0)
 
 
-def wan_pipeline(vae: TAEVideoVAE) -> WanPipeline:
-    """A WanPipeline with a one-layer transformer and ``vae``."""
-    transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=8,
-        in_channels=16,
-        out_channels=16,
-        text_dim=16,
-        freq_dim=16,
-        ffn_dim=16,
-        num_layers=1,
-        rope_max_seq_len=32,
-    )
-    return WanPipeline(
-        tokenizer=None,
-        text_encoder=None,
-        vae=vae,
-        transformer=transformer,
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-    )
-
-
 @torch.no_grad()
 def test_hunyuan_video_pipeline_runs_end_to_end_with_the_tae(recipe_files):
     """A whole (one-step) HunyuanVideoPipeline call: the pipeline divides the denoised latents
     by HunyuanVideo's scaling factor, the wrapper multiplies them back, and TAEHV decodes the
     transformer's scaled latents, as ComfyUI's HunyuanVideo latent format hands them to it."""
     vae = wrapped("taehv", recipe_files)
-    transformer = HunyuanVideoTransformer3DModel(
-        num_attention_heads=2,
-        attention_head_dim=8,
-        num_layers=1,
-        num_single_layers=1,
-        num_refiner_layers=1,
-        text_embed_dim=16,
-        pooled_projection_dim=8,
-        rope_axes_dim=(2, 2, 4),
-    )
-    pipe = HunyuanVideoPipeline(
-        text_encoder=None,
-        tokenizer=None,
-        transformer=transformer,
-        vae=vae,
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
-        text_encoder_2=None,
-        tokenizer_2=None,
-    )
+    pipe = hunyuan_pipeline(vae)
     assert vae.config.scaling_factor == 0.476986  # HunyuanVideo's, from its class defaults
     run = one_step(
         pipe,
@@ -214,18 +153,7 @@ def test_ltx_pipeline_runs_end_to_end_with_the_tae_and_the_vaes_statistics(tmp_p
     real.latents_mean.copy_(torch.randn(128) * 0.1)
     real.latents_std.copy_(torch.rand(128) + 0.5)
     vae = wrapped("taeltx_2", recipe_files, like=real)
-    transformer = LTXVideoTransformer3DModel(
-        in_channels=128,
-        out_channels=128,
-        num_attention_heads=2,
-        attention_head_dim=8,
-        cross_attention_dim=16,
-        num_layers=1,
-        caption_channels=16,
-    )
-    pipe = LTXPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None, tokenizer=None, transformer=transformer
-    )
+    pipe = ltx_pipeline(vae)
     run = one_step(
         pipe,
         prompt_embeds=torch.randn(1, 4, 16),
