@@ -6,7 +6,7 @@ them *scaled* by the VAE's ``scaling_factor``, *normalised* per channel by its
 its published weights were trained in, which is what its author's demos, ComfyUI and
 LightX2V hand it (``TAE_SPACES``, with the evidence for each row; docs/reference_vaes.md,
 "Which latents go in"). A TAE built here for a VAE with no published TAE takes the space
-its pipeline's transformer uses (``RefVAEClass.pipeline_space``), so that a live preview
+its pipeline's transformer uses (``RefVAEClass.pipeline_space``), so that a diffusers live preview
 decodes sampler latents as they are; one trained without a reference VAE has a space of
 its own (``OWN``).
 

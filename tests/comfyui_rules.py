@@ -110,8 +110,8 @@ def previewer_file(file_names: list[str], latent_format: str) -> str | None:
 def preview_latents(x0: torch.Tensor, latent_format: str) -> torch.Tensor:
     """What ComfyUI's live preview hands a video TAE's VAE: the first latent frame of the first
     clip of the sampler's denoised estimate ``x0`` (NTCHW here; ComfyUI's is NCTHW, ``x0[:1, :, :1]``),
-    taken back out of the model's space by its format's ``process_out`` (latent_preview.py,
-    ``TAEHVPreviewerImpl.decode_latent_to_preview``; ComfyUI's unit test
-    ``test_video_preview_unnormalizes_wan21_latent_before_decode``). The file's VAE then applies
-    its own format's ``process_in`` (comfy/taesd/taehv.py ``TAEHV.decode``), as for VAEDecode."""
+    taken back out of the model's space by its format's ``process_out`` (Comfy-Org/ComfyUI
+    latent_preview.py at 2d619ed9, ``TAEHVPreviewerImpl.decode_latent_to_preview``, line 56).
+    The file's VAE then applies its own format's ``process_in`` (comfy/taesd/taehv.py
+    ``TAEHV.decode``), as for VAEDecode."""
     return FORMATS[latent_format].process_out(x0[:1, :1])
