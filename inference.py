@@ -459,6 +459,16 @@ def print_summary(results: dict) -> None:
     ):
         if key in ours:
             print(f"│   ├─ {label}: {mean_text(ours[key], '.4f', '.4f')}")
+    preview = summary["preview"]
+    print("├─ Preview score (the first latent decoded alone, as a live preview shows it)")
+    psnr, ssim = mean_text(preview["psnr"], ".4f", ".4f"), mean_text(preview["ssim"], ".4f", ".4f")
+    print(f"│   ├─ PSNR (dB): {psnr}   SSIM: {ssim}")
+    if "psnr_vs_reference_decode" in preview:
+        print(
+            f"│   ├─ of the reference VAE's latents: PSNR (dB) "
+            f"{mean_text(preview['psnr_from_reference_latents'], '.4f', '.4f')}; "
+            f"against the reference VAE's decode {mean_text(preview['psnr_vs_reference_decode'], '.4f', '.4f')}"
+        )
     print("├─ Performance")
     print(f"│   ├─ Encoding: {ours['encode_s']['mean']:.3f}s   Decoding: {ours['decode_s']['mean']:.3f}s")
     if "comparison" in summary:

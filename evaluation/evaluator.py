@@ -36,6 +36,7 @@ from taehv_train.common.metrics import (
     video_ssim,
     video_temporal_error,
 )
+from taehv_train.common.preview_score import preview_decode, preview_scores
 from taehv_train.common.reference_vae import ReferenceVAE
 from taehv_train.common.video.files import BadClipError
 from taehv_train.common.video_writer import write_video
@@ -129,7 +130,7 @@ def mean_text(stats: dict[str, float | None], mean_format: str, std_format: str)
 
 def summarise(samples: list[dict]) -> dict:
     summary = {}
-    for who in ("taehv", "reference"):
+    for who in ("taehv", "reference", "preview"):
         if who in samples[0]:
             keys = [k for k, v in samples[0][who].items() if isinstance(v, float)]
             summary[who] = {k: mean_std([s[who][k] for s in samples]) for k in keys}
@@ -252,6 +253,8 @@ class Evaluator:
             ours = {**quality_metrics(decoded, target, self.use_lpips), "encode_s": enc_s, "decode_s": dec_s}
         if enc_mb is not None:
             ours.update(encode_peak_mb=enc_mb, decode_peak_mb=dec_mb)
+        with self.doing(f"decoding the first latent of sample {i + 1} alone (the preview score)", frames):
+            preview = self.preview(latents, {"": frames})
         height, width = frames.shape[-2:]
         result = {
             "index": index,
@@ -260,10 +263,12 @@ class Evaluator:
             "width": width,
             "latent_shape": list(latents.shape),
             "taehv": ours,
+            "preview": {"frames": list(range(self.model.first_latent_frames())), **preview},
         }
         line = (
             f"Sample {i + 1} ({height}x{width}): MSE={ours['mse']:.4f}, PSNR={ours['psnr']:.1f}dB, "
-            f"SSIM={ours['ssim']:.3f}, Encoding Time={enc_s:.3f}s, Decoding Time={dec_s:.3f}s"
+            f"SSIM={ours['ssim']:.3f}, preview PSNR={preview['psnr']:.1f}dB, "
+            f"Encoding Time={enc_s:.3f}s, Decoding Time={dec_s:.3f}s"
         )
         ref_decoded = None
         if self.ref_vae is not None:
@@ -271,6 +276,14 @@ class Evaluator:
                 result["reference"], ref_decoded, ref_latents = self.reference(frames)
             if ref_latents.shape == latents.shape:  # the same latent space: are they on the same scale?
                 result["latent_rms_ratio"] = float(rms_ratio(latents, ref_latents))
+            if ref_latents.shape[2:] == latents.shape[2:]:  # latents the TAE decodes: what a preview is given
+                with self.doing(f"decoding the reference VAE's first latent of sample {i + 1} alone", frames):
+                    result["preview"].update(
+                        self.preview(
+                            ref_latents.to(self.dtype),
+                            {"_from_reference_latents": frames, "_vs_reference_decode": ref_decoded},
+                        )
+                    )
             line += (
                 f"\n  Reference VAE - PSNR={result['reference']['psnr']:.1f}dB, "
                 f"decode {result['reference']['decode_s'] / dec_s:.1f}x slower than TAEHV"
@@ -279,6 +292,16 @@ class Evaluator:
         with self.doing(f"writing the videos and pictures of sample {i + 1}", frames):
             result["files"] = self.write_files(i, source, target, decoded, latents, ref_decoded)
         return result
+
+    def preview(self, latents: torch.Tensor, targets: dict[str, torch.Tensor]) -> dict[str, float]:
+        """The preview score (``common.preview_score``) of ``latents``: their first latent decoded
+        alone, against the first frames of each target, named metric + the target's suffix."""
+        shown = preview_decode(self.model, latents, parallel=self.options.parallel)
+        return {
+            f"{metric}{suffix}": float(value[0])
+            for suffix, target in targets.items()
+            for metric, value in preview_scores(shown, target).items()
+        }
 
     def reference(self, frames: torch.Tensor) -> tuple[dict, torch.Tensor, torch.Tensor]:
         """(metrics and timings, decoded frames, latents) of the reference VAE on ``frames``."""

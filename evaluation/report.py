@@ -1,9 +1,9 @@
-"""summary_report.html: one self-contained page a person can read: summary tables, a
-per-frame PSNR chart, and for each sample whether the run held it out or trained on it,
-still frames (original | reconstruction | reference VAE | amplified difference), the
-comparison video with a poster frame, and its latents. Pictures and videos keep their
-clip's aspect ratio and scale down to the page's column (1200 pixels), so the page fits
-a 1280-pixel window whatever the clips' size."""
+"""summary_report.html: one self-contained page a person can read: summary tables, the
+preview score beside the whole-clip score, a per-frame PSNR chart, and for each sample
+whether the run held it out or trained on it, still frames (original | reconstruction |
+reference VAE | amplified difference), the comparison video with a poster frame, and its
+latents. Pictures and videos keep their clip's aspect ratio and scale down to the page's
+column (1200 pixels), so the page fits a 1280-pixel window whatever the clips' size."""
 
 from __future__ import annotations
 
@@ -165,6 +165,42 @@ def _stills(path: Path, frames: list[int], reference: bool) -> str:
     )
 
 
+def _preview_section(summary: dict, frames: list[int]) -> list[str]:
+    """The preview score beside the whole-clip score: what a live preview shows (ComfyUI's
+    previewer decodes the first latent frame alone) is the first frame(s), not the clip."""
+    shown = f"input frame {frames[0]}" if len(frames) == 1 else f"input frames {frames[0]}-{frames[-1]}"
+    preview, whole = summary["preview"], summary["taehv"]
+
+    def row(label: str, stats: dict, psnr: str, ssim: str) -> list:
+        return [label, mean_text(stats[psnr], ".4g", ".2g"), mean_text(stats[ssim], ".4g", ".2g")]
+
+    rows = [
+        row("whole clip: every compared frame against its input frame", whole, "psnr", "ssim"),
+        row(f"preview: the first latent decoded alone against {shown}", preview, "psnr", "ssim"),
+    ]
+    if "psnr_vs_reference_decode" in preview:
+        rows += [
+            row(
+                f"preview of the reference VAE's latents against {shown}",
+                preview,
+                "psnr_from_reference_latents",
+                "ssim_from_reference_latents",
+            ),
+            row(
+                f"preview of the reference VAE's latents against its decode of them, {shown} (the final video)",
+                preview,
+                "psnr_vs_reference_decode",
+                "ssim_vs_reference_decode",
+            ),
+        ]
+    return [
+        "<h2>Preview score</h2><p><small>what a live preview shows while a video model samples: ComfyUI's "
+        "previewer decodes the first latent frame of the denoised estimate alone, with no temporal context, "
+        "and shows the frame it gives</small></p>",
+        _table(["decode", "PSNR dB", "SSIM"], rows),
+    ]
+
+
 def write_report(output_dir: Path, results: dict) -> Path:
     samples = results["samples"]
     videos = [output_dir / s["files"]["comparison_video"] for s in samples]
@@ -192,6 +228,7 @@ def write_report(output_dir: Path, results: dict) -> Path:
         f"device {html.escape(results['settings']['device'])}, {html.escape(results['settings']['dtype'])}</small></p>",
         f"<h2>Summary</h2><p><small>{spread}</small></p>",
         _table(headers, metric_rows),
+        *_preview_section(summary, samples[0]["preview"]["frames"]),
     ]
     if "comparison" in summary:
         parts += [
@@ -206,6 +243,7 @@ def write_report(output_dir: Path, results: dict) -> Path:
         "size",
         "PSNR dB",
         "SSIM",
+        "preview PSNR dB",
         "sharpness",
         "MSE",
         "temporal error",
@@ -223,6 +261,7 @@ def write_report(output_dir: Path, results: dict) -> Path:
                     f"{s['height']}x{s['width']}",
                     s["taehv"]["psnr"],
                     s["taehv"]["ssim"],
+                    s["preview"]["psnr"],
                     s["taehv"]["sharpness"],
                     s["taehv"]["mse"],
                     s["taehv"]["temporal_error"],
@@ -243,7 +282,8 @@ def write_report(output_dir: Path, results: dict) -> Path:
         parts += [
             f"<div class='sample'><h3>Sample {i}: {html.escape(Path(sample['source']).name)} "
             f"<small>{html.escape(sample['split'])} clip, {sample['height']}x{sample['width']}; "
-            f"PSNR {sample['taehv']['psnr']:.2f} dB, SSIM {sample['taehv']['ssim']:.3f}</small></h3>",
+            f"PSNR {sample['taehv']['psnr']:.2f} dB, SSIM {sample['taehv']['ssim']:.3f}, "
+            f"preview PSNR {sample['preview']['psnr']:.2f} dB</small></h3>",
             _stills(output_dir / files["stills_png"], files["stills_frames"], "reference" in sample),
             "<p>",
             _video_tag(video, output_dir / files["poster_png"], output_dir, embed),

@@ -166,6 +166,23 @@ def h3_decoded_frames(latent_frames: int, t_downscale: int = 4, t_upscale: int =
     return len(h3_kept_frames(latent_frames, t_downscale, t_upscale))
 
 
+def first_latent_frames(
+    t_downscale: int = 4,
+    t_upscale: int = 4,
+    is_cogvideox: bool = False,
+    h3_chunks: bool = False,
+    causal: bool = True,
+) -> int:
+    """How many frames the first latent gives when decoded on its own, as a live preview
+    decodes it (ComfyUI's previewer: one latent frame, no temporal context). As in every
+    decode, decoded frame i matches input frame i, so they stand for the clip's first frames:
+    one for a causal TAE (the ``t_upscale - 1`` before it are trimmed; H3 drops them per
+    chunk), ``t_upscale`` for a non-causal one."""
+    if h3_chunks:
+        return h3_decoded_frames(1, t_downscale, t_upscale)
+    return plan_frames(t_downscale, t_downscale, t_upscale, is_cogvideox, False, causal).decoded_frames
+
+
 def exact_frame_counts(
     limit: int,
     t_downscale: int = 4,

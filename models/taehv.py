@@ -65,7 +65,15 @@ from .blocks import (
     output_frames,
     split_chunks,
 )
-from .frames import H3_CHUNK_FRAMES, H3_DROPPED_LATENTS, H3_LEFT_PAD, FramePlan, h3_kept_frames, plan_frames
+from .frames import (
+    H3_CHUNK_FRAMES,
+    H3_DROPPED_LATENTS,
+    H3_LEFT_PAD,
+    FramePlan,
+    first_latent_frames,
+    h3_kept_frames,
+    plan_frames,
+)
 from .vae_registry import file_space
 from .variants import resolve_variant, time_strides, time_switches
 from .weights import FORMAT_NAME, load_weights, read_metadata, run_config_hint
@@ -367,6 +375,10 @@ class TAEHV(nn.Module):
         return plan_frames(
             input_frames, self.t_downscale, self.t_upscale, self.is_cogvideox, self.h3_chunks, self.causal
         )
+
+    def first_latent_frames(self) -> int:
+        """Frames the first latent gives decoded on its own (``models.frames.first_latent_frames``)."""
+        return first_latent_frames(self.t_downscale, self.t_upscale, self.is_cogvideox, self.h3_chunks, self.causal)
 
     # -- encode / decode ----------------------------------------------------------------
     def preprocess_input_frames(self, x: torch.Tensor) -> torch.Tensor:

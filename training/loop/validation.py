@@ -1,4 +1,5 @@
-"""Validation on held-out clips: PSNR/SSIM (LPIPS when installed) of aligned frames.
+"""Validation on held-out clips: PSNR/SSIM (LPIPS when installed) of aligned frames, and the
+preview score (the first latent decoded alone, as a live preview shows it: ``common.preview_score``).
 
 Samples are split across ranks and the per-sample metrics gathered, so every rank takes
 part in the same collectives (no rank waits on another that skipped work); when a rank
@@ -25,6 +26,7 @@ from taehv_train.common.metrics import (
     video_sharpness,
     video_ssim,
 )
+from taehv_train.common.preview_score import preview_decode, preview_scores
 from taehv_train.common.reference_vae import ReferenceVAE
 from taehv_train.models.taehv import TAEHV
 from taehv_train.training.loop.resilience import agree
@@ -83,21 +85,28 @@ def validate(
         frames = frames_to_unit(torch.stack([item["frames"] for item in items]), accelerator.device)
         plan = model.plan(frames.shape[1])
         with accelerator.autocast():  # the model runs in the training precision, the metrics below in fp32
-            decoded, target = plan.aligned(model.decode_video(model.encode_video(frames.to(dtype))).float(), frames)
+            latents = model.encode_video(frames.to(dtype))
+            decoded, target = plan.aligned(model.decode_video(latents).float(), frames)
+            preview = preview_decode(model, latents)
             if ref_vae is not None:
-                from_ref, _ = plan.aligned(model.decode_video(ref_vae.encode(frames).to(dtype)).float(), frames)
+                ref_latents = ref_vae.encode(frames).to(dtype)
+                from_ref, _ = plan.aligned(model.decode_video(ref_latents).float(), frames)
+                preview_from_ref = preview_decode(model, ref_latents)
+        previewed = preview_scores(preview, frames)
         columns = [
             video_mse(decoded, target),
             video_psnr(decoded, target),
             video_ssim(decoded, target),
             video_sharpness(decoded, target),
+            previewed["psnr"],
+            previewed["ssim"],
         ]
         if rgba:  # the metrics above cover all four channels; the alpha alone too
             columns.append(video_alpha_psnr(decoded, target))
         if use_lpips:
             columns.append(video_lpips(decoded, target))
         if ref_vae is not None:
-            columns.append(video_psnr(from_ref, target))
+            columns += [video_psnr(from_ref, target), preview_scores(preview_from_ref, frames)["psnr"]]
         rows.append(torch.stack([c.float() for c in columns], 1))
         if strip is None and accelerator.is_main_process:
             strip = reconstruction_strip(target[0], decoded[0])
@@ -106,10 +115,14 @@ def validate(
             raise ValidationDataError(unreadable.reason, unreadable.advice)
         raise ValidationDataError("validation clips unreadable on another rank")
     names = (
-        ["val/mse", "val/psnr", "val/ssim", "val/sharpness"]
+        ["val/mse", "val/psnr", "val/ssim", "val/sharpness", "val/preview_psnr", "val/preview_ssim"]
         + (["val/alpha_psnr"] if rgba else [])
         + (["val/lpips"] if use_lpips else [])
-        + (["val/psnr_from_reference_latents"] if ref_vae is not None else [])
+        + (
+            ["val/psnr_from_reference_latents", "val/preview_psnr_from_reference_latents"]
+            if ref_vae is not None
+            else []
+        )
     )
     per_rank = -(-n // accelerator.num_processes)
     local = torch.full((per_rank, len(names)), float("nan"), device=accelerator.device)
