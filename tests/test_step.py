@@ -264,6 +264,7 @@ def test_cached_reference_latents_come_from_the_batch():
 def test_validation_runs_the_model_in_bf16_and_the_metrics_in_fp32(demo_clips, monkeypatch):
     """Under bf16 autocast the metrics' own convolutions (SSIM's window, the sharpness
     Laplacian) would run in bf16 too: 0.43 instead of 0.62 SSIM was seen for the same weights."""
+    from taehv_train.common import preview_score
     from taehv_train.training.data.loading import build_datasets
     from taehv_train.training.loop import validation
 
@@ -279,13 +280,16 @@ def test_validation_runs_the_model_in_bf16_and_the_metrics_in_fp32(demo_clips, m
         mixed_precision="bf16",
     )
     autocast_during = {}
-    for name in ("video_ssim", "video_sharpness", "video_psnr"):
-        metric = getattr(validation, name)
+    for module, name in (
+        *((validation, name) for name in ("video_ssim", "video_sharpness", "video_psnr")),
+        *((preview_score, name) for name in ("video_ssim", "video_psnr")),  # the preview score's
+    ):
+        metric = getattr(module, name)
         monkeypatch.setattr(
-            validation,
+            module,
             name,
-            lambda p, t, metric=metric, name=name: (
-                autocast_during.setdefault(name, torch.is_autocast_enabled("cpu")),
+            lambda p, t, metric=metric, key=f"{module.__name__}.{name}": (
+                autocast_during.setdefault(key, torch.is_autocast_enabled("cpu")),
                 metric(p, t),
             )[1],
         )
@@ -299,5 +303,6 @@ def test_validation_runs_the_model_in_bf16_and_the_metrics_in_fp32(demo_clips, m
         )
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
-    assert decoder_dtypes == [torch.bfloat16] and autocast_during == dict.fromkeys(autocast_during, False)
-    assert len(autocast_during) == 3 and 0 < metrics["val/ssim"] <= 1
+    assert decoder_dtypes == [torch.bfloat16] * 2  # the whole clip, then its first latent alone (the preview)
+    assert autocast_during == dict.fromkeys(autocast_during, False)
+    assert len(autocast_during) == 5 and 0 < metrics["val/ssim"] <= 1 and 0 < metrics["val/preview_ssim"] <= 1
