@@ -2,10 +2,11 @@
 and inference.
 
 Most people see a TAE as the live preview while a video model samples. ComfyUI's previewer
-(``latent_preview.py``, ``TAEHVPreviewerImpl.decode_latent_to_preview``) decodes
-``x0[:1, :, :1]``: the first latent frame of the denoised estimate, alone, with no temporal
-context; its TAE (``comfy/taesd/taehv.py``, ``TAEHV.decode``) trims the ``t_upscale - 1``
-frames before the first, so one frame is shown. The whole-clip score averages every frame
+(Comfy-Org/ComfyUI ``latent_preview.py`` at 2d619ed9, ``TAEHVPreviewerImpl.
+decode_latent_to_preview``, line 56) decodes ``x0[:1, :, :1]``: the first latent frame of the
+denoised estimate, alone, with no temporal context; its TAE (``comfy/taesd/taehv.py`` at
+7ef46f66, ``TAEHV.decode``) trims the ``t_upscale - 1`` frames before the first, so one frame
+is shown. The whole-clip score averages every frame
 and says little about that one. Here the first latent is decoded alone the same way and
 scored against the frames it stands for (``models.frames.first_latent_frames``: the clip's
 first frame for a causal TAE). A causal decoder's first frames depend on the first latent
