@@ -438,3 +438,12 @@ def test_a_missing_export_of_a_preset_run_names_the_run_that_writes_it(tmp_path)
         r"\(`\./train_taehv_h100\.sh N progressive_stage1`\)",
     ):
         check(config)
+
+
+def test_a_best_metric_from_reference_latents_needs_a_reference_vae(tmp_path):
+    """The preview score may choose best_model/ as the whole-clip one does; a metric of the
+    reference VAE's latents is refused without one."""
+    check(valid(tmp_path, best_metric="val/preview_psnr"))
+    for metric in ("val/psnr_from_reference_latents", "val/preview_psnr_from_reference_latents"):
+        with pytest.raises(UserError, match=f"best_metric={metric} needs a reference VAE"):
+            check(valid(tmp_path, best_metric=metric))

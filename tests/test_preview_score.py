@@ -11,14 +11,12 @@ import re
 import pytest
 import torch
 from test_inference import CLIPS, assert_fits_the_window_in_its_aspect, render, run_inference, weights  # noqa: F401 (fixtures)
-from test_train import scalars
 
 from conftest import shared_dir
 from taehv_train.common.metrics import video_psnr
 from taehv_train.common.preview_score import preview_decode, preview_scores
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.weights import save_weights
-from train_runs import train_here
 
 
 def published_taehv():
@@ -107,21 +105,3 @@ def test_inference_reports_the_preview_score_beside_the_whole_clip(
     assert re.search(r"<th>preview PSNR dB</th>", dom)
     assert_fits_the_window_in_its_aspect(dom, 1)
     assert image is not None and image.std() > 10
-
-
-@pytest.mark.slow  # a one-step training run with a reference VAE
-def test_validation_logs_the_preview_score(demo_clips, tiny_cogvideox_vae, tmp_path):
-    run = train_here(
-        tmp_path,
-        demo_clips,
-        f"--ref_vae_path={tiny_cogvideox_vae}",
-        "--ref_vae_dtype=fp32",
-        "--max_train_steps=1",
-        "--num_validation_samples=1",
-    )
-    logged = scalars(run)
-    for tag in ("val/preview_psnr", "val/preview_ssim", "val/preview_psnr_from_reference_latents"):
-        assert len(logged[tag]) == 1 and math.isfinite(logged[tag][0]), tag
-    assert logged["val/preview_psnr"] != logged["val/psnr"]
-    line = next(line for line in (run / "train.log").read_text().splitlines() if "validation: " in line)
-    assert f"val/preview_psnr={logged['val/preview_psnr'][0]:.4f}" in line

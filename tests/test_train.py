@@ -83,9 +83,15 @@ def test_single_process_with_reference_vae_bf16(tmp_path, demo_clips, tiny_cogvi
         "val/ssim",
         "val/mse",
         "val/psnr_from_reference_latents",
+        "val/preview_psnr",  # the first latent decoded alone, as a sampler's live preview shows it
+        "val/preview_ssim",
+        "val/preview_psnr_from_reference_latents",
     ):
         assert tag in logged, tag
         assert all(v == v for v in logged[tag]), tag  # no NaN
+    assert logged["val/preview_psnr"] != logged["val/psnr"]  # one frame's score, not the clip's
+    validation = next(line for line in (run / "train.log").read_text().splitlines() if "validation: " in line)
+    assert f"val/preview_psnr={logged['val/preview_psnr'][0]:.4f}" in validation
     assert ("train/gpu_memory_gb" in logged) == torch.cuda.is_available()  # host memory is not named GPU memory
     assert all(0 <= v <= 1 for v in logged["train/data_wait"])  # a share of each log interval's wall time
     assert all(v > 0 for v in logged["train/tflops"])  # the meta-device FLOP count of the steps trained

@@ -30,6 +30,9 @@ METRIC_DIRECTIONS = {
     "val/psnr_from_reference_latents": True,
     "val/mse": False,
     "val/lpips": False,
+    "val/preview_psnr": True,  # one latent decoded alone: what a sampler's live preview shows
+    "val/preview_ssim": True,
+    "val/preview_psnr_from_reference_latents": True,
 }
 
 
@@ -38,8 +41,8 @@ def config_errors(config: TrainConfig) -> list[str]:
     found = []
     if config.best_metric not in METRIC_DIRECTIONS:
         found.append(f"best_metric={config.best_metric!r}: expected one of {', '.join(METRIC_DIRECTIONS)}")
-    if config.best_metric == "val/psnr_from_reference_latents" and not config.ref_vae_path:
-        found.append("best_metric=val/psnr_from_reference_latents needs a reference VAE (ref_vae_path)")
+    if config.best_metric.endswith("_from_reference_latents") and not config.ref_vae_path:
+        found.append(f"best_metric={config.best_metric} needs a reference VAE (ref_vae_path)")
     if config.early_stopping_patience and not (config.val_annotation_file and config.num_validation_samples):
         found.append(
             "early_stopping_patience > 0 needs validation: set val_annotation_file and num_validation_samples > 0"
