@@ -168,7 +168,8 @@ def _stills(path: Path, frames: list[int], reference: bool) -> str:
 def _preview_section(summary: dict, frames: list[int]) -> list[str]:
     """The preview score beside the whole-clip score: what a live preview shows (ComfyUI's
     previewer decodes the first latent frame alone) is the first frame(s), not the clip."""
-    shown = f"input frame {frames[0]}" if len(frames) == 1 else f"input frames {frames[0]}-{frames[-1]}"
+    decoded = f"frame {frames[0]}" if len(frames) == 1 else f"frames {frames[0]}-{frames[-1]}"
+    shown = f"input {decoded}"
     preview, whole = summary["preview"], summary["taehv"]
 
     def row(label: str, stats: dict, psnr: str, ssim: str) -> list:
@@ -187,7 +188,7 @@ def _preview_section(summary: dict, frames: list[int]) -> list[str]:
                 "ssim_from_reference_latents",
             ),
             row(
-                f"preview of the reference VAE's latents against its decode of them, {shown} (the final video)",
+                f"preview of the reference VAE's latents against that VAE's own decode of {decoded} (the final video)",
                 preview,
                 "psnr_vs_reference_decode",
                 "ssim_vs_reference_decode",
