@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
             accelerator,
             build_model(config),
             data.latents,
-            loader=build_train_loader(data.train, config, device),
+            loader=build_train_loader(data.train, config, device, processes=1),
         )
         step.model.train()
         batches = device_window(step, loader, config)

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from typing import NoReturn
 
+import numpy as np
 import torch
 from torch._utils import ExceptionWrapper
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
@@ -61,6 +62,76 @@ class EpochShuffleSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.dataset.epoch)
         return iter(torch.randperm(len(self.dataset), generator=generator).tolist())
+
+
+class ShardOrderSampler(Sampler[int]):
+    """The epoch's order of clips that lie in tar shards: each training process reads its
+    own run of whole shards, shuffled within a window, so reads stay within a few shards at
+    a time (sequential on a disk, few objects at once in a bucket).
+
+    Each epoch permutes the shards from (seed, epoch) and cuts their clips, in that order,
+    into one run per process of equal length, a whole number of batches; each run is
+    shuffled by a shuffle buffer of ``buffer`` clips (the buffer holds clip numbers, not
+    clips: it costs no memory) drawn from (seed, epoch, process). The batches are then
+    interleaved the way Accelerate deals them out (batch ``k * processes + r`` to process
+    ``r``), so process ``r`` gets exactly its run. Each clip comes at most once per epoch;
+    fewer than ``processes * batch_size`` are left out of an epoch, at the end of its shard
+    order, as a file dataset's last incomplete round of batches is. The order is a pure
+    function of (seed, epoch, processes, batch_size, buffer): a resumed run skips the
+    batches taken, and a run with other loader workers sees the same order.
+    """
+
+    def __init__(self, dataset: EpochDataset, seed: int, batch_size: int, processes: int, buffer: int):
+        self.dataset, self.seed = dataset, seed
+        self.batch_size, self.processes, self.buffer = batch_size, processes, buffer
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def _run_length(self) -> int:
+        return len(self.dataset) // self.processes // self.batch_size * self.batch_size
+
+    def __len__(self) -> int:
+        return self._run_length() * self.processes
+
+    def __iter__(self) -> Iterator[int]:
+        clips, epoch = self.dataset.clips, self.dataset.epoch
+        bounds = np.searchsorted(clips.shard_of, np.arange(len(clips.shards) + 1))  # clips lie in shard order
+        shards = np.random.default_rng([self.seed, epoch]).permutation(len(clips.shards))
+        order = np.concatenate([np.arange(bounds[s], bounds[s + 1]) for s in shards])
+        length = self._run_length()
+        runs = [
+            buffer_shuffle(
+                order[r * length : (r + 1) * length], self.buffer, np.random.default_rng([self.seed, epoch, r])
+            )
+            for r in range(self.processes)
+        ]
+        batches = [run.reshape(-1, self.batch_size) for run in runs]
+        return iter(np.stack(batches, axis=1).reshape(-1).tolist())
+
+
+def buffer_shuffle(items: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``items`` in the order a shuffle buffer of ``size`` gives them (WebDataset's
+    ``shuffle``): fill the buffer, then each next item replaces a random one, which comes out."""
+    out, buffer = [], []
+    for item in items.tolist():
+        buffer.append(item)
+        if len(buffer) >= size:
+            pick = int(rng.integers(len(buffer)))
+            buffer[pick], buffer[-1] = buffer[-1], buffer[pick]
+            out.append(buffer.pop())
+    rng.shuffle(buffer)
+    return np.asarray(out + buffer, dtype=np.int64)
+
+
+def epoch_sampler(
+    dataset: EpochDataset, seed: int, batch_size: int, processes: int, shuffle_buffer: int
+) -> Sampler[int]:
+    """The training order: shard runs for clips in tar shards, else a permutation of all clips."""
+    clips = getattr(dataset, "clips", None)
+    if clips is not None and clips.ranges is not None:
+        return ShardOrderSampler(dataset, seed, batch_size, processes, shuffle_buffer)
+    return EpochShuffleSampler(dataset, seed)
 
 
 def tie_worker_to_parent(worker_id: int) -> None:
@@ -150,12 +221,15 @@ def build_dataloader(
     prefetch_factor: int = 2,
     persistent_workers: bool = True,
     pin_memory: bool = False,
+    processes: int = 1,
+    shuffle_buffer: int = 1000,
 ) -> DataLoader:
     """DataLoader over a clip dataset (a ``VideoClipDataset``, or one wrapping it); batches are
     ``{"frames": [N, T, C, H, W], ...}`` (C = 3, or 4 for RGBA).
 
     Pass it to ``accelerator.prepare`` for rank sharding, and call
-    ``dataset.set_epoch(epoch)`` (or the prepared loader's ``set_epoch``) each epoch. A
+    ``dataset.set_epoch(epoch)`` (or the prepared loader's ``set_epoch``) each epoch; clips in
+    tar shards are dealt to the ``processes`` in runs (``ShardOrderSampler``). A
     ``VideoDataError`` raised by ``dataset`` comes out of the loader's iteration with its
     reason and advice, with workers or without.
     """
@@ -173,7 +247,7 @@ def build_dataloader(
     return DataLoader(
         _DataErrorsAsSamples(dataset) if num_workers > 0 else dataset,
         batch_size=batch_size,
-        sampler=EpochShuffleSampler(dataset, seed) if shuffle else None,
+        sampler=epoch_sampler(dataset, seed, batch_size, processes, shuffle_buffer) if shuffle else None,
         num_workers=num_workers,
         drop_last=drop_last,
         pin_memory=pin_memory,

@@ -3,15 +3,21 @@ annotation file or a scanned folder, stored so forked DataLoader workers share i
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from taehv_train.common.annotation_file import read_annotation
-from taehv_train.common.video.files import clip_extensions, find_videos
+from taehv_train.common.shard_index import ShardIndex, load_index
+from taehv_train.common.shard_source import ShardReadError, expand_shards, is_shard_source, read_range
+from taehv_train.common.video.files import BadClipError, Clip, ClipBytes, clip_extensions, find_videos
+
+logger = logging.getLogger(__name__)
 
 MAX_FRAMES = int(np.iinfo(np.int32).max)  # frame counts are int32; no real clip comes near (2.3 years at 30 fps)
 
@@ -23,6 +29,10 @@ class ClipTable:
     A list of millions of dicts would be copied page by page into every forked worker as
     reference counts change; flat arrays are never written to, so workers share them.
     ``frames`` is -1 where unknown (the container's count is used at load time).
+
+    Clips in tar shards are named ``<shard URL>#<member>`` and read by byte range:
+    ``shards`` lists the shard URLs, ``shard_of`` each clip's shard and ``ranges`` its
+    member's (offset, size); clips lie in shard order, in each shard as in its tar.
     """
 
     root: str
@@ -30,6 +40,9 @@ class ClipTable:
     offsets: np.ndarray  # int64, len(table) + 1
     frames: np.ndarray  # int32
     refused: tuple[tuple[str, str], ...] = ()  # annotation entries left out: (path as written, why)
+    shards: tuple[str, ...] = ()
+    shard_of: np.ndarray | None = None  # int32 per clip, into shards
+    ranges: np.ndarray | None = None  # int64 (clips, 2): the member's offset and size in its shard
 
     @classmethod
     def from_lists(
@@ -42,6 +55,38 @@ class ClipTable:
         return cls(str(root), path_bytes, offsets, np.asarray(frames, dtype=np.int32), tuple(refused))
 
     @classmethod
+    def from_shards(cls, spec: str) -> ClipTable:
+        """The clips of the tar shards ``spec`` names (``shard_source.expand_shards``), each
+        shard's index read in parallel (object storage answers many requests at once). A
+        shard that cannot be read is left out and listed in ``refused``."""
+        urls = expand_shards(spec)
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            found = list(pool.map(_index_or_error, urls))
+        indexes = [index for index in found if isinstance(index, ShardIndex) and index.members]
+        refused = [
+            (url, f"shard {error.kind}: {error.detail}")
+            for url, error in zip(urls, found, strict=True)
+            if isinstance(error, ShardReadError)
+        ]
+        names = [f"{index.url}#{member.name}" for index in indexes for member in index.members]
+        frames = [member.frames for index in indexes for member in index.members]
+        shard_of = np.repeat(np.arange(len(indexes), dtype=np.int32), [len(index.members) for index in indexes])
+        ranges = np.asarray([(m.offset, m.size) for index in indexes for m in index.members], dtype=np.int64).reshape(
+            -1, 2
+        )
+        table = cls.from_lists("", names, frames, refused)
+        return cls(
+            table.root,
+            table.path_bytes,
+            table.offsets,
+            table.frames,
+            table.refused,
+            tuple(index.url for index in indexes),
+            shard_of,
+            ranges,
+        )
+
+    @classmethod
     def from_directory(cls, directory: str | Path, images: bool = False) -> ClipTable:
         """All videos (and with ``images`` still images) under ``directory``, frame counts
         unknown (read from the container)."""
@@ -52,7 +97,10 @@ class ClipTable:
     def from_source(cls, data_root: str | Path | None, annotation_file: str | Path | None) -> tuple[ClipTable, str]:
         """The clips a dataset reads: ``annotation_file`` (paths relative to ``data_root``),
         else the folder ``annotation_file`` or ``data_root`` scanned for videos and images;
-        and that source as messages name it. ValueError when neither is given."""
+        and that source as messages name it; either may name tar shards instead
+        (``from_shards``). ValueError when neither is given."""
+        if (shards := annotation_file or data_root) is not None and is_shard_source(str(shards)):
+            return cls.from_shards(str(shards)), f"the shards {shards}"
         if annotation_file is not None and not Path(annotation_file).is_dir():
             return cls.from_annotation(annotation_file, data_root), str(annotation_file)
         if annotation_file is not None or data_root is not None:
@@ -109,8 +157,41 @@ class ClipTable:
     def subset(self, indices: Sequence[int]) -> ClipTable:
         """The clips at ``indices``, in that order."""
         relative = [self.path_bytes[self.offsets[i] : self.offsets[i + 1]].tobytes().decode("utf-8") for i in indices]
-        return ClipTable.from_lists(self.root, relative, self.frames[np.asarray(indices, dtype=np.int64)])
+        at = np.asarray(indices, dtype=np.int64)
+        table = ClipTable.from_lists(self.root, relative, self.frames[at])
+        if self.ranges is None:
+            return table
+        return ClipTable(
+            table.root,
+            table.path_bytes,
+            table.offsets,
+            table.frames,
+            (),
+            self.shards,
+            self.shard_of[at],
+            self.ranges[at],
+        )
 
     def path(self, i: int) -> str:
         rel = self.path_bytes[self.offsets[i] : self.offsets[i + 1]].tobytes().decode("utf-8")
         return os.path.join(self.root, rel)
+
+    def clip(self, i: int) -> Clip:
+        """Clip ``i`` as its decoder opens it: the path, or the member's bytes read from its
+        shard now (a BadClipError when the shard cannot give them: counted and replaced
+        like a missing file)."""
+        if self.ranges is None:
+            return self.path(i)
+        offset, size = (int(v) for v in self.ranges[i])
+        try:
+            data = read_range(self.shards[self.shard_of[i]], offset, size)
+        except ShardReadError as err:
+            raise BadClipError(f"shard {err.kind}", err.detail) from err
+        return ClipBytes(self.path(i), data)
+
+
+def _index_or_error(url: str) -> ShardIndex | ShardReadError:
+    try:
+        return load_index(url)
+    except ShardReadError as err:
+        return err

@@ -198,7 +198,7 @@ class VideoClipDataset(EpochDataset):
         self.refused_entries = list(self.clips.refused)
         if self.refused_entries:
             logger.warning(
-                "%d annotation entries in %s are refused and left out, e.g. %s",
+                "%d entries in %s are refused and left out, e.g. %s",
                 len(self.refused_entries),
                 source,
                 self.refused_entries[0][1],
@@ -342,12 +342,12 @@ class VideoClipDataset(EpochDataset):
         """The reader for clip ``clip``: its cached frames, decoded now if the cache has room,
         else the file."""
         if not self.frame_cache_bytes or Path(path).suffix.lower() in IMAGE_EXTENSIONS:
-            return open_clip(path, seek_threshold=self.seek_threshold, threads=self.decode_threads)
+            return open_clip(self.clips.clip(clip), seek_threshold=self.seek_threshold, threads=self.decode_threads)
         if clip in self._frame_cache:
             return self._frame_cache[clip]
         if self._frame_cache_used >= self.frame_cache_bytes:
-            return open_clip(path, seek_threshold=self.seek_threshold, threads=self.decode_threads)
-        video = DecodedVideo.decode(path, self._cache_scale, self.decode_threads)
+            return open_clip(self.clips.clip(clip), seek_threshold=self.seek_threshold, threads=self.decode_threads)
+        video = DecodedVideo.decode(self.clips.clip(clip), self._cache_scale, self.decode_threads)
         if self._frame_cache_used + video.frames.nbytes <= self.frame_cache_bytes:
             self._frame_cache[clip] = video
             self._frame_cache_used += video.frames.nbytes

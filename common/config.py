@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from taehv_train.common.errors import UserError
+from taehv_train.common.shard_source import is_shard_source
 from taehv_train.models.downloads import fetch_hint
 from taehv_train.models.latent_spaces import AUTO_SPACE
 from taehv_train.models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES, auto_variant, resolve_ref_vae_class, tae_space
@@ -56,9 +57,12 @@ class TrainConfig:
     seed: int = 42
 
     # -- data ------------------------------------------------------------------------
+    # Each of the three clip sources may instead name tar shards (local or s3://, https://, ...):
+    # a glob, a brace pattern such as shards/{00000..00099}.tar, or several joined by "::" (docs/data.md)
     data_root: str = ""  # folder the annotation paths are relative to (or a folder of videos)
     annotation_file: str = ""  # users' JSON format; empty: scan data_root for videos
     val_annotation_file: str = ""  # held-out clips; empty: no validation
+    shard_shuffle_buffer: int = 1000  # clips from tar shards: the shuffle buffer's size (clip numbers, no memory)
     n_frames: int = 17  # frames per clip; see check() for the valid values
     height: int = 480  # training size (of the crops the clips are resized to)
     width: int = 720
@@ -280,13 +284,16 @@ ANNOTATION_KEYS = ("annotation_file", "val_annotation_file")
 
 def with_overrides(base: TrainConfig, overrides: list[str]) -> TrainConfig:
     """``apply_overrides``; a ``max_train_time`` given alone is the run's length
-    (``with_budget``), and a ``data_root`` given alone takes the base's annotation files
+    (``with_budget``); a ``data_root`` naming tar shards replaces the base's training
+    annotation file (the shards are the clips); and a ``data_root`` given alone takes the base's annotation files
     with it: when no annotation key is given and the base's annotation files lie under the
     base's own ``data_root``, they list the base's clips, not the new folder's, so they are
     cleared and the new folder is scanned, without a validation set (the config check's note
     says so and names make_annotations)."""
     given = given_keys(overrides)
     config = with_budget(apply_overrides(base, overrides), given)
+    if "data_root" in given and "annotation_file" not in given and is_shard_source(config.data_root):
+        config = replace(config, annotation_file="")  # the shards are the training clips
     if "data_root" not in given or given & set(ANNOTATION_KEYS):
         return config
     if not all(isinstance(v, str) and v for v in (base.data_root, config.data_root)):
@@ -411,6 +418,14 @@ def resolve_path(path: str) -> Path:
     return p if p.is_absolute() else REPO_ROOT / p
 
 
+def resolve_source(value: str) -> str:
+    """A clip source made absolute: a path as ``resolve_path``; tar shards part by part
+    ("::"), a URL as it is."""
+    if not is_shard_source(value):
+        return str(resolve_path(value))
+    return "::".join(part if "://" in part else str(resolve_path(part)) for part in value.split("::"))
+
+
 # the keys that name files or folders: load_config makes them absolute, once
 PATH_KEYS = (
     "output_dir",
@@ -423,13 +438,16 @@ PATH_KEYS = (
 )
 
 
+SOURCE_KEYS = ("data_root", "annotation_file", "val_annotation_file")  # clips: a path, or tar shards
+
+
 def resolve_paths(config: TrainConfig) -> TrainConfig:
     """Every path key made absolute (relative ones are relative to the repository root), so
     the rest of the code uses them as they are."""
     return replace(
         config,
         **{
-            key: str(resolve_path(value))
+            key: resolve_source(value) if key in SOURCE_KEYS else str(resolve_path(value))
             for key in PATH_KEYS
             if isinstance(value := getattr(config, key), str) and value
         },
@@ -496,6 +514,7 @@ RANGES: dict[str, Range] = {
     "max_failure_fraction": Range(0, 1),
     "dataloader_num_workers": Range(0, 256),
     "prefetch_factor": Range(1, 64),
+    "shard_shuffle_buffer": Range(1, COUNT),
     "prefetch_batches": Range(1, 64),  # and, with the frame caches, within RAM: training.loop.memory
     "batch_timeout": Range(0),
     "frame_cache_mb": Range(0, COUNT),  # within RAM: training.loop.memory
@@ -549,6 +568,8 @@ def missing_paths(config: TrainConfig) -> list[str]:
     VAE (``models.downloads``), or the launch script's ``--data`` for clips of one's own."""
     found, hinted = [], False
     for key in PATH_KEYS[1:]:
+        if key in SOURCE_KEYS and is_shard_source(getattr(config, key)):
+            continue  # the shards are the data check's (training.data.loading.config_errors)
         if (value := getattr(config, key)) and not (path := resolve_path(value)).exists():
             demo = path.is_relative_to(DEMO_DATA) and not hinted
             how = made_by_preset(path) or how_to_get(key, path, config, demo)

@@ -31,6 +31,8 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from taehv_train.common.video.files import Clip, openable
+
 logger = logging.getLogger(__name__)
 
 _OPENCV_READ_ATTEMPTS = int(os.environ.get("OPENCV_FFMPEG_READ_ATTEMPTS", "4096"))
@@ -352,7 +354,7 @@ def _reorder_depth(pts: Sequence[int], limit: int) -> int:
     return depth
 
 
-def count_frames_from_packets(path: str, container_count: int) -> PacketCount:
+def count_frames_from_packets(path: Clip, container_count: int) -> PacketCount:
     """The number of frames OpenCV decodes from ``path``, from its packets alone, or None
     where they do not prove it (``unproven`` says why, also logged at DEBUG).
 
@@ -378,12 +380,14 @@ def count_frames_from_packets(path: str, container_count: int) -> PacketCount:
         return PacketCount(None, f"PyAV: {err}")
 
 
-def _count_frames_from_packets(path: str, container_count: int) -> int:
+def _count_frames_from_packets(path: Clip, container_count: int) -> int:
     import av
 
     # Opening probes the streams without decoding any frame, and as few packets as it may:
     # only the packets are read here (the same ones, in the same order, as OpenCV's).
-    with av.open(path, options={"skip_frame": "all", "probesize": "32"}, metadata_errors="replace") as container:
+    with av.open(
+        openable(path), options={"skip_frame": "all", "probesize": "32"}, metadata_errors="replace"
+    ) as container:
         videos = container.streams.video
         if not videos:
             raise _Unproven("no video stream")

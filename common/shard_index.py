@@ -10,8 +10,23 @@ carry it beside them as ``<shard>.index.json`` (the sidecar), with each clip's p
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
+import posixpath
+import tarfile
 from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import fsspec
+
+from taehv_train.common.shard_source import ShardReadError, read_range, shard_stat
+from taehv_train.common.video.files import BadClipError, ClipBytes, clip_extensions
+from taehv_train.common.video.probe import probe_video
+from taehv_train.models.atomic import atomic_write
+
+logger = logging.getLogger(__name__)
 
 INDEX_SUFFIX = ".index.json"  # 00000.tar -> 00000.tar.index.json
 INDEX_FORMAT = "taehv-shard-index/1"
@@ -59,3 +74,89 @@ def index_from_text(url: str, text: str) -> ShardIndex:
         raise ValueError(f"{sidecar_url(url)} is not a shard index of format {INDEX_FORMAT!r}")
     members = tuple(ShardMember(**member) for member in data["members"])
     return ShardIndex(url, int(data["shard_bytes"]), members)
+
+
+def cache_dir() -> Path:
+    """Where indexes built from shards' tar headers are remembered on this machine:
+    ``TAEHV_SHARD_INDEX_CACHE``, else ``$XDG_CACHE_HOME/taehv_train/shard_index``."""
+    if folder := os.environ.get("TAEHV_SHARD_INDEX_CACHE"):
+        return Path(folder)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "taehv_train" / "shard_index"
+
+
+def load_index(url: str) -> ShardIndex:
+    """The index of shard ``url``: its sidecar, else the one this machine built from the
+    shard before (same size and version), else built now from its tar headers and
+    remembered. Raises ShardReadError when the shard cannot be read."""
+    sidecar = sidecar_url(url)
+    try:
+        text = read_range(sidecar, 0, shard_stat(sidecar)[0]).decode("utf-8")
+    except ShardReadError as err:
+        if err.kind != "missing":
+            raise
+    else:
+        return index_from_text(url, text)
+    shard_bytes, version = shard_stat(url)
+    remembered = cache_dir() / (hashlib.sha256(f"{url}\n{shard_bytes}\n{version}".encode()).hexdigest() + ".json")
+    if remembered.is_file():
+        return index_from_text(url, remembered.read_text(encoding="utf-8"))
+    index = build_index(url, shard_bytes)
+    remembered.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(remembered, index_text(index))
+    return index
+
+
+def build_index(url: str, shard_bytes: int) -> ShardIndex:
+    """The index of shard ``url`` from its tar headers (hopping from header to header, the
+    clips' bytes unread) and each key's JSON member; a clip whose JSON states no frame count
+    (video2dataset's, a foreign packer's) is read once and probed. A shard cut short keeps
+    the members that lie whole in it; a member that does not decode is left out (logged)."""
+    clips: dict[str, dict] = {}
+    probes: dict[str, dict] = {}
+    fs, path = fsspec.core.url_to_fs(url)
+    with fs.open(path, "rb", block_size=1 << 16) as file:
+        try:
+            with tarfile.open(fileobj=file, mode="r:") as tar:
+                for info in tar:
+                    if not info.isfile():
+                        continue
+                    key, _, extension = posixpath.basename(info.name).partition(".")
+                    key = posixpath.join(posixpath.dirname(info.name), key)
+                    if info.offset_data + info.size > shard_bytes:
+                        break
+                    if f".{extension.lower()}" in clip_extensions(images=True) and key not in clips:
+                        clips[key] = dict(key=key, name=info.name, offset=info.offset_data, size=info.size)
+                    elif extension.lower() == "json":
+                        probes[key] = _probe_fields(tar.extractfile(info).read())
+        except (tarfile.ReadError, EOFError) as err:
+            logger.warning("shard %s ends inside a member (%s): indexing the clips that lie whole in it", url, err)
+    members = []
+    for key, clip in clips.items():
+        stated = probes.get(key, {})
+        if stated.get("frames", -1) < 1:
+            try:
+                found = probe_video(ClipBytes(f"{url}#{clip['name']}", read_range(url, clip["offset"], clip["size"])))
+            except BadClipError as err:
+                logger.warning("shard %s: %s left out: %s", url, clip["name"], err)
+                continue
+            stated = stated | dict(frames=found.frames, width=found.width, height=found.height, fps=found.fps)
+        members.append(ShardMember(**(clip | stated)))
+    logger.info("indexed shard %s: %d clips", url, len(members))
+    return ShardIndex(url, shard_bytes, tuple(members))
+
+
+def _probe_fields(text: bytes) -> dict:
+    """What a clip's JSON member states of its probe: frames, width, height, fps, path
+    (the fields of the right type; others ignored)."""
+    try:
+        data = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    kinds = dict(frames=int, width=int, height=int, fps=(int, float), path=str)
+    return {
+        name: data[name]
+        for name, kind in kinds.items()
+        if isinstance(data.get(name), kind) and not isinstance(data.get(name), bool)
+    }

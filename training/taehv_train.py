@@ -331,7 +331,7 @@ def train(
         data.latents,
         faults,
         stop,
-        loader=build_train_loader(data.train, config, accelerator.device),
+        loader=build_train_loader(data.train, config, accelerator.device, accelerator.num_processes),
     )
     progress = Progress()
     tracker = BestTracker(config.best_metric, config.early_stopping_patience, config.early_stopping_min_delta)

@@ -4,8 +4,10 @@ OpenCV or PyAV report into a ``BadClipError`` with a short kind."""
 
 from __future__ import annotations
 
+import io
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
@@ -23,6 +25,38 @@ class BadClipError(Exception):
     def __init__(self, kind: str, detail: str = ""):
         super().__init__(f"{kind}: {detail}" if detail else kind)
         self.kind = kind
+
+
+@dataclass(frozen=True)
+class ClipBytes:
+    """A clip file's bytes held in memory (a member of a tar shard), read by the same
+    decoders as a file on disk: OpenCV and PyAV both read a file object, so a clip from a
+    shard decodes to the same pixels as the file it was packed from."""
+
+    name: str  # "<shard URL>#<member>", for messages; its suffix is the member's
+    data: bytes
+
+    def __str__(self) -> str:
+        return self.name
+
+
+Clip = str | ClipBytes  # a clip file's path, or its bytes
+
+
+def clip_name(clip: Clip) -> str:
+    """The name messages give ``clip``, whose suffix says its format."""
+    return str(clip)
+
+
+def openable(clip: Clip) -> str | io.BytesIO:
+    """What a decoder opens: the path, or a fresh file object over the bytes."""
+    return io.BytesIO(clip.data) if isinstance(clip, ClipBytes) else clip
+
+
+def check_openable(clip: Clip) -> None:
+    """``check_regular_file`` for a path (bytes in memory are always safe to open)."""
+    if not isinstance(clip, ClipBytes):
+        check_regular_file(clip)
 
 
 def clip_extensions(images: bool = False) -> tuple[str, ...]:
@@ -96,14 +130,14 @@ def opencv_failure(err: cv2.error) -> BadClipError:
     return BadClipError("unreadable", f"OpenCV: {getattr(err, 'err', '') or str(err).strip().splitlines()[-1]}")
 
 
-def why_not_a_video(path: str) -> BadClipError:
+def why_not_a_video(path: Clip) -> BadClipError:
     """Why OpenCV cannot open ``path`` as a video, from the streams PyAV finds in it: none is
     a video stream (an audio-only MP4), or the file is no container FFmpeg reads, or its
     video stream does not decode."""
     import av  # only for files OpenCV cannot open
 
     try:
-        with av.open(path) as container:
+        with av.open(openable(path)) as container:
             kinds = sorted({stream.type for stream in container.streams})
     except av.FFmpegError:
         return BadClipError("unreadable", "not a video, unsupported codec or truncated container")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import cv2
 import numpy as np
 
-from taehv_train.common.video.files import BadClipError, check_regular_file, opencv_failure
+from taehv_train.common.video.files import BadClipError, Clip, ClipBytes, check_openable, opencv_failure
 from taehv_train.common.video.reader import VideoReader
 from taehv_train.common.video.resize import AreaResizer
 
@@ -22,7 +22,7 @@ class DecodedVideo:
         self.frames = frames  # (T, H, W, C) BGR or BGRA uint8: every frame that decodes
 
     @classmethod
-    def decode(cls, path: str, scale_for: Callable[[int, int], float], threads: int = 1) -> DecodedVideo:
+    def decode(cls, path: Clip, scale_for: Callable[[int, int], float], threads: int = 1) -> DecodedVideo:
         """Every decodable frame of ``path``, area-resized by ``scale_for(height, width)`` of
         the first frame (at most 1); raises BadClipError as ``VideoReader`` does."""
         resize: AreaResizer | None = None
@@ -75,8 +75,8 @@ class ImageReader(DecodedVideo):
 
     fps = 0.0  # a still image has no frame rate
 
-    def __init__(self, path: str, **_: object):
-        check_regular_file(path)
+    def __init__(self, path: Clip, **_: object):
+        check_openable(path)
         frames, durations_ms = _image_frames(path)
         super().__init__(np.stack([_as_8_bit_bgr(frame) for frame in frames]))
         self.path = path
@@ -88,14 +88,21 @@ class ImageReader(DecodedVideo):
         return self.frames.shape[2], self.frames.shape[1]
 
 
-def _image_frames(path: str) -> tuple[list[np.ndarray], list[int]]:
-    """The frames of an image file as OpenCV decodes them (``IMREAD_UNCHANGED``), all of
-    an animation's, and their durations in ms (empty for a still image, read with ``imread``)."""
+def _image_frames(path: Clip) -> tuple[list[np.ndarray], list[int]]:
+    """The frames of an image file (or its bytes) as OpenCV decodes them (``IMREAD_UNCHANGED``),
+    all of an animation's, and their durations in ms (empty for a still image, read with ``imread``)."""
     try:
-        ok, animation = cv2.imreadanimation(path)
-        if ok and animation.frames:
-            return list(animation.frames), [int(d) for d in animation.durations]
-        image = cv2.imread(path, cv2.IMREAD_UNCHANGED)  # raises where imreadanimation only logged why
+        if isinstance(path, ClipBytes):
+            buffer = np.frombuffer(path.data, np.uint8)
+            ok, animation = cv2.imdecodeanimation(buffer)
+            if ok and animation.frames:
+                return list(animation.frames), [int(d) for d in animation.durations]
+            image = cv2.imdecode(buffer, cv2.IMREAD_UNCHANGED)
+        else:
+            ok, animation = cv2.imreadanimation(path)
+            if ok and animation.frames:
+                return list(animation.frames), [int(d) for d in animation.durations]
+            image = cv2.imread(path, cv2.IMREAD_UNCHANGED)  # raises where imreadanimation only logged why
     except cv2.error as err:
         raise opencv_failure(err) from err
     if image is None:

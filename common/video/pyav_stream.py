@@ -4,6 +4,7 @@ PyAV's wheels carry libdav1d. Imported only when such a file turns up (``VideoRe
 
 from __future__ import annotations
 
+import io
 import logging
 
 import av
@@ -22,8 +23,9 @@ class PyAVStream:
     (decode and convert to BGR) and ``release``. It does not seek. A decoding error ends
     the stream, as it ends OpenCV's ``grab``: the frames before it are what decodes."""
 
-    def __init__(self, path: str, threads: int = 1):
-        """Raises PyAVOpenError when PyAV cannot open ``path`` or finds no video stream in it."""
+    def __init__(self, path: str | io.BytesIO, threads: int = 1):
+        """Raises PyAVOpenError when PyAV cannot open ``path`` (a file name or a file object)
+        or finds no video stream in it."""
         self.path = path
         try:
             self._container = av.open(path)

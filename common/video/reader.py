@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 import cv2
 import numpy as np
 
-from taehv_train.common.video.files import BadClipError, check_regular_file, opencv_failure, why_not_a_video
+from taehv_train.common.video.files import (
+    BadClipError,
+    Clip,
+    check_openable,
+    openable,
+    opencv_failure,
+    why_not_a_video,
+)
 
 if TYPE_CHECKING:
     from taehv_train.common.video.pyav_stream import PyAVStream
@@ -47,7 +54,7 @@ class VideoReader:
     libdav1d), read forward without seeking; the size, frame rate and count are OpenCV's.
     """
 
-    def __init__(self, path: str, *, seek_threshold: int = 32, threads: int = 1):
+    def __init__(self, path: Clip, *, seek_threshold: int = 32, threads: int = 1):
         self.path = path
         self.seek_threshold = seek_threshold
         self.threads = threads
@@ -64,7 +71,7 @@ class VideoReader:
         self.size = int(self._cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(self._cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
 
     def _open(self) -> cv2.VideoCapture | PyAVStream:
-        check_regular_file(self.path)
+        check_openable(self.path)
         if self._pyav:
             from taehv_train.common.video.pyav_stream import (  # PyAV only for the files that need it
                 PyAVOpenError,
@@ -72,11 +79,13 @@ class VideoReader:
             )
 
             try:
-                return PyAVStream(self.path, self.threads)
+                return PyAVStream(openable(self.path), self.threads)
             except PyAVOpenError as err:
                 raise BadClipError("unreadable", str(err)) from err
         try:
-            cap = cv2.VideoCapture(self.path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, self.threads])
+            # the capture reads a file object through Python without holding it: keep it here
+            self._source = openable(self.path)
+            cap = cv2.VideoCapture(self._source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, self.threads])
         except cv2.error as err:
             raise opencv_failure(err) from err
         if not cap.isOpened() or min(cap.get(cv2.CAP_PROP_FRAME_WIDTH), cap.get(cv2.CAP_PROP_FRAME_HEIGHT)) <= 0:

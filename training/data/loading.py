@@ -34,9 +34,10 @@ from taehv_train.common.clips import (
     valid_crop_scale,
     valid_short_clip_policy,
 )
-from taehv_train.common.config import TrainConfig, spec_of
+from taehv_train.common.config import SOURCE_KEYS, TrainConfig, spec_of
 from taehv_train.common.metrics import lpips_unavailable_reason
 from taehv_train.common.reference_vae import ReferenceVAE
+from taehv_train.common.shard_source import is_shard_source, source_errors
 from taehv_train.common.video.files import clip_extensions, holds_clips
 from taehv_train.models.variants import VariantSpec
 from taehv_train.training.data.latent_cache import CachedLatentDataset
@@ -70,6 +71,9 @@ def config_errors(config: TrainConfig, spec: VariantSpec) -> list[str]:
         found.append("short_clip_policy must be 'lower_stride' or 'skip'")
     if not (config.data_root or config.annotation_file):
         found.append("set data_root (a folder of videos) or annotation_file")
+    for key in SOURCE_KEYS:
+        if (value := getattr(config, key)) and is_shard_source(value):
+            found += [f"{key}: {error}" for error in source_errors(value)]
     scanned = config.data_root if not config.annotation_file else config.annotation_file
     if scanned and Path(scanned).is_dir() and not holds_clips(scanned):  # found now, before any run folder exists
         found.append(
@@ -111,7 +115,7 @@ def annotation_errors(config: TrainConfig) -> list[str]:
     need = frames_needed(config.n_frames, config.stride_min, config.short_clip_policy)
     found = []
     for file in files:
-        if not file or not Path(file).is_file():
+        if not file or is_shard_source(file) or not Path(file).is_file():
             continue
         try:
             clips = ClipTable.from_annotation(file, config.data_root or None)
@@ -222,8 +226,9 @@ def check_full_batches(dataset: Dataset, batch_size: int, processes: int) -> Non
     )
 
 
-def build_train_loader(dataset: Dataset, config: TrainConfig, device: torch.device) -> DataLoader:
-    """The shuffled, epoch-seeded training loader (pinned batches on CUDA)."""
+def build_train_loader(dataset: Dataset, config: TrainConfig, device: torch.device, processes: int) -> DataLoader:
+    """The shuffled, epoch-seeded training loader (pinned batches on CUDA) for one of
+    ``processes`` training processes."""
     return build_dataloader(
         dataset,
         config.train_batch_size,
@@ -234,6 +239,8 @@ def build_train_loader(dataset: Dataset, config: TrainConfig, device: torch.devi
         prefetch_factor=config.prefetch_factor,
         persistent_workers=config.persistent_workers,
         pin_memory=device.type == "cuda",
+        processes=processes,
+        shuffle_buffer=config.shard_shuffle_buffer,
     )
 
 
