@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from taehv_train.common.clips import VideoClipDataset, VideoDataError
+from taehv_train.common.shard_source import is_shard_source, source_errors
 from taehv_train.common.config import COUNT, DTYPES, RANGES, Range, TrainConfig, load_config
 from taehv_train.common.devices import checked_device, default_device
 from taehv_train.common.errors import USER_ERRORS, UserError, exit_on_user_error
@@ -272,7 +273,10 @@ def build_dataset(
         if not config.val_annotation_file:
             logger.warning("the config has no validation set: evaluating its training clips (give --videos for others)")
     for name, path in (("annotation file", annotation), ("data root", data_root)):
-        if path is not None and not Path(path).exists():
+        if path is not None and is_shard_source(str(path)):
+            if errors := source_errors(str(path)):
+                raise UserError(f"{name}: {errors[0]}")
+        elif path is not None and not Path(path).exists():
             raise UserError(f"{name} {path} not found")
     try:
         stride = default_stride(args, config)

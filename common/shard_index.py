@@ -123,7 +123,7 @@ def build_index(url: str, shard_bytes: int) -> ShardIndex:
                     key, _, extension = posixpath.basename(info.name).partition(".")
                     key = posixpath.join(posixpath.dirname(info.name), key)
                     if info.offset_data + info.size > shard_bytes:
-                        break
+                        raise tarfile.ReadError(f"{info.name} runs past the shard's {shard_bytes} bytes")
                     if f".{extension.lower()}" in clip_extensions(images=True) and key not in clips:
                         clips[key] = dict(key=key, name=info.name, offset=info.offset_data, size=info.size)
                     elif extension.lower() == "json":
