@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from taehv_train.common.clips import VideoClipDataset, VideoDataError
-from taehv_train.common.shard_source import is_shard_source, source_errors
 from taehv_train.common.config import COUNT, DTYPES, RANGES, Range, TrainConfig, load_config
 from taehv_train.common.devices import checked_device, default_device
 from taehv_train.common.errors import USER_ERRORS, UserError, exit_on_user_error
@@ -31,6 +30,7 @@ from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.metrics import lpips_unavailable_reason
 from taehv_train.common.reference_vae import ReferenceVAE
 from taehv_train.common.run_files import WEIGHT_CHOICES, RunWeights, run_folder_of, run_weights
+from taehv_train.common.shard_source import is_shard_source, source_errors
 from taehv_train.common.video.files import clip_extensions, find_videos
 from taehv_train.evaluation.evaluator import EvaluationOptions, Evaluator, mean_text, out_of_memory_hint, summarise
 from taehv_train.evaluation.frame_size import FrameSize, describe
