@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import runpy
+import sys
 import tarfile
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +18,7 @@ import torch
 from accelerate.data_loader import BatchSamplerShard, SkipBatchSampler
 from torch.utils.data import BatchSampler
 
+from conftest import REPO_ROOT
 from taehv_train.common.annotation_file import read_annotation
 from taehv_train.common.clip_loader import ShardOrderSampler, buffer_shuffle
 from taehv_train.common.clip_table import ClipTable
@@ -23,7 +26,12 @@ from taehv_train.common.clips import VideoClipDataset
 from taehv_train.common.shard_index import cache_dir, index_text, load_index, sidecar_url
 from taehv_train.common.video.files import BadClipError
 from taehv_train.common.video.probe import probe_video
+from taehv_train.models.taehv import TAEHV
+from taehv_train.models.weights import save_weights
+from taehv_train.training.own_data import shard_overrides
 from train_runs import ONE_PROCESS, train
+
+INFERENCE = str(REPO_ROOT / "inference.py")
 
 
 def pack(shard: Path, files: list[Path], json_of=lambda path: {}) -> Path:
@@ -224,3 +232,37 @@ def test_a_run_from_shards_validates_as_the_same_run_from_files(tmp_path, demo_c
         (run,) = (tmp_path / name).iterdir()
         histories.append(json.loads((run / "validation_history.json").read_text()))
     assert histories[0] == histories[1] and len(histories[0]) == 2
+
+
+def test_inference_scores_clips_from_a_shard_as_the_same_clips_from_files(tmp_path, clip_files, monkeypatch):
+    torch.manual_seed(0)
+    weights = save_weights(TAEHV(variant="taecvx"), tmp_path / "final_model.safetensors")
+    sources = {"shard": pack(tmp_path / "v.tar", clip_files[:2])}
+    sources["files"] = annotation_of(tmp_path / "v.json", clip_files[:2])
+    scores = {}
+    for name, source in sources.items():
+        out = tmp_path / name
+        args = ["--model_path", str(weights), "--annotation_file", str(source), "--n_frames", "5", "--height", "32"]
+        monkeypatch.setattr(sys, "argv", [INFERENCE, *args, "--width", "32", "--output_dir", str(out)])
+        runpy.run_path(INFERENCE, run_name="__main__")  # the script in this process (its imports are done)
+        metrics = json.loads((out / "metrics.json").read_text())
+        scores[name] = [{k: v for k, v in s["taehv"].items() if not k.endswith("_s")} for s in metrics["samples"]]
+        if name == "shard":
+            assert [s["source"] for s in metrics["samples"]] == [f"{source}#v{i:04d}.mp4" for i in range(2)]
+    assert scores["shard"] == scores["files"]
+
+
+def test_data_naming_packed_shards_trains_on_them_as_they_are(tmp_path, clip_files, capsys):
+    out = tmp_path / "packed"
+    (out / "train").mkdir(parents=True)
+    pack(out / "train" / "00000.tar", clip_files[:2])
+    assert shard_overrides(str(out)) == [
+        f"--data_root={out}/train/*.tar",
+        "--annotation_file=",
+        "--val_annotation_file=",
+    ]
+    assert "no val/ shards: training without validation" in capsys.readouterr().out
+    (out / "val").mkdir()
+    pack(out / "val" / "00000.tar", clip_files[2:3])
+    assert shard_overrides(str(out))[2] == f"--val_annotation_file={out}/val/*.tar"
+    assert shard_overrides(str(clip_files[0].parent)) is None  # a folder of videos: annotated

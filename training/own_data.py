@@ -7,7 +7,8 @@ make_annotations' rule (about ``--val_fraction`` 0.1 of the clips held out, whol
 groups together; clip by clip when no group fits that share: one source, or a few large
 ones such as two camera folders), and writes the overrides that
 train on them, one per line, for the launch script. With one clip it trains without a
-validation set and says so.
+validation set and says so. A DIR (or URL) holding the shards ``make_annotations
+--to_shards`` packs (``train/*.tar``, ``val/*.tar``) is trained on as it is: nothing to annotate.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import hashlib
 from pathlib import Path
 
 from taehv_train.common.annotation_file import read_annotation
-from taehv_train.common.config import load_config
+from taehv_train.common.config import load_config, resolve_source
 from taehv_train.common.errors import UserError
 from taehv_train.common.flags import ArgumentParser
+from taehv_train.common.shard_source import is_shard_source, source_errors
 from taehv_train.common.video.files import clip_extensions, holds_clips
 from taehv_train.models.atomic import atomic_write
 from taehv_train.training import make_annotations
@@ -30,6 +32,26 @@ def annotation_file(output_dir: str | Path, folder: Path) -> Path:
     absolute path), so that a re-run finds its probe records and runs share one split."""
     digest = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:8]
     return Path(output_dir) / "annotations" / f"{folder.resolve().name}-{digest}" / "annotations.json"
+
+
+def shard_overrides(place: str) -> list[str] | None:
+    """The overrides that train on the shards ``make_annotations --to_shards`` wrote to
+    ``place`` (a folder or a URL prefix: ``train/*.tar`` and ``val/*.tar`` under it), or that
+    ``place`` names itself (a glob, a brace pattern: no validation set); None when ``place``
+    holds no shards (a folder of videos)."""
+    if is_shard_source(place):
+        print(f"note: --data {place} names shards alone: training without validation")
+        return [f"--data_root={resolve_source(place)}", "--annotation_file=", "--val_annotation_file="]
+    base = place.rstrip("/") if "://" in place else str(Path(place).resolve())
+    train, val = f"{base}/train/*.tar", f"{base}/val/*.tar"
+    if "://" not in place and not any(Path(base, "train").glob("*.tar")):
+        return None
+    if errors := source_errors(train):
+        raise UserError(f"--data {place}: {errors[0]}")
+    if source_errors(val):
+        print(f"note: --data {place} has no val/ shards: training without validation")
+        val = ""
+    return [f"--data_root={train}", "--annotation_file=", f"--val_annotation_file={val}"]
 
 
 def annotate(folder: Path, output_dir: str | Path) -> list[str]:
@@ -89,12 +111,15 @@ def clip_counts(paths: dict[str, Path]) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description="Annotate a folder of clips for the launch script's --data.")
-    parser.add_argument("folder", type=Path)
+    parser.add_argument("folder", help="a folder of videos, or shards: a folder or URL with train/ and val/ shards")
     parser.add_argument("--config", required=True, help="the run's config file (for output_dir)")
     parser.add_argument("--overrides_file", type=Path, required=True, help="where the training overrides go")
     args, overrides = parser.parse_known_args(argv)
     config = load_config(args.config, [o for o in overrides if o.startswith("--output_dir=")])
-    atomic_write(args.overrides_file, "\n".join(annotate(args.folder, config.output_dir)) + "\n")
+    data = shard_overrides(args.folder)
+    if data is None:
+        data = annotate(Path(args.folder), config.output_dir)
+    atomic_write(args.overrides_file, "\n".join(data) + "\n")
 
 
 if __name__ == "__main__":
