@@ -58,6 +58,7 @@ class ShardReadError(Exception):
     def __init__(self, kind: str, detail: str):
         if kind not in FAULT_KINDS:
             raise ValueError(f"unknown shard fault kind {kind!r}")
+        detail = " ".join(detail.split())  # one line, whatever a client library's message held
         super().__init__(detail)
         self.kind, self.detail = kind, detail
 
