@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
+from s3_server import CLEARED_VARIABLES, FaultProxy, MotoServer, S3Bucket, client_environment
 
 from bench.harness import shared_dir  # the one rule for ../shared, shared with the benchmarks
 
@@ -253,3 +255,47 @@ def tool_exit(capsys, main, *args: str) -> tuple[int, str, list[str]]:
         status = stop.code or 0
     out, err = capsys.readouterr()
     return status, out, err.splitlines()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """moto's S3 server on loopback, one for the session (tests/s3_server.py)."""
+    server = MotoServer(tmp_path_factory.mktemp("s3-server"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server, monkeypatch, tmp_path):
+    """A fresh bucket per test, with the client environment set for the test and the
+    processes it starts: the server's endpoint, fake keys, no ~/.aws."""
+    for name in CLEARED_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    environment = client_environment(s3_server.endpoint, tmp_path)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    return S3Bucket(s3_server, f"bucket-{uuid.uuid4().hex[:12]}", environment)
+
+
+@pytest.fixture(scope="session")
+def s3_auth_server(tmp_path_factory):
+    """A second moto server that authenticates every request: made-up keys get its 403."""
+    server = MotoServer(tmp_path_factory.mktemp("s3-auth-server"), auth=True)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_proxy(s3_server):
+    """The fault-injecting proxy in front of the session's server (tests/s3_server.py)."""
+    return FaultProxy(s3_server.port)
+
+
+@pytest.fixture
+def s3_through_proxy(s3_bucket, s3_proxy, monkeypatch):
+    """The test's bucket reached through the proxy, which passes everything until told."""
+    s3_proxy.drop_responses(0, 0)
+    s3_proxy.go_up()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_proxy.endpoint)
+    yield s3_proxy
+    s3_proxy.go_down()
