@@ -72,6 +72,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import shlex
 import sys
@@ -84,12 +85,14 @@ from tqdm import tqdm
 
 from taehv_train.common.errors import UserError, counts_in_words, exit_on_user_error
 from taehv_train.common.flags import ArgumentParser
+from taehv_train.common.shard_writer import ShardFolder, pack, parse_size, part_prefix
 from taehv_train.common.video.files import IMAGE_EXTENSIONS, find_videos
 from taehv_train.models.atomic import atomic_write, atomic_write_all
 from taehv_train.training.data.annotation_split import (
     DEFAULT_GROUP_REGEX,
     Split,
     count,
+    group_key,
     held_out,
     kept_sides,
     recorded_split,
@@ -276,17 +279,20 @@ def previous_records(records_file: Path, root: Path, force: bool) -> ProbeRecord
     return None
 
 
-def files_to_annotate(root: Path, images: bool, shard: tuple[int, int] | None) -> tuple[list[str], bool]:
-    """The files under ``root`` this run annotates (of ``shard`` only, if given), and
-    whether still images are among them: a folder with images and no videos gets its
-    images without ``--images`` (a note says so)."""
+def files_to_annotate(
+    root: Path, images: bool, shard: tuple[int, int] | None, group: re.Pattern[str] | None = None
+) -> tuple[list[str], bool]:
+    """The files under ``root`` this run annotates (of ``shard`` only, if given: by the
+    hash of their path, or of their source ``group`` when given, so that a group stays on
+    one machine), and whether still images are among them: a folder with images and no
+    videos gets its images without ``--images`` (a note says so)."""
     rel_paths = find_videos(root, images)
     if not rel_paths and not images and (rel_paths := find_videos(root, images=True)):
         images = True
         print(f"note: no videos under {root}: annotating its {len(rel_paths)} still images (one frame each)")
     if shard is not None:
         found = len(rel_paths)
-        rel_paths = [rel for rel in rel_paths if shard_of(rel, shard[1]) == shard[0]]
+        rel_paths = [rel for rel in rel_paths if shard_of(group_key(rel, group), shard[1]) == shard[0]]
         what = "videos and images" if images else "videos"
         print(f"shard {shard[0]}/{shard[1]}: {len(rel_paths)} of the {found} {what} under {root}")
     return rel_paths, images
@@ -321,12 +327,15 @@ def annotate(
     resplit: bool = False,
     shard: tuple[int, int] | None = None,
     merge: bool = False,
+    part: tuple[int, int] | None = None,
 ) -> Annotated | None:
     """Probe the files under ``directory`` and write the train, val and skipped files next to
     ``output``: with ``shard`` only its part's records (and None is returned); with
     ``merge`` from the parts' records, probing only the files that are new or changed since
     their shard ran, as a plain run does (the records of all go to the plain run's records
-    file). Each refusal, a UserError, comes before anything is probed or written."""
+    file); with ``part`` (K, N) as a plain run on the files of part K of N, chosen by their
+    source group so that the part's split keeps groups whole (``--to_shards`` with
+    ``--shard``). Each refusal, a UserError, comes before anything is probed or written."""
     if output.is_dir():
         raise UserError(f"-o {output} is a folder: name a file, e.g. {output / 'annotations.json'}")
     paths = output_paths(output.absolute())
@@ -342,7 +351,8 @@ def annotate(
     if shard is None:
         known, split_note = kept_sides(recorded_split(paths) if ours and not resplit else None, split, resplit)
 
-    rel_paths, images = files_to_annotate(root, parts[0].header["images"] if parts else images, shard)
+    images = parts[0].header["images"] if parts else images
+    rel_paths, images = files_to_annotate(root, images, shard or part, split.pattern if part else None)
     what = "videos and images" if images else "videos"
     if parts:
         print(f"merged {len(parts)} probe parts: {sum(len(p.records) for p in parts)} {what}")
@@ -401,6 +411,89 @@ def train_command(annotated: Annotated) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Packing:
+    """Where ``--to_shards`` packs, checked before anything is probed."""
+
+    out: str  # a URL, or a local folder made absolute
+    shard_size: int
+    part: tuple[int, int] | None  # --shard K/N
+    output: Path  # -o, the annotation and probe files
+
+
+def packing_plan(out: str, shard_size: str, output: Path | None, part: tuple[int, int] | None, merge: bool) -> Packing:
+    """The settings of ``--to_shards``; a UserError when they cannot work (a malformed
+    size, an OUT that cannot be written or whose storage has no fsspec filesystem here)."""
+    if merge:
+        raise UserError("--to_shards packs each --shard part on its own: there is nothing to --merge")
+    size = parse_size(shard_size)
+    try:
+        folder = ShardFolder(out)
+    except (ImportError, ValueError) as err:  # no s3fs for s3://, an unknown protocol
+        raise UserError(f"--to_shards {out}: {err}") from None
+    if folder.local:
+        out = str(Path(folder.path).absolute())
+        try:
+            Path(out).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"--to_shards {out}: cannot write there: {err.strerror or err}") from None
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise UserError(f"--to_shards {out}: cannot write there: permission denied")
+    elif output is None:
+        raise UserError(f"--to_shards {out}: name a local -o for the annotation and probe files")
+    name = f"annotations_{part_prefix(part)[:-1]}.json" if part else "annotations.json"
+    return Packing(out, size, part, output if output is not None else Path(out) / name)
+
+
+def shard_train_command(out: str, validation: bool) -> str:
+    """The launch command that trains the from-scratch preset on the shards under ``out``."""
+    return shlex.join(
+        [
+            str(LAUNCH_SCRIPT),
+            "1",
+            "scratch",
+            f"--data_root={out}/train/*.tar",
+            "--annotation_file=",
+            f"--val_annotation_file={f'{out}/val/*.tar' if validation else ''}",
+        ]
+    )
+
+
+def pack_and_report(annotated: Annotated, packing: Packing, argv: list[str], train_line: bool) -> int:
+    """Pack the annotated clips into shards under ``packing.out``, report both, and with
+    ``train_line`` print the command that trains on the shards; the exit status (``report``'s)."""
+    try:
+        packed = pack(
+            annotated.root,
+            {"train": annotated.train, "val": annotated.val},
+            packing.out,
+            packing.shard_size,
+            packing.part,
+        )
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted: the finished shards under {packing.out} are kept (a shard without its sidecar is "
+            "not); the same command continues",
+            file=sys.stderr,
+        )
+        raise
+    except OSError as err:  # no space, no permission, a bucket that does not exist, a clip gone since its probe
+        raise UserError(
+            f"cannot pack into {packing.out}: {err.strerror or err}; the finished shards there are kept and the "
+            "same command continues"
+        ) from None
+    status = report(annotated, argv, train_line=False)
+    for side, done in packed.items():
+        print(
+            f"{side}: packed {count(done.new_clips, 'clip')} into {count(len(done.new_shards), 'new shard')}; "
+            f"{done.url} holds {count(done.clips, 'clip')} in {count(done.shards, 'shard')}"
+        )
+    if status == 0 and train_line:
+        when = f"once all {packing.part[1]} parts are packed, " if packing.part else ""
+        print(f"{when}train on them: {shard_train_command(packing.out, bool(packed['val'].clips))}")
+    return status
+
+
 def main(argv: Sequence[str] | None = None, *, train_line: bool = True) -> int:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", type=Path, help="folder scanned recursively for videos")
@@ -408,8 +501,19 @@ def main(argv: Sequence[str] | None = None, *, train_line: bool = True) -> int:
         "-o",
         "--output",
         type=Path,
-        required=True,
-        help="names the files: -o X.json writes X_train.json, X_val.json, X_skipped.json and X_probes.jsonl",
+        help="names the files: -o X.json writes X_train.json, X_val.json, X_skipped.json and X_probes.jsonl "
+        "(with a local --to_shards OUT: OUT/annotations.json by default)",
+    )
+    parser.add_argument(
+        "--to_shards",
+        metavar="OUT",
+        help="also pack the kept clips into tar shards (WebDataset layout) under OUT/train and OUT/val: "
+        "a folder or an fsspec URL such as s3://bucket/prefix",
+    )
+    parser.add_argument(
+        "--shard_size",
+        default="1GB",
+        help="with --to_shards, the most bytes per shard: 1GB, 500MB, 1GiB or bytes (default: %(default)s)",
     )
     parser.add_argument("--val_fraction", type=float, default=0.1, help="share of clips for validation")
     parser.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
@@ -451,7 +555,8 @@ def main(argv: Sequence[str] | None = None, *, train_line: bool = True) -> int:
     sharding.add_argument(
         "--shard",
         metavar="K/N",
-        help="probe only part K of N (by a hash of the path) and write only its records, for --merge",
+        help="probe only part K of N (by a hash of the path) and write only its records, for --merge; "
+        "with --to_shards, annotate and pack part K of N (by a hash of the source group), no merge",
     )
     sharding.add_argument(
         "--merge", action="store_true", help="write the annotation files from the N parts of --shard runs (no probing)"
@@ -468,19 +573,26 @@ def main(argv: Sequence[str] | None = None, *, train_line: bool = True) -> int:
     except re.error as err:
         parser.error(f"--group_regex {args.group_regex!r} is not a regular expression: {err}")
     shard = parse_shard(args.shard) if args.shard is not None else None
+    packing = packing_plan(args.to_shards, args.shard_size, args.output, shard, args.merge) if args.to_shards else None
+    if packing is None and args.output is None:
+        parser.error("the following arguments are required: -o/--output (or --to_shards OUT)")
+    split = Split(args.val_fraction, args.seed, args.group_regex)
     annotated = annotate(
         args.directory,
-        args.output,
-        Split(args.val_fraction, args.seed, args.group_regex),
+        packing.output if packing else args.output,
+        split,
         min_frames=args.min_frames,
         workers=args.workers,
         probe_timeout=args.probe_timeout,
         images=args.images,
         force=args.force,
         resplit=args.resplit,
-        shard=shard,
+        shard=None if packing else shard,
         merge=args.merge,
+        part=shard if packing else None,
     )
+    if packing is not None:
+        return pack_and_report(annotated, packing, argv, train_line)
     if annotated is None:
         print(
             f"part {shard[0]} of {shard[1]} done: once all {shard[1]} are, "
