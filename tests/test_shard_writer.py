@@ -4,14 +4,19 @@ apart, incremental, many machines without collisions, every refusal one line."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import fsspec
 import pytest
 import webdataset
+from test_make_annotations import documented_command
 
-from conftest import tool_exit
+from conftest import REPO_ROOT, tool_exit
 from taehv_train.common import shard_writer
 from taehv_train.common.shard_index import index_from_text, sidecar_url
 from taehv_train.common.shard_writer import clip_key, parse_size
@@ -227,3 +232,43 @@ def test_shard_sizes_in_decimal_and_binary_units():
         1500,
         2 * 2**20,
     ]
+
+
+@pytest.mark.slow  # processes of the tool, as the docs run it
+def test_the_documented_packing_commands_run_from_any_folder(folder, tmp_path):
+    """docs/data.md's local packing command and its Slurm array job of parts (its bucket a
+    local folder here), run from a folder that is not the repository."""
+    for i, clip in enumerate(sorted(folder.iterdir())):  # eight sources of one clip each
+        clip.rename(folder / f"{'abcdefgh'[i]}_0.mp4")
+    shards, parts = tmp_path / "shards", tmp_path / "parts"
+
+    def run(command: str, **env: str) -> subprocess.CompletedProcess:
+        for doc, here in (
+            ("/path/to/taehv-train", REPO_ROOT),
+            ("/data/videos", folder),
+            ("/data/shards", shards),
+            ("s3://bucket/clips", parts),
+            ("/data/annotations.json", tmp_path / "annotations.json"),
+        ):
+            command = command.replace(doc, str(here))
+        command = re.sub(r"^python ", f"{sys.executable} ", command)  # the docs' python: the project's
+        return subprocess.run(
+            ["bash", "-c", command],
+            cwd=tmp_path,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    local = run(documented_command(r"^(python -m taehv_train\.training\.make_annotations \S+ --to_shards [^\n]*)$"))
+    assert local.returncode == 0, local.stderr
+    assert f"'--data_root={shards}/train/*.tar'" in local.stdout and (shards / "annotations_train.json").exists()
+
+    script = documented_command(r"```bash\n(#!/bin/bash\n#SBATCH --job-name=pack\n.*?)```")
+    for task in (1, 2):
+        job = run(script, SLURM_ARRAY_TASK_ID=str(task), SLURM_ARRAY_TASK_COUNT="2", SLURM_CPUS_PER_TASK="1")
+        assert job.returncode == 1, job.stderr  # 5 and 3 sources: --val_fraction 0.1 holds none out; packed anyway
+        assert "the validation file is empty" in job.stderr and f"shard {task}/2: " in job.stdout
+        assert (tmp_path / f"annotations_part-{task}-of-2_probes.jsonl").exists()
+    assert packed_paths(parts) == packed_paths(shards) == sorted(p.name for p in folder.iterdir())

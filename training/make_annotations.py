@@ -1,6 +1,7 @@
 """Write train/val annotation files for a folder of videos (or of still images).
 
     python -m taehv_train.training.make_annotations DIR -o annotations.json [--val_fraction 0.1]
+    python -m taehv_train.training.make_annotations DIR --to_shards OUT [--shard_size 1GB]
 
 writes annotations_train.json, annotations_val.json and annotations_skipped.json (and the
 probe records annotations_probes.jsonl) next to ``-o``, says so with the clip counts, and
@@ -41,6 +42,18 @@ are new or changed since their shard ran (not those that timed out: their shard 
 them), writes ``<out>_probes.jsonl`` and the same train/val/skipped files, byte for byte,
 as one machine would on the folder as it is.
 
+Shards: ``--to_shards OUT`` also packs the kept clips into tar shards in the WebDataset
+layout (per clip its file as it is and its probe as JSON) under ``OUT/train/`` and
+``OUT/val/`` by the split below, at most ``--shard_size`` bytes each (``1GB``, ``500MB``,
+``1GiB`` or bytes), each beside its index ``<shard>.index.json``, written once the shard is
+complete (``common.shard_writer``); ``OUT`` is a folder or an fsspec URL (``s3://...``).
+``-o`` defaults to ``OUT/annotations.json`` (a URL ``OUT`` needs a local ``-o``). A re-run
+packs only the clips in no finished shard, into new shards, and packs again those of an
+unfinished one (no index). With ``--shard K/N`` a machine annotates and packs the files of
+its part, chosen by their source group, on its own (no ``--merge``), as
+``part-K-of-N-00000.tar``, ... and ``-o``'s name with ``_part-K-of-N``. It ends with the
+command that trains on ``OUT/train/*.tar`` and ``OUT/val/*.tar``.
+
 Run it from the repository root (``python -m`` finds the ``training`` package there), or
 from anywhere with the repository on ``PYTHONPATH``.
 
@@ -61,7 +74,8 @@ part; 1 when they were written but are not (no usable clip, or one side of the s
 empty; the output says why and what to run); 2 for a user's mistake, found before anything
 is probed (a flag out of range, DIR not a folder, existing output files without ``--force``,
 a split with other settings than the files record without ``--resplit``, a malformed
-``--shard``, missing or mismatched parts for ``--merge``) or when writing fails
+``--shard``, missing or mismatched parts for ``--merge``, a malformed ``--shard_size``, an
+``OUT`` that cannot be written) or when writing fails
 (no space, no permission; the train, val and skipped files are replaced together or not
 at all, so the former ones stay whole): ``error: ...`` on stderr; 130 when stopped by Ctrl+C (the
 records so far are kept).
@@ -441,8 +455,10 @@ def packing_plan(out: str, shard_size: str, output: Path | None, part: tuple[int
             raise UserError(f"--to_shards {out}: cannot write there: permission denied")
     elif output is None:
         raise UserError(f"--to_shards {out}: name a local -o for the annotation and probe files")
-    name = f"annotations_{part_prefix(part)[:-1]}.json" if part else "annotations.json"
-    return Packing(out, size, part, output if output is not None else Path(out) / name)
+    output = output if output is not None else Path(out) / "annotations.json"
+    if part is not None:  # each part's own files, beside the others'
+        output = output.with_name(f"{output.stem}_{part_prefix(part)[:-1]}{output.suffix}")
+    return Packing(out, size, part, output)
 
 
 def shard_train_command(out: str, validation: bool) -> str:
