@@ -32,6 +32,7 @@ from typing import IO, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+from tqdm import tqdm
 
 from taehv_train.common.errors import UserError
 from taehv_train.common.shard_index import INDEX_SUFFIX, ShardIndex, ShardMember, index_from_text, index_text
@@ -213,6 +214,7 @@ class Packed:
     """What ``pack`` found and wrote in one side's folder."""
 
     url: str
+    removed: list[str]  # names of the unfinished shards removed
     new_shards: list[str]  # names
     new_clips: int
     shards: int  # finished shards in the folder, of every part
@@ -229,36 +231,30 @@ def pack(
     unfinished shards are removed first."""
     prefix = part_prefix(part)
     folders = {side: ShardFolder(f"{out.rstrip('/')}/{side}") for side in sides}
-    for folder in folders.values():
-        for name in folder.remove_unfinished(prefix):
-            logger.info("removed the unfinished shard %s (no sidecar): its clips are packed again", name)
+    removed = {side: folder.remove_unfinished(prefix) for side, folder in folders.items()}
     finished = {side: folder.finished() for side, folder in folders.items()}
     packed = {member.path for indexes in finished.values() for index in indexes for member in index.members}
-    return {
-        side: _pack_side(
-            root, [e for e in entries if e["path"] not in packed], folders[side], finished[side], shard_size, prefix
-        )
-        for side, entries in sides.items()
-    }
+    result = {}
+    for side, entries in sides.items():
+        todo = [clip_of(root, entry) for entry in entries if entry["path"] not in packed]
+        numbers = [n for index in finished[side] if (n := shard_number(Path(index.url).name, prefix)) is not None]
+        written = _write_shards(folders[side], todo, shard_size, prefix, max(numbers, default=-1) + 1)
+        before = sum(len(index.members) for index in finished[side])
+        shards = len(finished[side]) + len(written)
+        result[side] = Packed(folders[side].url, removed[side], written, len(todo), shards, before + len(todo))
+    return result
 
 
-def _pack_side(
-    root: Path,
-    entries: Sequence[dict],
-    folder: ShardFolder,
-    finished: Sequence[ShardIndex],
-    shard_size: int,
-    prefix: str,
-) -> Packed:
-    numbers = [n for index in finished if (n := shard_number(Path(index.url).name, prefix)) is not None]
-    todo = [clip_of(root, entry) for entry in entries]
+def _write_shards(folder: ShardFolder, clips: Sequence[Clip], shard_size: int, prefix: str, first: int) -> list[str]:
+    """Write ``clips`` into shards numbered from ``first``, each followed by its sidecar; their names."""
     written = []
-    for number, clips in enumerate(batches(todo, shard_size), start=max(numbers, default=-1) + 1):
-        name = f"{prefix}{number:05d}.tar"
-        index = folder.write(name, lambda f, clips=clips: write_tar(f, clips))
-        sidecar = index_text(index).encode()
-        folder.write(name + INDEX_SUFFIX, lambda f, data=sidecar: f.write(data))
-        written.append(name)
-        logger.info("packed %d clips into %s", len(clips), folder.shard_url(name))
-    clips_before = sum(len(index.members) for index in finished)
-    return Packed(folder.url, written, len(todo), len(finished) + len(written), clips_before + len(todo))
+    with tqdm(total=len(clips), desc=f"packing {Path(folder.url).name}", unit="clip", disable=not clips) as bar:
+        for number, batch in enumerate(batches(clips, shard_size), start=first):
+            name = f"{prefix}{number:05d}.tar"
+            index = folder.write(name, lambda f, batch=batch: write_tar(f, batch))
+            sidecar = index_text(index).encode()
+            folder.write(name + INDEX_SUFFIX, lambda f, data=sidecar: f.write(data))
+            written.append(name)
+            logger.info("packed %d clips into %s", len(batch), folder.shard_url(name))
+            bar.update(len(batch))
+    return written

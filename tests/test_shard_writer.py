@@ -127,6 +127,10 @@ def test_a_rerun_packs_only_new_clips_and_rewrites_an_unfinished_shard(folder, t
     assert "00001.tar" not in names and ".tmp-00009.tar" not in names
     assert packed_paths(out) == sorted([*(p.name for p in folder.iterdir())])  # each clip once
     assert "train: packed 2 clips into 1 new shard" in stdout
+    assert (
+        f"removed 2 unfinished shards (no index: a stopped run's), their clips packed again: {out}/train/.tmp-"
+        in stdout
+    )
 
 
 def test_an_interrupted_pack_leaves_only_finished_shards(folder, tmp_path, capsys, monkeypatch):

@@ -409,19 +409,26 @@ def tool_command(args: Sequence[str]) -> str:
     return shlex.join([sys.executable, "-m", __spec__.name, *args])
 
 
-def train_command(annotated: Annotated) -> str:
-    """The launch command that trains the from-scratch preset on the annotated clips, with
-    absolute paths: it works from any folder."""
-    val = annotated.paths["val"] if annotated.val else ""  # no validation set: the preset's is not used either
+def launch_command(data_root: str, annotation_file: str, val_annotation_file: str) -> str:
+    """The launch command that trains the from-scratch preset on one GPU on these data."""
     return shlex.join(
         [
             str(LAUNCH_SCRIPT),
             "1",
             "scratch",
-            f"--data_root={Path(annotated.root).resolve()}",
-            f"--annotation_file={annotated.paths['train'].resolve()}",
-            f"--val_annotation_file={val and val.resolve()}",
+            f"--data_root={data_root}",
+            f"--annotation_file={annotation_file}",
+            f"--val_annotation_file={val_annotation_file}",
         ]
+    )
+
+
+def train_command(annotated: Annotated) -> str:
+    """The launch command that trains on the annotated clips, with absolute paths: it works
+    from any folder."""
+    val = annotated.paths["val"] if annotated.val else ""  # no validation set: the preset's is not used either
+    return launch_command(
+        str(Path(annotated.root).resolve()), str(annotated.paths["train"].resolve()), str(val and val.resolve())
     )
 
 
@@ -462,17 +469,9 @@ def packing_plan(out: str, shard_size: str, output: Path | None, part: tuple[int
 
 
 def shard_train_command(out: str, validation: bool) -> str:
-    """The launch command that trains the from-scratch preset on the shards under ``out``."""
-    return shlex.join(
-        [
-            str(LAUNCH_SCRIPT),
-            "1",
-            "scratch",
-            f"--data_root={out}/train/*.tar",
-            "--annotation_file=",
-            f"--val_annotation_file={f'{out}/val/*.tar' if validation else ''}",
-        ]
-    )
+    """The launch command that trains on the shards under ``out`` (their clips are their own
+    annotation: no annotation file)."""
+    return launch_command(f"{out}/train/*.tar", "", f"{out}/val/*.tar" if validation else "")
 
 
 def pack_and_report(annotated: Annotated, packing: Packing, argv: list[str], train_line: bool) -> int:
@@ -499,6 +498,11 @@ def pack_and_report(annotated: Annotated, packing: Packing, argv: list[str], tra
             "same command continues"
         ) from None
     status = report(annotated, argv, train_line=False)
+    if removed := [f"{done.url}/{name}" for done in packed.values() for name in done.removed]:
+        print(
+            f"removed {count(len(removed), 'unfinished shard')} (no index: a stopped run's), their clips packed "
+            f"again: {', '.join(removed)}"
+        )
     for side, done in packed.items():
         print(
             f"{side}: packed {count(done.new_clips, 'clip')} into {count(len(done.new_shards), 'new shard')}; "
