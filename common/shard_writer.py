@@ -143,6 +143,15 @@ class ShardFolder:
         self.fs, self.path = fsspec.core.url_to_fs(self.url)
         self.local = isinstance(self.fs, LocalFileSystem)
 
+    def check_writable(self) -> None:
+        """Write and remove a small file here (a missing bucket, credentials that may not
+        write, a read-only folder: OSError), before hours of probing."""
+        check = f"{self.path}/{TMP_PREFIX}write-check"
+        if self.local:
+            Path(self.path).mkdir(parents=True, exist_ok=True)
+        self.fs.pipe_file(check, b"")
+        self.fs.rm(check)
+
     def shard_url(self, name: str) -> str:
         return f"{self.url}/{name}"
 

@@ -276,3 +276,63 @@ def test_the_documented_packing_commands_run_from_any_folder(folder, tmp_path):
         assert "the validation file is empty" in job.stderr and f"shard {task}/2: " in job.stdout
         assert (tmp_path / f"annotations_part-{task}-of-2_probes.jsonl").exists()
     assert packed_paths(parts) == packed_paths(shards) == sorted(p.name for p in folder.iterdir())
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """An S3 API server on loopback (moto's), with a bucket named "bucket"; its URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{server._server.server_port}"
+    fsspec.filesystem("s3", endpoint_url=url, key="test", secret="test").mkdir("bucket")
+    yield url
+    server.stop()
+
+
+@pytest.mark.slow  # a process of the tool against an S3 server
+def test_shards_go_to_an_s3_bucket_and_an_interrupted_upload_leaves_no_object(
+    s3_endpoint, folder, tmp_path, capsys, monkeypatch
+):
+    credentials = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+    for name, value in credentials.items():
+        monkeypatch.setenv(name, value)
+    args = ["--to_shards", "s3://bucket/clips", "-o", str(tmp_path / "a.json"), "--shard_size", SHARD_SIZE, *SPLIT]
+    # as the docs say: the endpoint from FSSPEC_S3_ENDPOINT_URL, read when fsspec is imported
+    tool = [sys.executable, "-m", "taehv_train.training.make_annotations", str(folder), *args]
+    result = subprocess.run(
+        tool, env={**os.environ, "FSSPEC_S3_ENDPOINT_URL": s3_endpoint}, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    fs = fsspec.filesystem("s3", endpoint_url=s3_endpoint)
+    assert sorted(Path(p).name for p in fs.ls("bucket/clips/train")) == [
+        f"0000{i}.tar{tail}" for i in range(3) for tail in ("", ".index.json")
+    ]
+    index = index_from_text("00001.tar", fs.cat_file("bucket/clips/train/00001.tar.index.json").decode())
+    for member in index.members:  # one byte-range request per clip
+        data = fs.cat_file("bucket/clips/train/00001.tar", start=member.offset, end=member.offset + member.size)
+        assert data == (folder / member.path).read_bytes()
+
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": s3_endpoint})  # for the tool in this process
+    real, calls = shard_writer.write_tar, []
+
+    def stopped_in_the_second_shard(f, clips):
+        calls.append(len(clips))
+        if len(calls) == 2:
+            f.write(b"\0" * 700)  # some of the shard is uploaded
+            raise KeyboardInterrupt
+        return real(f, clips)
+
+    monkeypatch.setattr(shard_writer, "write_tar", stopped_in_the_second_shard)
+    stopped = ["--to_shards", "s3://bucket/stopped", "-o", str(tmp_path / "c.json"), "--shard_size", SHARD_SIZE]
+    status, _, stderr = run(capsys, str(folder), *stopped, "--val_fraction", "0")
+    assert status == make_annotations.EXIT_INTERRUPTED, stderr
+    assert sorted(Path(p).name for p in fs.ls("bucket/stopped/train", refresh=True)) == [
+        "00000.tar",
+        "00000.tar.index.json",
+    ]
+
+    status, stdout, stderr = run(capsys, str(folder), "--to_shards", "s3://no-such-bucket/clips", "-o", "b.json")
+    assert status == 2 and stdout == "" and stderr[0].startswith("error: --to_shards s3://no-such-bucket/clips: cannot")
+    assert len(stderr) == 1, stderr  # before probing

@@ -86,7 +86,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import shlex
 import sys
@@ -454,14 +453,12 @@ def packing_plan(out: str, shard_size: str, output: Path | None, part: tuple[int
         raise UserError(f"--to_shards {out}: {err}") from None
     if folder.local:
         out = str(Path(folder.path).absolute())
-        try:
-            Path(out).mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise UserError(f"--to_shards {out}: cannot write there: {err.strerror or err}") from None
-        if not os.access(out, os.W_OK | os.X_OK):
-            raise UserError(f"--to_shards {out}: cannot write there: permission denied")
     elif output is None:
         raise UserError(f"--to_shards {out}: name a local -o for the annotation and probe files")
+    try:
+        folder.check_writable()
+    except OSError as err:  # a read-only folder, a bucket that does not exist, credentials that may not write
+        raise UserError(f"--to_shards {out}: cannot write there: {err.strerror or err}") from None
     output = output if output is not None else Path(out) / "annotations.json"
     if part is not None:  # each part's own files, beside the others'
         output = output.with_name(f"{output.stem}_{part_prefix(part)[:-1]}{output.suffix}")
