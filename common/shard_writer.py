@@ -43,6 +43,7 @@ T = TypeVar("T")
 
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 SIZE_UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+DEFAULT_SHARD_SIZE = "1GB"  # webdataset's own ShardWriter rolls over at 3e9 bytes (webdataset/writer.py, maxsize)
 PROBE_FIELDS = ("frames", "width", "height", "fps", "duration")  # of an annotation entry, into the clip's JSON
 
 

@@ -217,7 +217,11 @@ def test_packing_refuses_a_mistake_in_one_line_before_probing(folder, tmp_path, 
     assert stdout == "" and not (out / "annotations_probes.jsonl").exists()
 
 
-def test_packing_refuses_an_out_it_cannot_write_and_a_url_without_a_local_o(folder, tmp_path, capsys):
+def test_packing_refuses_a_size_without_out_an_out_it_cannot_write_and_a_url_without_a_local_o(
+    folder, tmp_path, capsys
+):
+    status, _, stderr = run(capsys, str(folder), "-o", str(tmp_path / "a.json"), "--shard_size", "1GB")
+    assert status == 2 and stderr == ["error: --shard_size goes with --to_shards OUT: name where the shards go"]
     (tmp_path / "file").write_text("")
     status, _, stderr = run(capsys, str(folder), "--to_shards", str(tmp_path / "file" / "shards"))
     assert status == 2 and stderr == [f"error: --to_shards {tmp_path}/file/shards: cannot write there: Not a directory"]

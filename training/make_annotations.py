@@ -98,7 +98,7 @@ from tqdm import tqdm
 
 from taehv_train.common.errors import UserError, counts_in_words, exit_on_user_error
 from taehv_train.common.flags import ArgumentParser
-from taehv_train.common.shard_writer import ShardFolder, pack, parse_size, part_prefix
+from taehv_train.common.shard_writer import DEFAULT_SHARD_SIZE, ShardFolder, pack, parse_size, part_prefix
 from taehv_train.common.video.files import IMAGE_EXTENSIONS, find_videos
 from taehv_train.models.atomic import atomic_write, atomic_write_all
 from taehv_train.training.data.annotation_split import (
@@ -441,12 +441,14 @@ class Packing:
     output: Path  # -o, the annotation and probe files
 
 
-def packing_plan(out: str, shard_size: str, output: Path | None, part: tuple[int, int] | None, merge: bool) -> Packing:
+def packing_plan(
+    out: str, shard_size: str | None, output: Path | None, part: tuple[int, int] | None, merge: bool
+) -> Packing:
     """The settings of ``--to_shards``; a UserError when they cannot work (a malformed
     size, an OUT that cannot be written or whose storage has no fsspec filesystem here)."""
     if merge:
         raise UserError("--to_shards packs each --shard part on its own: there is nothing to --merge")
-    size = parse_size(shard_size)
+    size = parse_size(shard_size or DEFAULT_SHARD_SIZE)
     try:
         folder = ShardFolder(out)
     except (ImportError, ValueError) as err:  # no s3fs for s3://, an unknown protocol
@@ -529,8 +531,7 @@ def main(argv: Sequence[str] | None = None, *, train_line: bool = True) -> int:
     )
     parser.add_argument(
         "--shard_size",
-        default="1GB",
-        help="with --to_shards, the most bytes per shard: 1GB, 500MB, 1GiB or bytes (default: %(default)s)",
+        help=f"with --to_shards, the most bytes per shard: 1GB, 500MB, 1GiB or bytes (default: {DEFAULT_SHARD_SIZE})",
     )
     parser.add_argument("--val_fraction", type=float, default=0.1, help="share of clips for validation")
     parser.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
@@ -590,6 +591,8 @@ def main(argv: Sequence[str] | None = None, *, train_line: bool = True) -> int:
     except re.error as err:
         parser.error(f"--group_regex {args.group_regex!r} is not a regular expression: {err}")
     shard = parse_shard(args.shard) if args.shard is not None else None
+    if args.shard_size is not None and not args.to_shards:
+        raise UserError("--shard_size goes with --to_shards OUT: name where the shards go")
     packing = packing_plan(args.to_shards, args.shard_size, args.output, shard, args.merge) if args.to_shards else None
     if packing is None and args.output is None:
         parser.error("the following arguments are required: -o/--output (or --to_shards OUT)")
