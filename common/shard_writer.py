@@ -27,6 +27,7 @@ import re
 import tarfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO, TypeVar
 
@@ -104,8 +105,8 @@ def clip_of(root: Path, entry: dict) -> Clip:
     return Clip(root / rel, key, Path(rel).suffix.lower(), meta)
 
 
-def write_tar(f: IO[bytes], clips: Sequence[Clip]) -> ShardIndex:
-    """Write ``clips`` to ``f`` as one tar; its index (the URL is set by the caller)."""
+def write_tar(f: IO[bytes], clips: Sequence[Clip], url: str) -> ShardIndex:
+    """Write ``clips`` to ``f`` as the tar shard at ``url``; its index."""
     members = []
     with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for clip in clips:
@@ -133,7 +134,7 @@ def write_tar(f: IO[bytes], clips: Sequence[Clip]) -> ShardIndex:
             info = tarfile.TarInfo(f"{clip.key}.json")
             info.size, info.mode = len(clip.json_bytes), 0o644
             tar.addfile(info, io.BytesIO(clip.json_bytes))
-    return ShardIndex("", f.tell(), tuple(members))
+    return ShardIndex(url, f.tell(), tuple(members))
 
 
 class ShardFolder:
@@ -261,7 +262,7 @@ def _write_shards(folder: ShardFolder, clips: Sequence[Clip], shard_size: int, p
     with tqdm(total=len(clips), desc=f"packing {Path(folder.url).name}", unit="clip", disable=not clips) as bar:
         for number, batch in enumerate(batches(clips, shard_size), start=first):
             name = f"{prefix}{number:05d}.tar"
-            index = folder.write(name, lambda f, batch=batch: write_tar(f, batch))
+            index = folder.write(name, partial(write_tar, clips=batch, url=folder.shard_url(name)))
             sidecar = index_text(index).encode()
             folder.write(name + INDEX_SUFFIX, lambda f, data=sidecar: f.write(data))
             written.append(name)

@@ -139,12 +139,12 @@ def test_an_interrupted_pack_leaves_only_finished_shards(folder, tmp_path, capsy
     real = shard_writer.write_tar
     calls = []
 
-    def stopped_in_the_second_shard(f, clips):
+    def stopped_in_the_second_shard(f, clips, url):
         calls.append(len(clips))
         if len(calls) == 2:
             f.write(b"\0" * 700)  # some of the shard is out
             raise KeyboardInterrupt
-        return real(f, clips)
+        return real(f, clips, url)
 
     monkeypatch.setattr(shard_writer, "write_tar", stopped_in_the_second_shard)
     status, _, stderr = run(capsys, *args)
@@ -321,12 +321,12 @@ def test_shards_go_to_an_s3_bucket_and_an_interrupted_upload_leaves_no_object(
     monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": s3_endpoint})  # for the tool in this process
     real, calls = shard_writer.write_tar, []
 
-    def stopped_in_the_second_shard(f, clips):
+    def stopped_in_the_second_shard(f, clips, url):
         calls.append(len(clips))
         if len(calls) == 2:
             f.write(b"\0" * 700)  # some of the shard is uploaded
             raise KeyboardInterrupt
-        return real(f, clips)
+        return real(f, clips, url)
 
     monkeypatch.setattr(shard_writer, "write_tar", stopped_in_the_second_shard)
     stopped = ["--to_shards", "s3://bucket/stopped", "-o", str(tmp_path / "c.json"), "--shard_size", SHARD_SIZE]
