@@ -133,25 +133,29 @@ def test_a_rerun_packs_only_new_clips_and_rewrites_an_unfinished_shard(folder, t
     )
 
 
-def test_an_interrupted_pack_leaves_only_finished_shards(folder, tmp_path, capsys, monkeypatch):
-    out = tmp_path / "shards"
-    args = [str(folder), "--to_shards", str(out), "--shard_size", SHARD_SIZE, "--val_fraction", "0"]
-    real = shard_writer.write_tar
-    calls = []
+def stop_in_the_second_shard(monkeypatch) -> None:
+    """Make the tool stop (as Ctrl+C does) in the middle of writing its second shard."""
+    real, calls = shard_writer.write_tar, []
 
     def stopped_in_the_second_shard(f, clips, url):
-        calls.append(len(clips))
+        calls.append(url)
         if len(calls) == 2:
             f.write(b"\0" * 700)  # some of the shard is out
             raise KeyboardInterrupt
         return real(f, clips, url)
 
     monkeypatch.setattr(shard_writer, "write_tar", stopped_in_the_second_shard)
+
+
+def test_an_interrupted_pack_leaves_only_finished_shards(folder, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "shards"
+    args = [str(folder), "--to_shards", str(out), "--shard_size", SHARD_SIZE, "--val_fraction", "0"]
+    stop_in_the_second_shard(monkeypatch)
     status, _, stderr = run(capsys, *args)
     assert status == make_annotations.EXIT_INTERRUPTED and "the same command continues" in stderr[-1]
     assert sorted(p.name for p in (out / "train").iterdir()) == ["00000.tar", "00000.tar.index.json"]
 
-    monkeypatch.setattr(shard_writer, "write_tar", real)
+    monkeypatch.undo()  # the tool as it is
     status, stdout, _ = run(capsys, *args)
     assert status == 0 and "train: packed 6 clips into 3 new shards" in stdout
     assert packed_paths(out) == sorted(p.name for p in folder.iterdir())
@@ -319,16 +323,7 @@ def test_shards_go_to_an_s3_bucket_and_an_interrupted_upload_leaves_no_object(
         assert data == (folder / member.path).read_bytes()
 
     monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": s3_endpoint})  # for the tool in this process
-    real, calls = shard_writer.write_tar, []
-
-    def stopped_in_the_second_shard(f, clips, url):
-        calls.append(len(clips))
-        if len(calls) == 2:
-            f.write(b"\0" * 700)  # some of the shard is uploaded
-            raise KeyboardInterrupt
-        return real(f, clips, url)
-
-    monkeypatch.setattr(shard_writer, "write_tar", stopped_in_the_second_shard)
+    stop_in_the_second_shard(monkeypatch)
     stopped = ["--to_shards", "s3://bucket/stopped", "-o", str(tmp_path / "c.json"), "--shard_size", SHARD_SIZE]
     status, _, stderr = run(capsys, str(folder), *stopped, "--val_fraction", "0")
     assert status == make_annotations.EXIT_INTERRUPTED, stderr
