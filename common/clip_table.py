@@ -7,14 +7,21 @@ import logging
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from taehv_train.common.annotation_file import read_annotation
 from taehv_train.common.shard_index import ShardIndex, load_index
-from taehv_train.common.shard_source import ShardReadError, expand_shards, is_shard_source, read_range
+from taehv_train.common.shard_source import (
+    RETRY,
+    RetryPolicy,
+    ShardReadError,
+    expand_shards,
+    is_shard_source,
+    read_range,
+)
 from taehv_train.common.video.files import BadClipError, Clip, ClipBytes, clip_extensions, find_videos
 
 logger = logging.getLogger(__name__)
@@ -43,6 +50,7 @@ class ClipTable:
     shards: tuple[str, ...] = ()
     shard_of: np.ndarray | None = None  # int32 per clip, into shards
     ranges: np.ndarray | None = None  # int64 (clips, 2): the member's offset and size in its shard
+    retry: RetryPolicy = RETRY  # how reads from the shards retry a transient fault
 
     @classmethod
     def from_lists(
@@ -55,13 +63,13 @@ class ClipTable:
         return cls(str(root), path_bytes, offsets, np.asarray(frames, dtype=np.int32), tuple(refused))
 
     @classmethod
-    def from_shards(cls, spec: str) -> ClipTable:
+    def from_shards(cls, spec: str, retry: RetryPolicy = RETRY) -> ClipTable:
         """The clips of the tar shards ``spec`` names (``shard_source.expand_shards``), each
         shard's index read in parallel (object storage answers many requests at once). A
         shard that cannot be read is left out and listed in ``refused``."""
-        urls = expand_shards(spec)
+        urls = expand_shards(spec, retry=retry)
         with ThreadPoolExecutor(max_workers=16) as pool:
-            found = list(pool.map(_index_or_error, urls))
+            found = list(pool.map(lambda url: _index_or_error(url, retry), urls))
         indexes = [index for index in found if isinstance(index, ShardIndex) and index.members]
         refused = [
             (url, f"shard {error.kind}: {error.detail}")
@@ -75,16 +83,8 @@ class ClipTable:
             -1, 2
         )
         table = cls.from_lists("", names, frames, refused)
-        return cls(
-            table.root,
-            table.path_bytes,
-            table.offsets,
-            table.frames,
-            table.refused,
-            tuple(index.url for index in indexes),
-            shard_of,
-            ranges,
-        )
+        shards = tuple(index.url for index in indexes)
+        return replace(table, shards=shards, shard_of=shard_of, ranges=ranges, retry=retry)
 
     @classmethod
     def from_directory(cls, directory: str | Path, images: bool = False) -> ClipTable:
@@ -94,13 +94,15 @@ class ClipTable:
         return cls.from_lists(directory, paths, [-1] * len(paths))
 
     @classmethod
-    def from_source(cls, data_root: str | Path | None, annotation_file: str | Path | None) -> tuple[ClipTable, str]:
+    def from_source(
+        cls, data_root: str | Path | None, annotation_file: str | Path | None, retry: RetryPolicy = RETRY
+    ) -> tuple[ClipTable, str]:
         """The clips a dataset reads: ``annotation_file`` (paths relative to ``data_root``),
         else the folder ``annotation_file`` or ``data_root`` scanned for videos and images;
         and that source as messages name it; either may name tar shards instead
         (``from_shards``). ValueError when neither is given."""
         if (shards := annotation_file or data_root) is not None and is_shard_source(str(shards)):
-            return cls.from_shards(str(shards)), f"the shards {shards}"
+            return cls.from_shards(str(shards), retry), f"the shards {shards}"
         if annotation_file is not None and not Path(annotation_file).is_dir():
             return cls.from_annotation(annotation_file, data_root), str(annotation_file)
         if annotation_file is not None or data_root is not None:
@@ -161,16 +163,7 @@ class ClipTable:
         table = ClipTable.from_lists(self.root, relative, self.frames[at])
         if self.ranges is None:
             return table
-        return ClipTable(
-            table.root,
-            table.path_bytes,
-            table.offsets,
-            table.frames,
-            (),
-            self.shards,
-            self.shard_of[at],
-            self.ranges[at],
-        )
+        return replace(table, shards=self.shards, shard_of=self.shard_of[at], ranges=self.ranges[at], retry=self.retry)
 
     def path(self, i: int) -> str:
         rel = self.path_bytes[self.offsets[i] : self.offsets[i + 1]].tobytes().decode("utf-8")
@@ -184,14 +177,14 @@ class ClipTable:
             return self.path(i)
         offset, size = (int(v) for v in self.ranges[i])
         try:
-            data = read_range(self.shards[self.shard_of[i]], offset, size)
+            data = read_range(self.shards[self.shard_of[i]], offset, size, retry=self.retry)
         except ShardReadError as err:
             raise BadClipError(f"shard {err.kind}", err.detail) from err
         return ClipBytes(self.path(i), data)
 
 
-def _index_or_error(url: str) -> ShardIndex | ShardReadError:
+def _index_or_error(url: str, retry: RetryPolicy) -> ShardIndex | ShardReadError:
     try:
-        return load_index(url)
+        return load_index(url, retry)
     except ShardReadError as err:
         return err

@@ -35,6 +35,7 @@ from taehv_train.common.errors import (
     VideoDataError as VideoDataError,  # re-exported: lives in errors.py for clip_loader
 )
 from taehv_train.common.errors import counts_in_words
+from taehv_train.common.shard_source import RETRY, RetryPolicy
 from taehv_train.common.video.crop import ClipWriter, crop_box
 from taehv_train.common.video.files import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, BadClipError
 from taehv_train.common.video.in_memory import DecodedVideo, ImageReader
@@ -157,6 +158,7 @@ class VideoClipDataset(EpochDataset):
             from large videos then cost no seeking or decoding after a clip's first use;
             the crops come from the downscaled frames (a second area resize), so pixels
             differ slightly from uncached reads, identically in every run.
+        shard_retry: how reads of clips in tar shards retry a transient fault.
     """
 
     def __init__(
@@ -179,6 +181,7 @@ class VideoClipDataset(EpochDataset):
         decode_threads: int = 1,
         channels: int = 3,
         frame_cache_mb: int = 0,
+        shard_retry: RetryPolicy = RETRY,
     ):
         if mode not in ("train", "val"):
             raise ValueError(f"mode must be 'train' or 'val', got {mode!r}")
@@ -193,7 +196,7 @@ class VideoClipDataset(EpochDataset):
         if channels not in (3, 4):
             raise ValueError(f"channels must be 3 (RGB) or 4 (RGBA), got {channels}")
 
-        self.clips, source = ClipTable.from_source(data_root, annotation_file)
+        self.clips, source = ClipTable.from_source(data_root, annotation_file, shard_retry)
         self.source = source  # the annotation file or scanned folder, as messages name it
         self.refused_entries = list(self.clips.refused)
         if self.refused_entries:

@@ -63,6 +63,8 @@ class TrainConfig:
     annotation_file: str = ""  # users' JSON format; empty: scan data_root for videos
     val_annotation_file: str = ""  # held-out clips; empty: no validation
     shard_shuffle_buffer: int = 1000  # clips from tar shards: the shuffle buffer's size (clip numbers, no memory)
+    shard_read_attempts: int = 5  # a read from a shard that fails transiently (a dropped connection) is retried
+    shard_retry_wait_s: float = 15.0  # ... with doubling waits from 0.5 s, at most this long in all per read
     n_frames: int = 17  # frames per clip; see check() for the valid values
     height: int = 480  # training size (of the crops the clips are resized to)
     width: int = 720
@@ -515,6 +517,8 @@ RANGES: dict[str, Range] = {
     "dataloader_num_workers": Range(0, 256),
     "prefetch_factor": Range(1, 64),
     "shard_shuffle_buffer": Range(1, COUNT),
+    "shard_read_attempts": Range(1, 100),
+    "shard_retry_wait_s": Range(0, 3600),
     "prefetch_batches": Range(1, 64),  # and, with the frame caches, within RAM: training.loop.memory
     "batch_timeout": Range(0),
     "frame_cache_mb": Range(0, COUNT),  # within RAM: training.loop.memory

@@ -18,10 +18,9 @@ import posixpath
 import tarfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import IO
 
-import fsspec
-
-from taehv_train.common.shard_source import ShardReadError, read_range, shard_stat
+from taehv_train.common.shard_source import RETRY, RetryPolicy, ShardReadError, read_range, read_shard, shard_stat
 from taehv_train.common.video.files import BadClipError, ClipBytes, clip_extensions
 from taehv_train.common.video.probe import probe_video
 from taehv_train.models.atomic import atomic_write
@@ -84,58 +83,41 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "taehv_train" / "shard_index"
 
 
-def load_index(url: str) -> ShardIndex:
+def load_index(url: str, retry: RetryPolicy = RETRY) -> ShardIndex:
     """The index of shard ``url``: its sidecar, else the one this machine built from the
     shard before (same size and version), else built now from its tar headers and
     remembered. Raises ShardReadError when the shard cannot be read."""
     sidecar = sidecar_url(url)
     try:
-        text = read_range(sidecar, 0, shard_stat(sidecar)[0]).decode("utf-8")
+        text = read_range(sidecar, 0, shard_stat(sidecar, retry=retry)[0], retry=retry).decode("utf-8")
     except ShardReadError as err:
         if err.kind != "missing":
             raise
     else:
         return index_from_text(url, text)
-    shard_bytes, version = shard_stat(url)
+    shard_bytes, version = shard_stat(url, retry=retry)
     remembered = cache_dir() / (hashlib.sha256(f"{url}\n{shard_bytes}\n{version}".encode()).hexdigest() + ".json")
     if remembered.is_file():
         return index_from_text(url, remembered.read_text(encoding="utf-8"))
-    index = build_index(url, shard_bytes)
+    index = build_index(url, shard_bytes, retry)
     remembered.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(remembered, index_text(index))
     return index
 
 
-def build_index(url: str, shard_bytes: int) -> ShardIndex:
+def build_index(url: str, shard_bytes: int, retry: RetryPolicy = RETRY) -> ShardIndex:
     """The index of shard ``url`` from its tar headers (hopping from header to header, the
     clips' bytes unread) and each key's JSON member; a clip whose JSON states no frame count
     (video2dataset's, a foreign packer's) is read once and probed. A shard cut short keeps
     the members that lie whole in it; a member that does not decode is left out (logged)."""
-    clips: dict[str, dict] = {}
-    probes: dict[str, dict] = {}
-    fs, path = fsspec.core.url_to_fs(url)
-    with fs.open(path, "rb", block_size=1 << 16) as file:
-        try:
-            with tarfile.open(fileobj=file, mode="r:") as tar:
-                for info in tar:
-                    if not info.isfile():
-                        continue
-                    key, _, extension = posixpath.basename(info.name).partition(".")
-                    key = posixpath.join(posixpath.dirname(info.name), key)
-                    if info.offset_data + info.size > shard_bytes:
-                        raise tarfile.ReadError(f"{info.name} runs past the shard's {shard_bytes} bytes")
-                    if f".{extension.lower()}" in clip_extensions(images=True) and key not in clips:
-                        clips[key] = dict(key=key, name=info.name, offset=info.offset_data, size=info.size)
-                    elif extension.lower() == "json":
-                        probes[key] = _probe_fields(tar.extractfile(info).read())
-        except (tarfile.ReadError, EOFError) as err:
-            logger.warning("shard %s ends inside a member (%s): indexing the clips that lie whole in it", url, err)
+    clips, probes = read_shard(url, lambda file: _tar_members(url, file, shard_bytes), retry=retry)
     members = []
     for key, clip in clips.items():
         stated = probes.get(key, {})
         if stated.get("frames", -1) < 1:
+            data = read_range(url, clip["offset"], clip["size"], retry=retry)
             try:
-                found = probe_video(ClipBytes(f"{url}#{clip['name']}", read_range(url, clip["offset"], clip["size"])))
+                found = probe_video(ClipBytes(f"{url}#{clip['name']}", data))
             except BadClipError as err:
                 logger.warning("shard %s: %s left out: %s", url, clip["name"], err)
                 continue
@@ -143,6 +125,32 @@ def build_index(url: str, shard_bytes: int) -> ShardIndex:
         members.append(ShardMember(**(clip | stated)))
     logger.info("indexed shard %s: %d clips", url, len(members))
     return ShardIndex(url, shard_bytes, tuple(members))
+
+
+def _tar_members(url: str, file: IO[bytes], shard_bytes: int) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Per key, its first clip member's name, offset and size, and what its JSON member
+    states; up to the first member that does not lie whole in the shard."""
+    clips: dict[str, dict] = {}
+    probes: dict[str, dict] = {}
+    try:
+        with tarfile.open(fileobj=file, mode="r:") as tar:
+            for info in tar:
+                if not info.isfile():
+                    continue
+                if info.offset_data + info.size > shard_bytes:
+                    raise tarfile.ReadError(f"{info.name} runs past the shard's {shard_bytes} bytes")
+                directory, (key, _, extension) = (
+                    posixpath.dirname(info.name),
+                    posixpath.basename(info.name).partition("."),
+                )
+                key = posixpath.join(directory, key)
+                if f".{extension.lower()}" in clip_extensions(images=True) and key not in clips:
+                    clips[key] = dict(key=key, name=info.name, offset=info.offset_data, size=info.size)
+                elif extension.lower() == "json":
+                    probes[key] = _probe_fields(tar.extractfile(info).read())
+    except (tarfile.ReadError, EOFError) as err:
+        logger.warning("shard %s ends inside a member (%s): indexing the clips that lie whole in it", url, err)
+    return clips, probes
 
 
 def _probe_fields(text: bytes) -> dict:

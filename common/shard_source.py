@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import IO, TypeVar
 from urllib.parse import urlsplit
 
 import braceexpand
@@ -338,6 +338,19 @@ def read_range(url: str, start: int, size: int, *, retry: RetryPolicy = RETRY) -
         raise _ShortRead(f"{len(data)} of {size} bytes arrived")
 
     return _retrying(url, f"reading bytes {start}-{start + size}", read, retry)
+
+
+def read_shard(url: str, read: Callable[[IO[bytes]], T], *, block_size: int = 1 << 16, retry: RetryPolicy = RETRY) -> T:
+    """``read(file)`` on a seekable file object over shard ``url`` that fetches ``block_size``
+    bytes a request (hopping from tar header to tar header reads little of a shard), the
+    whole read retried on a transient fault as ``read_range`` is."""
+    fs, path = _fs_and_path(url)
+
+    def attempt() -> T:
+        with fs.open(path, "rb", block_size=block_size) as file:
+            return read(file)
+
+    return _retrying(url, "reading its tar headers", attempt, retry)
 
 
 def _stat(fs: AbstractFileSystem, url: str, path: str) -> tuple[int, str]:

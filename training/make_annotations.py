@@ -1,6 +1,7 @@
 """Write train/val annotation files for a folder of videos (or of still images).
 
     python -m taehv_train.training.make_annotations DIR -o annotations.json [--val_fraction 0.1]
+    python -m taehv_train.training.make_annotations DIR --to_shards OUT [--shard_size 1GB]
 
 writes annotations_train.json, annotations_val.json and annotations_skipped.json (and the
 probe records annotations_probes.jsonl) next to ``-o``, says so with the clip counts, and
@@ -41,6 +42,18 @@ are new or changed since their shard ran (not those that timed out: their shard 
 them), writes ``<out>_probes.jsonl`` and the same train/val/skipped files, byte for byte,
 as one machine would on the folder as it is.
 
+Shards: ``--to_shards OUT`` also packs the kept clips into tar shards in the WebDataset
+layout (per clip its file as it is and its probe as JSON) under ``OUT/train/`` and
+``OUT/val/`` by the split below, at most ``--shard_size`` bytes each (``1GB``, ``500MB``,
+``1GiB`` or bytes), each beside its index ``<shard>.index.json``, written once the shard is
+complete (``common.shard_writer``); ``OUT`` is a folder or an fsspec URL (``s3://...``).
+``-o`` defaults to ``OUT/annotations.json`` (a URL ``OUT`` needs a local ``-o``). A re-run
+packs only the clips in no finished shard, into new shards, and packs again those of an
+unfinished one (no index). With ``--shard K/N`` a machine annotates and packs the files of
+its part, chosen by their source group, on its own (no ``--merge``), as
+``part-K-of-N-00000.tar``, ... and ``-o``'s name with ``_part-K-of-N``. It ends with the
+command that trains on ``OUT/train/*.tar`` and ``OUT/val/*.tar``.
+
 Run it from the repository root (``python -m`` finds the ``training`` package there), or
 from anywhere with the repository on ``PYTHONPATH``.
 
@@ -61,7 +74,8 @@ part; 1 when they were written but are not (no usable clip, or one side of the s
 empty; the output says why and what to run); 2 for a user's mistake, found before anything
 is probed (a flag out of range, DIR not a folder, existing output files without ``--force``,
 a split with other settings than the files record without ``--resplit``, a malformed
-``--shard``, missing or mismatched parts for ``--merge``) or when writing fails
+``--shard``, missing or mismatched parts for ``--merge``, a malformed ``--shard_size``, an
+``OUT`` that cannot be written) or when writing fails
 (no space, no permission; the train, val and skipped files are replaced together or not
 at all, so the former ones stay whole): ``error: ...`` on stderr; 130 when stopped by Ctrl+C (the
 records so far are kept).
@@ -84,12 +98,14 @@ from tqdm import tqdm
 
 from taehv_train.common.errors import UserError, counts_in_words, exit_on_user_error
 from taehv_train.common.flags import ArgumentParser
+from taehv_train.common.shard_writer import DEFAULT_SHARD_SIZE, ShardFolder, pack, parse_size, part_prefix
 from taehv_train.common.video.files import IMAGE_EXTENSIONS, find_videos
 from taehv_train.models.atomic import atomic_write, atomic_write_all
 from taehv_train.training.data.annotation_split import (
     DEFAULT_GROUP_REGEX,
     Split,
     count,
+    group_key,
     held_out,
     kept_sides,
     recorded_split,
@@ -276,17 +292,20 @@ def previous_records(records_file: Path, root: Path, force: bool) -> ProbeRecord
     return None
 
 
-def files_to_annotate(root: Path, images: bool, shard: tuple[int, int] | None) -> tuple[list[str], bool]:
-    """The files under ``root`` this run annotates (of ``shard`` only, if given), and
-    whether still images are among them: a folder with images and no videos gets its
-    images without ``--images`` (a note says so)."""
+def files_to_annotate(
+    root: Path, images: bool, shard: tuple[int, int] | None, group: re.Pattern[str] | None = None
+) -> tuple[list[str], bool]:
+    """The files under ``root`` this run annotates (of ``shard`` only, if given: by the
+    hash of their path, or of their source ``group`` when given, so that a group stays on
+    one machine), and whether still images are among them: a folder with images and no
+    videos gets its images without ``--images`` (a note says so)."""
     rel_paths = find_videos(root, images)
     if not rel_paths and not images and (rel_paths := find_videos(root, images=True)):
         images = True
         print(f"note: no videos under {root}: annotating its {len(rel_paths)} still images (one frame each)")
     if shard is not None:
         found = len(rel_paths)
-        rel_paths = [rel for rel in rel_paths if shard_of(rel, shard[1]) == shard[0]]
+        rel_paths = [rel for rel in rel_paths if shard_of(group_key(rel, group), shard[1]) == shard[0]]
         what = "videos and images" if images else "videos"
         print(f"shard {shard[0]}/{shard[1]}: {len(rel_paths)} of the {found} {what} under {root}")
     return rel_paths, images
@@ -321,12 +340,15 @@ def annotate(
     resplit: bool = False,
     shard: tuple[int, int] | None = None,
     merge: bool = False,
+    part: tuple[int, int] | None = None,
 ) -> Annotated | None:
     """Probe the files under ``directory`` and write the train, val and skipped files next to
     ``output``: with ``shard`` only its part's records (and None is returned); with
     ``merge`` from the parts' records, probing only the files that are new or changed since
     their shard ran, as a plain run does (the records of all go to the plain run's records
-    file). Each refusal, a UserError, comes before anything is probed or written."""
+    file); with ``part`` (K, N) as a plain run on the files of part K of N, chosen by their
+    source group so that the part's split keeps groups whole (``--to_shards`` with
+    ``--shard``). Each refusal, a UserError, comes before anything is probed or written."""
     if output.is_dir():
         raise UserError(f"-o {output} is a folder: name a file, e.g. {output / 'annotations.json'}")
     paths = output_paths(output.absolute())
@@ -342,7 +364,8 @@ def annotate(
     if shard is None:
         known, split_note = kept_sides(recorded_split(paths) if ours and not resplit else None, split, resplit)
 
-    rel_paths, images = files_to_annotate(root, parts[0].header["images"] if parts else images, shard)
+    images = parts[0].header["images"] if parts else images
+    rel_paths, images = files_to_annotate(root, images, shard or part, split.pattern if part else None)
     what = "videos and images" if images else "videos"
     if parts:
         print(f"merged {len(parts)} probe parts: {sum(len(p.records) for p in parts)} {what}")
@@ -385,20 +408,109 @@ def tool_command(args: Sequence[str]) -> str:
     return shlex.join([sys.executable, "-m", __spec__.name, *args])
 
 
-def train_command(annotated: Annotated) -> str:
-    """The launch command that trains the from-scratch preset on the annotated clips, with
-    absolute paths: it works from any folder."""
-    val = annotated.paths["val"] if annotated.val else ""  # no validation set: the preset's is not used either
+def launch_command(data_root: str, annotation_file: str, val_annotation_file: str) -> str:
+    """The launch command that trains the from-scratch preset on one GPU on these data."""
     return shlex.join(
         [
             str(LAUNCH_SCRIPT),
             "1",
             "scratch",
-            f"--data_root={Path(annotated.root).resolve()}",
-            f"--annotation_file={annotated.paths['train'].resolve()}",
-            f"--val_annotation_file={val and val.resolve()}",
+            f"--data_root={data_root}",
+            f"--annotation_file={annotation_file}",
+            f"--val_annotation_file={val_annotation_file}",
         ]
     )
+
+
+def train_command(annotated: Annotated) -> str:
+    """The launch command that trains on the annotated clips, with absolute paths: it works
+    from any folder."""
+    val = annotated.paths["val"] if annotated.val else ""  # no validation set: the preset's is not used either
+    return launch_command(
+        str(Path(annotated.root).resolve()), str(annotated.paths["train"].resolve()), str(val and val.resolve())
+    )
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Where ``--to_shards`` packs, checked before anything is probed."""
+
+    out: str  # a URL, or a local folder made absolute
+    shard_size: int
+    part: tuple[int, int] | None  # --shard K/N
+    output: Path  # -o, the annotation and probe files
+
+
+def packing_plan(
+    out: str, shard_size: str | None, output: Path | None, part: tuple[int, int] | None, merge: bool
+) -> Packing:
+    """The settings of ``--to_shards``; a UserError when they cannot work (a malformed
+    size, an OUT that cannot be written or whose storage has no fsspec filesystem here)."""
+    if merge:
+        raise UserError("--to_shards packs each --shard part on its own: there is nothing to --merge")
+    size = parse_size(shard_size or DEFAULT_SHARD_SIZE)
+    try:
+        folder = ShardFolder(out)
+    except (ImportError, ValueError) as err:  # no s3fs for s3://, an unknown protocol
+        raise UserError(f"--to_shards {out}: {err}") from None
+    if folder.local:
+        out = str(Path(folder.path).absolute())
+    elif output is None:
+        raise UserError(f"--to_shards {out}: name a local -o for the annotation and probe files")
+    try:
+        folder.check_writable()
+    except OSError as err:  # a read-only folder, a bucket that does not exist, credentials that may not write
+        raise UserError(f"--to_shards {out}: cannot write there: {err.strerror or err}") from None
+    output = output if output is not None else Path(out) / "annotations.json"
+    if part is not None:  # each part's own files, beside the others'
+        output = output.with_name(f"{output.stem}_{part_prefix(part)[:-1]}{output.suffix}")
+    return Packing(out, size, part, output)
+
+
+def shard_train_command(out: str, validation: bool) -> str:
+    """The launch command that trains on the shards under ``out`` (their clips are their own
+    annotation: no annotation file)."""
+    return launch_command(f"{out}/train/*.tar", "", f"{out}/val/*.tar" if validation else "")
+
+
+def pack_and_report(annotated: Annotated, packing: Packing, argv: list[str], train_line: bool) -> int:
+    """Pack the annotated clips into shards under ``packing.out``, report both, and with
+    ``train_line`` print the command that trains on the shards; the exit status (``report``'s)."""
+    try:
+        packed = pack(
+            annotated.root,
+            {"train": annotated.train, "val": annotated.val},
+            packing.out,
+            packing.shard_size,
+            packing.part,
+        )
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted: the finished shards under {packing.out} are kept (a shard without its sidecar is "
+            "not); the same command continues",
+            file=sys.stderr,
+        )
+        raise
+    except OSError as err:  # no space, no permission, a bucket that does not exist, a clip gone since its probe
+        raise UserError(
+            f"cannot pack into {packing.out}: {err.strerror or err}; the finished shards there are kept and the "
+            "same command continues"
+        ) from None
+    status = report(annotated, argv, train_line=False)
+    if removed := [f"{done.url}/{name}" for done in packed.values() for name in done.removed]:
+        print(
+            f"removed {count(len(removed), 'unfinished shard')} (no index: a stopped run's), their clips packed "
+            f"again: {', '.join(removed)}"
+        )
+    for side, done in packed.items():
+        print(
+            f"{side}: packed {count(done.new_clips, 'clip')} into {count(len(done.new_shards), 'new shard')}; "
+            f"{done.url} holds {count(done.clips, 'clip')} in {count(done.shards, 'shard')}"
+        )
+    if status == 0 and train_line:
+        when = f"once all {packing.part[1]} parts are packed, " if packing.part else ""
+        print(f"{when}train on them: {shard_train_command(packing.out, bool(packed['val'].clips))}")
+    return status
 
 
 def main(argv: Sequence[str] | None = None, *, train_line: bool = True) -> int:
@@ -408,8 +520,18 @@ def main(argv: Sequence[str] | None = None, *, train_line: bool = True) -> int:
         "-o",
         "--output",
         type=Path,
-        required=True,
-        help="names the files: -o X.json writes X_train.json, X_val.json, X_skipped.json and X_probes.jsonl",
+        help="names the files: -o X.json writes X_train.json, X_val.json, X_skipped.json and X_probes.jsonl "
+        "(with a local --to_shards OUT: OUT/annotations.json by default)",
+    )
+    parser.add_argument(
+        "--to_shards",
+        metavar="OUT",
+        help="also pack the kept clips into tar shards (WebDataset layout) under OUT/train and OUT/val: "
+        "a folder or an fsspec URL such as s3://bucket/prefix",
+    )
+    parser.add_argument(
+        "--shard_size",
+        help=f"with --to_shards, the most bytes per shard: 1GB, 500MB, 1GiB or bytes (default: {DEFAULT_SHARD_SIZE})",
     )
     parser.add_argument("--val_fraction", type=float, default=0.1, help="share of clips for validation")
     parser.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
@@ -451,7 +573,8 @@ def main(argv: Sequence[str] | None = None, *, train_line: bool = True) -> int:
     sharding.add_argument(
         "--shard",
         metavar="K/N",
-        help="probe only part K of N (by a hash of the path) and write only its records, for --merge",
+        help="probe only part K of N (by a hash of the path) and write only its records, for --merge; "
+        "with --to_shards, annotate and pack part K of N (by a hash of the source group), no merge",
     )
     sharding.add_argument(
         "--merge", action="store_true", help="write the annotation files from the N parts of --shard runs (no probing)"
@@ -468,19 +591,28 @@ def main(argv: Sequence[str] | None = None, *, train_line: bool = True) -> int:
     except re.error as err:
         parser.error(f"--group_regex {args.group_regex!r} is not a regular expression: {err}")
     shard = parse_shard(args.shard) if args.shard is not None else None
+    if args.shard_size is not None and not args.to_shards:
+        raise UserError("--shard_size goes with --to_shards OUT: name where the shards go")
+    packing = packing_plan(args.to_shards, args.shard_size, args.output, shard, args.merge) if args.to_shards else None
+    if packing is None and args.output is None:
+        parser.error("the following arguments are required: -o/--output (or --to_shards OUT)")
+    split = Split(args.val_fraction, args.seed, args.group_regex)
     annotated = annotate(
         args.directory,
-        args.output,
-        Split(args.val_fraction, args.seed, args.group_regex),
+        packing.output if packing else args.output,
+        split,
         min_frames=args.min_frames,
         workers=args.workers,
         probe_timeout=args.probe_timeout,
         images=args.images,
         force=args.force,
         resplit=args.resplit,
-        shard=shard,
+        shard=None if packing else shard,
         merge=args.merge,
+        part=shard if packing else None,
     )
+    if packing is not None:
+        return pack_and_report(annotated, packing, argv, train_line)
     if annotated is None:
         print(
             f"part {shard[0]} of {shard[1]} done: once all {shard[1]} are, "

@@ -37,7 +37,7 @@ from taehv_train.common.clips import (
 from taehv_train.common.config import SOURCE_KEYS, TrainConfig, spec_of
 from taehv_train.common.metrics import lpips_unavailable_reason
 from taehv_train.common.reference_vae import ReferenceVAE
-from taehv_train.common.shard_source import is_shard_source, source_errors
+from taehv_train.common.shard_source import RetryPolicy, is_shard_source, source_errors
 from taehv_train.common.video.files import clip_extensions, holds_clips
 from taehv_train.models.variants import VariantSpec
 from taehv_train.training.data.latent_cache import CachedLatentDataset
@@ -139,6 +139,7 @@ def build_datasets(config: TrainConfig) -> tuple[VideoClipDataset, VideoClipData
         max_failure_fraction=config.max_failure_fraction,
         stride_range=(config.stride_min, config.stride_max),
         channels=spec_of(config).image_channels,
+        shard_retry=RetryPolicy(config.shard_read_attempts, max_wait_s=config.shard_retry_wait_s),
     )
     data_root = config.data_root or None
     train = VideoClipDataset(
