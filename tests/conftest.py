@@ -8,16 +8,19 @@ silently skipping the compatibility and real-video checks.
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import shutil
+import tarfile
 import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
-from s3_server import CLEARED_VARIABLES, FaultProxy, MotoServer, S3Bucket, client_environment
 
 from bench.harness import shared_dir  # the one rule for ../shared, shared with the benchmarks
+from bench.s3_loopback import CLEARED_VARIABLES, FaultProxy, MotoServer, S3Bucket, client_environment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # on sys.path through pytest.ini's pythonpath
 
@@ -242,6 +245,21 @@ def save_tiny_vae(root: Path, name: str, **overrides) -> Path:
     return root
 
 
+def clip_shard(clips: list[tuple[str, bytes, dict]]) -> bytes:
+    """A tar shard in the layout video2dataset writes, made with the stdlib as a foreign
+    packer makes it: per ``(member name, its bytes, JSON fields)``, the member and beside it
+    ``{key}.json`` (the key: the name up to its first ".")."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data, fields in clips:
+            key = name.split(".")[0]
+            for member, content in ((name, data), (f"{key}.json", json.dumps({"key": key, **fields}).encode())):
+                info = tarfile.TarInfo(member)
+                info.size = len(content)
+                tar.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
+
+
 def tool_exit(capsys, main, *args: str) -> tuple[int, str, list[str]]:
     """A tool's ``main`` run in this process as its ``python -m`` entry point runs it
     (``exit_on_user_error``): exit status, stdout, stderr lines."""
@@ -259,7 +277,7 @@ def tool_exit(capsys, main, *args: str) -> tuple[int, str, list[str]]:
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
-    """moto's S3 server on loopback, one for the session (tests/s3_server.py)."""
+    """moto's S3 server on loopback, one for the session (bench/s3_loopback.py)."""
     server = MotoServer(tmp_path_factory.mktemp("s3-server"))
     yield server
     server.stop()
@@ -287,7 +305,7 @@ def s3_auth_server(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def s3_proxy(s3_server):
-    """The fault-injecting proxy in front of the session's server (tests/s3_server.py)."""
+    """The fault-injecting proxy in front of the session's server (bench/s3_loopback.py)."""
     return FaultProxy(s3_server.port)
 
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState
 
-from conftest import REPO_ROOT, save_tiny_vae
+from conftest import REPO_ROOT, clip_shard, save_tiny_vae
 from taehv_train.common.clip_loader import build_dataloader
 from taehv_train.common.clips import VideoClipDataset, VideoDataError, frames_to_unit
 from taehv_train.common.config import TrainConfig, load_config
@@ -390,3 +390,26 @@ def test_training_refuses_a_cache_made_for_other_settings_or_with_a_damaged_shar
         r"damaged \(checksum\): delete .*\); saved .*checkpoint-\d+\. .* resume with: ",
         line,
     ), line
+
+
+def test_a_cache_built_from_shards_holds_the_latents_of_the_same_clips_as_files(
+    sampled_cache, data, tiny_cogvideox_vae, tmp_path, monkeypatch
+):
+    """The annotated clips packed in the same order into a shard, a member that does not
+    decode where the annotation's file is missing: both are replaced by the same clip, and
+    every latent is the one the files gave."""
+    monkeypatch.setenv("TAEHV_SHARD_INDEX_CACHE", str(tmp_path / "index"))
+    entries = json.loads(data["train"].read_text())["list"]
+    clips = []
+    for i, entry in enumerate(entries):
+        path = Path(data["root"]) / entry["path"]
+        clips.append((f"{i:04d}.mp4", path.read_bytes() if path.exists() else b"no video", {"frames": entry["frames"]}))
+    shard = tmp_path / "train.tar"
+    shard.write_bytes(clip_shard(clips))
+    output = tmp_path / "cache"
+    build_here(cli_args(data | {"train": shard}, tiny_cogvideox_vae, output, "--batch_size", "1"))
+    files, shards = LatentCache(sampled_cache), LatentCache(output)
+    for epoch in (0, 1):
+        for index in range(len(entries)):
+            assert torch.equal(shards.latents(epoch, index), files.latents(epoch, index)), (epoch, index)
+            assert shards.clip(epoch, index) == files.clip(epoch, index)

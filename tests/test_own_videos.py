@@ -9,6 +9,7 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,3 +175,32 @@ def test_the_readme_sequence_runs_each_command_the_previous_step_printed_from_an
         succeeded(subprocess.run(command, capture_output=True, text=True, cwd=home, timeout=300))
     assert json.loads((run / "eval" / "metrics.json").read_text())["samples"]
     assert (out / f"{run.name}_tae" / "taecvx_own_latents.pth").is_file()
+
+
+def test_the_readme_shard_commands_pack_a_folder_and_train_on_the_shards_from_another_folder(tmp_path, demo_clips):
+    """README, "Millions of clips, or clips in a bucket", typed in a folder of the user's own
+    at the smallest size: the folder packed into shards (train and val), then the launch
+    script trains on the shards as they are, with validation from the val shards."""
+    home, out = tmp_path / "home", tmp_path / "out"
+    home.mkdir()
+    (home / "videos").symlink_to(demo_clips["root"])
+    readme = (REPO_ROOT / "README.md").read_text()
+    block = re.search(
+        r"```bash\n(python -m taehv_train\.training\.make_annotations videos --to_shards.*?)```", readme, re.S
+    )
+    pack_line, train_line = block.group(1).strip().splitlines()
+    pack = shlex.split(pack_line)
+    succeeded(subprocess.run([sys.executable, *pack[1:]], capture_output=True, text=True, cwd=home, timeout=300))
+    assert sorted(p.name for p in (home / "shards" / "val").iterdir())  # clips held out
+    script, *typed = shlex.split(train_line.split("#")[0])
+    assert script == "/path/to/taehv-train/train_taehv_h100.sh" and typed == ["1", "scratch", "--data=shards"]
+    succeeded(launch(*typed, f"--output_dir={out}", *TINY_SCRATCH, cwd=home))
+    (run,) = out.iterdir()
+    config = json.loads((run / "config.json").read_text())
+    shards = home / "shards"
+    assert (config["data_root"], config["annotation_file"], config["val_annotation_file"]) == (
+        f"{shards}/train/*.tar",
+        "",
+        f"{shards}/val/*.tar",
+    )
+    assert (run / "finished.json").is_file() and "val/psnr" in (run / "train.log").read_text()

@@ -4,11 +4,9 @@ process reads, and a run from shards against a run from files."""
 
 from __future__ import annotations
 
-import io
 import json
 import runpy
 import sys
-import tarfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import torch
 from accelerate.data_loader import BatchSamplerShard, SkipBatchSampler
 from torch.utils.data import BatchSampler
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, clip_shard
 from taehv_train.common.annotation_file import read_annotation
 from taehv_train.common.clip_loader import ShardOrderSampler, buffer_shuffle
 from taehv_train.common.clip_table import ClipTable
@@ -35,16 +33,10 @@ INFERENCE = str(REPO_ROOT / "inference.py")
 
 
 def pack(shard: Path, files: list[Path], json_of=lambda path: {}) -> Path:
-    """A tar shard in the layout video2dataset writes ({key}.mp4 beside {key}.json), with the
-    stdlib, as a foreign packer makes it: the JSON states no frame count unless told."""
-    with tarfile.open(shard, "w") as tar:
-        for i, path in enumerate(files):
-            key = f"{shard.stem}{i:04d}"
-            tar.add(path, arcname=key + path.suffix)
-            text = json.dumps({"key": key, **json_of(path)}).encode()
-            info = tarfile.TarInfo(f"{key}.json")
-            info.size = len(text)
-            tar.addfile(info, io.BytesIO(text))
+    """``files`` as the shard ``shard`` in video2dataset's layout (``clip_shard``): its JSON
+    states no frame count unless ``json_of`` says."""
+    clips = [(f"{shard.stem}{i:04d}{path.suffix}", path.read_bytes(), json_of(path)) for i, path in enumerate(files)]
+    shard.write_bytes(clip_shard(clips))
     return shard
 
 

@@ -3,21 +3,19 @@ the real client (s3fs, botocore): a run stopped by SIGTERM and resumed ends bit-
 one never interrupted; a store that goes away mid-run ends the run in one line with the
 command that finishes it, and that command, through connections that drop mid-shard,
 finishes it bit-identical; credentials and buckets that are wrong stop a run before step 1.
-The set-up is in tests/s3_server.py and the fixtures in tests/conftest.py."""
+The set-up is in bench/s3_loopback.py and the fixtures in tests/conftest.py."""
 
 from __future__ import annotations
 
-import io
 import json
 import shlex
 import subprocess
-import tarfile
 from pathlib import Path
 
 import pytest
-from s3_server import S3Bucket, client_environment
 
-from conftest import REPO_ROOT
+from bench.s3_loopback import S3Bucket, client_environment
+from conftest import REPO_ROOT, clip_shard
 from taehv_train.common.annotation_file import read_annotation
 from train_runs import (
     ONE_PROCESS,
@@ -45,16 +43,9 @@ COMMON = (
 
 def shard_bytes(files: dict[Path, int], prefix: str) -> bytes:
     """A tar shard of ``files`` (path -> frame count), each clip's JSON stating its frames."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for i, (path, frames) in enumerate(files.items()):
-            key = f"{prefix}{i:04d}"
-            tar.add(path, arcname=key + path.suffix)
-            text = json.dumps({"key": key, "frames": frames}).encode()
-            info = tarfile.TarInfo(f"{key}.json")
-            info.size = len(text)
-            tar.addfile(info, io.BytesIO(text))
-    return buffer.getvalue()
+    return clip_shard(
+        [(f"{prefix}{i:04d}{p.suffix}", p.read_bytes(), {"frames": n}) for i, (p, n) in enumerate(files.items())]
+    )
 
 
 @pytest.fixture(scope="module")

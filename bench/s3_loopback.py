@@ -1,4 +1,4 @@
-"""A real S3 API on loopback for the tests, and a proxy in front of it that breaks connections.
+"""A real S3 API on loopback for the tests and benchmarks, and a proxy in front of it that breaks connections.
 
 ``MotoServer`` runs moto's server (``python -m moto.server``) in a subprocess, so its threads
 stay out of the test process and of the training runs the tests start; the client code under
