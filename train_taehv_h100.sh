@@ -41,7 +41,8 @@ Options:
                              (latest: the newest unfinished run of this config; a finished
                              run is extended by PATH or NAME with a higher --max_train_steps)
   --data DIR                 train on your own clips: annotates DIR (new files only), splits off a
-                             validation set and trains on them (python -m taehv_train.training.own_data)
+                             validation set and trains on them (python -m taehv_train.training.own_data);
+                             a folder or URL of shards (make_annotations --to_shards) is trained on as it is
   --debug                    a few verbose steps with anomaly detection and full tracebacks (into output/debug)
   --profile                  torch profiler trace of a few steps (into output/profile)
   --help                     this text

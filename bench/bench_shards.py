@@ -116,7 +116,12 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=24)
     parser.add_argument("--shard_size", default="16MB")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 8])
-    parser.add_argument("--samples", type=int, default=48)
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=96,
+        help="clips timed per row: whole epochs of --clips keep the mix of clips the same for every source",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()

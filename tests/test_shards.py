@@ -27,7 +27,7 @@ from taehv_train.common.video.probe import probe_video
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.weights import save_weights
 from taehv_train.training.own_data import shard_overrides
-from train_runs import ONE_PROCESS, train
+from train_runs import DDP_ENV, ONE_PROCESS, ddp, train
 
 INFERENCE = str(REPO_ROOT / "inference.py")
 
@@ -201,29 +201,45 @@ def test_a_shuffle_buffer_gives_a_permutation_in_which_no_clip_comes_out_before_
     assert buffer_shuffle(items, 8, rng).tolist() != items.tolist()
 
 
+def demo_as_shards(tmp_path: Path, demo_clips: dict, training_clips: int | None = None) -> tuple[dict, dict]:
+    """The demo clips (the first ``training_clips`` training ones) as annotation files and,
+    in the same order, as a training and a validation shard stating their frame counts."""
+    entries = {split: read_annotation(demo_clips[split])["list"] for split in ("train", "val")}
+    entries["train"] = entries["train"][:training_clips]
+    root = Path(demo_clips["root"])
+    files = {"root": root, "train": tmp_path / "train.json", "val": tmp_path / "val.json"}
+    shards = {"root": root}
+    for split, listed in entries.items():
+        files[split].write_text(json.dumps({"total": len(listed), "list": listed}))
+        stated = {root / entry["path"]: {"frames": entry["frames"]} for entry in listed}
+        shards[split] = pack(tmp_path / f"{split}.tar", list(stated), json_of=lambda path, stated=stated: stated[path])
+    return files, shards
+
+
 @pytest.mark.slow  # two short training runs (~10 s each)
 def test_a_run_from_shards_validates_as_the_same_run_from_files(tmp_path, demo_clips):
     """With one training clip the sampling is the same whatever the order rule (the clip's
     draws depend on (seed, epoch, index) alone), so the runs are the same run: their
     validation numbers are equal, not close."""
-    train_entries = read_annotation(demo_clips["train"])["list"][:1]
-    val_entries = read_annotation(demo_clips["val"])["list"]
-    root = Path(demo_clips["root"])
-    files = {"root": root, "train": tmp_path / "train.json", "val": tmp_path / "val.json"}
-    shards = {"root": root}
-    for split, entries in (("train", train_entries), ("val", val_entries)):
-        files[split].write_text(json.dumps({"total": len(entries), "list": entries}))
-        paths = [root / entry["path"] for entry in entries]
-        frames = {root / entry["path"]: entry["frames"] for entry in entries}
-        shards[split] = pack(
-            tmp_path / f"{split}.tar", paths, json_of=lambda path, frames=frames: {"frames": frames[path]}
-        )
+    files, shards = demo_as_shards(tmp_path, demo_clips, training_clips=1)
     histories = []
     for name, data in (("files", files), ("shards", shards)):
         train(ONE_PROCESS, tmp_path / name, data, "--dataloader_num_workers=1")
         (run,) = (tmp_path / name).iterdir()
         histories.append(json.loads((run / "validation_history.json").read_text()))
     assert histories[0] == histories[1] and len(histories[0]) == 2
+
+
+@pytest.mark.slow  # a short run of two processes
+def test_two_processes_train_from_shards_each_on_its_own_run_of_clips(tmp_path, demo_clips):
+    """5 training clips, 2 processes, batch 1: each process's run is 2 clips, so an epoch is
+    2 steps and step 4 ends the second epoch on both ranks, which agree throughout."""
+    _, shards = demo_as_shards(tmp_path, demo_clips)
+    train(
+        ddp(29580), tmp_path, shards, "--run_name=run", "--max_train_steps=4", "--dataloader_num_workers=1", env=DDP_ENV
+    )
+    state = json.loads((tmp_path / "run" / "checkpoints" / "checkpoint-4" / "trainer_state.json").read_text())
+    assert (state["progress"]["epoch"], state["progress"]["batch_in_epoch"]) == (2, 0)
 
 
 def test_inference_scores_clips_from_a_shard_as_the_same_clips_from_files(tmp_path, clip_files, monkeypatch):

@@ -130,14 +130,7 @@ def test_wrong_keys_a_missing_bucket_and_an_empty_pattern_stop_before_step_1_in_
     }
     for said, (env, data) in cases.items():
         out = tmp_path / "".join(c for c in said if c.isalpha())
-        result = subprocess.run(
-            train_args(ONE_PROCESS, out, data, *COMMON),
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=REPO_ROOT,
-            env=env,
-        )
+        result = train(ONE_PROCESS, out, data, *COMMON, env=env, expect=2)
         one_line_error(result)  # exit 2, no traceback: "error: invalid config: ..." (a line per key naming shards)
         assert said in result.stderr, result.stderr
         assert not out.exists()  # before any run folder
