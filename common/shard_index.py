@@ -10,6 +10,7 @@ carry it beside them as ``<shard>.index.json`` (the sidecar), with each clip's p
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -97,11 +98,14 @@ def load_index(url: str, retry: RetryPolicy = RETRY) -> ShardIndex:
         return index_from_text(url, text)
     shard_bytes, version = shard_stat(url, retry=retry)
     remembered = cache_dir() / (hashlib.sha256(f"{url}\n{shard_bytes}\n{version}".encode()).hexdigest() + ".json")
-    if remembered.is_file():
-        return index_from_text(url, remembered.read_text(encoding="utf-8"))
-    index = build_index(url, shard_bytes, retry)
     remembered.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(remembered, index_text(index))
+    # one process of this machine builds it (the training processes start together), the others wait and read it
+    with open(remembered.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if remembered.is_file():
+            return index_from_text(url, remembered.read_text(encoding="utf-8"))
+        index = build_index(url, shard_bytes, retry)
+        atomic_write(remembered, index_text(index))
     return index
 
 

@@ -179,11 +179,12 @@ def test_the_readme_sequence_runs_each_command_the_previous_step_printed_from_an
 
 def test_the_readme_shard_commands_pack_a_folder_and_train_on_the_shards_from_another_folder(tmp_path, demo_clips):
     """README, "Millions of clips, or clips in a bucket", typed in a folder of the user's own
-    at the smallest size: the folder packed into shards (train and val), then the launch
+    at the smallest size: a folder of six cameras' clips packed into shards (train and val), then the launch
     script trains on the shards as they are, with validation from the val shards."""
     home, out = tmp_path / "home", tmp_path / "out"
-    home.mkdir()
-    (home / "videos").symlink_to(demo_clips["root"])
+    (home / "videos").mkdir(parents=True)
+    for i, clip in enumerate(sorted(Path(demo_clips["root"]).rglob("*.mp4"))):  # six cameras: sources to split
+        (home / "videos" / f"cam{i}_{clip.name}").symlink_to(clip)
     readme = (REPO_ROOT / "README.md").read_text()
     block = re.search(
         r"```bash\n(python -m taehv_train\.training\.make_annotations videos --to_shards.*?)```", readme, re.S
