@@ -87,25 +87,47 @@ def cache_dir() -> Path:
 def load_index(url: str, retry: RetryPolicy = RETRY) -> ShardIndex:
     """The index of shard ``url``: its sidecar, else the one this machine built from the
     shard before (same size and version), else built now from its tar headers and
-    remembered. Raises ShardReadError when the shard cannot be read."""
+    remembered. A sidecar that is damaged or of another size of the shard (re-packed, cut
+    short) is passed over, with a warning. Raises ShardReadError when the shard cannot be read."""
+    shard_bytes, version = shard_stat(url, retry=retry)
     sidecar = sidecar_url(url)
     try:
-        text = read_range(sidecar, 0, shard_stat(sidecar, retry=retry)[0], retry=retry).decode("utf-8")
+        text = read_range(sidecar, 0, shard_stat(sidecar, retry=retry)[0], retry=retry)
     except ShardReadError as err:
         if err.kind != "missing":
             raise
     else:
-        return index_from_text(url, text)
-    shard_bytes, version = shard_stat(url, retry=retry)
+        if (index := _readable_index(url, text, shard_bytes, sidecar)) is not None:
+            return index
     remembered = cache_dir() / (hashlib.sha256(f"{url}\n{shard_bytes}\n{version}".encode()).hexdigest() + ".json")
     remembered.parent.mkdir(parents=True, exist_ok=True)
     # one process of this machine builds it (the training processes start together), the others wait and read it
     with open(remembered.with_suffix(".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if remembered.is_file():
-            return index_from_text(url, remembered.read_text(encoding="utf-8"))
+        if remembered.is_file() and (index := _readable_index(url, remembered.read_bytes(), shard_bytes, remembered)):
+            return index
         index = build_index(url, shard_bytes, retry)
         atomic_write(remembered, index_text(index))
+    return index
+
+
+def _readable_index(url: str, text: bytes, shard_bytes: int, where: str | Path) -> ShardIndex | None:
+    """The index in ``text`` (read from ``where``) when it is whole and of a shard of
+    ``shard_bytes`` bytes; else None, with a warning saying why."""
+    try:
+        index = index_from_text(url, text.decode("utf-8"))
+    except (ValueError, TypeError, KeyError) as err:  # not JSON, another format, entries of other fields
+        logger.warning("the shard index %s is damaged (%s): indexing %s from its tar headers", where, err, url)
+        return None
+    if index.shard_bytes != shard_bytes:
+        logger.warning(
+            "the shard index %s is of a shard of %d bytes, %s has %d: indexing it from its tar headers",
+            where,
+            index.shard_bytes,
+            url,
+            shard_bytes,
+        )
+        return None
     return index
 
 

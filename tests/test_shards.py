@@ -105,6 +105,20 @@ def test_a_sidecar_index_is_read_instead_of_the_shard(tmp_path, clip_files, capl
     assert "indexed shard" not in caplog.text
 
 
+def test_a_damaged_or_stale_sidecar_is_passed_over_for_the_tar_headers(tmp_path, clip_files, caplog):
+    shard = pack(tmp_path / "a.tar", clip_files[:2], json_of=lambda path: {"frames": probe_video(path).frames})
+    built = load_index(str(shard))
+    sidecar = Path(sidecar_url(str(shard)))
+    for text, said in (
+        ("{not json", "is damaged"),
+        (index_text(replace(built, shard_bytes=10)), "of a shard of 10 bytes"),
+    ):
+        sidecar.write_text(text)
+        caplog.clear()
+        assert load_index(str(shard)) == built
+        assert said in caplog.text
+
+
 def test_a_shard_cut_short_keeps_its_whole_clips_and_a_clip_that_does_not_decode_is_left_out(
     tmp_path, clip_files, caplog
 ):
