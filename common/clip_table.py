@@ -3,7 +3,6 @@ annotation file or a scanned folder, stored so forked DataLoader workers share i
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,8 +22,6 @@ from taehv_train.common.shard_source import (
     read_range,
 )
 from taehv_train.common.video.files import BadClipError, Clip, ClipBytes, clip_extensions, find_videos
-
-logger = logging.getLogger(__name__)
 
 MAX_FRAMES = int(np.iinfo(np.int32).max)  # frame counts are int32; no real clip comes near (2.3 years at 30 fps)
 
@@ -79,12 +76,10 @@ class ClipTable:
         names = [f"{index.url}#{member.name}" for index in indexes for member in index.members]
         frames = [member.frames for index in indexes for member in index.members]
         shard_of = np.repeat(np.arange(len(indexes), dtype=np.int32), [len(index.members) for index in indexes])
-        ranges = np.asarray([(m.offset, m.size) for index in indexes for m in index.members], dtype=np.int64).reshape(
-            -1, 2
-        )
+        ranges = np.asarray([(m.offset, m.size) for index in indexes for m in index.members], dtype=np.int64)
         table = cls.from_lists("", names, frames, refused)
         shards = tuple(index.url for index in indexes)
-        return replace(table, shards=shards, shard_of=shard_of, ranges=ranges, retry=retry)
+        return replace(table, shards=shards, shard_of=shard_of, ranges=ranges.reshape(-1, 2), retry=retry)
 
     @classmethod
     def from_directory(cls, directory: str | Path, images: bool = False) -> ClipTable:

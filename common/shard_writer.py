@@ -1,4 +1,4 @@
-"""Packing annotated clips into tar shards that a run streams from disk or object storage.
+"""Packing annotated clips into tar shards that a run reads from disk or object storage.
 
 The layout is the one video2dataset writes (``video2dataset/data_writer.py``,
 ``WebDatasetSampleWriter``: shard ``{n:05d}.tar`` under an fsspec URL, per sample
