@@ -137,7 +137,7 @@ if [[ -n "${DATA_DIR:-}" ]]; then   # own videos: annotate (new files only), spl
     || exit $?
   mapfile -t DATA_ARGS < "$DATA_OVERRIDES"; rm -f "$DATA_OVERRIDES"
   EXTRA=("${DATA_ARGS[@]}" "${EXTRA[@]}")
-  ok "data: $DATA_DIR annotated (${DATA_ARGS[*]})"
+  ok "data: $DATA_DIR (${DATA_ARGS[*]})"
 fi
 # One Python start-up for every check (imports take seconds): exit 3 = packages missing;
 # the line "gpus=N" = the visible CUDA devices; exit 2 = a problem the user fixes (the
