@@ -187,7 +187,7 @@ def run_naive(config: TrainConfig, every: int) -> list[dict]:
     torch.manual_seed(config.seed)
     model = TAEHV(variant=config.variant)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
-    loader = build_train_loader(train_set, config, accelerator.device)
+    loader = build_train_loader(train_set, config, accelerator.device, accelerator.num_processes)
     curve, step, epoch = [], 0, 0
     while step < config.max_train_steps:
         loader.sampler.set_epoch(epoch)

@@ -2,7 +2,7 @@
 reference latents come from.
 
     data = build_training_data(config, ref_vae)   # probes the clips, opens the latent cache
-    loader = build_train_loader(data.train, config, device)
+    loader = build_train_loader(data.train, config, device, processes)
     batches = Prefetcher(loader, accelerator, progress)  # training.data.prefetch: from where the run is
     z_ref = data.latents(batch, frames, generator)  # in the training step
 
