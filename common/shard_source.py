@@ -224,9 +224,14 @@ def _transient_classes() -> tuple[type, ...]:
         *_optional_classes("aiohttp", ["ClientConnectionError", "ClientPayloadError"]),
         *_optional_classes(
             "botocore.exceptions",
-            ["EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError", "ConnectTimeoutError"],
+            [
+                "EndpointConnectionError",
+                "ConnectionClosedError",
+                "ReadTimeoutError",
+                "ConnectTimeoutError",
+                "ResponseStreamingError",
+            ],
         ),
-        *_optional_classes("botocore.exceptions", ["ResponseStreamingError"]),
     )
 
 
