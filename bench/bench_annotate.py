@@ -43,7 +43,7 @@ from unittest import mock
 
 import av
 
-from bench.harness import command_line, cpus_summary, print_json, shared_dir, timed
+from bench.lib.harness import command_line, cpus_summary, print_json, shared_dir, timed
 from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.packet_count import count_frames_from_packets
 from taehv_train.common.video.files import BadClipError, find_videos

@@ -23,7 +23,7 @@ import torch
 from accelerate import Accelerator
 from diffusers.training_utils import EMAModel
 
-from bench.harness import cpu_name, print_json, timed
+from bench.lib.harness import cpu_name, print_json, timed
 from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.run_files import read_checkpoint_manifest
 from taehv_train.models.taehv import TAEHV

@@ -77,8 +77,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from bench.harness import command_line, cpus_summary, print_json, shared_dir, timed
-from bench.loader_baselines import (
+from bench.lib.harness import command_line, cpus_summary, print_json, shared_dir, timed
+from bench.lib.loader_baselines import (
     Window,
     loader_rate,
     loader_windows,

@@ -42,8 +42,8 @@ import torch
 from accelerate import Accelerator
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from bench.harness import REPO_ROOT, command_line, print_json, shared_dir, threads_summary
-from bench.quality_plot import PALETTE, plot
+from bench.lib.harness import REPO_ROOT, command_line, print_json, shared_dir, threads_summary
+from bench.lib.quality_plot import PALETTE, plot
 from taehv_train.common.clips import frames_to_unit
 from taehv_train.common.config import TrainConfig, load_config
 from taehv_train.common.flags import ArgumentParser

@@ -59,10 +59,10 @@ from pathlib import Path
 import torch
 
 import taehv_train.models.taehv as taehv_module
-from bench.cpu_memory import measure_memory
-from bench.harness import machine_info, print_json, published_file, time_alternating, utc_now
-from bench.published_model import build_pair, operation
-from bench.roofline import add_roofline, count_flops, measure_peak
+from bench.lib.cpu_memory import measure_memory
+from bench.lib.harness import machine_info, print_json, published_file, time_alternating, utc_now
+from bench.lib.published_model import build_pair, operation
+from bench.lib.roofline import add_roofline, count_flops, measure_peak
 from taehv_train.common.flags import ArgumentParser
 
 DEFAULT_CASES = [(9, 128, 128), (17, 128, 128), (49, 128, 128), (9, 256, 256)]

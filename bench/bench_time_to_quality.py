@@ -54,7 +54,7 @@ import torch
 from accelerate import Accelerator
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from bench.harness import (
+from bench.lib.harness import (
     REPO_ROOT,
     command_line,
     cpu_name,
@@ -64,8 +64,8 @@ from bench.harness import (
     shared_dir,
     threads_summary,
 )
-from bench.published_model import published_loss
-from bench.quality_plot import PALETTE, plot
+from bench.lib.published_model import published_loss
+from bench.lib.quality_plot import PALETTE, plot
 from taehv_train.common.clip_table import ClipTable
 from taehv_train.common.clips import VideoClipDataset
 from taehv_train.common.config import load_config

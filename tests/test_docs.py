@@ -40,12 +40,14 @@ OTHER_FLAGS = {
     "include",
     "local_dir",
 }
+PACKAGES_RUN = "training|bench|tools|evaluation|models|common"  # what `python -m` may name
 OURS = (
     "models",
     "common",
     "training",
     "evaluation",
     "bench",
+    "tools",
     "docs",
     "tests",
     "scripts",
@@ -97,7 +99,8 @@ def test_every_path_and_module_the_docs_name_exists():
                 ):
                     missing.append(f"{doc.name}: {token}")
             modules = re.findall(
-                r"python3? -m (?:taehv_train\.)?((?:training|bench|evaluation|models|common)(?:\.\w+)+)(?![\w<.])", span
+                rf"python3? -m (?:taehv_train\.)?((?:{PACKAGES_RUN})(?:\.\w+)+)(?![\w<.])",
+                span,
             )
             for module in modules:
                 if not (REPO_ROOT / (module.replace(".", "/") + ".py")).exists():
@@ -125,6 +128,7 @@ def tool_flags() -> set[str]:
         *REPO_ROOT.glob("training/*.py"),
         *REPO_ROOT.glob("common/*.py"),
         *REPO_ROOT.glob("bench/*.py"),
+        *REPO_ROOT.glob("tools/*.py"),
         REPO_ROOT / "inference.py",
     ]:
         flags |= set(re.findall(r"add_argument\(\s*\"--([\w-]+)\"", path.read_text()))

@@ -1,7 +1,7 @@
 """The training loop's step built as the loop builds it, in one process with a plain
 Accelerator, for the CPU benchmarks that time it (bench/bench_train_step.py,
 bench/bench_compile.py). The GPU benchmarks time the engine a GPU run uses (DeepSpeed
-ZeRO-2, started as training starts): bench/on_device_step.py.
+ZeRO-2, started as training starts): bench/lib/on_device_step.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 Speed and memory benchmarks need the reference VAE's architecture, not its weights, and
 nothing can be downloaded on benchmark machines:
 
-    python -m bench.make_reference_vae /tmp/cogvideox2b_random     # CogVideoX-2b architecture
+    python -m tools.make_reference_vae /tmp/cogvideox2b_random     # CogVideoX-2b architecture
 then pass ``--ref_vae_path=/tmp/cogvideox2b_random`` to training or inference.
 """
 

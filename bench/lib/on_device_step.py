@@ -4,9 +4,9 @@ that bench/bench_gpu.py holds the launch script's own speed against. Started as 
 script starts training, one process:
 
     python -m taehv_train.training.launch --config_file accelerate_configs/deepspeed_1gpu.yaml --num_processes 1 \\
-        -m bench.on_device_step --config training/configs/taehv_config_1gpu_h100.py --out row.json [--key=value ...]
+        -m bench.lib.on_device_step --config training/configs/taehv_config_1gpu_h100.py --out row.json [--key=value ...]
     python -m taehv_train.training.launch --use_deepspeed --zero_stage 2 --num_machines 1 --num_processes 1 \\
-        -m bench.on_device_step --config ... --out row.json    # without CUDA: DeepSpeed on the CPU (gloo)
+        -m bench.lib.on_device_step --config ... --out row.json    # without CUDA: DeepSpeed on the CPU (gloo)
 
 Built as ``training/taehv_train.py`` builds it: the config file with the same
 ``--key=value`` overrides, the Accelerator of ``training.loop.accelerator.make_accelerator``
@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 from accelerate.utils import set_seed
 
-from bench.gpu_measure import GraphCount
+from bench.lib.gpu_measure import GraphCount
 from taehv_train.common.config import TrainConfig, load_config
 from taehv_train.common.errors import exit_on_user_error
 from taehv_train.common.flags import ArgumentParser

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import cv2
 import numpy as np
 
-from bench.harness import timed
+from bench.lib.harness import timed
 from taehv_train.common.clip_loader import build_dataloader
 from taehv_train.common.clips import VideoClipDataset
 from taehv_train.common.video.crop import crop_box
