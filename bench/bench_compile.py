@@ -40,7 +40,7 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 
 from bench.lib.harness import command_line, device_label, print_json
-from taehv_train.common.flags import ArgumentParser
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.evaluation.timing import median_seconds, timed
 from taehv_train.models.taehv import TAEHV
 

@@ -88,9 +88,9 @@ from bench.lib.loader_baselines import (
     resize_cost,
     sample_crops,
 )
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.clips import VideoClipDataset
 from taehv_train.common.config import TrainConfig
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.video.crop import ClipWriter
 from taehv_train.common.video.files import find_videos
 from taehv_train.common.video.probe import probe_video

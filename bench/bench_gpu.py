@@ -114,8 +114,8 @@ from bench.lib.gpu_measure import (
 )
 from bench.lib.gpu_training import CACHE_VAES, Plan, VideosError, check_videos_dir, end_to_end_rows, user_error
 from bench.lib.harness import command_line, load_published, print_json, published_file, utc_now
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.config import DTYPES
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.evaluation.timing import median_seconds, synchronize
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.variants import get_variant, known_variants

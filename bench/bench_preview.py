@@ -28,7 +28,7 @@ import torch
 
 from bench.lib.harness import command_line, print_json, threads_summary, utc_now
 from bench.lib.tiny_pipelines import inputs, wan_pipeline
-from taehv_train.common.flags import ArgumentParser
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.models.diffusers_vae import TAEVideoVAE, pipeline_config
 from taehv_train.models.live_preview import LivePreview, denoised
 from taehv_train.models.taehv import TAEHV

@@ -44,9 +44,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from bench.lib.harness import REPO_ROOT, command_line, print_json, shared_dir, threads_summary
 from bench.lib.quality_plot import PALETTE, plot
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.clips import frames_to_unit
 from taehv_train.common.config import TrainConfig, load_config
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.video.files import find_videos
 from taehv_train.models.ecosystem import export_stem
 from taehv_train.models.latent_spaces import OWN

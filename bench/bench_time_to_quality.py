@@ -66,10 +66,10 @@ from bench.lib.harness import (
 )
 from bench.lib.published_model import published_loss
 from bench.lib.quality_plot import PALETTE, plot
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.clip_table import ClipTable
 from taehv_train.common.clips import VideoClipDataset
 from taehv_train.common.config import load_config
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.metrics import video_psnr, video_sharpness, video_ssim
 from taehv_train.common.video.files import find_videos
 from taehv_train.common.video.resize import area_resize

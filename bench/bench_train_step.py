@@ -31,8 +31,8 @@ import torch
 
 from bench.lib.harness import command_line, device_label, print_json, threads_summary
 from bench.lib.step_builder import train_step
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.config import TrainConfig
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.reference_vae import ReferenceVAE
 from taehv_train.evaluation.timing import median_seconds
 from taehv_train.models.taehv import TAEHV

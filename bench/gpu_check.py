@@ -78,7 +78,7 @@ from bench.lib.gpu_training import (
     user_error,
 )
 from bench.lib.harness import REPO_ROOT, command_line, utc_now
-from taehv_train.common.flags import ArgumentParser
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.video_writer import write_video
 
 BUDGET_S = 480.0  # 8 minutes on one GPU, compilation included

@@ -17,7 +17,7 @@ import torch
 from torch._utils import ExceptionWrapper
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from taehv_train.common.errors import VideoDataError
+from taehv_train.base.errors import VideoDataError
 from taehv_train.common.lifeline import watch_parent
 
 

@@ -23,8 +23,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from taehv_train.base.atomic import atomic_write
+from taehv_train.base.errors import UserError
 from taehv_train.common.clips import VideoClipDataset, frames_to_unit
-from taehv_train.common.errors import UserError
 from taehv_train.common.metrics import (
     frame_psnr,
     rms_ratio,
@@ -44,7 +45,6 @@ from taehv_train.evaluation.frame_size import FrameSize
 from taehv_train.evaluation.stills import comparison_stills
 from taehv_train.evaluation.timing import timed
 from taehv_train.evaluation.videos import latent_picture, rgb_beside_alpha, side_by_side, to_uint8_frames
-from taehv_train.models.atomic import atomic_write
 from taehv_train.models.frames import FramePlan
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.vae_registry import reference_vae_frames

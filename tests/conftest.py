@@ -263,7 +263,7 @@ def clip_shard(clips: list[tuple[str, bytes, dict]]) -> bytes:
 def tool_exit(capsys, main, *args: str) -> tuple[int, str, list[str]]:
     """A tool's ``main`` run in this process as its ``python -m`` entry point runs it
     (``exit_on_user_error``): exit status, stdout, stderr lines."""
-    from taehv_train.common.errors import exit_on_user_error
+    from taehv_train.base.errors import exit_on_user_error
 
     capsys.readouterr()
     try:

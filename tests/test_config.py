@@ -14,8 +14,8 @@ import torch
 
 from conftest import REPO_ROOT, save_tiny_vae
 from conftest import valid_config as valid
+from taehv_train.base.errors import UserError
 from taehv_train.common.config import TrainConfig, apply_overrides, load_config, run_prefix
-from taehv_train.common.errors import UserError
 from taehv_train.common.metrics import lpips_unavailable_reason
 from taehv_train.models.variants import get_variant
 from taehv_train.training.preflight import check

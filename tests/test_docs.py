@@ -42,6 +42,7 @@ OTHER_FLAGS = {
 }
 PACKAGES_RUN = "training|bench|tools|evaluation|models|common"  # what `python -m` may name
 OURS = (
+    "base",
     "models",
     "common",
     "training",
@@ -185,7 +186,7 @@ def test_the_docs_python_snippets_run_from_another_folder(tmp_path):
     imports = "\n".join(line for line in lines if line.startswith(("from ", "import ")))
     assert "taehv_train" in imports
     # the package's folders are importable under its namespace only, not as top-level names
-    bare = ("models", "common", "training", "evaluation", "inference")
+    bare = ("base", "models", "common", "training", "evaluation", "inference")
     claimed = f"import importlib.util as u; print([n for n in {bare} if u.find_spec(n)])"
     names = subprocess.run([sys.executable, "-c", claimed], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert names.stdout.strip() == "[]", names.stdout + names.stderr

@@ -21,9 +21,9 @@ import pytest
 from test_launch_script import TINY_SCRATCH, launch
 
 from conftest import tool_exit
+from taehv_train.base.errors import UserError
 from taehv_train.common.clip_table import ClipTable
 from taehv_train.common.clips import VideoClipDataset
-from taehv_train.common.errors import UserError
 from taehv_train.common.video.files import BadClipError
 from taehv_train.training import make_annotations
 from taehv_train.training.data import probe_pool

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import REPO_ROOT
-from taehv_train.common.errors import UserError
+from taehv_train.base.errors import UserError
 from taehv_train.common.metrics import lpips_unavailable_reason
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.weights import save_weights

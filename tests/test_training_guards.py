@@ -18,8 +18,8 @@ from accelerate import Accelerator
 
 from conftest import REPO_ROOT
 from conftest import valid_config as valid
+from taehv_train.base.errors import UserError
 from taehv_train.common.config import TrainConfig, load_config, resolve_path
-from taehv_train.common.errors import UserError
 from taehv_train.models.frames import group_frames, plan_frames, ungroup_frames
 from taehv_train.models.taehv import TAEHV
 from taehv_train.training.loop import resilience

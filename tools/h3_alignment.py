@@ -39,7 +39,7 @@ import diffusers
 import torch
 from diffusers import AutoencoderKLMiniMaxH3
 
-from taehv_train.common.flags import ArgumentParser
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.models.frames import h3_decoded_frames, plan_frames
 
 log = logging.getLogger("h3_alignment")

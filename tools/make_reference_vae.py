@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from diffusers import AutoencoderKLCogVideoX
 
-from taehv_train.common.flags import ArgumentParser
+from taehv_train.base.flags import ArgumentParser
 
 # CogVideoX-2b's vae/config.json (the diffusers defaults are this configuration)
 COGVIDEOX_2B = dict(

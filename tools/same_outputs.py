@@ -33,7 +33,7 @@ import torch
 from safetensors import safe_open
 
 from bench.lib.harness import REPO_ROOT
-from taehv_train.common.flags import ArgumentParser
+from taehv_train.base.flags import ArgumentParser
 
 TEST_CONFIG = "training/configs/taehv_config_test.py"
 ZERO2 = [

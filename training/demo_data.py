@@ -26,7 +26,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from taehv_train.common.flags import ArgumentParser
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.video_writer import write_video
 from taehv_train.training.make_annotations import write_annotation
 

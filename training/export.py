@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
+from taehv_train.base.atomic import atomic_write
+from taehv_train.base.errors import UserError
 from taehv_train.common.config import REPO_ROOT
-from taehv_train.common.errors import UserError
 from taehv_train.common.run_files import (
     WEIGHT_CHOICES,
     RunWeights,
@@ -26,7 +27,6 @@ from taehv_train.common.run_files import (
     validation_history,
     weights_in_run,
 )
-from taehv_train.models.atomic import atomic_write
 from taehv_train.models.ecosystem import (
     Reading,
     comfyui_dtype,
@@ -325,7 +325,7 @@ def write_bundle(
 def main(argv: list[str] | None = None) -> None:
     import sys
 
-    from taehv_train.common.flags import ArgumentParser
+    from taehv_train.base.flags import ArgumentParser
 
     parser = ArgumentParser(description="Write the export bundle of a training run or a weight file.")
     parser.add_argument("source", help="a run folder, a checkpoint or best_model folder, or a weight file")
@@ -359,6 +359,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from taehv_train.common.errors import exit_on_user_error
+    from taehv_train.base.errors import exit_on_user_error
 
     exit_on_user_error(main)

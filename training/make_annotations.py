@@ -96,11 +96,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from taehv_train.common.errors import UserError, counts_in_words, exit_on_user_error
-from taehv_train.common.flags import ArgumentParser
+from taehv_train.base.atomic import atomic_write, atomic_write_all
+from taehv_train.base.errors import UserError, counts_in_words, exit_on_user_error
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.shard_writer import DEFAULT_SHARD_SIZE, ShardFolder, pack, parse_size, part_prefix
 from taehv_train.common.video.files import IMAGE_EXTENSIONS, find_videos
-from taehv_train.models.atomic import atomic_write, atomic_write_all
 from taehv_train.training.data.annotation_split import (
     DEFAULT_GROUP_REGEX,
     Split,

@@ -16,13 +16,13 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from taehv_train.base.atomic import atomic_write
+from taehv_train.base.errors import UserError
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.annotation_file import read_annotation
 from taehv_train.common.config import load_config, resolve_source
-from taehv_train.common.errors import UserError
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.shard_source import is_shard_source, source_errors
 from taehv_train.common.video.files import clip_extensions, holds_clips
-from taehv_train.models.atomic import atomic_write
 from taehv_train.training import make_annotations
 from taehv_train.training.data.annotation_split import Split, split_problem
 
@@ -123,6 +123,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from taehv_train.common.errors import exit_on_user_error
+    from taehv_train.base.errors import exit_on_user_error
 
     exit_on_user_error(main)

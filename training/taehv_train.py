@@ -51,13 +51,13 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from taehv_train.base.atomic import atomic_write
+from taehv_train.base.errors import EXIT_USER_ERROR, USER_ERRORS, UserError, debug_requested
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.clips import VideoClipDataset, VideoDataError, frames_to_unit
 from taehv_train.common.config import TrainConfig, describe, given_keys, load_config
-from taehv_train.common.errors import EXIT_USER_ERROR, USER_ERRORS, UserError, debug_requested
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.reference_vae import ReferenceVAE
 from taehv_train.common.run_files import run_weights, write_run_marker
-from taehv_train.models.atomic import atomic_write
 from taehv_train.models.latent_spaces import OWN
 from taehv_train.training.data.latent_scale_check import check_at_start
 from taehv_train.training.data.loader_workers import LoaderFault

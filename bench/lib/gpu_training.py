@@ -26,7 +26,7 @@ import psutil
 from bench.lib.gpu_measure import log
 from bench.lib.harness import REPO_ROOT
 from bench.lib.reencoded_clips import DASH_CAMERA_GOP, reencode_clips
-from taehv_train.common.errors import EXIT_USER_ERROR
+from taehv_train.base.errors import EXIT_USER_ERROR
 from taehv_train.common.video.files import find_videos
 from taehv_train.models.vae_registry import reference_vae_frames
 from taehv_train.models.variants import get_variant

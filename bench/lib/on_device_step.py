@@ -44,9 +44,9 @@ import torch
 from accelerate.utils import set_seed
 
 from bench.lib.gpu_measure import GraphCount
+from taehv_train.base.errors import exit_on_user_error
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.config import TrainConfig, load_config
-from taehv_train.common.errors import exit_on_user_error
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.evaluation.timing import synchronize
 from taehv_train.training.data.loading import build_train_loader, build_training_data
 from taehv_train.training.data.prefetch import Prefetcher

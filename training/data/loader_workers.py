@@ -21,7 +21,7 @@ import signal
 import time
 from types import TracebackType
 
-from taehv_train.common.errors import VideoDataError
+from taehv_train.base.errors import VideoDataError
 
 END_GRACE_S = 1.0  # for a worker to take its parent's SIGTERM before SIGKILL ends it
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from taehv_train.common.errors import UserError
-from taehv_train.models.atomic import atomic_write
+from taehv_train.base.atomic import atomic_write
+from taehv_train.base.errors import UserError
 from taehv_train.training.data.probe_pool import Probe
 
 PROBES_FORMAT = 1  # version of the records file: the header's "make_annotations_probes"

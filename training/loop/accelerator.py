@@ -15,8 +15,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
 
+from taehv_train.base.errors import UserError
 from taehv_train.common.config import TrainConfig
-from taehv_train.common.errors import UserError
 from taehv_train.training.loop.distributed import process_group_backend
 from taehv_train.training.loop.step import accumulation_plugin
 from taehv_train.training.loop.trackers import log_with

@@ -27,7 +27,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
-from taehv_train.common.errors import UserError
+from taehv_train.base.errors import UserError
 
 logger = logging.getLogger(__name__)
 MIN_DEEPSPEED = "0.17.1"  # the ZeRO optimizer's check_grad_overflow switch (deepspeedai/DeepSpeed#6976)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
+from taehv_train.base.errors import UserError, readable_size
 from taehv_train.common.config import TrainConfig, native_bf16, spec_of
-from taehv_train.common.errors import UserError, readable_size
 from taehv_train.models.taehv import TAEHV
 
 _HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -28,8 +28,8 @@ from typing import NamedTuple
 
 import torch
 
+from taehv_train.base.errors import UserError
 from taehv_train.common.config import TrainConfig
-from taehv_train.common.errors import UserError
 
 logger = logging.getLogger(__name__)
 FAULT_KINDS = (

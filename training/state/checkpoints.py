@@ -35,6 +35,8 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from safetensors.torch import load_file, save_file
 
+from taehv_train.base.atomic import TMP_PREFIX
+from taehv_train.base.errors import UserError
 from taehv_train.common.config import (
     TrainConfig,
     changed_from_file,
@@ -43,7 +45,6 @@ from taehv_train.common.config import (
     run_prefix,
     same_config_file,
 )
-from taehv_train.common.errors import UserError
 from taehv_train.common.folder_locks import remove_unless_read
 from taehv_train.common.run_files import (
     CHECKPOINT_MANIFEST,
@@ -52,7 +53,6 @@ from taehv_train.common.run_files import (
     newest_intact,
     read_checkpoint_manifest,
 )
-from taehv_train.models.atomic import TMP_PREFIX
 from taehv_train.training.state.atomic_folders import (
     abandon,
     checksum_files,
