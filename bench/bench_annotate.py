@@ -45,8 +45,8 @@ import av
 
 from bench.lib.harness import command_line, cpus_summary, print_json, shared_dir, timed
 from taehv_train.base.flags import ArgumentParser
-from taehv_train.common.packet_count import count_frames_from_packets
 from taehv_train.common.video.files import BadClipError, find_videos
+from taehv_train.common.video.packet_count import count_frames_from_packets
 from taehv_train.common.video.probe import VideoInfo, probe_video
 from taehv_train.common.video.reader import VideoReader
 from taehv_train.training import make_annotations

@@ -79,7 +79,7 @@ from bench.lib.gpu_training import (
 )
 from bench.lib.harness import REPO_ROOT, command_line, utc_now
 from taehv_train.base.flags import ArgumentParser
-from taehv_train.common.video_writer import write_video
+from taehv_train.common.video.writer import write_video
 
 BUDGET_S = 480.0  # 8 minutes on one GPU, compilation included
 BEFORE_CLIPS_PER_S = 18.2  # the plain step through the launch script, one H200, 2026-11-26 (docs/benchmarks.md)

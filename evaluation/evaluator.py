@@ -40,7 +40,7 @@ from taehv_train.common.metrics import (
 from taehv_train.common.preview_score import preview_decode, preview_scores
 from taehv_train.common.reference_vae import ReferenceVAE
 from taehv_train.common.video.files import BadClipError
-from taehv_train.common.video_writer import write_video
+from taehv_train.common.video.writer import write_video
 from taehv_train.evaluation.frame_size import FrameSize
 from taehv_train.evaluation.stills import comparison_stills
 from taehv_train.evaluation.timing import timed
