@@ -48,10 +48,10 @@ from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.clips import frames_to_unit
 from taehv_train.common.config import TrainConfig, load_config
 from taehv_train.common.video.files import find_videos
-from taehv_train.models.ecosystem import export_stem
 from taehv_train.models.latent_spaces import OWN
 from taehv_train.models.taehv import TAEHV
 from taehv_train.training.data.loading import build_datasets, build_train_loader
+from taehv_train.training.ecosystem import export_stem
 from taehv_train.training.loop.validation import validate
 from taehv_train.training.make_annotations import write_annotation
 
