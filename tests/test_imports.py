@@ -132,7 +132,7 @@ LAYERS = (
     ("models",),
     ("common.errors", "common.flags", "common.metrics", "common.video_writer"),
     ("common",),
-    ("training.configs", "training.data", "evaluation"),
+    ("training.configs", "training.data", "training.annotate", "evaluation"),
     ("training.loop", "training.state"),
     (
         "training.preflight",
