@@ -95,7 +95,7 @@ from taehv_train.common.video.crop import ClipWriter
 from taehv_train.common.video.files import find_videos
 from taehv_train.common.video.probe import probe_video
 from taehv_train.common.video.reader import VideoReader
-from taehv_train.training.make_annotations import write_annotation
+from taehv_train.training.annotate.annotation_files import write_annotation
 
 
 def time_split(dataset: VideoClipDataset) -> dict:

@@ -50,10 +50,10 @@ from taehv_train.common.config import TrainConfig, load_config
 from taehv_train.common.video.files import find_videos
 from taehv_train.models.latent_spaces import OWN
 from taehv_train.models.taehv import TAEHV
+from taehv_train.training.annotate.annotation_files import write_annotation
 from taehv_train.training.data.loading import build_datasets, build_train_loader
 from taehv_train.training.ecosystem import export_stem
 from taehv_train.training.loop.validation import validate
-from taehv_train.training.make_annotations import write_annotation
 
 RECIPE_CONFIG = REPO_ROOT / "training" / "configs" / "taehv_config_scratch.py"
 

@@ -40,10 +40,10 @@ import torch
 from bench.lib.harness import command_line, machine_info, print_json, shared_dir, utc_now
 from bench.lib.reencoded_clips import reencode_clips
 from bench.lib.s3_loopback import MotoServer, S3Bucket, client_environment
-from taehv_train.common.clip_loader import build_dataloader
 from taehv_train.common.clips import VideoClipDataset
 from taehv_train.common.config import TrainConfig
 from taehv_train.training import make_annotations
+from taehv_train.training.data.clip_loader import build_dataloader
 
 
 def make_sources(videos_dir: Path, work: Path, clips: int, shard_size: str, bucket: S3Bucket) -> dict[str, str]:

@@ -75,10 +75,10 @@ from taehv_train.common.video.files import find_videos
 from taehv_train.common.video.resize import area_resize
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.weights import load_weights
+from taehv_train.training.annotate.annotation_files import write_annotation
 from taehv_train.training.data.loading import build_datasets
 from taehv_train.training.loop.optimisation import parse_duration
 from taehv_train.training.loop.validation import validate
-from taehv_train.training.make_annotations import write_annotation
 
 PRESET = REPO_ROOT / "training" / "configs" / "taehv_config_scratch.py"
 ARMS = ("ours", "bare")

@@ -126,7 +126,7 @@ def tool_flags() -> set[str]:
     """Every long flag some tool defines (snake_case; both spellings are accepted)."""
     flags = set()
     for path in [
-        *REPO_ROOT.glob("training/*.py"),
+        *REPO_ROOT.glob("training/**/*.py"),
         *REPO_ROOT.glob("common/*.py"),
         *REPO_ROOT.glob("bench/*.py"),
         *REPO_ROOT.glob("tools/*.py"),

@@ -133,7 +133,7 @@ LAYERS = (
     ("models",),
     ("common.metrics",),
     ("common",),
-    ("training.configs", "training.data", "training.ecosystem", "evaluation"),
+    ("training.configs", "training.data", "training.annotate", "training.ecosystem", "evaluation"),
     ("training.loop", "training.state"),
     (
         "training.preflight",

@@ -23,9 +23,9 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader, Dataset
 
 from conftest import REPO_ROOT
-from taehv_train.common.clip_loader import tie_worker_to_parent
 from taehv_train.common.config import TrainConfig
 from taehv_train.training.data import prefetch
+from taehv_train.training.data.clip_loader import tie_worker_to_parent
 from taehv_train.training.data.loader_workers import LoaderFault
 from taehv_train.training.data.prefetch import Prefetcher
 from taehv_train.training.loop.distributed import collective_timeout

@@ -11,7 +11,7 @@ the seed (clip ``i`` of seed ``s`` uses ``default_rng([s, i])``; held-out clips 
 ones, so they come from other seeds' streams), and the scenes keep fine structure (lane
 dashes, vehicle edges, texture) for the model to learn. The pixels repeat exactly; the
 H.264 bytes do not quite (libx264 varies between runs, docs/benchmarks.md). Clips are
-written as H.264 MP4 (``common.video.writer.write_video``, which browsers play) to
+written as H.264 MP4 (``common.video_writer.write_video``, which browsers play) to
 ``OUT_DIR/videos`` with ``OUT_DIR/annotations_train.json`` and ``annotations_val.json`` in
 the users' format.
 """
@@ -28,7 +28,7 @@ import numpy as np
 
 from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.video.writer import write_video
-from taehv_train.training.make_annotations import write_annotation
+from taehv_train.training.annotate.annotation_files import write_annotation
 
 SUPERSAMPLE = 2  # rendered at twice the size, then area-resized: smooth edges on lane dashes and cars
 

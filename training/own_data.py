@@ -24,7 +24,8 @@ from taehv_train.common.config import load_config, resolve_source
 from taehv_train.common.shard_source import is_shard_source, source_errors
 from taehv_train.common.video.files import clip_extensions, holds_clips
 from taehv_train.training import make_annotations
-from taehv_train.training.data.annotation_split import Split, split_problem
+from taehv_train.training.annotate.annotation_files import output_paths
+from taehv_train.training.annotate.annotation_split import Split, split_problem
 
 
 def annotation_file(output_dir: str | Path, folder: Path) -> Path:
@@ -62,7 +63,7 @@ def annotate(folder: Path, output_dir: str | Path) -> list[str]:
     if not holds_clips(folder):
         raise UserError(f"--data {folder} holds no videos or images ({', '.join(clip_extensions(images=True))})")
     out = annotation_file(output_dir, folder)
-    paths = make_annotations.output_paths(out)
+    paths = output_paths(out)
     # the launch script goes on to train on them: the tool's own "train on them" line is left out
     status = make_annotations.main([str(folder), "-o", str(out), *recorded_split(paths)], train_line=False)
     kept = clip_counts(paths)

@@ -30,7 +30,7 @@ from taehv_train.base.errors import EXIT_USER_ERROR
 from taehv_train.common.video.files import find_videos
 from taehv_train.models.vae_registry import reference_vae_frames
 from taehv_train.models.variants import get_variant
-from taehv_train.training.make_annotations import write_annotation
+from taehv_train.training.annotate.annotation_files import write_annotation
 from tools.make_reference_vae import COGVIDEOX_2B, TINY_COGVIDEOX, save_reference_vae
 
 PRESET_NAME = "1gpu_h100"

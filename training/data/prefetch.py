@@ -17,7 +17,7 @@ Where the run is in its data stays with the taking thread: each batch carries it
 and its count in the epoch, and ``position`` is set when the step takes it, so a
 checkpoint saves what was trained, not what was fetched. The thread holds SIGTERM and
 SIGINT for its whole life: the loader workers it forks inherit the held signals (the
-run's stop is taken by the main thread), as ``common.clip_loader.stop_signals_held`` does for
+run's stop is taken by the main thread), as ``training.data.clip_loader.stop_signals_held`` does for
 the main thread. The thread makes no collective call: Accelerate's loader would broadcast
 the ranks' RNG states at each epoch's start, which the training accelerator turns off
 (``rng_types=[]``; the sampler and the clips' draws are seeded by the epoch).
