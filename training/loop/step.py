@@ -55,7 +55,7 @@ from taehv_train.training.data.loading import ReferenceLatents
 from taehv_train.training.data.prefetch import BatchOutOfMemory, Fetched, WaitInterrupted
 from taehv_train.training.loop import deepspeed_engine
 from taehv_train.training.loop.adversarial import build_seraena, seraena_loss
-from taehv_train.training.loop.losses import LossWeights, compute_losses
+from taehv_train.training.loop.losses import LossWeights, compute_losses, loss_plan
 from taehv_train.training.loop.optimisation import LearningRateSchedule, compiles
 from taehv_train.training.loop.resilience import (
     FaultPlan,
@@ -130,7 +130,7 @@ def training_forward(
         out = model(
             frames.to(input_dtype),
             None if z_ref is None else z_ref.to(input_dtype),
-            decode_own=z_ref is None or config.reconstruction_loss_weight > 0,
+            decode_own=loss_plan(config, z_ref is not None).decode_own,
         )
     losses = compute_losses(out, targets, z_ref, LossWeights.of(config))
     return Forward(out, targets, losses)
