@@ -77,7 +77,7 @@ def test_a_start_and_a_resume_write_one_tensorboard_run(tmp_path):
 
 
 def test_inputs_follow_the_dtype_of_low_precision_weights():
-    from taehv_train.training.loop.step import training_forward
+    from taehv_train.training.loop.forward import training_forward
 
     config = TrainConfig(n_frames=9)
     model = TAEHV(variant="taecvx").to(torch.bfloat16)  # as DeepSpeed bf16 casts the module
@@ -103,8 +103,8 @@ def test_the_loss_plan_says_what_the_forward_decodes_and_computes(
     """``loss_plan`` is the rule; the training forward's logged terms are the ones it names
     (LPIPS stood in for by a mean squared error: its network is an optional extra)."""
     from taehv_train.common import metrics
+    from taehv_train.training.loop.forward import training_forward
     from taehv_train.training.loop.losses import loss_plan
-    from taehv_train.training.loop.step import training_forward
 
     monkeypatch.setattr(metrics, "video_lpips", lambda a, b: ((a - b) ** 2).flatten(1).mean(1))
     config = TrainConfig(n_frames=9, reconstruction_loss_weight=reconstruction, lpips_loss_weight=lpips)

@@ -74,6 +74,7 @@ from taehv_train.training.loop.best_model import BestTracker
 from taehv_train.training.loop.distributed import process_state
 from taehv_train.training.loop.expectations import warn_if_short
 from taehv_train.training.loop.feed import feed_notes
+from taehv_train.training.loop.forward import build_model
 from taehv_train.training.loop.memory import check_fits
 from taehv_train.training.loop.monitoring import Monitor
 from taehv_train.training.loop.resilience import (
@@ -85,7 +86,7 @@ from taehv_train.training.loop.resilience import (
     broadcast_flag,
     lost_rank_cause,
 )
-from taehv_train.training.loop.step import OUT_OF_MEMORY_ADVICE, OptimizerStepFailed, StepResult, TrainStep, build_model
+from taehv_train.training.loop.step import OUT_OF_MEMORY_ADVICE, OptimizerStepFailed, StepResult, TrainStep
 from taehv_train.training.loop.time_budget import ProcessClock, TimeBudget, keeps_plan
 from taehv_train.training.loop.validation import ValidationDataError, validate
 from taehv_train.training.preflight import check
