@@ -54,9 +54,9 @@ from taehv_train.training.loop.accelerator import make_accelerator
 from taehv_train.training.loop.feed import micro_batch_flops, peak_flops
 from taehv_train.training.loop.forward import build_model
 from taehv_train.training.loop.optimisation import compiles
+from taehv_train.training.loop.progress import Progress
 from taehv_train.training.loop.step import StepResult, TrainStep
 from taehv_train.training.preflight import check
-from taehv_train.training.taehv_train import Progress
 
 
 def device_window(step: TrainStep, loader, config: TrainConfig) -> list[dict]:
