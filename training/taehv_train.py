@@ -8,10 +8,10 @@
 Set-up, then one loop under Accelerate (1 process, DDP or DeepSpeed ZeRO-2; gloo on CPU):
 the data and its reference latents come from ``training.data.loading``; each accumulation
 window, from its micro-batches to the optimizer step, is one call of
-``training.loop.step.TrainStep``; after it the loop in ``train`` logs to TensorBoard,
-validates (best model, early stopping), writes atomic checkpoints that resume
-bit-identically and decides whether to stop; the run ends with a final fp32 export in the
-published key format.
+``training.loop.step.TrainStep``; after it the loop (``training.loop.training_run``) does
+what the time budget says follows the step: logs to TensorBoard, validates (best model,
+early stopping), writes atomic checkpoints that resume bit-identically and decides whether
+to stop; the run ends (``finish``) with a final fp32 export in the published key format.
 
 Exit status: 0 when training finished, stopped early, or stopped on SIGTERM/SIGINT (after
 saving a checkpoint; during start-up there is nothing to save); 1 when it gave up after too
@@ -202,8 +202,7 @@ def train(
     log_every_typed: bool = False,
 ) -> Path:
     """Build the model, data and step, restore the checkpoint ``start`` resumes, and run the
-    loop to its end: each pass trains one accumulation window, then logs, validates and
-    checkpoints at their intervals and decides whether to stop. ``log_every_typed``: the
+    loop to its end (``training.loop.training_run.train_windows``). ``log_every_typed``: the
     command line set ``log_every`` (kept as typed, ``training.loop.monitoring.log_interval``)."""
     resume_from = start.checkpoint
     model = build_model(config, resumed=resume_from is not None)
