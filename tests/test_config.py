@@ -263,6 +263,22 @@ def test_lpips_usable_is_accepted(tmp_path, monkeypatch, fresh_lpips_probe):
     check(valid(tmp_path, best_metric="val/lpips"))
 
 
+def test_lpips_without_the_own_decoded_frames_is_refused(tmp_path, monkeypatch, fresh_lpips_probe):
+    """With a reference VAE the TAE decodes its own latents only for the reconstruction loss,
+    and LPIPS is taken on those frames: LPIPS weighted without them would train nothing."""
+    fake_lpips_module(monkeypatch, None)
+    vae = vae_folder(tmp_path / "ref_vae")
+    with pytest.raises(UserError) as err:
+        check(valid(tmp_path, ref_vae_path=vae, reconstruction_loss_weight=0.0, lpips_loss_weight=0.1))
+    assert str(err.value) == (
+        "invalid config: lpips_loss_weight > 0 needs the TAE's own decoded frames: with a reference VAE they are "
+        "decoded only when reconstruction_loss_weight > 0; set reconstruction_loss_weight > 0 or lpips_loss_weight=0"
+    )
+    check(valid(tmp_path, ref_vae_path=vae, reconstruction_loss_weight=0.0))
+    check(valid(tmp_path, ref_vae_path=vae, reconstruction_loss_weight=0.5, lpips_loss_weight=0.1))
+    check(valid(tmp_path, reconstruction_loss_weight=1.0, lpips_loss_weight=0.1))  # no reference: always decoded
+
+
 def test_lpips_other_errors_propagate(tmp_path, monkeypatch, fresh_lpips_probe):
     """A broken install (e.g. backbone weights that cannot be loaded) is an error, not "unavailable"."""
     fake_lpips_module(monkeypatch, RuntimeError("Error(s) in loading state_dict for Alexnet"))

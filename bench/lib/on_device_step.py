@@ -12,7 +12,7 @@ Built as ``training/taehv_train.py`` builds it: the config file with the same
 ``--key=value`` overrides, the Accelerator of ``training.loop.accelerator.make_accelerator``
 (under the launch above: DeepSpeed ZeRO-2; ``mixed_precision=bf16`` there means bf16
 weights with no autocast, the engine stepped by the training step once the window is agreed),
-``training.loop.step.build_model`` and ``TrainStep.build`` with the training loader
+``training.loop.forward.build_model`` and ``TrainStep.build`` with the training loader
 prepared with it (``build_train_loader``: pinned batches on CUDA), ``torch.compile`` as
 ``compile`` says, cuDNN's benchmark mode left as training leaves it (off). Its batches:
 the loader's first accumulation window, received as training receives them (the
@@ -52,10 +52,11 @@ from taehv_train.training.data.loading import build_train_loader, build_training
 from taehv_train.training.data.prefetch import Prefetcher
 from taehv_train.training.loop.accelerator import make_accelerator
 from taehv_train.training.loop.feed import micro_batch_flops, peak_flops
+from taehv_train.training.loop.forward import build_model
 from taehv_train.training.loop.optimisation import compiles
-from taehv_train.training.loop.step import StepResult, TrainStep, build_model
+from taehv_train.training.loop.progress import Progress
+from taehv_train.training.loop.step import StepResult, TrainStep
 from taehv_train.training.preflight import check
-from taehv_train.training.taehv_train import Progress
 
 
 def device_window(step: TrainStep, loader, config: TrainConfig) -> list[dict]:

@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader
 from taehv_train.common.config import TrainConfig
 from taehv_train.models.taehv import TAEHV
 from taehv_train.training.data.loading import ReferenceLatents
-from taehv_train.training.loop.step import TrainStep, accumulation_plugin
+from taehv_train.training.loop.accelerator import accumulation_plugin
+from taehv_train.training.loop.step import TrainStep
 
 
 def build_step(

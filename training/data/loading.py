@@ -282,3 +282,6 @@ class DataPosition(Protocol):
 
     epoch: int
     batch_in_epoch: int  # micro-batches of this epoch already taken (per process)
+
+    def take(self, epoch: int, index: int) -> None:
+        """The step took batch ``index`` of ``epoch``: the position moves to it."""

@@ -219,7 +219,7 @@ class Prefetcher(Iterator[Fetched]):
     def _take(self, item: Fetched) -> Fetched:
         """``item`` handed to the step: the run's position moves to it; on CUDA the taking
         stream waits for its copy."""
-        self.position.epoch, self.position.batch_in_epoch = item.epoch, item.index
+        self.position.take(item.epoch, item.index)
         self._last = (item.epoch, item.index)
         if isinstance(item.batch, dict):
             self.feed.hand_over(item.batch, item.ready)
