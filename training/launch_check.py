@@ -42,8 +42,10 @@ class Check:
     resume: str = ""  # a resume: from which checkpoint of which run
 
 
-def checked(config_file: str, overrides: list[str]) -> Check:
-    """The pre-flight of ``config_file`` with ``overrides`` (``--debug`` is no config key)."""
+def checked(config_file: str, overrides: list[str], local_processes: int) -> Check:
+    """The pre-flight of ``config_file`` with ``overrides`` (``--debug`` is no config key),
+    for ``local_processes`` training processes on this machine, which share its RAM."""
+    os.environ["LOCAL_WORLD_SIZE"] = str(local_processes)  # as the launcher will set it for them
     import torch
 
     from taehv_train.common.errors import USER_ERRORS

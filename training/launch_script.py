@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     report_check(out, args, check)
     command = launch_command(out, python, args, check.gpus, nodes, node_rank)
     print(f"{out.bold}launch:{out.reset} {' '.join(command)}", flush=True)
-    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "900")
+    os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") or "900"
     os.environ["TAEHV_LAUNCH_COMMAND"] = shlex.join([os.environ.get(SCRIPT, "./train_taehv_h100.sh"), *args.typed])
     os.environ[CHECKED_NOTES] = json.dumps(list(check.notes))
     sys.exit(run(out, command, signal_children=args.num_gpus > 1 or check.gpus > 0))
@@ -116,7 +116,20 @@ def preflight(args: LaunchArgs) -> Check:
     """``training.launch_check.checked`` in a process of its own, which ends with it."""
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-        return pool.submit(checked, args.config, args.extra).result()
+        return pool.submit(checked, args.config, args.extra, processes_per_node(args.num_gpus)).result()
+
+
+def node_count() -> int | None:
+    """NNODES (1 when unset); None when it is no positive integer."""
+    nodes = os.environ.get("NNODES") or "1"
+    return int(nodes) if nodes.isdigit() and int(nodes) > 0 else None
+
+
+def processes_per_node(num_gpus: int) -> int:
+    """The training processes this node starts: NUM_GPUS shared by the nodes (all of them
+    while NNODES is wrong, which ``check_nodes`` refuses)."""
+    nodes = node_count()
+    return num_gpus // nodes if nodes is not None and num_gpus % nodes == 0 else num_gpus
 
 
 def check_nodes(out: Terminal, args: LaunchArgs, gpus: int) -> tuple[int, int]:
@@ -124,7 +137,9 @@ def check_nodes(out: Terminal, args: LaunchArgs, gpus: int) -> tuple[int, int]:
     node_rank = os.environ.get("NODE_RANK") or os.environ.get("RANK") or ""
     if node_rank and not os.environ.get("NNODES"):
         out.die("NODE_RANK/RANK is set but NNODES is not: set NNODES (e.g. NNODES=2) so the nodes form one job")
-    nodes = int(os.environ.get("NNODES") or 1)
+    nodes = node_count()
+    if nodes is None:
+        out.die(f"NNODES must be a positive integer, got '{os.environ['NNODES']}'")
     if args.num_gpus % nodes:
         out.die(f"NUM_GPUS={args.num_gpus} is not divisible by NNODES={nodes}")
     per_node = args.num_gpus // nodes
@@ -246,4 +261,7 @@ def run(out: Terminal, command: list[str], signal_children: bool) -> int:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # Ctrl+C before the launch: nothing started, ended as a shell reports it
+        sys.exit(128 + signal.SIGINT)
