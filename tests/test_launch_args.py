@@ -4,6 +4,7 @@ without starting anything (tests/test_launch_script.py runs the script itself)."
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -124,3 +125,11 @@ def test_the_pre_flight_counts_the_processes_the_launch_starts_on_this_machine(m
     assert not one.error and not one.crash, one.error + one.crash
     four = launch_check.checked(str(REPO_ROOT / TEST_PRESET), [*options, f"--frame_cache_mb={share}"], 4)
     assert four.error.startswith("error: frame_cache_mb=") and "x 4 training process(es) on this machine" in four.error
+
+
+def test_the_docs_preset_table_names_every_preset():
+    """docs/training.md's table of presets names each preset file once, and nothing else."""
+    text = (REPO_ROOT / "docs" / "training.md").read_text()
+    table = text[text.index("| preset | what it is |") :].split("\n\n")[0]
+    named = [name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", row.split(" | ")[0])]
+    assert sorted(named) == preset_names()
