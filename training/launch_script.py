@@ -33,6 +33,7 @@ import tempfile
 from pathlib import Path
 
 from taehv_train.common.errors import EXIT_USER_ERROR
+from taehv_train.common.presets import CONFIGS_DIR
 from taehv_train.training.launch_args import LaunchArgs, LaunchRefused, parse, usage
 from taehv_train.training.launch_check import CHECKED_NOTES, PACKAGES, Check, checked
 
@@ -73,8 +74,10 @@ def main(argv: list[str] | None = None) -> None:
         print(usage(out.bold, out.reset))
         sys.exit(0)
     python = os.environ.get("PYTHON") or sys.executable
+    caller = Path(os.environ.get(CALLER_DIR) or os.getcwd())
+    os.chdir(CONFIGS_DIR.parents[1])  # the repository, where the presets' paths and accelerate_configs/ lead
     try:
-        args = parse(argv, Path(os.environ.get(CALLER_DIR, os.getcwd())))
+        args = parse(argv, caller)
     except LaunchRefused as err:
         out.die(str(err))
     if args.debug:
