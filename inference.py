@@ -26,7 +26,8 @@ from taehv_train.base.atomic import atomic_write
 from taehv_train.base.errors import USER_ERRORS, UserError, exit_on_user_error
 from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.clips import VideoClipDataset, VideoDataError
-from taehv_train.common.config import COUNT, DTYPES, RANGES, Range, TrainConfig, load_config
+from taehv_train.common.config import DTYPES, TrainConfig, load_config
+from taehv_train.common.config_ranges import COUNT, RANGES, Range
 from taehv_train.common.devices import checked_device, default_device
 from taehv_train.common.metrics import lpips_unavailable_reason
 from taehv_train.common.reference_vae import ReferenceVAE
@@ -136,7 +137,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return checked_options(p.parse_args(argv))
 
 
-# the numeric flags' ranges: the config keys' (common.config.RANGES) where a flag stands for one
+# the numeric flags' ranges: the config keys' (common.config_ranges.RANGES) where a flag stands for one
 OPTION_RANGES = {
     "num_samples": Range(1, COUNT),
     "n_frames": RANGES["n_frames"],

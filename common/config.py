@@ -4,7 +4,7 @@ A config file is a plain Python module that defines ``config`` (a ``TrainConfig`
 by ``replace``-ing the documented base in ``training/configs/taehv_config.py``. Overrides
 on the command line are parsed to each field's type; an unknown key is an error that
 names the closest valid key. Paths are made absolute here, once. This is the ground floor:
-every numeric key's range is declared here (``RANGES``), each component checks how its keys
+every numeric key's range is declared in ``common.config_ranges``, each component checks how its keys
 fit together (``config_errors(config)`` next to its code), and ``training.preflight.check``
 asks them all before heavy work starts. ``inference.py
 --config`` reads the same files for its data, sizes and reference VAE.
@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from taehv_train.base.errors import UserError
+from taehv_train.common.presets import BASE, preset_of
 from taehv_train.common.shard_source import is_shard_source
-from taehv_train.models.downloads import fetch_hint
 from taehv_train.models.latent_spaces import AUTO_SPACE
 from taehv_train.models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES, auto_variant, resolve_ref_vae_class, tae_space
 from taehv_train.models.variants import VariantSpec, get_variant
@@ -379,17 +379,15 @@ def run_prefix(config: TrainConfig) -> str:
     """Name stem of this config's run directories ("h100" for taehv_config_h100.py)."""
     if config.run_name:
         return config.run_name
-    stem = Path(config.config_file).stem if config.config_file else "taehv_config"
-    return stem.removeprefix("taehv_config").lstrip("_") or "base"
+    stem = Path(config.config_file).stem if config.config_file else BASE
+    return stem.removeprefix(BASE).lstrip("_") or "base"
 
 
 def config_file_label(config_file: str) -> str:
     """How messages name the config a run came from: "the test preset" for
     training/configs/taehv_config_test.py, else "the config file <path>"."""
-    path = resolve_path(config_file)
-    if path.parent == REPO_ROOT / "training" / "configs" and path.stem.startswith("taehv_config_"):
-        return f"the {path.stem.removeprefix('taehv_config_')} preset"
-    return f"the config file {config_file}"
+    preset = preset_of(resolve_path(config_file))
+    return f"the {preset} preset" if preset is not None else f"the config file {config_file}"
 
 
 def same_config_file(recorded: str, current: str) -> bool:
@@ -468,141 +466,6 @@ def type_problems(config: TrainConfig) -> list[str]:
         if isinstance(value, float) and not math.isfinite(value):
             problems.append(f"{name}={value!r} must be a finite number")
     return problems
-
-
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric key may take: ``low`` to ``high``, both included unless ``open_low``
-    or ``open_high``; None: no bound on that side."""
-
-    low: float | None = None
-    high: float | None = None
-    open_low: bool = False
-    open_high: bool = False
-
-    def holds(self, value: float) -> bool:
-        above = self.low is None or (value > self.low if self.open_low else value >= self.low)
-        return above and (self.high is None or (value < self.high if self.open_high else value <= self.high))
-
-    def describe(self) -> str:
-        """``">= 1"``, ``"> 0"``, ``"in [0, 4294967295]"``, ``"in (0, 1)"``."""
-        low, high = (bound if not isinstance(bound, float) else f"{bound:g}" for bound in (self.low, self.high))
-        if self.high is None:
-            return "any finite number" if self.low is None else f"{'>' if self.open_low else '>='} {low}"
-        return f"in {'(' if self.open_low else '['}{low}, {high}{')' if self.open_high else ']'}"
-
-    def problem(self, name: str, value: float) -> str | None:
-        """``"name=value must be in [low, high]"`` when ``value`` is out of range, else None."""
-        return None if self.holds(value) else f"{name}={value!r} must be {self.describe()}"
-
-
-COUNT = 2**31 - 1  # the bound of counts without a smaller sane one: what torch and numpy take as an int32
-SIZE = Range(1, 16384)  # pixels of a side
-WEIGHT = Range(0)  # loss weights and other non-negative factors
-RATE = Range(0, 1, open_low=True)  # learning rates
-# Every numeric key's range: ``range_problems`` checks them all before the components' own
-# rules (which relate keys to each other, the variant and the data) compute with the values.
-RANGES: dict[str, Range] = {
-    "seed": Range(0, 2**32 - 1),  # what numpy's and Accelerate's seeding take
-    "n_frames": Range(1, 1024),
-    "height": SIZE,
-    "width": SIZE,
-    "val_height": Range(0, SIZE.high),
-    "val_width": Range(0, SIZE.high),
-    "stride_min": Range(1, 1000),
-    "stride_max": Range(1, 1000),
-    "crop_scale_min": Range(0, 1, open_low=True),
-    "crop_scale_max": Range(0, 1, open_low=True),
-    "max_failure_fraction": Range(0, 1),
-    "dataloader_num_workers": Range(0, 256),
-    "prefetch_factor": Range(1, 64),
-    "shard_shuffle_buffer": Range(1, COUNT),
-    "shard_read_attempts": Range(1, 100),
-    "shard_retry_wait_s": Range(0, 3600),
-    "prefetch_batches": Range(1, 64),  # and, with the frame caches, within RAM: training.loop.memory
-    "batch_timeout": Range(0),
-    "frame_cache_mb": Range(0, COUNT),  # within RAM: training.loop.memory
-    "decoder_bias_init": Range(),
-    "latent_cache_epochs": Range(1, 10_000),
-    "seraena_loss_weight": WEIGHT,
-    "n_seraena_frames": Range(1, 1024),
-    "seraena_buffer_size": Range(1, COUNT),
-    "seraena_learning_rate": RATE,
-    "encoder_loss_weight": WEIGHT,
-    "decoder_loss_weight": WEIGHT,
-    "reconstruction_loss_weight": WEIGHT,
-    "lpips_loss_weight": WEIGHT,
-    "train_batch_size": Range(1, 4096),
-    "gradient_accumulation_steps": Range(1, 65536),
-    "max_train_steps": Range(0, COUNT),
-    # more validations than this would leave a budget run little time to train
-    "validations_per_budget": Range(0, 1000),
-    "learning_rate": RATE,
-    "adam_beta1": Range(0, 1, open_high=True),
-    "adam_beta2": Range(0, 1, open_high=True),
-    "weight_decay": WEIGHT,
-    "max_grad_norm": WEIGHT,
-    "lr_warmup_steps": Range(0, COUNT),
-    "ema_decay": Range(0, 1, open_low=True, open_high=True),
-    "log_every": Range(1, COUNT),
-    "validation_every": Range(1, COUNT),
-    "num_validation_samples": Range(0, COUNT),
-    "validation_batch_size": Range(1, 4096),
-    "image_log_every": Range(0, COUNT),
-    "checkpointing_steps": Range(1, COUNT),
-    "checkpoints_total_limit": Range(1, COUNT),
-    "early_stopping_patience": Range(0, COUNT),
-    "early_stopping_min_delta": WEIGHT,
-    "max_consecutive_skipped_steps": Range(1, COUNT),
-    "profile_steps": Range(0, COUNT),
-}
-
-
-def range_problems(config: TrainConfig) -> list[str]:
-    """Each numeric key whose value lies outside its ``RANGES`` entry."""
-    return [problem for name, bounds in RANGES.items() if (problem := bounds.problem(name, getattr(config, name)))]
-
-
-DEMO_DATA = REPO_ROOT / "demo_output" / "data"  # the built-in clips of the demo and test presets
-
-
-def missing_paths(config: TrainConfig) -> list[str]:
-    """Path keys that name something that does not exist, each with how to get it: the
-    command that makes the built-in demo clips, fetches published weights or a reference
-    VAE (``models.downloads``), or the launch script's ``--data`` for clips of one's own."""
-    found, hinted = [], False
-    for key in PATH_KEYS[1:]:
-        if key in SOURCE_KEYS and is_shard_source(getattr(config, key)):
-            continue  # the shards are the data check's (training.data.loading.config_errors)
-        if (value := getattr(config, key)) and not (path := resolve_path(value)).exists():
-            demo = path.is_relative_to(DEMO_DATA) and not hinted
-            how = made_by_preset(path) or how_to_get(key, path, config, demo)
-            found.append(f"{key}: {path} does not exist{how}")
-            hinted = hinted or demo
-    return found
-
-
-def how_to_get(key: str, path: Path, config: TrainConfig, demo: bool) -> str:
-    """The end of ``missing_paths``' message for ``key``: how to get what it names."""
-    if demo:
-        demo_data = "python -m taehv_train.training.demo_data demo_output/data"
-        return f": `make demo` makes the built-in clips there (or `{demo_data}` alone)"
-    if key == "pretrained_model_path":
-        return fetch_hint(path)
-    if key == "ref_vae_path":
-        return fetch_hint(path, config.ref_vae_subfolder)
-    if key == "data_root":
-        return ": to train on your own clips, add --data=DIR (a folder of videos) to ./train_taehv_h100.sh"
-    return ""
-
-
-def made_by_preset(path: Path) -> str:
-    """For a missing export of a preset's run (``<output_dir>/<preset>/export/...``, the
-    run folder named after the preset): the command that makes it."""
-    run = path.parent.parent.name if path.parent.name == "export" else ""
-    if not run or not (REPO_ROOT / "training" / "configs" / f"taehv_config_{run}.py").is_file():
-        return ""
-    return f": the end of the {run} run writes it (`./train_taehv_h100.sh N {run}`)"
 
 
 def spec_of(config: TrainConfig) -> VariantSpec:

@@ -17,35 +17,12 @@ from conftest import valid_config as valid
 from taehv_train.base.errors import UserError
 from taehv_train.common.config import TrainConfig, apply_overrides, load_config, run_prefix
 from taehv_train.common.metrics import lpips_unavailable_reason
+from taehv_train.common.presets import BASE, PREFIX, preset_names
 from taehv_train.models.variants import get_variant
 from taehv_train.training.preflight import check
 
 CONFIGS = Path(__file__).resolve().parents[1] / "training" / "configs"
-PRESETS = [
-    "taehv_config",
-    "taehv_config_1gpu_h100",
-    "taehv_config_h100",
-    "taehv_config_a800",
-    "taehv_config_16gpu_h100",
-    "taehv_config_scratch",
-    "taehv_config_demo",
-    "taehv_config_test",
-    "taehv_config_ltx2",
-    "taehv_config_wan22",
-    "taehv_config_hv15",
-    "taehv_config_h3",
-    "taehv_config_progressive_stage1",
-    "taehv_config_progressive_stage2",
-    "taehv_config_allegro",
-    "taehv_config_cosmos",
-    "taehv_config_kvae",
-    "taehv_config_easyanimate",
-    "taehv_config_vidtok",
-    "taehv_config_mochi",
-    "taehv_config_svd",
-    "taehv_config_hunyuanimage_refiner",
-    "taehv_config_qwenimage21",
-]
+PRESETS = [BASE, *(f"{PREFIX}{name}" for name in preset_names())]  # the base and every preset file
 
 
 def vae_folder(root: Path, name: str = "cogvideox", **overrides) -> str:

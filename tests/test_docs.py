@@ -17,6 +17,7 @@ import pytest
 from conftest import REPO_ROOT
 from taehv_train.common.config import TrainConfig
 from taehv_train.models.downloads import GITHUB_FILES, HUB_FILES, HUB_VAES, fetch_command
+from taehv_train.training.launch_args import OPTIONS as LAUNCH_OPTIONS
 
 DOCS = [
     REPO_ROOT / "README.md",
@@ -133,7 +134,7 @@ def tool_flags() -> set[str]:
         REPO_ROOT / "inference.py",
     ]:
         flags |= set(re.findall(r"add_argument\(\s*\"--([\w-]+)\"", path.read_text()))
-    flags |= set(re.findall(r"--([\w-]+)\)", (REPO_ROOT / "train_taehv_h100.sh").read_text()))
+    flags |= {option.removeprefix("--") for option in LAUNCH_OPTIONS}  # the launch script's own
     return {flag.replace("-", "_") for flag in flags}
 
 

@@ -145,6 +145,9 @@ LAYERS = (
         "training.own_data",
         "training.demo_data",
         "training.launch",
+        "training.launch_args",
+        "training.launch_check",
+        "training.launch_script",
         "inference",
     ),
 )

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, tool_exit
-from taehv_train.common.config import _TYPES, RANGES, TrainConfig, load_config, range_problems
+from taehv_train.common.config import _TYPES, TrainConfig, load_config
+from taehv_train.common.config_ranges import RANGES, range_problems
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.weights import save_weights
 from taehv_train.training import export, taehv_train, which_latents

@@ -1,28 +1,28 @@
 """The config check before any heavy work: every component's ``config_errors(config)``, asked in one go.
 
-Every numeric key's range is one table, ``common.config.RANGES``, checked first: the
+Every numeric key's range is one table, ``common.config_ranges.RANGES``, checked first: the
 components compute with those values. Each component owns the rules that relate its keys to
 each other, the variant and the data (sizes and frames, the reference VAE, the losses,
 Seraena, optimisation, early stopping, fault handling, trackers); whether a valid config fits this
 machine's memory is ``training.loop.memory.check_fits``. This module only asks them all, so
 a user sees every problem of a kind at once. The launch script, training, the latent-cache
 builder and the tests call ``check``.
+
+The whole pre-flight is ``notes_of``; the launch script runs it once per launch
+(``training.launch_check``), and its training processes log its notes without checking again.
 """
 
 from __future__ import annotations
 
 from taehv_train.common import reference_vae
-from taehv_train.common.config import (
-    TrainConfig,
-    invalid_config,
-    missing_paths,
-    range_problems,
-    spec_of,
-    type_problems,
-)
+from taehv_train.common.config import TrainConfig, invalid_config, spec_of, type_problems
+from taehv_train.common.config_ranges import range_problems
+from taehv_train.common.missing_paths import missing_paths
 from taehv_train.models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES
 from taehv_train.training.data import latent_cache, loading
 from taehv_train.training.loop import adversarial, best_model, losses, optimisation, resilience, trackers
+from taehv_train.training.loop.feed import feed_notes
+from taehv_train.training.loop.memory import check_fits
 
 
 def check(config: TrainConfig) -> list[str]:
@@ -59,3 +59,10 @@ def check(config: TrainConfig) -> list[str]:
     if errors:
         raise invalid_config(errors)
     return [*losses.notes(config, spec), *loading.notes(config)]
+
+
+def notes_of(config: TrainConfig) -> list[str]:
+    """The whole pre-flight: ``check``, whether the config fits this machine
+    (``check_fits``) and how its steps will be fed (``feed_notes``); raises UserError,
+    returns the notes."""
+    return [*check(config), *check_fits(config), *feed_notes(config)]

@@ -68,13 +68,12 @@ from taehv_train.training.data.loading import (
 )
 from taehv_train.training.data.prefetch import Prefetcher
 from taehv_train.training.export import BUNDLE_FOLDER, write_bundle
+from taehv_train.training.launch_check import training_notes
 from taehv_train.training.loop.accelerator import make_accelerator, setup_logging
 from taehv_train.training.loop.best_model import BestTracker
 from taehv_train.training.loop.distributed import process_state
 from taehv_train.training.loop.expectations import warn_if_short
-from taehv_train.training.loop.feed import feed_notes
 from taehv_train.training.loop.forward import build_model
-from taehv_train.training.loop.memory import check_fits
 from taehv_train.training.loop.monitoring import Monitor
 from taehv_train.training.loop.progress import Progress
 from taehv_train.training.loop.resilience import (
@@ -89,7 +88,6 @@ from taehv_train.training.loop.step import OUT_OF_MEMORY_ADVICE, OptimizerStepFa
 from taehv_train.training.loop.time_budget import ProcessClock, TimeBudget, keeps_plan
 from taehv_train.training.loop.training_run import TrainingRun, train_windows
 from taehv_train.training.loop.validation import ValidationDataError
-from taehv_train.training.preflight import check
 from taehv_train.training.state.atomic_folders import DiskFullError, is_disk_full
 from taehv_train.training.state.checkpoints import load_training_state, remove_partial_checkpoints
 from taehv_train.training.state.commands import launch_command, next_command, next_steps, resume_command
@@ -146,7 +144,7 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None, started
     base = load_config(config_file, overrides)
     start = decide_start(process_state(base.batch_timeout), base, overrides)
     config = start.config
-    notes = [*check(config), *check_fits(config), *feed_notes(config)]
+    notes = training_notes(config)
     faults = FaultPlan.parse(config.fault_injection)
     if start.done:
         logger.warning("%s", describe_start(start))

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taehv_train.common.config import TrainConfig
+from taehv_train.common.presets import PREFIX
 
 logger = logging.getLogger(__name__)
 FAR_BELOW = 0.5  # a run planning fewer than this share of the steps its preset needs is warned
-PRESET_PREFIX = "taehv_config_"
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ EXPECTATIONS: dict[str, Expectation] = {
 def preset_name(config: TrainConfig) -> str:
     """The preset a config file is (``taehv_config_<name>.py``), or the file's own name."""
     stem = Path(config.config_file).stem if config.config_file else ""
-    return stem.removeprefix(PRESET_PREFIX)
+    return stem.removeprefix(PREFIX)
 
 
 def duration_text(seconds: float) -> str:
