@@ -40,7 +40,7 @@ from taehv_train.models.ecosystem import (
 from taehv_train.models.latent_spaces import OWN, RAW, LatentTransform
 from taehv_train.models.vae_registry import video_model
 from taehv_train.models.weights import WeightsError, all_finite, export_state_dict, save_weights, weights_metadata
-from taehv_train.training.state.checkpoints import list_checkpoints, read_trainer_state
+from taehv_train.training.state.run_folders import list_checkpoints, read_trainer_state
 
 logger = logging.getLogger(__name__)
 BUNDLE_FOLDER = "export"  # where a training run writes its bundle
