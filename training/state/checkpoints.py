@@ -32,6 +32,7 @@ from taehv_train.common.errors import UserError
 from taehv_train.common.folder_locks import remove_unless_read
 from taehv_train.common.run_files import newest_intact, read_checkpoint_manifest
 from taehv_train.models.atomic import TMP_PREFIX
+from taehv_train.training.loop.library_seams import load_zero_optimizer_state, zero_optimizer_state
 from taehv_train.training.state.atomic_folders import (
     abandon,
     checksum_files,
@@ -104,30 +105,6 @@ def set_rng_state(state: dict, generator: torch.Generator) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-# DeepSpeed keeps its loss scaler as an object and a table of fragment addresses in the
-# optimizer state; the scaler is saved as its plain attributes, the table (only used by
-# universal checkpoints) is left out.
-_DS_LOSS_SCALER, _DS_SLICE_MAPPINGS = "loss_scaler", "param_slice_mappings"
-_PLAIN = (bool, int, float, str, type(None), torch.Tensor)
-
-
-def _deepspeed_optimizer_state(zero_optimizer) -> dict:
-    state = dict(zero_optimizer.state_dict())
-    scaler = state.pop(_DS_LOSS_SCALER, None)
-    state.pop(_DS_SLICE_MAPPINGS, None)
-    state["loss_scaler_attributes"] = {k: v for k, v in vars(scaler).items() if isinstance(v, _PLAIN)} if scaler else {}
-    return state
-
-
-def _load_deepspeed_optimizer_state(zero_optimizer, state: dict, rank: int, world_size: int) -> None:
-    scaler_attributes = state.pop("loss_scaler_attributes")
-    per_rank = [None] * world_size
-    per_rank[rank] = state
-    zero_optimizer.load_state_dict(per_rank, load_optimizer_states=True, load_from_fp32_weights=True)
-    for name, value in scaler_attributes.items():
-        setattr(zero_optimizer.loss_scaler, name, value)
-
-
 def write_training_state(objects: TrainingObjects, directory: Path, trainer_state: dict) -> None:
     """This rank's part of a checkpoint (call on every rank)."""
     acc, rank = objects.accelerator, objects.accelerator.process_index
@@ -135,7 +112,7 @@ def write_training_state(objects: TrainingObjects, directory: Path, trainer_stat
     for name, extra in objects.extras.items():
         save_file(extra.training_state(), str(directory / f"{name}_rank{rank}.safetensors"))
     if objects.deepspeed:  # ZeRO partitions the optimizer: each rank saves its own shard
-        save_tree(directory / f"optimizer_rank{rank}", _deepspeed_optimizer_state(objects.model.optimizer))
+        save_tree(directory / f"optimizer_rank{rank}", zero_optimizer_state(objects.model.optimizer))
     if not acc.is_main_process:
         return
     module_state = {k: v.detach().contiguous() for k, v in objects.module.state_dict().items()}
@@ -183,7 +160,7 @@ def load_training_state(objects: TrainingObjects, path: Path) -> dict:
     # everything is read to the CPU; load_state_dict copies it into the live tensors on their device
     objects.module.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
     if objects.deepspeed:
-        _load_deepspeed_optimizer_state(
+        load_zero_optimizer_state(
             objects.model.optimizer, load_tree(path / f"optimizer_rank{rank}"), rank, acc.num_processes
         )
     else:
