@@ -8,8 +8,8 @@ import pytest
 import torch
 from accelerate import Accelerator
 
+from conftest import demo_validation_config
 from taehv_train.common.clips import frames_to_unit
-from taehv_train.common.config import TrainConfig
 from taehv_train.common.metrics import ReconstructionMetrics, lpips_unavailable_reason, video_psnr
 from taehv_train.evaluation.evaluator import quality_metrics
 from taehv_train.models.taehv import TAEHV
@@ -62,16 +62,7 @@ class Recorded:
 
 @torch.no_grad()
 def test_validation_and_the_evaluator_give_the_same_numbers_for_the_same_frames(demo_clips):
-    config = TrainConfig(
-        variant="taehv",
-        n_frames=5,
-        height=16,
-        width=16,
-        data_root=str(demo_clips["root"]),
-        annotation_file=str(demo_clips["train"]),
-        val_annotation_file=str(demo_clips["val"]),
-        num_validation_samples=1,
-    )
+    config = demo_validation_config(demo_clips)
     model, clips = TAEHV(variant="taehv"), Recorded(build_datasets(config)[1])
     validated = validate(Accelerator(cpu=True), model, clips, config, None, torch.float32)
     frames = frames_to_unit(clips.items[0]["frames"].unsqueeze(0), torch.device("cpu"))

@@ -13,8 +13,8 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from torch.utils.data import DataLoader, Dataset
 
+from conftest import demo_validation_config
 from taehv_train.common.clips import VideoDataError
-from taehv_train.common.config import TrainConfig
 from taehv_train.models.taehv import TAEHV
 from taehv_train.training.data.loading import ReferenceLatents
 from taehv_train.training.data.prefetch import BatchOutOfMemory, Prefetcher, WaitInterrupted
@@ -269,17 +269,7 @@ def test_validation_runs_the_model_in_bf16_and_the_metrics_in_fp32(demo_clips, m
     from taehv_train.training.data.loading import build_datasets
     from taehv_train.training.loop import validation
 
-    config = TrainConfig(
-        variant="taehv",
-        n_frames=FRAMES,
-        height=16,
-        width=16,
-        data_root=str(demo_clips["root"]),
-        annotation_file=str(demo_clips["train"]),
-        val_annotation_file=str(demo_clips["val"]),
-        num_validation_samples=1,
-        mixed_precision="bf16",
-    )
+    config = demo_validation_config(demo_clips, n_frames=FRAMES, mixed_precision="bf16")
     autocast_during = {}
     for module, name in (
         *((reconstruction, name) for name in ("video_ssim", "video_sharpness", "video_psnr")),
