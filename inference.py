@@ -22,11 +22,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from taehv_train.base.atomic import atomic_write
+from taehv_train.base.errors import USER_ERRORS, UserError, exit_on_user_error
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.clips import VideoClipDataset, VideoDataError
 from taehv_train.common.config import COUNT, DTYPES, RANGES, Range, TrainConfig, load_config
 from taehv_train.common.devices import checked_device, default_device
-from taehv_train.common.errors import USER_ERRORS, UserError, exit_on_user_error
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.metrics import lpips_unavailable_reason
 from taehv_train.common.reference_vae import ReferenceVAE
 from taehv_train.common.run_files import WEIGHT_CHOICES, RunWeights, run_folder_of, run_weights
@@ -36,7 +37,6 @@ from taehv_train.evaluation.evaluator import EvaluationOptions, Evaluator, mean_
 from taehv_train.evaluation.frame_size import FrameSize, describe
 from taehv_train.evaluation.provenance import TRAINING, RunSets
 from taehv_train.evaluation.report import write_report
-from taehv_train.models.atomic import atomic_write
 from taehv_train.models.latent_spaces import AUTO_SPACE, SPACES
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES, reference_latents_note

@@ -151,7 +151,7 @@ if any(importlib.util.find_spec(name) is None for name in ("taehv_train", "torch
 import torch
 print(f"gpus={torch.cuda.device_count()}", flush=True)
 from taehv_train.common.config import load_config
-from taehv_train.common.errors import EXIT_USER_ERROR, USER_ERRORS
+from taehv_train.base.errors import EXIT_USER_ERROR, USER_ERRORS
 from taehv_train.training.loop.feed import feed_notes
 from taehv_train.training.loop.memory import check_fits
 from taehv_train.training.preflight import check

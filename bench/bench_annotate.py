@@ -43,14 +43,15 @@ from unittest import mock
 
 import av
 
-from bench.harness import command_line, cpus_summary, print_json, shared_dir, timed
-from taehv_train.common.flags import ArgumentParser
-from taehv_train.common.packet_count import count_frames_from_packets
+from bench.lib.harness import command_line, cpus_summary, print_json, shared_dir, timed
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.video.files import BadClipError, find_videos
+from taehv_train.common.video.packet_count import count_frames_from_packets
 from taehv_train.common.video.probe import VideoInfo, probe_video
 from taehv_train.common.video.reader import VideoReader
 from taehv_train.training import make_annotations
-from taehv_train.training.data import probe_pool
+from taehv_train.training.annotate import probe_pool
+from taehv_train.training.annotate.annotation_files import output_paths
 
 Result = VideoInfo | str  # what probe_video gives, or the skip reason it raises
 
@@ -191,7 +192,7 @@ def annotate(folder: Path, out: Path, workers: int, exact_decode: bool) -> tuple
         contextlib.redirect_stderr(io.StringIO()),  # the progress bar
     ):
         elapsed, status = timed(lambda: make_annotations.main(argv))
-    files = {part: path.read_text() for part, path in make_annotations.output_paths(out).items()}
+    files = {part: path.read_text() for part, path in output_paths(out).items()}
     return elapsed, int(status), files
 
 

@@ -23,8 +23,8 @@ import torch
 from accelerate import Accelerator
 from diffusers.training_utils import EMAModel
 
-from bench.harness import cpu_name, print_json, timed
-from taehv_train.common.flags import ArgumentParser
+from bench.lib.harness import cpu_name, print_json, timed
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.run_files import read_checkpoint_manifest
 from taehv_train.models.taehv import TAEHV
 from taehv_train.training.loop.resilience import FaultPlan

@@ -39,8 +39,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
-from bench.harness import command_line, device_label, print_json
-from taehv_train.common.flags import ArgumentParser
+from bench.lib.harness import command_line, device_label, print_json
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.evaluation.timing import median_seconds, timed
 from taehv_train.models.taehv import TAEHV
 
@@ -79,7 +79,7 @@ def inference_case(config: dict, device: torch.device) -> dict:
 
 def train_case(config: dict, device: torch.device) -> dict:
     """First and steady steps of ``TrainStep`` with cached reference latents."""
-    from bench.step_builder import train_step
+    from bench.lib.step_builder import train_step
     from taehv_train.common.config import TrainConfig
     from taehv_train.training.data.loading import ReferenceLatents
 

@@ -77,8 +77,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from bench.harness import command_line, cpus_summary, print_json, shared_dir, timed
-from bench.loader_baselines import (
+from bench.lib.harness import command_line, cpus_summary, print_json, shared_dir, timed
+from bench.lib.loader_baselines import (
     Window,
     loader_rate,
     loader_windows,
@@ -88,14 +88,14 @@ from bench.loader_baselines import (
     resize_cost,
     sample_crops,
 )
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.clips import VideoClipDataset
 from taehv_train.common.config import TrainConfig
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.video.crop import ClipWriter
 from taehv_train.common.video.files import find_videos
 from taehv_train.common.video.probe import probe_video
 from taehv_train.common.video.reader import VideoReader
-from taehv_train.training.make_annotations import write_annotation
+from taehv_train.training.annotate.annotation_files import write_annotation
 
 
 def time_split(dataset: VideoClipDataset) -> dict:

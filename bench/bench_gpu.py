@@ -48,19 +48,19 @@ no graph (it would time eager code) is an error. A measurement that raises gets 
 ``error`` field in its row and its traceback on stderr; the others still run, and the
 command exits with status 1 after printing the JSON.
 
-End-to-end rows (bench/gpu_training.py), each in its own processes and bounded in time
+End-to-end rows (bench/lib/gpu_training.py), each in its own processes and bounded in time
 (``--row_timeout``; a row that runs past it is killed with every process it started and
 gets an ``error`` field): the clips of ``--videos_dir`` (required: a missing or empty folder
 is a one-line error, exit status 2, before anything runs), the first 8 by name and at most
 300 frames of each, re-encoded to 720x480 H.264 with a keyframe every 30 frames
-(bench/reencoded_clips.py), listed over and over in an annotation of ``--e2e_clips``
+(bench/lib/reencoded_clips.py), listed over and over in an annotation of ``--e2e_clips``
 entries (one epoch). Two feeds: ``plain`` (no reference
 latents, ``--ref_vae_path=``) and ``cached`` (reference latents from the latent cache that
 ``python -m taehv_train.training.build_latent_cache`` builds for those clips with a random-weight
 CogVideoX VAE, ``--cache_vae``: none can be downloaded on a benchmark machine; the cached
 step never runs the VAE). Each feed has two rows:
 
-- ``on_device`` (the ceiling): bench/on_device_step.py, started with ``python -m
+- ``on_device`` (the ceiling): bench/lib/on_device_step.py, started with ``python -m
   taehv_train.training.launch`` as the launch script starts one training process (on CUDA with
   accelerate_configs/deepspeed_1gpu.yaml: DeepSpeed ZeRO-2, bf16 weights; on a CPU a
   one-process DeepSpeed ZeRO-2 run on gloo), the preset's step built as training builds it
@@ -101,7 +101,7 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_measure import (
+from bench.lib.gpu_measure import (
     GraphCount,
     PeakMemory,
     check_compiled,
@@ -112,10 +112,10 @@ from bench.gpu_measure import (
     log,
     record_failure,
 )
-from bench.gpu_training import CACHE_VAES, Plan, VideosError, check_videos_dir, end_to_end_rows, user_error
-from bench.harness import command_line, load_published, print_json, published_file, utc_now
+from bench.lib.gpu_training import CACHE_VAES, Plan, VideosError, check_videos_dir, end_to_end_rows, user_error
+from bench.lib.harness import command_line, load_published, print_json, published_file, utc_now
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.config import DTYPES
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.evaluation.timing import median_seconds, synchronize
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.variants import get_variant, known_variants

@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import REPO_ROOT, cpu_name, shared_dir
-from taehv_train.common.flags import ArgumentParser  # argparse only: this process stays free of torch
+from bench.lib.harness import REPO_ROOT, cpu_name, shared_dir
+from taehv_train.base.flags import ArgumentParser  # argparse only: this process stays free of torch
 
 DEFAULT_CLIP = shared_dir() / "videos" / "udacity_alf_project_video_start_200f.mp4"
 SAVE_WEIGHTS = """

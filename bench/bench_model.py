@@ -32,13 +32,13 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
-from bench.harness import cpu_name, cuda_name, print_json
-from bench.make_reference_vae import COGVIDEOX_2B
+from bench.lib.harness import cpu_name, cuda_name, print_json
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.config import DTYPES
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.evaluation.timing import median_seconds
 from taehv_train.models.taehv import TAEHV
 from taehv_train.training.loop.monitoring import peak_rss_bytes
+from tools.make_reference_vae import COGVIDEOX_2B
 
 
 def _peak_mb(device: torch.device) -> float:

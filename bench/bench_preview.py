@@ -4,7 +4,7 @@
     python -m bench.bench_preview
     python -m bench.bench_preview --height 64 --width 64 --frames 17 --latent_frames 1
 
-The tiny WanPipeline of the tests (bench/tiny_pipelines.py: a one-layer transformer, the
+The tiny WanPipeline of the tests (bench/lib/tiny_pipelines.py: a one-layer transformer, the
 TAEW2.1 architecture as ``pipe.vae``, random weights: speed does not depend on them) samples
 ``--steps`` steps twice per repeat: once with a callback that only reads the clock, once with
 ``LivePreview`` every step. Per step: the pipeline's step (the time between callbacks, the
@@ -26,9 +26,9 @@ import time
 
 import torch
 
-from bench.harness import command_line, print_json, threads_summary, utc_now
-from bench.tiny_pipelines import inputs, wan_pipeline
-from taehv_train.common.flags import ArgumentParser
+from bench.lib.harness import command_line, print_json, threads_summary, utc_now
+from bench.lib.tiny_pipelines import inputs, wan_pipeline
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.models.diffusers_vae import TAEVideoVAE, pipeline_config
 from taehv_train.models.live_preview import LivePreview, denoised
 from taehv_train.models.taehv import TAEHV

@@ -42,18 +42,18 @@ import torch
 from accelerate import Accelerator
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from bench.harness import REPO_ROOT, command_line, print_json, shared_dir, threads_summary
-from bench.quality_plot import PALETTE, plot
+from bench.lib.harness import REPO_ROOT, command_line, print_json, shared_dir, threads_summary
+from bench.lib.quality_plot import PALETTE, plot
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.clips import frames_to_unit
 from taehv_train.common.config import TrainConfig, load_config
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.video.files import find_videos
-from taehv_train.models.ecosystem import export_stem
 from taehv_train.models.latent_spaces import OWN
 from taehv_train.models.taehv import TAEHV
+from taehv_train.training.annotate.annotation_files import write_annotation
 from taehv_train.training.data.loading import build_datasets, build_train_loader
+from taehv_train.training.ecosystem import export_stem
 from taehv_train.training.loop.validation import validate
-from taehv_train.training.make_annotations import write_annotation
 
 RECIPE_CONFIG = REPO_ROOT / "training" / "configs" / "taehv_config_scratch.py"
 

@@ -33,8 +33,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
-from bench.harness import cuda_name, print_json
-from taehv_train.common.flags import ArgumentParser
+from bench.lib.harness import cuda_name, print_json
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.training.demo_data import make_demo_dataset
 
 TRAIN = ["-m", "taehv_train.training.taehv_train"]

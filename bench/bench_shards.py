@@ -4,7 +4,7 @@ shards served over the S3 API on loopback; prints JSON.
 
     python -m bench.bench_shards --videos_dir ../shared/videos --clips 24 --workers 1 4 8
 
-The clips are the shared videos re-encoded at 720x480 H.264 (``bench/reencoded_clips.py``),
+The clips are the shared videos re-encoded at 720x480 H.264 (``bench/lib/reencoded_clips.py``),
 copied under other names up to ``--clips`` files, and packed by the tool users run,
 ``make_annotations --to_shards`` (``--shard_size``, all clips on the training side). The
 three sources are read by the training loader as a run builds it (``VideoClipDataset`` in
@@ -14,7 +14,7 @@ of the area, flips; ``build_dataloader``, batch size 1, the shard order for shar
 - ``files``: an annotation of the clip files;
 - ``local_shards``: the shards on the same disk;
 - ``s3_shards``: the same shards in a bucket of moto's S3 server on loopback
-  (``bench/s3_loopback.py``), read through s3fs by byte range.
+  (``bench/lib/s3_loopback.py``), read through s3fs by byte range.
 
 Each row times ``--samples`` clips after ``workers + 1`` of warm-up (worker start-up, first
 opens) and is the median of ``--repeats`` rounds; the sources take turns within each round,
@@ -37,13 +37,13 @@ from pathlib import Path
 
 import torch
 
-from bench.harness import command_line, machine_info, print_json, shared_dir, utc_now
-from bench.reencoded_clips import reencode_clips
-from bench.s3_loopback import MotoServer, S3Bucket, client_environment
-from taehv_train.common.clip_loader import build_dataloader
+from bench.lib.harness import command_line, machine_info, print_json, shared_dir, utc_now
+from bench.lib.reencoded_clips import reencode_clips
+from bench.lib.s3_loopback import MotoServer, S3Bucket, client_environment
 from taehv_train.common.clips import VideoClipDataset
 from taehv_train.common.config import TrainConfig
 from taehv_train.training import make_annotations
+from taehv_train.training.data.clip_loader import build_dataloader
 
 
 def make_sources(videos_dir: Path, work: Path, clips: int, shard_size: str, bucket: S3Bucket) -> dict[str, str]:

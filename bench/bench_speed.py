@@ -59,11 +59,11 @@ from pathlib import Path
 import torch
 
 import taehv_train.models.taehv as taehv_module
-from bench.cpu_memory import measure_memory
-from bench.harness import machine_info, print_json, published_file, time_alternating, utc_now
-from bench.published_model import build_pair, operation
-from bench.roofline import add_roofline, count_flops, measure_peak
-from taehv_train.common.flags import ArgumentParser
+from bench.lib.cpu_memory import measure_memory
+from bench.lib.harness import machine_info, print_json, published_file, time_alternating, utc_now
+from bench.lib.published_model import build_pair, operation
+from bench.lib.roofline import add_roofline, count_flops, measure_peak
+from taehv_train.base.flags import ArgumentParser
 
 DEFAULT_CASES = [(9, 128, 128), (17, 128, 128), (49, 128, 128), (9, 256, 256)]
 PEAK_CONVS = ["8,256,256,32", "12,128,64,64", "12,64,64,64", "3,512,256,16"]  # N, C_in, C_out, H (= W)

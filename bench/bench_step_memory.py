@@ -18,7 +18,7 @@ import platform
 import subprocess
 import sys
 
-from taehv_train.common.flags import ArgumentParser
+from taehv_train.base.flags import ArgumentParser
 
 MEASURE = """
 import json, resource, sys, torch

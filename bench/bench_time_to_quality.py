@@ -54,7 +54,7 @@ import torch
 from accelerate import Accelerator
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from bench.harness import (
+from bench.lib.harness import (
     REPO_ROOT,
     command_line,
     cpu_name,
@@ -64,21 +64,21 @@ from bench.harness import (
     shared_dir,
     threads_summary,
 )
-from bench.published_model import published_loss
-from bench.quality_plot import PALETTE, plot
+from bench.lib.published_model import published_loss
+from bench.lib.quality_plot import PALETTE, plot
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.clip_table import ClipTable
 from taehv_train.common.clips import VideoClipDataset
 from taehv_train.common.config import load_config
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.metrics import video_psnr, video_sharpness, video_ssim
 from taehv_train.common.video.files import find_videos
 from taehv_train.common.video.resize import area_resize
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.weights import load_weights
+from taehv_train.training.annotate.annotation_files import write_annotation
 from taehv_train.training.data.loading import build_datasets
 from taehv_train.training.loop.optimisation import parse_duration
 from taehv_train.training.loop.validation import validate
-from taehv_train.training.make_annotations import write_annotation
 
 PRESET = REPO_ROOT / "training" / "configs" / "taehv_config_scratch.py"
 ARMS = ("ours", "bare")

@@ -16,7 +16,7 @@ Each case (batch x frames x height x width) runs the reconstruction objective
   its ``decode_video`` trims (without its in-place clamp).
 
 Weights: ours seeded, saved under the published file name and loaded by the published
-constructor (``bench.published_model.build_pair``). Timing: ``--warmup`` calls of each, then
+constructor (``bench.lib.published_model.build_pair``). Timing: ``--warmup`` calls of each, then
 ``--repeats`` calls alternating ours and the published; medians; ``ratio`` = published /
 ours (CUDA synchronised after each call). ``bf16`` runs both under ``torch.autocast``
 in bfloat16 (on CPU fast with AVX512-BF16 or AMX). Gradients: after the last timed call, the largest relative
@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.harness import device_label, load_published, machine_info, print_json, published_file, time_alternating
-from bench.published_model import build_pair, published_loss
+from bench.lib.harness import device_label, load_published, machine_info, print_json, published_file, time_alternating
+from bench.lib.published_model import build_pair, published_loss
 
 DEFAULT_CASES = ("4x13x64x64", "2x9x32x48", "1x17x128x128")
 

@@ -2,7 +2,7 @@
 """Training-step cost: a full step against the bare forward+backward of the autoencoder;
 prints one JSON object.
 
-    python -m bench.make_reference_vae /tmp/cvx2b           # CogVideoX-2b architecture, random weights
+    python -m tools.make_reference_vae /tmp/cvx2b           # CogVideoX-2b architecture, random weights
     python -m bench.bench_train_step --ref_vae /tmp/cvx2b --height 64 --width 64 --frames 9
     python -m bench.bench_train_step --device cuda --ref_vae /tmp/cvx2b --height 480 --width 720 --frames 17
 
@@ -29,10 +29,10 @@ import sys
 
 import torch
 
-from bench.harness import command_line, device_label, print_json, threads_summary
-from bench.step_builder import train_step
+from bench.lib.harness import command_line, device_label, print_json, threads_summary
+from bench.lib.step_builder import train_step
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.config import TrainConfig
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.reference_vae import ReferenceVAE
 from taehv_train.evaluation.timing import median_seconds
 from taehv_train.models.taehv import TAEHV
@@ -62,7 +62,7 @@ def run() -> dict:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--n_seraena_frames", type=int, default=3)
     parser.add_argument("--seraena_buffer", type=int, default=1024)
-    parser.add_argument("--ref_vae", default="", help="diffusers folder (bench/make_reference_vae.py) for 'online'")
+    parser.add_argument("--ref_vae", default="", help="diffusers folder (tools/make_reference_vae.py) for 'online'")
     parser.add_argument("--mixed_precision", default=None, help="no | bf16 (default: bf16 on CUDA, no on CPU)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)

@@ -11,9 +11,9 @@ The figures ("Pending: the step that never waits"):
 
 - ``e2e_plain`` / ``e2e_cached``: the 1gpu_h100 preset trained by the command users type,
   ``./train_taehv_h100.sh 1 1gpu_h100``, over the same engine fed batches already on the
-  device (bench/on_device_step.py, DeepSpeed ZeRO-2 bf16 started as training starts),
+  device (bench/lib/on_device_step.py, DeepSpeed ZeRO-2 bf16 started as training starts),
   plain (``--ref_vae_path=``) and with cached reference latents; target >= 0.90. The rows
-  are bench/gpu_training.py's, as ``python -m bench.bench_gpu --no-model`` runs them, here
+  are bench/lib/gpu_training.py's, as ``python -m bench.bench_gpu --no-model`` runs them, here
   shorter: 20 s per on-device row, the launch script's ``--max_train_time`` fitted to the
   time left (at most 120 s, start-up and compilation included), its figures from its
   TensorBoard scalars after its first 20 steps. The cache is built with a tiny random-weight
@@ -35,7 +35,7 @@ Every part runs in its own processes with its own time bound, fitted to what is 
 runs out of time is recorded with an ``error`` (or ``not run``) and the rest still run.
 Clips: ``--videos_dir`` (a missing or empty folder is a one-line error, exit status 2,
 before anything runs), by default procedural driving clips rendered by
-training/demo_data.py, either re-encoded to 720x480 H.264 (bench/reencoded_clips.py).
+training/demo_data.py, either re-encoded to 720x480 H.264 (bench/lib/reencoded_clips.py).
 ``--out`` (default output/gpu_check.json) gets the JSON and, next to it, the ``.md``
 table. Exit status 1 when a figure could not be taken (error), else 0; a missed target is
 a result, not a failure. ``--tiny``: on the CPU whatever the machine, the smallest sizes
@@ -62,8 +62,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.gpu_measure import log
-from bench.gpu_training import (
+from bench.lib.gpu_measure import log
+from bench.lib.gpu_training import (
     PRESET_NAME,
     NotRun,
     Plan,
@@ -77,9 +77,9 @@ from bench.gpu_training import (
     run_bounded,
     user_error,
 )
-from bench.harness import REPO_ROOT, command_line, utc_now
-from taehv_train.common.flags import ArgumentParser
-from taehv_train.common.video_writer import write_video
+from bench.lib.harness import REPO_ROOT, command_line, utc_now
+from taehv_train.base.flags import ArgumentParser
+from taehv_train.common.video.writer import write_video
 
 BUDGET_S = 480.0  # 8 minutes on one GPU, compilation included
 BEFORE_CLIPS_PER_S = 18.2  # the plain step through the launch script, one H200, 2026-11-26 (docs/benchmarks.md)
@@ -523,7 +523,7 @@ def failed_part(err: Exception) -> dict:
 
 
 def device_cpu() -> str:
-    from bench.gpu_measure import device_name
+    from bench.lib.gpu_measure import device_name
 
     return device_name(torch.device("cpu"))
 

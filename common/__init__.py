@@ -1,10 +1,8 @@
 """The layer under training and evaluation: what both use, and neither owns.
 
-The training config and its files (``config``), user errors and how a command reports them
-(``errors``), command-line flags (``flags``), the clip dataset (``clips``, with its clip
-table ``clip_table`` and DataLoader ``clip_loader``), reading clip files (``video``), frame
-counts from packets (``packet_count``), writing videos (``video_writer``), the frozen
-reference VAE (``reference_vae``), the reconstruction metrics (``metrics``) and reading
-what a training run left on disk (``run_files``). It imports ``models`` and nothing from
-``training`` or ``evaluation``.
+The training config and its files (``config``), the clip dataset (``clips``, with its clip
+table ``clip_table`` and the epoch its draws follow ``epoch_dataset``), reading and writing
+video files (``video``), the frozen reference VAE (``reference_vae``), the reconstruction
+metrics (``metrics``) and reading what a training run left on disk (``run_files``). It
+imports ``base`` and ``models``, nothing from ``training`` or ``evaluation``.
 """

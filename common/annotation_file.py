@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from taehv_train.common.errors import UserError
+from taehv_train.base.errors import UserError
 
 PATH_KEYS = ("path", "full_path")
 FORMAT = '{"total": N, "list": [{"path": ..., "frames": ...}, ...]}'

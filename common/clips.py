@@ -26,15 +26,12 @@ from typing import Literal
 import numpy as np
 import torch
 
-from taehv_train.common.clip_loader import EpochDataset, shared_epoch
-from taehv_train.common.clip_loader import (
-    build_dataloader as build_dataloader,  # re-exported: docs/data.md imports it from here
-)
-from taehv_train.common.clip_table import ClipTable
-from taehv_train.common.errors import (
+from taehv_train.base.errors import (
     VideoDataError as VideoDataError,  # re-exported: lives in errors.py for clip_loader
 )
-from taehv_train.common.errors import counts_in_words
+from taehv_train.base.errors import counts_in_words
+from taehv_train.common.clip_table import ClipTable
+from taehv_train.common.epoch_dataset import EpochDataset, shared_epoch
 from taehv_train.common.shard_source import RETRY, RetryPolicy
 from taehv_train.common.video.crop import ClipWriter, crop_box
 from taehv_train.common.video.files import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, BadClipError

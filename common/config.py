@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from taehv_train.common.errors import UserError
+from taehv_train.base.errors import UserError
 from taehv_train.common.shard_source import is_shard_source
 from taehv_train.models.downloads import fetch_hint
 from taehv_train.models.latent_spaces import AUTO_SPACE

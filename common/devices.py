@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from taehv_train.common.errors import UserError
+from taehv_train.base.errors import UserError
 
 
 def default_device() -> str:

@@ -52,6 +52,8 @@ def end_with_parent(parent: int) -> None:
     if not sys.platform.startswith("linux"):
         watch_parent(parent)
         return
+    # prctl(2), PR_SET_PDEATHSIG: the "parent" is the thread that forked this process, and no
+    # signal comes for a parent already gone when it is set (hence the getppid check after it)
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), f"prctl(PR_SET_PDEATHSIG): {os.strerror(ctypes.get_errno())}")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
+from taehv_train.base.errors import UserError
 from taehv_train.common.config import DTYPES, TrainConfig
-from taehv_train.common.errors import UserError
 from taehv_train.models.latent_spaces import AUTO_SPACE, OWN, SPACES, LatentTransform
 from taehv_train.models.vae_registry import (
     AUTO_CLASS,

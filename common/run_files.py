@@ -20,9 +20,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from taehv_train.common.errors import UserError
+from taehv_train.base.atomic import atomic_write
+from taehv_train.base.errors import UserError
 from taehv_train.common.folder_locks import CHECKPOINT_MANIFEST, hold_for_reading
-from taehv_train.models.atomic import atomic_write
 from taehv_train.models.weights import find_weights, run_folder
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")

@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
+from taehv_train.base.atomic import atomic_write
 from taehv_train.common.shard_source import RETRY, RetryPolicy, ShardReadError, read_range, read_shard, shard_stat
 from taehv_train.common.video.files import BadClipError, ClipBytes, clip_extensions
 from taehv_train.common.video.probe import probe_video
-from taehv_train.models.atomic import atomic_write
 
 logger = logging.getLogger(__name__)
 

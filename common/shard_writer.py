@@ -35,9 +35,9 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
-from taehv_train.common.errors import UserError
+from taehv_train.base.atomic import TMP_PREFIX, atomic_write
+from taehv_train.base.errors import UserError
 from taehv_train.common.shard_index import INDEX_SUFFIX, ShardIndex, ShardMember, index_from_text, index_text
-from taehv_train.models.atomic import TMP_PREFIX, atomic_write
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -23,18 +23,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from taehv_train.base.atomic import atomic_write
+from taehv_train.base.errors import UserError
 from taehv_train.common.clips import VideoClipDataset, frames_to_unit
-from taehv_train.common.errors import UserError
 from taehv_train.common.metrics import ReconstructionMetrics, rms_ratio
 from taehv_train.common.preview_score import preview_decode, preview_scores
 from taehv_train.common.reference_vae import ReferenceVAE
 from taehv_train.common.video.files import BadClipError
-from taehv_train.common.video_writer import write_video
+from taehv_train.common.video.writer import write_video
 from taehv_train.evaluation.frame_size import FrameSize
 from taehv_train.evaluation.stills import comparison_stills
 from taehv_train.evaluation.timing import timed
 from taehv_train.evaluation.videos import latent_picture, rgb_beside_alpha, side_by_side, to_uint8_frames
-from taehv_train.models.atomic import atomic_write
 from taehv_train.models.frames import FramePlan
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.vae_registry import reference_vae_frames

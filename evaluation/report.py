@@ -14,9 +14,9 @@ from pathlib import Path
 
 import cv2
 
+from taehv_train.base.atomic import atomic_write
 from taehv_train.evaluation.evaluator import mean_text
 from taehv_train.evaluation.frame_size import describe
-from taehv_train.models.atomic import atomic_write
 
 MAX_EMBED_BYTES = 64 * 2**20  # larger sets of videos are linked, not embedded
 

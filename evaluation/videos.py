@@ -1,5 +1,5 @@
 """What the evaluation shows of a sample: uint8 frames, RGBA shown beside its alpha, labelled
-side-by-side comparisons and a picture of the latents (``common.video_writer`` writes the videos)."""
+side-by-side comparisons and a picture of the latents (``common.video.writer`` writes the videos)."""
 
 from __future__ import annotations
 

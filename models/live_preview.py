@@ -33,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from .atomic import atomic_write
+from taehv_train.base.atomic import atomic_write
+
 from .diffusers_vae import TAEVideoVAE, pipeline_config
 from .latent_spaces import LatentTransform
 from .taehv import TAEHV

@@ -20,10 +20,15 @@ import torch.nn as nn
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 
-from .atomic import TMP_PREFIX, atomic_write
+from taehv_train.base.atomic import TMP_PREFIX, atomic_write
+from taehv_train.base.errors import (  # raised and imported from here
+    CheckpointMismatchError,
+    WeightsError,
+    WeightsNotFoundError,
+)
+
 from .downloads import fetch_hint
 from .variants import known_variants
-from .weight_errors import CheckpointMismatchError, WeightsError, WeightsNotFoundError  # raised and imported from here
 
 logger = logging.getLogger(__name__)
 FORMAT_NAME = "taehv"

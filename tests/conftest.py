@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import shared_dir  # the one rule for ../shared, shared with the benchmarks
-from bench.s3_loopback import CLEARED_VARIABLES, FaultProxy, MotoServer, S3Bucket, client_environment
+from bench.lib.harness import shared_dir  # the one rule for ../shared, shared with the benchmarks
+from bench.lib.s3_loopback import CLEARED_VARIABLES, FaultProxy, MotoServer, S3Bucket, client_environment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # on sys.path through pytest.ini's pythonpath
 
@@ -279,7 +279,7 @@ def clip_shard(clips: list[tuple[str, bytes, dict]]) -> bytes:
 def tool_exit(capsys, main, *args: str) -> tuple[int, str, list[str]]:
     """A tool's ``main`` run in this process as its ``python -m`` entry point runs it
     (``exit_on_user_error``): exit status, stdout, stderr lines."""
-    from taehv_train.common.errors import exit_on_user_error
+    from taehv_train.base.errors import exit_on_user_error
 
     capsys.readouterr()
     try:
@@ -293,7 +293,7 @@ def tool_exit(capsys, main, *args: str) -> tuple[int, str, list[str]]:
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
-    """moto's S3 server on loopback, one for the session (bench/s3_loopback.py)."""
+    """moto's S3 server on loopback, one for the session (bench/lib/s3_loopback.py)."""
     server = MotoServer(tmp_path_factory.mktemp("s3-server"))
     yield server
     server.stop()
@@ -321,7 +321,7 @@ def s3_auth_server(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def s3_proxy(s3_server):
-    """The fault-injecting proxy in front of the session's server (bench/s3_loopback.py)."""
+    """The fault-injecting proxy in front of the session's server (bench/lib/s3_loopback.py)."""
     return FaultProxy(s3_server.port)
 
 

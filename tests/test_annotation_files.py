@@ -20,8 +20,8 @@ import torch
 from test_launch_script import launch
 
 from conftest import tool_exit
-from taehv_train.common.errors import UserError
-from taehv_train.models.atomic import TMP_PREFIX
+from taehv_train.base.atomic import TMP_PREFIX
+from taehv_train.base.errors import UserError
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.weights import save_weights
 from taehv_train.training import make_annotations, own_data

@@ -3,7 +3,7 @@
 bench_gpu's model rows: a row per (variant, implementation, operation, setting) with finite
 timings and our outputs equal to the published model's (fp32), compiled with Dynamo's eager
 backend (the compiled code paths run without the minutes inductor takes on a CPU). Its
-end-to-end rows are the ones gpu_check runs (bench/gpu_training.py), checked once, through
+end-to-end rows are the ones gpu_check runs (bench/lib/gpu_training.py), checked once, through
 gpu_check: the launch script's runs and the on-device engine (DeepSpeed ZeRO-2 on gloo),
 plain and with a real latent cache, and every pending figure in the JSON and the Markdown
 table. A missing or empty clips folder is one line and exit status 2, before anything runs.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import published_file
+from bench.lib.harness import published_file
 from conftest import REPO_ROOT, _require
 
 pytestmark = pytest.mark.slow  # benchmarks
@@ -187,7 +187,7 @@ def test_gpu_check_tiny_runs_the_launch_script_against_the_same_engine_on_the_de
         assert ("--ref_vae_path= " in command) == (row["feed"] == "plain"), command
         if row["setting"] == "on_device":
             assert " -m taehv_train.training.launch --use_deepspeed --zero_stage 2 " in command, command
-            assert " -m bench.on_device_step --config training/configs/taehv_config_1gpu_h100.py " in command
+            assert " -m bench.lib.on_device_step --config training/configs/taehv_config_1gpu_h100.py " in command
             engine = row["engine"]
             assert (engine["distributed_type"], engine["zero_stage"], engine["processes"]) == ("DEEPSPEED", 2, 1)
             assert engine["optimizer"] == "DeepSpeedZeroOptimizer" and not engine["cudnn_benchmark"], engine
@@ -209,7 +209,7 @@ def test_gpu_check_tiny_runs_the_launch_script_against_the_same_engine_on_the_de
 
 
 def test_run_figures_leave_out_the_first_steps_and_weight_each_interval_by_its_seconds():
-    from bench.gpu_training import run_figures
+    from bench.lib.gpu_training import run_figures
 
     scalars = {  # logged every 10 steps of 4 clips: 100 s for the first (compilation), then 4 s and 8 s
         "train/samples_per_second": [(10, 0.4), (20, 10.0), (30, 5.0)],
@@ -271,7 +271,7 @@ def test_gpu_check_judges_gpu_rows_against_the_targets():
 
 
 def test_a_row_past_its_time_bound_is_killed_with_every_process_it_started(tmp_path):
-    from bench.gpu_training import child_env, run_bounded
+    from bench.lib.gpu_training import child_env, run_bounded
 
     pids = tmp_path / "pids"
     # a child in its own session, as torch elastic starts training ranks: a signal to the group would miss it

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from bench.harness import published_file
+from bench.lib.harness import published_file
 from conftest import REPO_ROOT
 
 TINY = ["--variants", "taehv", "--frames", "5", "--sizes", "16x16"]
@@ -92,7 +92,7 @@ def test_speed_rows_roofline_and_markdown(tmp_path):
 
 
 def test_peak_memory_in_fresh_processes():
-    from bench.cpu_memory import heap_in_use
+    from bench.lib.cpu_memory import heap_in_use
 
     report, _ = _run("--ops", "decode", "--modes", "sequential", "--repeats", "1", "--warmup", "0", "--no-roofline")
     (row,) = report["rows"]

@@ -15,8 +15,8 @@ import torch
 from accelerate import Accelerator
 
 from conftest import REPO_ROOT
+from taehv_train.base.errors import UserError
 from taehv_train.common.config import TrainConfig, load_config
-from taehv_train.common.errors import UserError
 from taehv_train.common.run_files import CHECKPOINT_MANIFEST, finished_info, write_run_marker
 from taehv_train.training.loop.best_model import BestTracker
 from taehv_train.training.loop.resilience import FaultPlan, agree

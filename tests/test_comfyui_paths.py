@@ -28,12 +28,12 @@ from comfyui_rules import (
     previewer_file,
 )
 from conftest import save_tiny_vae, tool_exit
-from taehv_train.models.ecosystem import comfyui_model, comfyui_preview, comfyui_reading
 from taehv_train.models.latent_spaces import NORMALISED, RAW, SCALED, LatentTransform
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.vae_registry import class_defaults, spaces_of
 from taehv_train.models.weights import save_weights
 from taehv_train.training import export
+from taehv_train.training.ecosystem import comfyui_model, comfyui_preview, comfyui_reading
 from train_runs import train_here
 
 IDENTITY = LatentTransform(RAW)

@@ -22,8 +22,8 @@ from torch._dynamo.testing import CompileCounterWithBackend
 import taehv_train.models.taehv as taehv_module
 from conftest import valid_config
 from taehv_train import inference
+from taehv_train.base.errors import UserError
 from taehv_train.common.config import TrainConfig
-from taehv_train.common.errors import UserError
 from taehv_train.models.diffusers_vae import TAEVideoVAE
 from taehv_train.models.taehv import TAEHV, run_blocks
 from taehv_train.models.variants import known_variants

@@ -14,8 +14,8 @@ import torch
 
 from conftest import REPO_ROOT, save_tiny_vae
 from conftest import valid_config as valid
+from taehv_train.base.errors import UserError
 from taehv_train.common.config import TrainConfig, apply_overrides, load_config, run_prefix
-from taehv_train.common.errors import UserError
 from taehv_train.common.metrics import lpips_unavailable_reason
 from taehv_train.models.variants import get_variant
 from taehv_train.training.preflight import check
@@ -261,6 +261,22 @@ def test_lpips_usable_is_accepted(tmp_path, monkeypatch, fresh_lpips_probe):
     assert lpips_unavailable_reason() is None
     check(valid(tmp_path, lpips_loss_weight=0.1))
     check(valid(tmp_path, best_metric="val/lpips"))
+
+
+def test_lpips_without_the_own_decoded_frames_is_refused(tmp_path, monkeypatch, fresh_lpips_probe):
+    """With a reference VAE the TAE decodes its own latents only for the reconstruction loss,
+    and LPIPS is taken on those frames: LPIPS weighted without them would train nothing."""
+    fake_lpips_module(monkeypatch, None)
+    vae = vae_folder(tmp_path / "ref_vae")
+    with pytest.raises(UserError) as err:
+        check(valid(tmp_path, ref_vae_path=vae, reconstruction_loss_weight=0.0, lpips_loss_weight=0.1))
+    assert str(err.value) == (
+        "invalid config: lpips_loss_weight > 0 needs the TAE's own decoded frames: with a reference VAE they are "
+        "decoded only when reconstruction_loss_weight > 0; set reconstruction_loss_weight > 0 or lpips_loss_weight=0"
+    )
+    check(valid(tmp_path, ref_vae_path=vae, reconstruction_loss_weight=0.0))
+    check(valid(tmp_path, ref_vae_path=vae, reconstruction_loss_weight=0.5, lpips_loss_weight=0.1))
+    check(valid(tmp_path, reconstruction_loss_weight=1.0, lpips_loss_weight=0.1))  # no reference: always decoded
 
 
 def test_lpips_other_errors_propagate(tmp_path, monkeypatch, fresh_lpips_probe):

@@ -24,7 +24,6 @@ import pytest
 import torch
 from accelerate.data_loader import DataLoaderShard
 
-from taehv_train.common.clip_loader import EpochShuffleSampler, build_dataloader, tie_worker_to_parent
 from taehv_train.common.clip_table import ClipTable
 from taehv_train.common.clips import VideoClipDataset, VideoDataError, fit_stride
 from taehv_train.common.video.crop import ClipWriter, crop_box
@@ -32,9 +31,10 @@ from taehv_train.common.video.files import BadClipError, find_videos
 from taehv_train.common.video.probe import probe_video
 from taehv_train.common.video.reader import VideoReader
 from taehv_train.common.video.resize import AreaResizer, area_resize
+from taehv_train.training.annotate.annotation_files import write_annotation
+from taehv_train.training.data.clip_loader import EpochShuffleSampler, build_dataloader, tie_worker_to_parent
 from taehv_train.training.data.loading import batches_until_data_error
 from taehv_train.training.demo_data import make_demo_dataset
-from taehv_train.training.make_annotations import write_annotation
 
 SHADOW = "udacity_alf_project_video_shadow_160f.mp4"  # container says 162, 160 decode
 START = "udacity_alf_project_video_start_200f.mp4"  # audio is stream 0, moov at the end
@@ -773,7 +773,7 @@ def test_persistent_workers_follow_set_epoch(index_dir, tmp_path):
 ACCELERATE_SHARDS = """
 import sys
 from accelerate.data_loader import prepare_data_loader
-from taehv_train.common.clip_loader import EpochShuffleSampler, build_dataloader
+from taehv_train.training.data.clip_loader import EpochShuffleSampler, build_dataloader
 from taehv_train.common.clips import VideoClipDataset
 
 root = sys.argv[1]

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from taehv_train.common.errors import UserError
+from taehv_train.base.errors import UserError
 from taehv_train.training.loop import deepspeed_engine
 
 

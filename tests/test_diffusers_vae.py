@@ -36,7 +36,7 @@ from diffusers import (
 )
 from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
 
-from bench.tiny_pipelines import hunyuan_pipeline, ltx_pipeline, wan_pipeline
+from bench.lib.tiny_pipelines import hunyuan_pipeline, ltx_pipeline, wan_pipeline
 from conftest import save_tiny_vae
 from taehv_train.models.diffusers_vae import TAEVideoVAE
 from taehv_train.models.latent_spaces import LatentTransform

@@ -40,12 +40,15 @@ OTHER_FLAGS = {
     "include",
     "local_dir",
 }
+PACKAGES_RUN = "training|bench|tools|evaluation|models|common"  # what `python -m` may name
 OURS = (
+    "base",
     "models",
     "common",
     "training",
     "evaluation",
     "bench",
+    "tools",
     "docs",
     "tests",
     "scripts",
@@ -97,7 +100,8 @@ def test_every_path_and_module_the_docs_name_exists():
                 ):
                     missing.append(f"{doc.name}: {token}")
             modules = re.findall(
-                r"python3? -m (?:taehv_train\.)?((?:training|bench|evaluation|models|common)(?:\.\w+)+)(?![\w<.])", span
+                rf"python3? -m (?:taehv_train\.)?((?:{PACKAGES_RUN})(?:\.\w+)+)(?![\w<.])",
+                span,
             )
             for module in modules:
                 if not (REPO_ROOT / (module.replace(".", "/") + ".py")).exists():
@@ -122,9 +126,10 @@ def tool_flags() -> set[str]:
     """Every long flag some tool defines (snake_case; both spellings are accepted)."""
     flags = set()
     for path in [
-        *REPO_ROOT.glob("training/*.py"),
+        *REPO_ROOT.glob("training/**/*.py"),
         *REPO_ROOT.glob("common/*.py"),
         *REPO_ROOT.glob("bench/*.py"),
+        *REPO_ROOT.glob("tools/*.py"),
         REPO_ROOT / "inference.py",
     ]:
         flags |= set(re.findall(r"add_argument\(\s*\"--([\w-]+)\"", path.read_text()))
@@ -181,7 +186,7 @@ def test_the_docs_python_snippets_run_from_another_folder(tmp_path):
     imports = "\n".join(line for line in lines if line.startswith(("from ", "import ")))
     assert "taehv_train" in imports
     # the package's folders are importable under its namespace only, not as top-level names
-    bare = ("models", "common", "training", "evaluation", "inference")
+    bare = ("base", "models", "common", "training", "evaluation", "inference")
     claimed = f"import importlib.util as u; print([n for n in {bare} if u.find_spec(n)])"
     names = subprocess.run([sys.executable, "-c", claimed], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert names.stdout.strip() == "[]", names.stdout + names.stderr

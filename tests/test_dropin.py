@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bench.harness import load_published, published_file
+from bench.lib.harness import load_published, published_file
 from conftest import _require, shared_dir
 from taehv_train.models.taehv import TAEHV, StreamingTAEHV
 

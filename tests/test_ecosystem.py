@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bench.harness import load_published, published_file
+from bench.lib.harness import load_published, published_file
 from comfyui_rules import comfyui_takes
-from taehv_train.common.errors import UserError
+from taehv_train.base.errors import UserError
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.weights import save_weights
 from taehv_train.training.export import write_bundle

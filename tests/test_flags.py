@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-from taehv_train.common.flags import ArgumentParser
+from taehv_train.base.flags import ArgumentParser
 
 
 def parser() -> ArgumentParser:

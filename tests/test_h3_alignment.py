@@ -14,7 +14,7 @@ import torch
 
 @pytest.fixture(scope="module")
 def h3():
-    from bench import h3_alignment
+    from tools import h3_alignment
 
     return h3_alignment
 

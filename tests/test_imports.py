@@ -17,12 +17,12 @@ import pytest
 
 from conftest import REPO_ROOT
 
-PACKAGES = ("models", "common", "training", "evaluation")
+PACKAGES = ("base", "models", "common", "training", "evaluation")
 NAMESPACE = "taehv_train"  # what the package is installed as (pyproject.toml); the graph's names leave it out
 
 
 def project_modules() -> dict[str, Path]:
-    """Dotted name -> file for every module of models/, common/, training/, evaluation/ and inference.py."""
+    """Dotted name -> file for every module of base/, models/, common/, training/, evaluation/ and inference.py."""
     modules = {"inference": REPO_ROOT / "inference.py"}
     for package in PACKAGES:
         for path in sorted((REPO_ROOT / package).rglob("*.py")):
@@ -129,10 +129,11 @@ def test_no_import_cycles(graph):
 # The layers, bottom first: a module may import its own layer and the ones below, never one
 # above (README, "Layout"). The command-line tools are the top; everything else is a room.
 LAYERS = (
+    ("base",),
     ("models",),
-    ("common.errors", "common.flags", "common.metrics", "common.video_writer"),
+    ("common.metrics",),
     ("common",),
-    ("training.configs", "training.data", "evaluation"),
+    ("training.configs", "training.data", "training.annotate", "training.ecosystem", "evaluation"),
     ("training.loop", "training.state"),
     (
         "training.preflight",
@@ -169,7 +170,8 @@ def test_imports_point_down_the_layers(graph):
 
 
 def test_the_layer_check_sees_an_upward_import():
-    assert layer_of("models.diffusers_vae") < layer_of("common.reference_vae") < layer_of("training.loop.step")
+    assert layer_of("base.atomic") < layer_of("models.weights") < layer_of("common.reference_vae")
+    assert layer_of("common.reference_vae") < layer_of("training.loop.step")
 
 
 def within(module: str, packages: tuple[str, ...]) -> bool:
@@ -189,7 +191,7 @@ def crossings(graph: dict[str, set[str]], importers: tuple[str, ...], targets: t
 
 # Whatever the layers allow, these packages stay apart: training and evaluation are siblings
 # on common/ (evaluation judges any weights, trained here or not); common/ serves both and
-# depends on neither; models/ (the drop-in TAEHV) stands on its own.
+# depends on neither; models/ (the drop-in TAEHV) stands on base/ alone, and base/ on nothing.
 def test_evaluation_and_inference_never_import_training(graph):
     found = crossings(graph, ("evaluation", "inference"), ("training",))
     assert found == [], "evaluation importing training: " + ", ".join(found)
@@ -208,6 +210,11 @@ def test_common_imports_neither_training_nor_evaluation(graph):
 def test_models_import_nothing_of_the_rest(graph):
     found = crossings(graph, ("models",), ("common", "training", "evaluation", "inference"))
     assert found == [], "models importing the rest of the package: " + ", ".join(found)
+
+
+def test_base_imports_nothing_of_the_package(graph):
+    found = crossings(graph, ("base",), ("models", "common", "training", "evaluation", "inference"))
+    assert found == [], "base importing the rest of the package: " + ", ".join(found)
 
 
 def test_the_crossing_check_sees_a_crossing():

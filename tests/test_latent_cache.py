@@ -25,15 +25,15 @@ import torch
 from accelerate.state import AcceleratorState
 
 from conftest import REPO_ROOT, clip_shard, save_tiny_vae
-from taehv_train.common.clip_loader import build_dataloader
+from taehv_train.base.errors import UserError
 from taehv_train.common.clips import VideoClipDataset, VideoDataError, frames_to_unit
 from taehv_train.common.config import TrainConfig, load_config
-from taehv_train.common.errors import UserError
 from taehv_train.common.reference_vae import ReferenceVAE
+from taehv_train.training.annotate.annotation_files import write_annotation
 from taehv_train.training.build_latent_cache import entry_point, main
+from taehv_train.training.data.clip_loader import build_dataloader
 from taehv_train.training.data.latent_cache import CachedLatentDataset, LatentCache, latent_sample_generator
 from taehv_train.training.data.loading import build_datasets
-from taehv_train.training.make_annotations import write_annotation
 from train_runs import TEST_CONFIG, one_line_error
 
 MISSING = 5  # index of the missing file in the annotation (6 clips: shards {0, 1}, {2, 3}, {4, 5})

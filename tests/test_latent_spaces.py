@@ -17,8 +17,8 @@ from safetensors.torch import save_file
 
 from conftest import TINY_VAES, save_tiny_vae
 from taehv_train import inference
+from taehv_train.base.errors import UserError
 from taehv_train.common.clips import frames_to_unit
-from taehv_train.common.errors import UserError
 from taehv_train.common.reference_vae import ReferenceVAE
 from taehv_train.models.diffusers_vae import TAEVideoVAE
 from taehv_train.models.latent_spaces import (

@@ -27,7 +27,7 @@ from test_dropin import (
     save_fresh_published,
 )
 
-from bench.harness import load_published, published_file
+from bench.lib.harness import load_published, published_file
 from conftest import _require, shared_dir
 from taehv_train.models import fast_paths
 from taehv_train.models.taehv import TAEHV, StreamingTAEHV

@@ -15,7 +15,7 @@ from diffusers import (
 )
 from PIL import Image
 
-from bench.tiny_pipelines import PIPELINES, inputs
+from bench.lib.tiny_pipelines import PIPELINES, inputs
 from conftest import TINY_VAES
 from taehv_train.models.live_preview import LivePreview
 from taehv_train.models.taehv import TAEHV

@@ -23,14 +23,14 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader, Dataset
 
 from conftest import REPO_ROOT
-from taehv_train.common.clip_loader import tie_worker_to_parent
 from taehv_train.common.config import TrainConfig
 from taehv_train.training.data import prefetch
+from taehv_train.training.data.clip_loader import tie_worker_to_parent
 from taehv_train.training.data.loader_workers import LoaderFault
 from taehv_train.training.data.prefetch import Prefetcher
 from taehv_train.training.loop.distributed import collective_timeout
+from taehv_train.training.loop.progress import Progress
 from taehv_train.training.state.run_folders import checkpoint_step, list_checkpoints
-from taehv_train.training.taehv_train import Progress
 from train_runs import (
     ONE_PROCESS,
     assert_identical,

@@ -21,14 +21,15 @@ import pytest
 from test_launch_script import TINY_SCRATCH, launch
 
 from conftest import tool_exit
+from taehv_train.base.errors import UserError
 from taehv_train.common.clip_table import ClipTable
 from taehv_train.common.clips import VideoClipDataset
-from taehv_train.common.errors import UserError
 from taehv_train.common.video.files import BadClipError
 from taehv_train.training import make_annotations
-from taehv_train.training.data import probe_pool
-from taehv_train.training.data.annotation_split import DEFAULT_GROUP_REGEX, group_key, split_train_val
-from taehv_train.training.data.probe_records import probes_path, read_probes, shard_of
+from taehv_train.training.annotate import probe_pool
+from taehv_train.training.annotate.annotation_files import output_paths, write_annotation
+from taehv_train.training.annotate.annotation_split import DEFAULT_GROUP_REGEX, group_key, split_train_val
+from taehv_train.training.annotate.probe_records import probes_path, read_probes, shard_of
 from taehv_train.training.make_annotations import main
 from train_runs import all_ended, processes_of, wait_for
 
@@ -234,7 +235,7 @@ def test_kill_9_of_the_tool_alone_ends_its_probe_processes(demo_clips, tmp_path)
     stuck_tool = (
         "import sys, time\n"
         "from taehv_train.training import make_annotations as m\n"
-        "from taehv_train.training.data import probe_pool as p\n"
+        "from taehv_train.training.annotate import probe_pool as p\n"
         "p.probe_video = lambda path, threads=1: time.sleep(600)\n"
         "m.main(sys.argv[1:])"
     )
@@ -441,7 +442,7 @@ def many_clip_folder(folder: Path, count: int = 300) -> Path:
 
 
 def outputs(out: Path) -> dict[str, bytes]:
-    return {part: path.read_bytes() for part, path in make_annotations.output_paths(out).items()}
+    return {part: path.read_bytes() for part, path in output_paths(out).items()}
 
 
 def annotate(capsys, src: Path, out: Path, *flags: str) -> str:
@@ -467,7 +468,7 @@ def test_shards_then_merge_write_the_files_of_one_machine(many_clips, tmp_path, 
     assert b'"reason": "missing"' in reference["skipped"] and reference["val"].count(b"\n") > 10
     for k in (1, 2, 3):
         annotate(capsys, src, out, "--shard", f"{k}/3")
-    assert not any(p.exists() for p in make_annotations.output_paths(out).values())  # parts only
+    assert not any(p.exists() for p in output_paths(out).values())  # parts only
     parts = [read_probes(probes_path(out, (k, 3))) for k in (1, 2, 3)]
     assert sum(len(p.records) for p in parts) == 300 and all(80 < len(p.records) < 120 for p in parts)
     assert all(shard_of(rel, 3) == k for k, p in enumerate(parts, 1) for rel in p.records)
@@ -511,7 +512,7 @@ def test_stopped_run_continues_where_it_stopped(many_clips, tmp_path, capsys):
     slow_tool = (
         "import sys, time\n"
         "from taehv_train.training import make_annotations as m\n"
-        "from taehv_train.training.data import probe_pool as p\n"
+        "from taehv_train.training.annotate import probe_pool as p\n"
         "real = p.probe_video; p.probe_video = lambda path, threads=1: (time.sleep(0.005), real(path, threads))[1]\n"
         "m.main(sys.argv[1:])"
     )
@@ -609,7 +610,7 @@ def test_a_merge_probes_what_changed_since_the_shards_ran(demo_clips, tmp_path, 
     annotate(capsys, src, one, *flags)
     assert outputs(out) == outputs(one)
     assert "probed 2 new or changed files, reused 6, dropped the records of 1 file now gone" in stdout
-    kept = {e["path"]: e for part in ("train", "val") for e in read_list(make_annotations.output_paths(out)[part])}
+    kept = {e["path"]: e for part in ("train", "val") for e in read_list(output_paths(out)[part])}
     assert sorted(kept) == sorted(first[1:] + second)
     assert (kept[first[1]]["frames"], kept[first[1]]["width"], kept[first[1]]["height"]) == (2, 16, 16)
     # A second merge reuses the records the first one made of the changed files.
@@ -707,7 +708,7 @@ def test_av1_clips_opencv_cannot_decode_are_decoded_through_pyav(demo_clips, tmp
     assert (entry["frames"], entry["width"], entry["height"], entry["fps"]) == (6, 64, 48, 10.0)
 
     annotation = tmp_path / "av1.json"
-    make_annotations.write_annotation(annotation, [entry])
+    write_annotation(annotation, [entry])
     ds = VideoClipDataset(annotation_file=annotation, n_frames=3, height=48, width=64, mode="val", stride_range=(1, 1))
     frames = ds.load_clip(0).numpy()  # the middle window: frames 1, 2, 3
     assert np.abs(frames.mean(axis=(1, 2, 3)) - [40, 80, 120]).max() < 3

@@ -1,4 +1,4 @@
-"""Frame counts from packets (common/packet_count.py): ``probe_video`` counts an H.264/HEVC
+"""Frame counts from packets (common/video/packet_count.py): ``probe_video`` counts an H.264/HEVC
 video's frames without decoding them where the packets prove the count, and the count is
 the full decode's on real clips, damaged copies and encoder settings that change it."""
 
@@ -13,8 +13,8 @@ import pytest
 from test_dataset import DOG, GOPRO, SHADOW, START, VEHDET, write_audio_only_mp4, write_rgba
 
 from bench.bench_annotate import damaged_copies
-from taehv_train.common.packet_count import PacketCount, count_frames_from_packets
 from taehv_train.common.video.files import BadClipError
+from taehv_train.common.video.packet_count import PacketCount, count_frames_from_packets
 from taehv_train.common.video.probe import VideoInfo, probe_video
 from taehv_train.common.video.reader import VideoReader
 

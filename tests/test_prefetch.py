@@ -19,14 +19,14 @@ from accelerate.state import GradientState
 from torch.utils.data import DataLoader, Dataset
 
 from conftest import valid_config
+from taehv_train.base.errors import UserError
 from taehv_train.common.clips import VideoDataError
 from taehv_train.common.config import TrainConfig
-from taehv_train.common.errors import UserError
 from taehv_train.training.data.cuda_sequence import DeviceFeed, IdleClock
 from taehv_train.training.data.prefetch import BatchOutOfMemory, Fetched, Prefetcher, WaitInterrupted
+from taehv_train.training.loop.progress import Progress
 from taehv_train.training.loop.resilience import FaultPlan
 from taehv_train.training.preflight import check
-from taehv_train.training.taehv_train import Progress
 from train_runs import tiny_train_step
 
 FRAMES, SIZE = 5, 8

@@ -18,9 +18,9 @@ import torch
 
 from conftest import REPO_ROOT, save_tiny_vae
 from taehv_train import inference
+from taehv_train.base.errors import EXIT_USER_ERROR, UserError, exit_on_user_error
 from taehv_train.common.clips import frames_to_unit
 from taehv_train.common.config import TrainConfig, load_config
-from taehv_train.common.errors import EXIT_USER_ERROR, UserError, exit_on_user_error
 from taehv_train.common.reference_vae import ReferenceVAE, weight_problems
 from taehv_train.models.latent_spaces import guess_space
 from taehv_train.models.taehv import TAEHV

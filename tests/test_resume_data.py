@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from taehv_train.common.errors import UserError
+from taehv_train.base.errors import UserError
 from train_runs import train_here
 
 pytestmark = pytest.mark.slow  # training runs

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from taehv_train.common.errors import UserError
+from taehv_train.base.errors import UserError
 from taehv_train.training.state import run_lock
 
 

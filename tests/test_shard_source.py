@@ -1,6 +1,6 @@
 """Where shards are and how their bytes are read (common/shard_source.py): shard lists spelled
 as WebDataset spells them, exact byte ranges from local disk and from a real S3 API (moto's
-server on loopback, bench/s3_loopback.py), each fault named by its kind, transient ones retried
+server on loopback, bench/lib/s3_loopback.py), each fault named by its kind, transient ones retried
 through a proxy that really drops connections, and the one-line checks before a run."""
 
 from __future__ import annotations

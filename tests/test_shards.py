@@ -18,7 +18,6 @@ from torch.utils.data import BatchSampler
 
 from conftest import REPO_ROOT, clip_shard
 from taehv_train.common.annotation_file import read_annotation
-from taehv_train.common.clip_loader import ShardOrderSampler, buffer_shuffle
 from taehv_train.common.clip_table import ClipTable
 from taehv_train.common.clips import VideoClipDataset
 from taehv_train.common.shard_index import cache_dir, index_text, load_index, sidecar_url
@@ -26,6 +25,7 @@ from taehv_train.common.video.files import BadClipError
 from taehv_train.common.video.probe import probe_video
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.weights import save_weights
+from taehv_train.training.data.clip_loader import ShardOrderSampler, buffer_shuffle
 from taehv_train.training.own_data import shard_overrides
 from train_runs import DDP_ENV, ONE_PROCESS, ddp, train
 

@@ -3,7 +3,7 @@ the real client (s3fs, botocore): a run stopped by SIGTERM and resumed ends bit-
 one never interrupted; a store that goes away mid-run ends the run in one line with the
 command that finishes it, and that command, through connections that drop mid-shard,
 finishes it bit-identical; credentials and buckets that are wrong stop a run before step 1.
-The set-up is in bench/s3_loopback.py and the fixtures in tests/conftest.py."""
+The set-up is in bench/lib/s3_loopback.py and the fixtures in tests/conftest.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.s3_loopback import S3Bucket, client_environment
+from bench.lib.s3_loopback import S3Bucket, client_environment
 from conftest import REPO_ROOT, clip_shard
 from taehv_train.common.annotation_file import read_annotation
 from train_runs import (

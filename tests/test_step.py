@@ -18,9 +18,9 @@ from taehv_train.common.clips import VideoDataError
 from taehv_train.models.taehv import TAEHV
 from taehv_train.training.data.loading import ReferenceLatents
 from taehv_train.training.data.prefetch import BatchOutOfMemory, Prefetcher, WaitInterrupted
+from taehv_train.training.loop.progress import Progress
 from taehv_train.training.loop.resilience import StopRequest
 from taehv_train.training.loop.step import OptimizerStepFailed, TrainStep
-from taehv_train.training.taehv_train import Progress
 from train_runs import tiny_train_step
 
 FRAMES, SIZE = 5, 8

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from taehv_train.base.errors import UserError
 from taehv_train.common.config import load_config
-from taehv_train.common.errors import UserError
 from taehv_train.models.taehv import TAEHV
 from taehv_train.training.loop import feed, memory
 

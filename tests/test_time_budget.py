@@ -18,7 +18,8 @@ from diffusers.optimization import get_scheduler
 from taehv_train.common.config import TrainConfig, load_config
 from taehv_train.training.loop import optimisation, time_budget
 from taehv_train.training.loop.optimisation import LearningRateSchedule, parse_duration
-from taehv_train.training.loop.time_budget import Cadence, TimeBudget, keeps_plan
+from taehv_train.training.loop.progress import Progress
+from taehv_train.training.loop.time_budget import AfterStep, Cadence, TimeBudget, keeps_plan
 from taehv_train.training.state.run_config import Start, config_for_resume, describe_start
 from taehv_train.training.state.run_folders import checkpoint_step, list_checkpoints
 from train_runs import (
@@ -90,10 +91,8 @@ def clock(monkeypatch) -> Clock:
     return clock
 
 
-def fresh_progress() -> SimpleNamespace:
-    return SimpleNamespace(
-        step=0, train_seconds=0.0, planned_steps=0, validation_every=0, validation_seconds=0.0, checkpoint_seconds=0.0
-    )
+def fresh_progress() -> Progress:
+    return Progress()
 
 
 def budget_config(**changes) -> TrainConfig:
@@ -150,6 +149,32 @@ def test_a_budget_plans_its_steps_and_spreads_its_validations_once_measured(cloc
     clock.now = 1.0
     assert resumed.check() == (False, False) and resumed.last_step == 23 and math.isclose(resumed.spent(), 34)
     assert steps(resumed, clock, [3] * 5) == [(False, False)] * 4 + [(False, True)]
+
+
+def test_after_a_step_the_budget_says_what_follows_and_measures_before_it_plans(clock):
+    progress = fresh_progress()
+    budget = TimeBudget(budget_config(), progress, LearningRateSchedule("cosine", 0, 0), 1, 0.0, CPU)
+    nothing = dict(last=False, out_of_time=False, validates=False, measures_checkpoint=False, plans=False)
+    for duration in (6, 6, 3, 3):  # the measurement is not complete yet: the config's intervals (1000)
+        clock.now += duration
+        progress.step += 1
+        after = budget.after_step(progress.step)
+        assert after == AfterStep(progress.step, draws=after.draws, checkpoints=False, **nothing)
+    clock.now += 3
+    progress.step += 1
+    after = budget.after_step(5)  # measured: it plans, first validating and checkpointing to measure them
+    assert (after.validates, after.measures_checkpoint, after.plans, after.checkpoints) == (True, True, True, False)
+    validate(budget, clock, 1)
+    with budget.aside("checkpoint"):
+        clock.now += 1
+    after = budget.planned(after)
+    assert progress.planned_steps == budget.last_step > 5
+    assert not (after.plans or after.checkpoints or after.last)  # its checkpoint is taken, the run goes on
+
+    fixed = TimeBudget(TrainConfig(max_train_steps=3), fresh_progress(), budget.schedule, 1, 0.0, CPU)
+    fixed.progress.step = 3
+    last = fixed.after_step(3)  # the last step validates with its strip and checkpoints
+    assert (last.last, last.validates, last.draws, last.checkpoints, last.plans) == (True, True, True, True, False)
 
 
 def test_a_machine_that_slows_down_moves_the_end_and_the_schedule_follows_without_a_jump(clock):

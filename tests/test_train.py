@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import REPO_ROOT
-from taehv_train.common.errors import UserError
+from taehv_train.base.errors import UserError
 from taehv_train.common.metrics import lpips_unavailable_reason
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.weights import save_weights
@@ -212,6 +212,20 @@ def test_missing_reference_vae_is_an_error_not_a_fallback(tmp_path, demo_clips):
     ]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 2 and "is not a diffusers model folder" in result.stderr
+
+
+def test_lpips_that_would_train_nothing_stops_the_start_naming_the_keys(tmp_path, demo_clips, tiny_cogvideox_vae):
+    """A reference VAE without the reconstruction loss leaves no own decoded frames for LPIPS:
+    the start stops with the keys to change (a UserError: exit 2), before a run folder exists."""
+    with pytest.raises(UserError, match="set reconstruction_loss_weight > 0 or lpips_loss_weight=0"):
+        train_here(
+            tmp_path / "out",
+            demo_clips,
+            f"--ref_vae_path={tiny_cogvideox_vae}",
+            "--reconstruction_loss_weight=0",
+            "--lpips_loss_weight=0.1",
+        )
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
 def test_a_spent_time_budget_ends_the_run_as_its_last_step_would(tmp_path, demo_clips):

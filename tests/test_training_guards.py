@@ -1,5 +1,5 @@
 """Training guards that need no training process: config paths, the frozen reference VAE,
-TensorBoard hparams, low-precision dtypes, grad-norm checks, frame counts and Seraena's
+TensorBoard hparams, low-precision dtypes, the loss plan, grad-norm checks, frame counts and Seraena's
 frame groups.
 
 Each shows a failure cannot happen in this design, or stops at start-up with a message that
@@ -18,8 +18,8 @@ from accelerate import Accelerator
 
 from conftest import REPO_ROOT
 from conftest import valid_config as valid
+from taehv_train.base.errors import UserError
 from taehv_train.common.config import TrainConfig, load_config, resolve_path
-from taehv_train.common.errors import UserError
 from taehv_train.models.frames import group_frames, plan_frames, ungroup_frames
 from taehv_train.models.taehv import TAEHV
 from taehv_train.training.loop import resilience
@@ -77,13 +77,45 @@ def test_a_start_and_a_resume_write_one_tensorboard_run(tmp_path):
 
 
 def test_inputs_follow_the_dtype_of_low_precision_weights():
-    from taehv_train.training.loop.step import training_forward
+    from taehv_train.training.loop.forward import training_forward
 
     config = TrainConfig(n_frames=9)
     model = TAEHV(variant="taecvx").to(torch.bfloat16)  # as DeepSpeed bf16 casts the module
     frames, z_ref = torch.rand(1, 9, 3, 16, 16), torch.randn(1, 3, 16, 2, 2)  # float32, as the loop has them
     losses = training_forward(Accelerator(cpu=True), model, frames, z_ref, config, torch.bfloat16).losses
     assert losses["loss"].dtype == torch.float32 and bool(torch.isfinite(losses["loss"]))
+
+
+@pytest.mark.parametrize(
+    "with_reference, reconstruction, lpips, decode_own, terms",
+    [
+        (False, 1.0, 0.0, True, ("reconstruction_loss",)),
+        (False, 1.0, 0.5, True, ("reconstruction_loss", "lpips_loss")),
+        (True, 1.0, 0.0, True, ("encoder_loss", "decoder_loss", "reconstruction_loss")),
+        (True, 1.0, 0.5, True, ("encoder_loss", "decoder_loss", "reconstruction_loss", "lpips_loss")),
+        (True, 0.0, 0.0, False, ("encoder_loss", "decoder_loss")),
+        (True, 0.0, 0.5, False, ("encoder_loss", "decoder_loss")),  # refused by the config check
+    ],
+)
+def test_the_loss_plan_says_what_the_forward_decodes_and_computes(
+    monkeypatch, with_reference, reconstruction, lpips, decode_own, terms
+):
+    """``loss_plan`` is the rule; the training forward's logged terms are the ones it names
+    (LPIPS stood in for by a mean squared error: its network is an optional extra)."""
+    from taehv_train.common import metrics
+    from taehv_train.training.loop.forward import training_forward
+    from taehv_train.training.loop.losses import loss_plan
+
+    monkeypatch.setattr(metrics, "video_lpips", lambda a, b: ((a - b) ** 2).flatten(1).mean(1))
+    config = TrainConfig(n_frames=9, reconstruction_loss_weight=reconstruction, lpips_loss_weight=lpips)
+    plan = loss_plan(config, with_reference)
+    assert (plan.decode_own, plan.terms) == (decode_own, terms)
+    model = TAEHV(variant="taecvx")
+    frames = torch.rand(1, 9, 3, 16, 16)
+    z_ref = torch.randn(1, 3, 16, 2, 2) if with_reference else None
+    forward = training_forward(Accelerator(cpu=True), model, frames, z_ref, config, torch.float32)
+    assert (forward.out.decoded is not None) == decode_own
+    assert set(forward.losses) - {"loss", "latent_rms_ratio"} == set(terms)
 
 
 def test_a_window_settles_its_gradient_norm_as_a_float_or_a_tensor_and_names_its_problem():

@@ -92,8 +92,9 @@ def tiny_train_step(
     from taehv_train.common.config import TrainConfig
     from taehv_train.models.taehv import TAEHV
     from taehv_train.training.data.loading import ReferenceLatents
+    from taehv_train.training.loop.accelerator import accumulation_plugin
     from taehv_train.training.loop.resilience import FaultPlan
-    from taehv_train.training.loop.step import TrainStep, accumulation_plugin
+    from taehv_train.training.loop.step import TrainStep
 
     defaults = {"train_batch_size": 1, "mixed_precision": "no", "lr_scheduler": "constant", "lr_warmup_steps": 0}
     config = TrainConfig(variant="taehv", n_frames=frames, height=size, width=size, **{**defaults, **changes})

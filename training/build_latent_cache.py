@@ -30,13 +30,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from taehv_train.base.atomic import atomic_write
+from taehv_train.base.errors import UserError, exit_on_user_error, readable_size
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.clips import VideoClipDataset, frames_to_unit
 from taehv_train.common.config import TrainConfig, load_config, resolve_path
-from taehv_train.common.errors import UserError, exit_on_user_error, readable_size
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.lifeline import end_with_launcher
 from taehv_train.common.reference_vae import ReferenceVAE
-from taehv_train.models.atomic import atomic_write
 from taehv_train.training.data.latent_cache import (
     CACHE_MANIFEST,
     FORMAT_VERSION,

@@ -26,9 +26,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from taehv_train.common.flags import ArgumentParser
-from taehv_train.common.video_writer import write_video
-from taehv_train.training.make_annotations import write_annotation
+from taehv_train.base.flags import ArgumentParser
+from taehv_train.common.video.writer import write_video
+from taehv_train.training.annotate.annotation_files import write_annotation
 
 SUPERSAMPLE = 2  # rendered at twice the size, then area-resized: smooth edges on lane dashes and cars
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
+from taehv_train.base.atomic import atomic_write
+from taehv_train.base.errors import UserError
 from taehv_train.common.config import REPO_ROOT
-from taehv_train.common.errors import UserError
 from taehv_train.common.run_files import (
     WEIGHT_CHOICES,
     RunWeights,
@@ -26,8 +27,10 @@ from taehv_train.common.run_files import (
     validation_history,
     weights_in_run,
 )
-from taehv_train.models.atomic import atomic_write
-from taehv_train.models.ecosystem import (
+from taehv_train.models.latent_spaces import OWN, RAW, LatentTransform
+from taehv_train.models.vae_registry import video_model
+from taehv_train.models.weights import WeightsError, all_finite, export_state_dict, save_weights, weights_metadata
+from taehv_train.training.ecosystem import (
     Reading,
     comfyui_dtype,
     comfyui_preview,
@@ -37,9 +40,6 @@ from taehv_train.models.ecosystem import (
     published_loads,
     readings,
 )
-from taehv_train.models.latent_spaces import OWN, RAW, LatentTransform
-from taehv_train.models.vae_registry import video_model
-from taehv_train.models.weights import WeightsError, all_finite, export_state_dict, save_weights, weights_metadata
 from taehv_train.training.state.run_folders import list_checkpoints, read_trainer_state
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def _space_lines(model) -> list[str]:
 def _loading_lines(model, files: dict[str, torch.dtype]) -> list[str]:
     """How to load the bundle: this package, the published ``taehv.py``, diffusers pipelines,
     and how ComfyUI and LightX2V take each ``.safetensors`` file, with what to do where their
-    rules take it for another model (``models.ecosystem``)."""
+    rules take it for another model (``training.ecosystem``)."""
     pth, safetensors = list(files)[:2]  # <stem>.pth, <stem>.safetensors (write_bundle)
     own = model.latent_space == OWN
     lines = [
@@ -136,7 +136,7 @@ def _verdict(model, reading: Reading) -> str:
 
 def _preview_lines(model, files: dict[str, torch.dtype]) -> list[str]:
     """What ComfyUI's live preview does with the bundle's files in ``models/vae_approx``
-    (``models.ecosystem.comfyui_preview``): the file it takes for the TAE's own model and
+    (``training.ecosystem.comfyui_preview``): the file it takes for the TAE's own model and
     what that file decodes, or why none is taken; and other models' previews that would take
     a file by its name."""
     preview = comfyui_preview(list(files), model.variant)
@@ -279,7 +279,7 @@ def write_bundle(
     tell: Callable[[str], None] = logger.info,
 ) -> list[Path]:
     """The files a user takes away, named and typed so that other tools take them as this
-    TAE in its latent space (``models.ecosystem``): ``<stem>.pth`` (published key format,
+    TAE in its latent space (``training.ecosystem``): ``<stem>.pth`` (published key format,
     fp32; loads in the published implementation by its name), ``<stem>.safetensors`` (the
     name ComfyUI looks for; published keys plus our metadata; fp16 where ComfyUI's rule needs
     it), optionally ``<stem>_fp16.safetensors``, and a model card ``README.md``. The stem is
@@ -325,7 +325,7 @@ def write_bundle(
 def main(argv: list[str] | None = None) -> None:
     import sys
 
-    from taehv_train.common.flags import ArgumentParser
+    from taehv_train.base.flags import ArgumentParser
 
     parser = ArgumentParser(description="Write the export bundle of a training run or a weight file.")
     parser.add_argument("source", help="a run folder, a checkpoint or best_model folder, or a weight file")
@@ -359,6 +359,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from taehv_train.common.errors import exit_on_user_error
+    from taehv_train.base.errors import exit_on_user_error
 
     exit_on_user_error(main)

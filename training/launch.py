@@ -50,7 +50,7 @@ from accelerate.commands.launch import launch_command, launch_command_parser
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from taehv_train.common.errors import EXIT_USER_ERROR
+from taehv_train.base.errors import EXIT_USER_ERROR
 from taehv_train.common.lifeline import LAUNCHER_PID
 from taehv_train.training.loop.resilience import EXIT_OUT_OF_MEMORY, EXIT_RANK_LOST
 from taehv_train.training.state.commands import next_command

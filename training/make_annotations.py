@@ -83,36 +83,31 @@ records so far are kept).
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
 import re
 import shlex
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 from tqdm import tqdm
 
-from taehv_train.common.errors import UserError, counts_in_words, exit_on_user_error
-from taehv_train.common.flags import ArgumentParser
-from taehv_train.common.shard_writer import DEFAULT_SHARD_SIZE, ShardFolder, pack, parse_size, part_prefix
-from taehv_train.common.video.files import IMAGE_EXTENSIONS, find_videos
-from taehv_train.models.atomic import atomic_write, atomic_write_all
-from taehv_train.training.data.annotation_split import (
-    DEFAULT_GROUP_REGEX,
+from taehv_train.base.errors import UserError, counts_in_words, exit_on_user_error
+from taehv_train.common.video.files import find_videos
+from taehv_train.training.annotate.annotation_files import Annotated, output_paths, write_outputs
+from taehv_train.training.annotate.annotation_split import (
     Split,
     count,
     group_key,
-    held_out,
     kept_sides,
     recorded_split,
     split_problem,
 )
-from taehv_train.training.data.probe_pool import probe_all
-from taehv_train.training.data.probe_records import (
+from taehv_train.training.annotate.cli import make_parser, parse
+from taehv_train.training.annotate.commands import train_command
+from taehv_train.training.annotate.packing import Packing, pack_clips, packing_plan, print_packed
+from taehv_train.training.annotate.probe_pool import DEFAULT_PROBE_TIMEOUT, probe_all
+from taehv_train.training.annotate.probe_records import (
     PROBES_FORMAT,
     ProbeRecords,
     RecordWriter,
@@ -127,90 +122,7 @@ from taehv_train.training.data.probe_records import (
     shard_of,
 )
 
-DEFAULT_PROBE_TIMEOUT = 600.0  # seconds per file: a decoded probe reads 1.5-5 hours of 720p at 300-900 frames/s
 EXIT_INTERRUPTED = 130
-
-
-def annotation_text(entries: Sequence[dict], split: Split | None = None) -> str:
-    """Users' format, one clip per line so that large files stay diffable; with ``split``,
-    the settings of the train/val split the file is a side of (readers take only "list")."""
-    recorded = f'"split": {json.dumps(asdict(split))}, ' if split is not None else ""
-    clips = ",\n".join(json.dumps(e, ensure_ascii=False) for e in entries)
-    return f'{{"total": {len(entries)}, {recorded}"list": [\n{clips}\n]}}\n'
-
-
-def write_annotation(path: Path, entries: Sequence[dict], split: Split | None = None) -> None:
-    """Write ``annotation_text`` to ``path``; a failed write leaves the file there as it was."""
-    atomic_write(path, annotation_text(entries, split))
-
-
-def annotation_entry(record: dict, min_frames: int) -> tuple[dict | None, str | None]:
-    """The annotation of a probe record, or why the file is skipped (``--min_frames`` is
-    applied here, so that changing it needs no new probe)."""
-    if "skip" in record:
-        return None, record["skip"]
-    info = record["probe"]
-    if info["frames"] < min_frames:
-        return None, f"too short: {info['frames']} decodable frames < --min_frames {min_frames}"
-    entry: dict = {"path": record["path"], "full_path": info["full_path"], "frames": info["frames"]}
-    if Path(info["full_path"]).suffix.lower() not in IMAGE_EXTENSIONS:  # a still image has no duration or fps
-        entry["duration"] = round(info["frames"] / info["fps"], 3) if info["fps"] > 0 else None
-        entry["fps"] = round(info["fps"], 3)
-    entry["width"], entry["height"] = info["width"], info["height"]
-    return entry, None
-
-
-def output_paths(out: Path) -> dict[str, Path]:
-    return {part: out.with_name(f"{out.stem}_{part}{out.suffix or '.json'}") for part in ("train", "val", "skipped")}
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
-    return value
-
-
-def positive_seconds(text: str) -> float:
-    value = float(text)
-    if not (0 < value < math.inf):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
-
-
-def write_outputs(
-    paths: dict[str, Path], records: Iterable[dict], min_frames: int, split: Split, known: Mapping[str, bool]
-) -> tuple[list[dict], list[dict], list[dict]]:
-    """Write the train, val and skipped files from the probe records; return (train, val,
-    skipped), each clip on its side of the split (``held_out``: a clip of a former split,
-    ``known``, keeps its side). The files depend on the set of records and ``known``, not
-    on the records' order or on the sharding."""
-    kept, skipped = [], []
-    for record in records:
-        entry, reason = annotation_entry(record, min_frames)
-        if entry is None:
-            skipped.append({"path": record["path"], "reason": reason})
-        else:
-            kept.append(entry)
-    kept.sort(key=lambda e: e["path"])  # workers finish in any order; the files do not depend on it
-    skipped.sort(key=lambda s: s["path"])
-    is_val = held_out([e["path"] for e in kept], split, known)
-    train = [e for e, v in zip(kept, is_val) if not v]
-    val = [e for e, v in zip(kept, is_val) if v]
-    try:  # all three or none: a full disk leaves the former files whole and of one split
-        atomic_write_all(
-            {
-                paths["train"]: annotation_text(train, split),
-                paths["val"]: annotation_text(val, split),
-                paths["skipped"]: json.dumps({"total": len(skipped), "list": skipped}, indent=1) + "\n",
-            }
-        )
-    except OSError as err:  # read-only file system, no space, no permission: the user's to fix
-        raise UserError(
-            f"cannot write the annotations next to {paths['train']}: {err.strerror or err} "
-            "(the files there are as they were)"
-        ) from None
-    return train, val, skipped
 
 
 def reusable(rel: str, identity: dict[str, int | None], earlier: Sequence[ProbeRecords]) -> dict | None:
@@ -311,22 +223,6 @@ def files_to_annotate(
     return rel_paths, images
 
 
-@dataclass(frozen=True)
-class Annotated:
-    """What ``annotate`` wrote: the files, their clips, and how the split was made."""
-
-    root: Path
-    paths: dict[str, Path]  # absolute
-    records: str  # the probe records file(s), by name
-    what: str  # "videos", or "videos and images"
-    found: int
-    train: list[dict]
-    val: list[dict]
-    skipped: list[dict]
-    split_note: str
-    problem: tuple[str, list[str]] | None  # split_problem's
-
-
 def annotate(
     directory: Path,
     output: Path,
@@ -398,198 +294,25 @@ def annotate(
     return Annotated(root, paths, records_name, what, len(records), train, val, skipped, split_note, problem)
 
 
-REPOSITORY = Path(__file__).resolve().parents[1]
-LAUNCH_SCRIPT = REPOSITORY / "train_taehv_h100.sh"
-
-
 def tool_command(args: Sequence[str]) -> str:
     """This tool's command line with ``args``, with this interpreter: it works from any
     folder (the arguments keep their meaning there, as the user typed them there)."""
     return shlex.join([sys.executable, "-m", __spec__.name, *args])
 
 
-def launch_command(data_root: str, annotation_file: str, val_annotation_file: str) -> str:
-    """The launch command that trains the from-scratch preset on one GPU on these data."""
-    return shlex.join(
-        [
-            str(LAUNCH_SCRIPT),
-            "1",
-            "scratch",
-            f"--data_root={data_root}",
-            f"--annotation_file={annotation_file}",
-            f"--val_annotation_file={val_annotation_file}",
-        ]
-    )
-
-
-def train_command(annotated: Annotated) -> str:
-    """The launch command that trains on the annotated clips, with absolute paths: it works
-    from any folder."""
-    val = annotated.paths["val"] if annotated.val else ""  # no validation set: the preset's is not used either
-    return launch_command(
-        str(Path(annotated.root).resolve()), str(annotated.paths["train"].resolve()), str(val and val.resolve())
-    )
-
-
-@dataclass(frozen=True)
-class Packing:
-    """Where ``--to_shards`` packs, checked before anything is probed."""
-
-    out: str  # a URL, or a local folder made absolute
-    shard_size: int
-    part: tuple[int, int] | None  # --shard K/N
-    output: Path  # -o, the annotation and probe files
-
-
-def packing_plan(
-    out: str, shard_size: str | None, output: Path | None, part: tuple[int, int] | None, merge: bool
-) -> Packing:
-    """The settings of ``--to_shards``; a UserError when they cannot work (a malformed
-    size, an OUT that cannot be written or whose storage has no fsspec filesystem here)."""
-    if merge:
-        raise UserError("--to_shards packs each --shard part on its own: there is nothing to --merge")
-    size = parse_size(shard_size or DEFAULT_SHARD_SIZE)
-    try:
-        folder = ShardFolder(out)
-    except (ImportError, ValueError) as err:  # no s3fs for s3://, an unknown protocol
-        raise UserError(f"--to_shards {out}: {err}") from None
-    if folder.local:
-        out = str(Path(folder.path).absolute())
-    elif output is None:
-        raise UserError(f"--to_shards {out}: name a local -o for the annotation and probe files")
-    try:
-        folder.check_writable()
-    except OSError as err:  # a read-only folder, a bucket that does not exist, credentials that may not write
-        raise UserError(f"--to_shards {out}: cannot write there: {err.strerror or err}") from None
-    output = output if output is not None else Path(out) / "annotations.json"
-    if part is not None:  # each part's own files, beside the others'
-        output = output.with_name(f"{output.stem}_{part_prefix(part)[:-1]}{output.suffix}")
-    return Packing(out, size, part, output)
-
-
-def shard_train_command(out: str, validation: bool) -> str:
-    """The launch command that trains on the shards under ``out`` (their clips are their own
-    annotation: no annotation file)."""
-    return launch_command(f"{out}/train/*.tar", "", f"{out}/val/*.tar" if validation else "")
-
-
 def pack_and_report(annotated: Annotated, packing: Packing, argv: list[str], train_line: bool) -> int:
     """Pack the annotated clips into shards under ``packing.out``, report both, and with
     ``train_line`` print the command that trains on the shards; the exit status (``report``'s)."""
-    try:
-        packed = pack(
-            annotated.root,
-            {"train": annotated.train, "val": annotated.val},
-            packing.out,
-            packing.shard_size,
-            packing.part,
-        )
-    except KeyboardInterrupt:
-        print(
-            f"\ninterrupted: the finished shards under {packing.out} are kept (a shard without its sidecar is "
-            "not); the same command continues",
-            file=sys.stderr,
-        )
-        raise
-    except OSError as err:  # no space, no permission, a bucket that does not exist, a clip gone since its probe
-        raise UserError(
-            f"cannot pack into {packing.out}: {err.strerror or err}; the finished shards there are kept and the "
-            "same command continues"
-        ) from None
+    packed = pack_clips(annotated, packing)
     status = report(annotated, argv, train_line=False)
-    if removed := [f"{done.url}/{name}" for done in packed.values() for name in done.removed]:
-        print(
-            f"removed {count(len(removed), 'unfinished shard')} (no index: a stopped run's), their clips packed "
-            f"again: {', '.join(removed)}"
-        )
-    for side, done in packed.items():
-        print(
-            f"{side}: packed {count(done.new_clips, 'clip')} into {count(len(done.new_shards), 'new shard')}; "
-            f"{done.url} holds {count(done.clips, 'clip')} in {count(done.shards, 'shard')}"
-        )
-    if status == 0 and train_line:
-        when = f"once all {packing.part[1]} parts are packed, " if packing.part else ""
-        print(f"{when}train on them: {shard_train_command(packing.out, bool(packed['val'].clips))}")
+    print_packed(packed, packing, train_line=status == 0 and train_line)
     return status
 
 
 def main(argv: Sequence[str] | None = None, *, train_line: bool = True) -> int:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("directory", type=Path, help="folder scanned recursively for videos")
-    parser.add_argument(
-        "-o",
-        "--output",
-        type=Path,
-        help="names the files: -o X.json writes X_train.json, X_val.json, X_skipped.json and X_probes.jsonl "
-        "(with a local --to_shards OUT: OUT/annotations.json by default)",
-    )
-    parser.add_argument(
-        "--to_shards",
-        metavar="OUT",
-        help="also pack the kept clips into tar shards (WebDataset layout) under OUT/train and OUT/val: "
-        "a folder or an fsspec URL such as s3://bucket/prefix",
-    )
-    parser.add_argument(
-        "--shard_size",
-        help=f"with --to_shards, the most bytes per shard: 1GB, 500MB, 1GiB or bytes (default: {DEFAULT_SHARD_SIZE})",
-    )
-    parser.add_argument("--val_fraction", type=float, default=0.1, help="share of clips for validation")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
-    parser.add_argument(
-        "--group_regex",
-        default=DEFAULT_GROUP_REGEX,
-        help="first match on the relative path = source group kept on one side ('' = no grouping)",
-    )
-    parser.add_argument(
-        "--resplit",
-        action="store_true",
-        help="split anew when the files next to -o hold a split made with other --val_fraction, --seed or "
-        "--group_regex (held-out clips may then move into the training set of runs that use them)",
-    )
-    parser.add_argument(
-        "--min_frames", type=positive_int, default=1, help="skip clips with fewer decodable frames (default: 1)"
-    )
-    parser.add_argument("--workers", type=positive_int, default=1, help="probing processes (default: 1)")
-    parser.add_argument(
-        "--probe_timeout",
-        type=positive_seconds,
-        default=DEFAULT_PROBE_TIMEOUT,
-        help="seconds one file may take to probe; its worker is then killed and the file skipped "
-        "(default: %(default)g; raise it for videos of hours)",
-    )
-    parser.add_argument(
-        "--images",
-        action="store_true",
-        help=f"annotate still images ({' '.join(IMAGE_EXTENSIONS)}) too, as one-frame clips "
-        "(automatic when DIR holds no videos)",
-    )
-    parser.add_argument(
-        "--force",
-        action="store_true",
-        help="replace annotation files that no records file of this DIR accounts for, and start over "
-        "a records file of another DIR",
-    )
-    sharding = parser.add_mutually_exclusive_group()
-    sharding.add_argument(
-        "--shard",
-        metavar="K/N",
-        help="probe only part K of N (by a hash of the path) and write only its records, for --merge; "
-        "with --to_shards, annotate and pack part K of N (by a hash of the source group), no merge",
-    )
-    sharding.add_argument(
-        "--merge", action="store_true", help="write the annotation files from the N parts of --shard runs (no probing)"
-    )
+    parser = make_parser(__doc__)
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-
-    if not args.directory.is_dir():
-        parser.error(f"{args.directory} is not a folder")
-    if not 0 <= args.val_fraction < 1:
-        parser.error("--val_fraction must be in [0, 1)")
-    try:
-        re.compile(args.group_regex)
-    except re.error as err:
-        parser.error(f"--group_regex {args.group_regex!r} is not a regular expression: {err}")
+    args = parse(parser, argv)
     shard = parse_shard(args.shard) if args.shard is not None else None
     if args.shard_size is not None and not args.to_shards:
         raise UserError("--shard_size goes with --to_shards OUT: name where the shards go")

@@ -16,15 +16,16 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from taehv_train.base.atomic import atomic_write
+from taehv_train.base.errors import UserError
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.annotation_file import read_annotation
 from taehv_train.common.config import load_config, resolve_source
-from taehv_train.common.errors import UserError
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.shard_source import is_shard_source, source_errors
 from taehv_train.common.video.files import clip_extensions, holds_clips
-from taehv_train.models.atomic import atomic_write
 from taehv_train.training import make_annotations
-from taehv_train.training.data.annotation_split import Split, split_problem
+from taehv_train.training.annotate.annotation_files import output_paths
+from taehv_train.training.annotate.annotation_split import Split, split_problem
 
 
 def annotation_file(output_dir: str | Path, folder: Path) -> Path:
@@ -62,7 +63,7 @@ def annotate(folder: Path, output_dir: str | Path) -> list[str]:
     if not holds_clips(folder):
         raise UserError(f"--data {folder} holds no videos or images ({', '.join(clip_extensions(images=True))})")
     out = annotation_file(output_dir, folder)
-    paths = make_annotations.output_paths(out)
+    paths = output_paths(out)
     # the launch script goes on to train on them: the tool's own "train on them" line is left out
     status = make_annotations.main([str(folder), "-o", str(out), *recorded_split(paths)], train_line=False)
     kept = clip_counts(paths)
@@ -123,6 +124,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from taehv_train.common.errors import exit_on_user_error
+    from taehv_train.base.errors import exit_on_user_error
 
     exit_on_user_error(main)

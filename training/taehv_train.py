@@ -8,10 +8,10 @@
 Set-up, then one loop under Accelerate (1 process, DDP or DeepSpeed ZeRO-2; gloo on CPU):
 the data and its reference latents come from ``training.data.loading``; each accumulation
 window, from its micro-batches to the optimizer step, is one call of
-``training.loop.step.TrainStep``; after it the loop in ``train`` logs to TensorBoard,
-validates (best model, early stopping), writes atomic checkpoints that resume
-bit-identically and decides whether to stop; the run ends with a final fp32 export in the
-published key format.
+``training.loop.step.TrainStep``; after it the loop (``training.loop.training_run``) does
+what the time budget says follows the step: logs to TensorBoard, validates (best model,
+early stopping), writes atomic checkpoints that resume bit-identically and decides whether
+to stop; the run ends (``finish``) with a final fp32 export in the published key format.
 
 Exit status: 0 when training finished, stopped early, or stopped on SIGTERM/SIGINT (after
 saving a checkpoint; during start-up there is nothing to save); 1 when it gave up after too
@@ -42,7 +42,6 @@ import logging
 import os
 import shlex
 import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -51,13 +50,13 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from taehv_train.common.clips import VideoClipDataset, VideoDataError, frames_to_unit
+from taehv_train.base.atomic import atomic_write
+from taehv_train.base.errors import EXIT_USER_ERROR, USER_ERRORS, UserError, debug_requested
+from taehv_train.base.flags import ArgumentParser
+from taehv_train.common.clips import VideoDataError, frames_to_unit
 from taehv_train.common.config import TrainConfig, describe, given_keys, load_config
-from taehv_train.common.errors import EXIT_USER_ERROR, USER_ERRORS, UserError, debug_requested
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.common.reference_vae import ReferenceVAE
 from taehv_train.common.run_files import run_weights, write_run_marker
-from taehv_train.models.atomic import atomic_write
 from taehv_train.models.latent_spaces import OWN
 from taehv_train.training.data.latent_scale_check import check_at_start
 from taehv_train.training.data.loader_workers import LoaderFault
@@ -74,29 +73,31 @@ from taehv_train.training.loop.best_model import BestTracker
 from taehv_train.training.loop.distributed import process_state
 from taehv_train.training.loop.expectations import warn_if_short
 from taehv_train.training.loop.feed import feed_notes
+from taehv_train.training.loop.forward import build_model
 from taehv_train.training.loop.memory import check_fits
 from taehv_train.training.loop.monitoring import Monitor
+from taehv_train.training.loop.progress import Progress
 from taehv_train.training.loop.resilience import (
     EXIT_OUT_OF_MEMORY,
     EXIT_RANK_LOST,
     FaultPlan,
     StopRequest,
     agree,
-    broadcast_flag,
     lost_rank_cause,
 )
-from taehv_train.training.loop.step import OUT_OF_MEMORY_ADVICE, OptimizerStepFailed, StepResult, TrainStep, build_model
+from taehv_train.training.loop.step import OUT_OF_MEMORY_ADVICE, OptimizerStepFailed, TrainStep
 from taehv_train.training.loop.time_budget import ProcessClock, TimeBudget, keeps_plan
-from taehv_train.training.loop.validation import ValidationDataError, validate
+from taehv_train.training.loop.training_run import TrainingRun, train_windows
+from taehv_train.training.loop.validation import ValidationDataError
 from taehv_train.training.preflight import check
 from taehv_train.training.state.atomic_folders import DiskFullError, is_disk_full
-from taehv_train.training.state.checkpoints import load_training_state, remove_partial_checkpoints, save_checkpoint
+from taehv_train.training.state.checkpoints import load_training_state, remove_partial_checkpoints
 from taehv_train.training.state.commands import launch_command, next_command, next_steps, resume_command
 from taehv_train.training.state.run_config import Start, describe_start
 from taehv_train.training.state.run_data import data_record
 from taehv_train.training.state.run_lock import release_run_dir
 from taehv_train.training.state.run_start import claim_run_dir, decide_start
-from taehv_train.training.state.trained_weights import export_best_model, export_weights
+from taehv_train.training.state.trained_weights import export_weights
 
 logger = logging.getLogger("taehv_train")
 
@@ -122,40 +123,6 @@ class RankLost(RuntimeError):
     nothing can be saved (the launcher names the process that died)."""
 
 
-@dataclass
-class Progress:
-    """Where the run is: saved in every checkpoint so a resumed run continues identically."""
-
-    step: int = 0  # optimizer steps applied
-    epoch: int = 0
-    batch_in_epoch: int = 0  # micro-batches of this epoch already consumed (per process)
-    skipped_steps: int = 0  # steps skipped on all ranks (non-finite loss/gradient, out of memory)
-    consecutive_skips: int = 0
-    train_seconds: float = 0.0  # wall-clock seconds spent on the run, all its processes
-    planned_steps: int = 0  # the step count max_train_time fixed (training.loop.time_budget); 0: max_train_steps
-    validation_every: int = 0  # the validation interval max_train_time spread; 0: the config's intervals
-    validation_seconds: float = 0.0  # what the last validation took (0: none yet), for the time budget's plan
-    checkpoint_seconds: float = 0.0  # what the last checkpoint took (0: none yet)
-
-    @property
-    def next_window(self) -> int:
-        """The number of the accumulation window to train next, counted from 1 (skipped ones included)."""
-        return self.step + self.skipped_steps + 1
-
-    def count(self, result: StepResult) -> None:
-        """Count an accumulation window: a step taken, or a window skipped. A window whose
-        data failed is neither: its micro-batches are given back (a window never spans two
-        epochs, Accelerate ends one at an epoch's last batch), so a resumed run trains it whole."""
-        if result.data_failed:
-            self.batch_in_epoch -= result.micro_batches
-        elif result.applied:
-            self.step += 1
-            self.consecutive_skips = 0
-        else:
-            self.skipped_steps += 1
-            self.consecutive_skips += 1
-
-
 def parse_args(argv: list[str] | None = None) -> tuple[str, list[str]]:
     """(config file, ``--key=value`` overrides as typed)."""
     parser = ArgumentParser(description="Train a TAEHV (see README).", allow_abbrev=False)
@@ -166,83 +133,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, list[str]]:
     if args.resume:
         overrides.append(f"--resume_from_checkpoint={args.resume}")
     return args.config, overrides
-
-
-@dataclass
-class TrainingRun:
-    """What the loop and the end of the run share, and the two things done beside the
-    steps: validating (best model, early stopping) and checkpointing."""
-
-    config: TrainConfig
-    run_dir: Path
-    train_step: TrainStep
-    progress: Progress
-    tracker: BestTracker
-    monitor: Monitor
-    faults: FaultPlan
-    val_set: VideoClipDataset | None
-    ref_vae: ReferenceVAE | None
-    data: dict[str, dict]  # the clips read at this start (training.state.run_data), for a resume to compare
-
-    def checkpoint(self) -> Path:
-        """Save the full training state at the current step (every rank calls it)."""
-        trainer_state = {
-            "progress": asdict(self.progress),
-            "validation_history": self.tracker.history,
-            "best_model_since": self.tracker.since,
-            "config": self.config.to_dict(),
-            "data": self.data,
-        }
-        return save_checkpoint(
-            self.train_step.objects,
-            self.run_dir / "checkpoints",
-            self.progress.step,
-            self.config.checkpoints_total_limit,
-            trainer_state,
-            self.faults,
-        )
-
-    def validate(self, draw: bool) -> bool:
-        """Validate the EMA weights at the current step (its reconstruction strip to
-        TensorBoard when ``draw``), keep the best model; True when early stopping says stop
-        (decided on rank 0, obeyed by all). ValidationDataError, on every rank together,
-        when the validation clips went away."""
-        config, train_step, step = self.config, self.train_step, self.progress.step
-        acc = train_step.accelerator
-        with train_step.averaged_weights():
-            metrics = validate(
-                acc, train_step.unwrapped_model, self.val_set, config, self.ref_vae, train_step.input_dtype
-            )
-        self.monitor.log_validation(step, metrics, draw)
-        train_step.model.train()
-        scalars = {k: v for k, v in metrics.items() if isinstance(v, float)}
-        if self.tracker.update(step, scalars):
-            export_best_model(
-                acc,
-                train_step.model,
-                train_step.ema,
-                self.run_dir,
-                {
-                    "step": step,
-                    "metric": config.best_metric,
-                    "value": scalars[config.best_metric],
-                    "metrics": scalars,
-                    "variant": train_step.unwrapped_model.variant,
-                    "ema": train_step.ema is not None,
-                    "config_file": config.config_file,
-                },
-                train_step.objects.frozen,
-            )
-            logger.info(
-                "new best %s=%.4f at step %d: saved %s",
-                config.best_metric,
-                scalars[config.best_metric],
-                step,
-                self.run_dir / "best_model",
-            )
-        if acc.is_main_process:
-            self.tracker.write_history(self.run_dir)
-        return broadcast_flag(self.tracker.should_stop, acc.device)
 
 
 def main(argv: list[str] | None = None, stop: StopRequest | None = None, started: float | None = None) -> Path:
@@ -312,8 +202,7 @@ def train(
     log_every_typed: bool = False,
 ) -> Path:
     """Build the model, data and step, restore the checkpoint ``start`` resumes, and run the
-    loop to its end: each pass trains one accumulation window, then logs, validates and
-    checkpoints at their intervals and decides whether to stop. ``log_every_typed``: the
+    loop to its end (``training.loop.training_run.train_windows``). ``log_every_typed``: the
     command line set ``log_every`` (kept as typed, ``training.loop.monitoring.log_interval``)."""
     resume_from = start.checkpoint
     model = build_model(config, resumed=resume_from is not None)
@@ -340,7 +229,7 @@ def train(
         progress = Progress(**saved["progress"])
         # a new length: a time budget plans again
         if start.extending or not keeps_plan(saved.get("config", {}), config):
-            progress.planned_steps = progress.validation_every = 0
+            progress.forget_plan()
         tracker = BestTracker.replay(
             saved["validation_history"],
             config.best_metric,
@@ -415,91 +304,6 @@ def train(
         profiler.stop()
     progress_bar.close()
     return finish(stop_reason, run, stop, data_error)
-
-
-def train_windows(
-    run: TrainingRun,
-    batches: Prefetcher,
-    budget: TimeBudget,
-    progress_bar: tqdm,
-    profiler: torch.profiler.profile | None,
-) -> tuple[str, VideoDataError | None]:
-    """The loop: each pass trains one accumulation window, then logs, validates and
-    checkpoints at their intervals and decides whether to stop; returns why it stopped
-    (and the data error when the data went away)."""
-    config, train_step, progress, monitor = run.config, run.train_step, run.progress, run.monitor
-    accelerator = train_step.accelerator
-    samples_per_step = config.train_batch_size * config.gradient_accumulation_steps * accelerator.num_processes
-    stop_reason = "finished" if budget.reached(progress.step) else None
-    data_error: VideoDataError | None = None
-    train_step.model.train()
-    while stop_reason is None:
-        result = train_step(batches, progress.next_window)  # one accumulation window: its step taken, or skipped
-        progress.count(result)
-        monitor.add_window(result)
-        if result.data_failed:  # on some rank: every rank dropped the unfinished window
-            # a stop that came while a rank waited for its batch is a stop; else the data went away
-            stop_reason, data_error = ("signal", None) if result.stop_requested else ("data", result.data_error)
-            break
-        if not result.applied:
-            logger.warning(
-                "step %d skipped on every rank: %s (%d in a row, %d in total)%s",
-                progress.step + 1,
-                result.skip_reason,
-                progress.consecutive_skips,
-                progress.skipped_steps,
-                f"; if it recurs, {OUT_OF_MEMORY_ADVICE}" if result.skip_reason == "out of memory" else "",
-            )
-            monitor.log_skipped(progress.step, progress.skipped_steps)
-            too_many = progress.consecutive_skips >= config.max_consecutive_skipped_steps
-            stop_reason = "skipped" if too_many else "signal" if result.stop_requested else None
-            continue
-        step = progress.step
-        if profiler is not None:
-            profiler.step()
-        progress_bar.update(1)
-        budget.account()
-        out_of_time, planning = budget.check()  # until a time budget's plan: its clock
-        last = out_of_time or budget.reached(step)
-        cadence = budget.cadence
-
-        if monitor.logs_at(step, budget.last_step) or last:
-            logs = monitor.log_train(step, train_step.scheduler.get_last_lr()[0], result.grad_norm, samples_per_step)
-            psnr = monitor.last_psnr  # shown from the first validation on
-            progress_bar.set_postfix(
-                loss=f"{logs['train/loss']:.4f}", **({} if psnr is None else {"psnr": f"{psnr:.2f}"})
-            )
-        early_stop = False
-        # a step that plans validates and checkpoints first when the run has not measured what each costs
-        validates = cadence.validates(step) or last or (planning and budget.unmeasured("validation"))
-        if run.val_set is not None and validates:
-            try:
-                with budget.aside("validation"):
-                    early_stop = run.validate(cadence.draws(step) or last)
-            except ValidationDataError as err:  # raised on every rank together; the step is saved by finish
-                stop_reason, data_error = "data", err
-                break
-        saved = planning and budget.unmeasured("checkpoint")
-        if saved:
-            with budget.aside("checkpoint"):
-                run.checkpoint()
-        if planning and not last:  # the time budget fixes (or corrects) the run's step count
-            first_plan = not progress.planned_steps
-            progress_bar.total = budget.plan()
-            if first_plan and accelerator.is_main_process:
-                warn_if_short(config, progress.planned_steps, budget.budget)
-            progress_bar.refresh()
-            last, cadence = budget.reached(step), budget.cadence
-        if not saved and (cadence.checkpoints_at(step) or last):
-            with budget.aside("checkpoint"):
-                run.checkpoint()
-
-        if last:
-            logger.info("training ends at step %d: %s", step, budget.ending(step, out_of_time))
-            stop_reason = "finished"
-            break
-        stop_reason = "early_stop" if early_stop else "signal" if result.stop_requested else None
-    return stop_reason, data_error
 
 
 @torch.no_grad()

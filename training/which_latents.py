@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from taehv_train.common.errors import UserError
-from taehv_train.common.flags import ArgumentParser
+from taehv_train.base.errors import UserError
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.models.latent_spaces import guess_space
 from taehv_train.models.vae_registry import REF_VAE_CLASSES, class_defaults, latent_space, read_vae_config, spaces_of
 from taehv_train.models.weights import all_finite, read_tensors
@@ -85,6 +85,6 @@ def main(argv: list[str] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    from taehv_train.common.errors import exit_on_user_error
+    from taehv_train.base.errors import exit_on_user_error
 
     exit_on_user_error(main)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from taehv_train.common.packet_count import count_frames_from_packets
 from taehv_train.common.video.files import IMAGE_EXTENSIONS, BadClipError, Clip, ClipBytes, clip_name
 from taehv_train.common.video.in_memory import ImageReader
+from taehv_train.common.video.packet_count import count_frames_from_packets
 from taehv_train.common.video.reader import VideoReader
 
 

@@ -29,10 +29,10 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
-from taehv_train.common.clip_loader import EpochDataset, shared_epoch
+from taehv_train.base.errors import UserError
 from taehv_train.common.clips import VideoClipDataset, VideoDataError
 from taehv_train.common.config import TrainConfig
-from taehv_train.common.errors import UserError
+from taehv_train.common.epoch_dataset import EpochDataset, shared_epoch
 from taehv_train.models.latent_spaces import RAW
 from taehv_train.models.variants import get_variant
 

@@ -11,7 +11,7 @@ and the resume command, as when the data goes away).
 A worker that stalls (stopped, or stuck in a hung storage read) never answers: neither the
 loader's shutdown nor the interpreter's exit (``multiprocessing`` joins its children) would
 end. ``end_workers`` ends them at the end of the run, with SIGKILL for those that do not
-take the parent's SIGTERM (``common.clip_loader.tie_worker_to_parent``).
+take the parent's SIGTERM (``training.data.clip_loader.tie_worker_to_parent``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import signal
 import time
 from types import TracebackType
 
-from taehv_train.common.errors import VideoDataError
+from taehv_train.base.errors import VideoDataError
 
 END_GRACE_S = 1.0  # for a worker to take its parent's SIGTERM before SIGKILL ends it
 

@@ -24,7 +24,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from taehv_train.common.annotation_file import AnnotationFileError
-from taehv_train.common.clip_loader import build_dataloader, stop_signals_held
 from taehv_train.common.clip_table import ClipTable
 from taehv_train.common.clips import (
     VideoClipDataset,
@@ -40,6 +39,7 @@ from taehv_train.common.reference_vae import ReferenceVAE
 from taehv_train.common.shard_source import RetryPolicy, is_shard_source, source_errors
 from taehv_train.common.video.files import clip_extensions, holds_clips
 from taehv_train.models.variants import VariantSpec
+from taehv_train.training.data.clip_loader import build_dataloader, stop_signals_held
 from taehv_train.training.data.latent_cache import CachedLatentDataset
 from taehv_train.training.data.loader_workers import worker_death
 
@@ -265,7 +265,7 @@ def batches_until_data_error(loader: Iterable[dict]) -> Iterator[dict | VideoDat
                 batch = next(batches)
         except StopIteration:
             return
-        except VideoDataError as err:  # a worker's too, with its reason (common.clip_loader.WorkerDataError)
+        except VideoDataError as err:  # a worker's too, with its reason (training.data.clip_loader.WorkerDataError)
             yield err
             return
         except (RuntimeError, OSError, EOFError) as err:  # what the loader raises when a worker dies
@@ -282,3 +282,6 @@ class DataPosition(Protocol):
 
     epoch: int
     batch_in_epoch: int  # micro-batches of this epoch already taken (per process)
+
+    def take(self, epoch: int, index: int) -> None:
+        """The step took batch ``index`` of ``epoch``: the position moves to it."""

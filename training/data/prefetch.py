@@ -17,7 +17,7 @@ Where the run is in its data stays with the taking thread: each batch carries it
 and its count in the epoch, and ``position`` is set when the step takes it, so a
 checkpoint saves what was trained, not what was fetched. The thread holds SIGTERM and
 SIGINT for its whole life: the loader workers it forks inherit the held signals (the
-run's stop is taken by the main thread), as ``common.clip_loader.stop_signals_held`` does for
+run's stop is taken by the main thread), as ``training.data.clip_loader.stop_signals_held`` does for
 the main thread. The thread makes no collective call: Accelerate's loader would broadcast
 the ranks' RNG states at each epoch's start, which the training accelerator turns off
 (``rng_types=[]``; the sampler and the clips' draws are seeded by the epoch).
@@ -219,7 +219,7 @@ class Prefetcher(Iterator[Fetched]):
     def _take(self, item: Fetched) -> Fetched:
         """``item`` handed to the step: the run's position moves to it; on CUDA the taking
         stream waits for its copy."""
-        self.position.epoch, self.position.batch_in_epoch = item.epoch, item.index
+        self.position.take(item.epoch, item.index)
         self._last = (item.epoch, item.index)
         if isinstance(item.batch, dict):
             self.feed.hand_over(item.batch, item.ready)

@@ -2,7 +2,7 @@
 
 Accumulation and gradient clipping come from the Python config only: an accelerate YAML
 that sets them otherwise is refused. The step decides where its accumulation windows end
-(``training.loop.step.accumulation_plugin``).
+(``accumulation_plugin``, ``training.loop.step.TrainStep.accumulate``).
 """
 
 from __future__ import annotations
@@ -13,13 +13,18 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
+from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, InitProcessGroupKwargs
 
+from taehv_train.base.errors import UserError
 from taehv_train.common.config import TrainConfig
-from taehv_train.common.errors import UserError
 from taehv_train.training.loop.distributed import process_group_backend
-from taehv_train.training.loop.step import accumulation_plugin
 from taehv_train.training.loop.trackers import log_with
+
+
+def accumulation_plugin(config: TrainConfig) -> GradientAccumulationPlugin:
+    """Windows of ``gradient_accumulation_steps`` micro-batches whose ends the step decides
+    (``training.loop.step.TrainStep.accumulate``), for the Accelerator that runs it."""
+    return GradientAccumulationPlugin(num_steps=config.gradient_accumulation_steps, sync_with_dataloader=False)
 
 
 def make_accelerator(config: TrainConfig, run_dir: Path) -> Accelerator:

@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from taehv_train.base.atomic import atomic_write
 from taehv_train.common.config import TrainConfig
-from taehv_train.models.atomic import atomic_write
 
 logger = logging.getLogger(__name__)
 

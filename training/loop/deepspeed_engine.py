@@ -27,7 +27,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
-from taehv_train.common.errors import UserError
+from taehv_train.base.errors import UserError
 from taehv_train.training.loop.library_seams import (
     has_overflow_switch,
     overflow_check,

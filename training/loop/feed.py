@@ -21,7 +21,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from taehv_train.common.config import TrainConfig
-from taehv_train.training.loop.memory import decodes_own_latents, meta_training_inputs, uses_reference
+from taehv_train.training.loop.losses import loss_plan, uses_reference
+from taehv_train.training.loop.memory import meta_training_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def micro_batch_flops(config: TrainConfig) -> int:
         config.height,
         config.width,
         uses_reference(config),
-        decodes_own_latents(config),
+        loss_plan(config, uses_reference(config)).decode_own,
     )
 
 

@@ -4,6 +4,9 @@
 - decoder:        MSE(decode(z_ref), x)           -> the decoder works behind a diffusion model
 - reconstruction: MSE(decode(encode(x)), x)       -> end-to-end consistency
 - lpips (optional) on decode(encode(x)).
+
+What the forward decodes and which of these terms a step computes is one rule,
+``loss_plan``: the step, the memory and FLOP estimates and the config check ask it.
 """
 
 from __future__ import annotations
@@ -19,8 +22,33 @@ from taehv_train.models.taehv import AutoencoderOutput
 from taehv_train.models.variants import VariantSpec
 
 
+def uses_reference(config: TrainConfig) -> bool:
+    """Whether the training forward gets reference latents (online or from the latent cache)."""
+    return bool(config.ref_vae_path or config.latent_cache_dir)
+
+
+@dataclass(frozen=True)
+class LossPlan:
+    """What the training forward decodes and which loss terms ``compute_losses`` computes."""
+
+    decode_own: bool  # the TAE also decodes its own latents (reconstruction and LPIPS need them)
+    terms: tuple[str, ...]  # the computed terms, by their logged names
+
+
+def loss_plan(config: TrainConfig, with_reference: bool) -> LossPlan:
+    """The one rule for a forward with or without reference latents: its own latents are
+    decoded without them (the reconstruction loss is then all that trains) or when the
+    reconstruction loss counts; the terms on decoded frames exist only then."""
+    decode_own = not with_reference or config.reconstruction_loss_weight > 0
+    terms = ("encoder_loss", "decoder_loss") if with_reference else ()
+    if decode_own:
+        terms += ("reconstruction_loss",) + (("lpips_loss",) if config.lpips_loss_weight > 0 else ())
+    return LossPlan(decode_own, terms)
+
+
 def config_errors(config: TrainConfig) -> list[str]:
-    """What is wrong with the loss weights: the recipe needs at least one loss that trains."""
+    """What is wrong with the loss weights: the recipe needs at least one loss that trains,
+    and no weight may count a term that ``loss_plan`` never computes."""
     found = []
     if (
         config.ref_vae_path
@@ -34,6 +62,11 @@ def config_errors(config: TrainConfig) -> list[str]:
     if config.lpips_loss_weight > 0 or config.best_metric == "val/lpips":
         if (reason := lpips_unavailable_reason()) is not None:
             found.append(f"lpips_loss_weight > 0 or best_metric=val/lpips, but LPIPS is unusable: {reason}")
+    if config.lpips_loss_weight > 0 and "lpips_loss" not in loss_plan(config, uses_reference(config)).terms:
+        found.append(
+            "lpips_loss_weight > 0 needs the TAE's own decoded frames: with a reference VAE they are decoded "
+            "only when reconstruction_loss_weight > 0; set reconstruction_loss_weight > 0 or lpips_loss_weight=0"
+        )
     return found
 
 

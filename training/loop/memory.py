@@ -22,10 +22,11 @@ from pathlib import Path
 
 import torch
 
+from taehv_train.base.errors import UserError, readable_size
 from taehv_train.common.config import TrainConfig, native_bf16, spec_of
-from taehv_train.common.errors import UserError, readable_size
 from taehv_train.models.taehv import TAEHV
 from taehv_train.training.loop.library_seams import storage_key
+from taehv_train.training.loop.losses import loss_plan, uses_reference
 
 _HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 CGROUP_MEMORY_LIMIT = Path("/sys/fs/cgroup/memory.max")
@@ -46,16 +47,6 @@ def meta_training_inputs(
         with torch.no_grad():
             reference = torch.zeros_like(net.encode_video(clips))
     return net, clips, reference
-
-
-def uses_reference(config: TrainConfig) -> bool:
-    """Whether the training forward gets reference latents (online or from the latent cache)."""
-    return bool(config.ref_vae_path or config.latent_cache_dir)
-
-
-def decodes_own_latents(config: TrainConfig) -> bool:
-    """Whether the training forward also decodes the TAE's own latents (end-to-end loss)."""
-    return not uses_reference(config) or config.reconstruction_loss_weight > 0
 
 
 @functools.lru_cache(maxsize=8)
@@ -94,7 +85,7 @@ def step_bytes(config: TrainConfig) -> int:
         config.width,
         _HALF.get(config.mixed_precision, torch.float32),
         uses_reference(config),
-        decodes_own_latents(config),
+        loss_plan(config, uses_reference(config)).decode_own,
         config.train_encoder,
     )
 

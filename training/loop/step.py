@@ -27,8 +27,7 @@ optimizer step comes after that agreement, and a skipped window is dropped by it
 Reads from the device: the step's own is that one per window. DeepSpeed's step adds its
 own: three per optimizer step under ZeRO-2 in bf16 (DeepSpeed 0.19.8: its overflow check's
 agreed flag, and twice whether the gradient norm it clips by is finite); a torch.compile'd
-model adds none. Logging,
-validation and checkpoint cadence are the loop's business, not the step's.
+model adds none. Logging, validation and checkpoint cadence are the loop's business, not the step's.
 """
 
 from __future__ import annotations
@@ -42,21 +41,20 @@ from typing import NamedTuple
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import GradientAccumulationPlugin
 from diffusers.training_utils import EMAModel
 from torch.utils.data import DataLoader
 
 from taehv_train.common.clips import VideoDataError, frames_to_unit
 from taehv_train.common.config import TrainConfig
 from taehv_train.models.seraena import Seraena
-from taehv_train.models.taehv import TAEHV, AutoencoderOutput
+from taehv_train.models.taehv import TAEHV
 from taehv_train.training.data.cuda_sequence import IdleClock
 from taehv_train.training.data.loading import ReferenceLatents
 from taehv_train.training.data.prefetch import BatchOutOfMemory, Fetched, WaitInterrupted
 from taehv_train.training.loop import deepspeed_engine, library_seams
 from taehv_train.training.loop.adversarial import build_seraena, seraena_loss
-from taehv_train.training.loop.losses import LossWeights, compute_losses
-from taehv_train.training.loop.optimisation import LearningRateSchedule, compiles
+from taehv_train.training.loop.forward import Forward, frozen_weights, training_forward
+from taehv_train.training.loop.optimisation import LearningRateSchedule, compiles, make_optimizer
 from taehv_train.training.loop.resilience import (
     FaultPlan,
     Settled,
@@ -87,55 +85,6 @@ def free_cached_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def build_model(config: TrainConfig, resumed: bool = False) -> TAEHV:
-    """The model to train: published or our weights, or a fresh one whose decoder starts
-    from mid-grey frames (``decoder_bias_init``); a resumed run's weights then come from
-    its checkpoint. With ``train_encoder=False`` the encoder is frozen as loaded (also on
-    resume: its fp32 weights are the ones exported)."""
-    if config.pretrained_model_path and (not resumed or not config.train_encoder):
-        model = TAEHV(config.pretrained_model_path, variant=config.variant)
-        logger.info("initialised from %s", config.pretrained_model_path)
-    else:
-        model = TAEHV(variant=config.variant)
-        with torch.no_grad():  # decoder_bias_init is in [0, 1]; a network with [-1, 1] pixels takes it mapped there
-            model.decoder[-1].bias.fill_(
-                config.decoder_bias_init * 2 - 1 if model.signed_pixels else config.decoder_bias_init
-            )
-        if not resumed:
-            logger.info("training %s from scratch", config.variant)
-    if not config.train_encoder:
-        model.encoder.requires_grad_(False)
-        logger.info("decoder-only: the encoder is frozen (no gradients, no optimizer state)")
-    return model
-
-
-class Forward(NamedTuple):
-    out: AutoencoderOutput
-    targets: torch.Tensor  # input frames aligned with the decoded frames (FramePlan.target)
-    losses: dict[str, torch.Tensor]
-
-
-def training_forward(
-    accelerator: Accelerator,
-    model: torch.nn.Module,
-    frames: torch.Tensor,
-    z_ref: torch.Tensor | None,
-    config: TrainConfig,
-    input_dtype: torch.dtype,
-) -> Forward:
-    """The model's forward pass and the recipe's losses; inputs are cast to the weights'
-    dtype here, once (DeepSpeed bf16 keeps the module in bf16)."""
-    targets = accelerator.unwrap_model(model).plan(frames.shape[1]).target(frames)
-    with accelerator.autocast():
-        out = model(
-            frames.to(input_dtype),
-            None if z_ref is None else z_ref.to(input_dtype),
-            decode_own=z_ref is None or config.reconstruction_loss_weight > 0,
-        )
-    losses = compute_losses(out, targets, z_ref, LossWeights.of(config))
-    return Forward(out, targets, losses)
-
-
 class StepResult(NamedTuple):
     """What one accumulation window did: what the loop counts and logs."""
 
@@ -149,12 +98,6 @@ class StepResult(NamedTuple):
     failures: torch.Tensor  # clips the dataset had to replace in them (bad files)
     data_failed: bool = False  # some rank could not load its batch: the window was dropped on every rank
     data_error: VideoDataError | WaitInterrupted | None = None  # why, when it was this rank's batch
-
-
-def accumulation_plugin(config: TrainConfig) -> GradientAccumulationPlugin:
-    """Windows of ``gradient_accumulation_steps`` micro-batches whose ends the step decides
-    (``TrainStep.accumulate``), for the Accelerator that runs it."""
-    return GradientAccumulationPlugin(num_steps=config.gradient_accumulation_steps, sync_with_dataloader=False)
 
 
 class TrainStep:
@@ -174,7 +117,9 @@ class TrainStep:
         frozen: dict[str, torch.Tensor] | None = None,
     ):
         if library_seams.syncs_with_dataloader(accelerator) and config.gradient_accumulation_steps > 1:
-            raise ValueError("TrainStep ends its windows: build the Accelerator with accumulation_plugin(config)")
+            raise ValueError(
+                "TrainStep ends its windows: build the Accelerator with accelerator.accumulation_plugin(config)"
+            )
         self.config, self.accelerator = config, accelerator
         self.model = model  # as Accelerate prepared it (a DDP or DeepSpeed wrapper): what trains
         self.optimizer, self.scheduler = optimizer, scheduler
@@ -225,27 +170,8 @@ class TrainStep:
         """AdamW and the LR schedule for ``model``, prepared by Accelerate together with the
         training ``loader`` (DeepSpeed reads its batch size from it); returns the step and
         the prepared loader, whose batches stay on the host (``training.data.prefetch`` copies them)."""
-        # the frozen weights as loaded, in fp32 (DeepSpeed casts the module): what exports keep of them
-        frozen = {
-            name: p.detach().to("cpu", torch.float32, copy=True)
-            for name, p in model.named_parameters()
-            if not p.requires_grad
-        }
-        # fused: one kernel for all parameters (5x faster than foreach on CPU at 11M parameters)
-        optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=config.learning_rate,
-            betas=(config.adam_beta1, config.adam_beta2),
-            weight_decay=config.weight_decay,
-            fused=True,
-        )
-        processes = accelerator.num_processes  # a prepared scheduler steps once per process
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer,
-            LearningRateSchedule(
-                config.lr_scheduler, config.lr_warmup_steps * processes, config.max_train_steps * processes
-            ),
-        )
+        frozen = frozen_weights(model)
+        optimizer, scheduler = make_optimizer(config, model, accelerator.num_processes)
         faults = faults or FaultPlan()
         if compiles(config):  # before prepare: wrappers (DDP, DeepSpeed) call forward, which runs the compiled chunks
             backend = config.compile_backend

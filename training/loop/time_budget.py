@@ -47,7 +47,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -108,6 +108,10 @@ class RunProgress(Protocol):
     validation_seconds: float
     checkpoint_seconds: float
 
+    def spend(self, seconds: float) -> None: ...
+    def cost(self, kind: str, seconds: float) -> None: ...
+    def fix_plan(self, planned_steps: int, validation_every: int) -> None: ...
+
 
 @dataclass(frozen=True)
 class Cadence:
@@ -137,6 +141,23 @@ class Cadence:
 
     def checkpoints_at(self, step: int) -> bool:
         return step % self.checkpoints == 0
+
+
+@dataclass(frozen=True)
+class AfterStep:
+    """What the loop does after applied step ``step``, in this order: validate (with a
+    reconstruction strip when ``draws``), checkpoint to measure one (``measures_checkpoint``),
+    let the budget plan (``plans``: ``TimeBudget.planned``), checkpoint (``checkpoints``),
+    and end the run when ``last`` (``out_of_time``: the budget ran out before its plan)."""
+
+    step: int
+    last: bool
+    out_of_time: bool
+    validates: bool
+    draws: bool
+    measures_checkpoint: bool
+    plans: bool
+    checkpoints: bool
 
 
 @dataclass
@@ -196,7 +217,7 @@ class TimeBudget:
     def account(self) -> None:
         """After a step: record the seconds spent so far in the run's progress (saved with
         it); the measurement starts once this process's first steps are done."""
-        self.progress.train_seconds = self.spent()
+        self.progress.spend(self.spent())
         if self._mark is None and self.progress.step - self._first_step >= WARMUP_STEPS:
             self._mark = (self.progress.step, self._on_steps())
 
@@ -212,7 +233,7 @@ class TimeBudget:
         yield watch
         watch.seconds = time.perf_counter() - begin
         self._aside += watch.seconds
-        setattr(self.progress, f"{kind}_seconds", watch.seconds)
+        self.progress.cost(kind, watch.seconds)
         self.account()
 
     def reached(self, step: int) -> bool:
@@ -235,6 +256,35 @@ class TimeBudget:
         measured = measured and self._on_steps() - self._mark[1] >= MEASURED_SHARE * self.budget
         spent, measured = agree([progress.train_seconds >= self.budget, measured], self.device)
         return spent, measured
+
+    def after_step(self, step: int) -> AfterStep:
+        """After applied step ``step``: account its time and say what follows it. A step
+        that plans first validates and checkpoints when the run has not measured what each
+        costs; what the plan changes (the last step, the checkpoint interval) comes from
+        ``planned``."""
+        self.account()
+        out_of_time, planning = self.check()  # until a time budget's plan: its clock
+        last = out_of_time or self.reached(step)
+        cadence = self.cadence
+        measures = planning and self.unmeasured("checkpoint")
+        return AfterStep(
+            step,
+            last,
+            out_of_time,
+            validates=cadence.validates(step) or last or (planning and self.unmeasured("validation")),
+            draws=cadence.draws(step) or last,
+            measures_checkpoint=measures,
+            plans=planning and not last,
+            checkpoints=not measures and (cadence.checkpoints_at(step) or last),
+        )
+
+    def planned(self, after: AfterStep) -> AfterStep:
+        """Plan at ``after.step`` (its measuring validation and checkpoint done), then what
+        follows the step under the new plan."""
+        self.plan()
+        last = self.reached(after.step)
+        checkpoints = not after.measures_checkpoint and (self.cadence.checkpoints_at(after.step) or last)
+        return replace(after, last=last, plans=False, checkpoints=checkpoints)
 
     def unmeasured(self, kind: str) -> bool:
         """Whether the run has not measured yet what a ``kind`` (``validation``,
@@ -275,7 +325,7 @@ class TimeBudget:
                 every,
             )
         before = progress.planned_steps
-        progress.planned_steps, progress.validation_every = map(int, broadcast_numbers([planned, every], self.device))
+        progress.fix_plan(*map(int, broadcast_numbers([planned, every], self.device)))
         self.schedule.retarget(progress.step * self.processes, progress.planned_steps * self.processes)
         self._mark = (progress.step, self._on_steps())
         self._log_plan(before, per_step, mark_step, validation, checkpoint, left)

@@ -1,7 +1,7 @@
 """Folders that every rank writes into and that appear complete or not at all.
 
 A save (a checkpoint, ``best_model/``) is written into ``.tmp-<name>`` beside its final
-place (``models.atomic.temporary_name``), made empty by the main process. A failure on any
+place (``base.atomic.temporary_name``), made empty by the main process. A failure on any
 rank is shared with all, so no rank waits in a collective for one that failed: every rank
 raises, and the partial folder is removed. Otherwise the ranks share out the CRC-32s of
 the files, the main process writes the manifest (``checkpoint.json``: every file with its
@@ -26,10 +26,10 @@ from typing import Any, NoReturn
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object
 
-from taehv_train.common.errors import UserError, readable_size
+from taehv_train.base.atomic import atomic_write, fsync_directory, temporary_name
+from taehv_train.base.errors import UserError, readable_size
 from taehv_train.common.folder_locks import replacing
 from taehv_train.common.run_files import CHECKPOINT_MANIFEST, file_checksum
-from taehv_train.models.atomic import atomic_write, fsync_directory, temporary_name
 
 
 class DiskFullError(UserError):

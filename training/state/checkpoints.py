@@ -28,10 +28,10 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from safetensors.torch import load_file, save_file
 
-from taehv_train.common.errors import UserError
+from taehv_train.base.atomic import TMP_PREFIX
+from taehv_train.base.errors import UserError
 from taehv_train.common.folder_locks import remove_unless_read
 from taehv_train.common.run_files import newest_intact, read_checkpoint_manifest
-from taehv_train.models.atomic import TMP_PREFIX
 from taehv_train.training.loop.library_seams import load_zero_optimizer_state, zero_optimizer_state
 from taehv_train.training.state.atomic_folders import (
     abandon,

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from taehv_train.base.errors import UserError
 from taehv_train.common.config import (
     TrainConfig,
     apply_overrides,
@@ -24,7 +25,6 @@ from taehv_train.common.config import (
     resolve_paths,
     with_budget,
 )
-from taehv_train.common.errors import UserError
 from taehv_train.common.run_files import finished_info
 from taehv_train.training.state.run_data import data_changes, data_record, validation_changed
 from taehv_train.training.state.run_folders import checkpoint_step, read_trainer_state, resolve_resume

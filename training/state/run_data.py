@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import hashlib
 
+from taehv_train.base.errors import UserError
 from taehv_train.common.clip_table import ClipTable
 from taehv_train.common.config import TrainConfig
-from taehv_train.common.errors import UserError
 
 PART_NAMES = {"train": "training", "val": "validation"}
 

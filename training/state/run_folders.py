@@ -17,6 +17,7 @@ import logging
 import re
 from pathlib import Path
 
+from taehv_train.base.errors import UserError
 from taehv_train.common.config import (
     TrainConfig,
     changed_from_file,
@@ -25,7 +26,6 @@ from taehv_train.common.config import (
     run_prefix,
     same_config_file,
 )
-from taehv_train.common.errors import UserError
 from taehv_train.common.run_files import (
     CHECKPOINT_MANIFEST,
     DamagedCheckpointError,

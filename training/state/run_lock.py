@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from taehv_train.common.errors import UserError
+from taehv_train.base.errors import UserError
 
 LOCK_NAME = ".train.lock"
 logger = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
-"""The DataLoader over a clip dataset: an epoch counter the workers share, a shuffle that
-depends only on (seed, epoch), workers that leave stop signals to the training process and
+"""The DataLoader over a clip dataset (an ``EpochDataset``): a shuffle that depends only on
+(seed, epoch), workers that leave stop signals to the training process and
 end with it, and a worker's ``VideoDataError`` raised again in the training process with
 its reason and advice."""
 
@@ -17,27 +17,9 @@ import torch
 from torch._utils import ExceptionWrapper
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from taehv_train.common.errors import VideoDataError
+from taehv_train.base.errors import VideoDataError
+from taehv_train.common.epoch_dataset import EpochDataset
 from taehv_train.common.lifeline import watch_parent
-
-
-def shared_epoch() -> torch.Tensor:
-    """An epoch counter in shared memory, so that ``set_epoch`` reaches persistent DataLoader workers."""
-    return torch.zeros((), dtype=torch.int64).share_memory_()
-
-
-class EpochDataset(Dataset):
-    """A dataset whose random draws follow the epoch (``self._epoch``, made by ``shared_epoch``)."""
-
-    _epoch: torch.Tensor
-
-    @property
-    def epoch(self) -> int:
-        return int(self._epoch)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch's random draws; call before iterating each epoch."""
-        self._epoch.fill_(epoch)
 
 
 class EpochShuffleSampler(Sampler[int]):

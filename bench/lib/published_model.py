@@ -13,7 +13,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from bench.harness import load_published, published_file
+from bench.lib.harness import load_published, published_file
 from taehv_train.models.taehv import TAEHV
 
 

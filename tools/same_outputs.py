@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Do two checkouts produce the same outputs? For restructurings that must not change behaviour.
 
-    python -m bench.same_outputs run /tmp/before --inputs /tmp/same_inputs   # in the old checkout
-    python -m bench.same_outputs run /tmp/after --inputs /tmp/same_inputs    # in the new one
-    python -m bench.same_outputs compare /tmp/before /tmp/after
+    python -m tools.same_outputs run /tmp/before --inputs /tmp/same_inputs   # in the old checkout
+    python -m tools.same_outputs run /tmp/after --inputs /tmp/same_inputs    # in the new one
+    python -m tools.same_outputs compare /tmp/before /tmp/after
 
 ``run`` trains the test preset for 4 steps in four set-ups (1 process without and with a
 reference VAE; 2-process DeepSpeed ZeRO-2 without, and in bf16 with a reference VAE),
@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from bench.harness import REPO_ROOT
-from taehv_train.common.flags import ArgumentParser
+from bench.lib.harness import REPO_ROOT
+from taehv_train.base.flags import ArgumentParser
 
 TEST_CONFIG = "training/configs/taehv_config_test.py"
 ZERO2 = [

@@ -4,15 +4,15 @@ that bench/bench_gpu.py holds the launch script's own speed against. Started as 
 script starts training, one process:
 
     python -m taehv_train.training.launch --config_file accelerate_configs/deepspeed_1gpu.yaml --num_processes 1 \\
-        -m bench.on_device_step --config training/configs/taehv_config_1gpu_h100.py --out row.json [--key=value ...]
+        -m bench.lib.on_device_step --config training/configs/taehv_config_1gpu_h100.py --out row.json [--key=value ...]
     python -m taehv_train.training.launch --use_deepspeed --zero_stage 2 --num_machines 1 --num_processes 1 \\
-        -m bench.on_device_step --config ... --out row.json    # without CUDA: DeepSpeed on the CPU (gloo)
+        -m bench.lib.on_device_step --config ... --out row.json    # without CUDA: DeepSpeed on the CPU (gloo)
 
 Built as ``training/taehv_train.py`` builds it: the config file with the same
 ``--key=value`` overrides, the Accelerator of ``training.loop.accelerator.make_accelerator``
 (under the launch above: DeepSpeed ZeRO-2; ``mixed_precision=bf16`` there means bf16
 weights with no autocast, the engine stepped by the training step once the window is agreed),
-``training.loop.step.build_model`` and ``TrainStep.build`` with the training loader
+``training.loop.forward.build_model`` and ``TrainStep.build`` with the training loader
 prepared with it (``build_train_loader``: pinned batches on CUDA), ``torch.compile`` as
 ``compile`` says, cuDNN's benchmark mode left as training leaves it (off). Its batches:
 the loader's first accumulation window, received as training receives them (the
@@ -43,19 +43,20 @@ from pathlib import Path
 import torch
 from accelerate.utils import set_seed
 
-from bench.gpu_measure import GraphCount
+from bench.lib.gpu_measure import GraphCount
+from taehv_train.base.errors import exit_on_user_error
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.common.config import TrainConfig, load_config
-from taehv_train.common.errors import exit_on_user_error
-from taehv_train.common.flags import ArgumentParser
 from taehv_train.evaluation.timing import synchronize
 from taehv_train.training.data.loading import build_train_loader, build_training_data
 from taehv_train.training.data.prefetch import Prefetcher
 from taehv_train.training.loop.accelerator import make_accelerator
 from taehv_train.training.loop.feed import micro_batch_flops, peak_flops
+from taehv_train.training.loop.forward import build_model
 from taehv_train.training.loop.optimisation import compiles
-from taehv_train.training.loop.step import StepResult, TrainStep, build_model
+from taehv_train.training.loop.progress import Progress
+from taehv_train.training.loop.step import StepResult, TrainStep
 from taehv_train.training.preflight import check
-from taehv_train.training.taehv_train import Progress
 
 
 def device_window(step: TrainStep, loader, config: TrainConfig) -> list[dict]:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 WIDE_VARIANT = "taeltx2_3_wide"  # the one variant the published main branch lacks (its own branch's file)
 

@@ -4,7 +4,7 @@
 Speed and memory benchmarks need the reference VAE's architecture, not its weights, and
 nothing can be downloaded on benchmark machines:
 
-    python -m bench.make_reference_vae /tmp/cogvideox2b_random     # CogVideoX-2b architecture
+    python -m tools.make_reference_vae /tmp/cogvideox2b_random     # CogVideoX-2b architecture
 then pass ``--ref_vae_path=/tmp/cogvideox2b_random`` to training or inference.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from diffusers import AutoencoderKLCogVideoX
 
-from taehv_train.common.flags import ArgumentParser
+from taehv_train.base.flags import ArgumentParser
 
 # CogVideoX-2b's vae/config.json (the diffusers defaults are this configuration)
 COGVIDEOX_2B = dict(

@@ -1,7 +1,7 @@
 """The end-to-end training rows of bench/bench_gpu.py and bench/gpu_check.py: the
 1gpu_h100 preset trained by the command users type (``./train_taehv_h100.sh 1 1gpu_h100``,
 its speed read back from what the run logs), against the same engine fed batches that are
-already on the device (bench/on_device_step.py, started as training starts), plain and
+already on the device (bench/lib/on_device_step.py, started as training starts), plain and
 with cached reference latents. Every row runs in its own processes, bounded in time; the
 process that calls these functions never touches the GPU for them.
 """
@@ -23,15 +23,15 @@ from typing import NoReturn
 
 import psutil
 
-from bench.gpu_measure import log
-from bench.harness import REPO_ROOT
-from bench.make_reference_vae import COGVIDEOX_2B, TINY_COGVIDEOX, save_reference_vae
-from bench.reencoded_clips import DASH_CAMERA_GOP, reencode_clips
-from taehv_train.common.errors import EXIT_USER_ERROR
+from bench.lib.gpu_measure import log
+from bench.lib.harness import REPO_ROOT
+from bench.lib.reencoded_clips import DASH_CAMERA_GOP, reencode_clips
+from taehv_train.base.errors import EXIT_USER_ERROR
 from taehv_train.common.video.files import find_videos
 from taehv_train.models.vae_registry import reference_vae_frames
 from taehv_train.models.variants import get_variant
-from taehv_train.training.make_annotations import write_annotation
+from taehv_train.training.annotate.annotation_files import write_annotation
+from tools.make_reference_vae import COGVIDEOX_2B, TINY_COGVIDEOX, save_reference_vae
 
 PRESET_NAME = "1gpu_h100"
 PRESET = REPO_ROOT / "training" / "configs" / f"taehv_config_{PRESET_NAME}.py"
@@ -41,7 +41,7 @@ ONE_GPU_YAML = "accelerate_configs/deepspeed_1gpu.yaml"
 E2E_FEEDS = ("plain", "cached")  # reference latents: none, or from the latent cache
 E2E_SETTINGS = ("on_device", "launch_script")
 CACHE_VAES = {
-    "cogvideox-2b": ("CogVideoX-2b architecture (bench/make_reference_vae.py)", COGVIDEOX_2B),
+    "cogvideox-2b": ("CogVideoX-2b architecture (tools/make_reference_vae.py)", COGVIDEOX_2B),
     "tiny": ("tiny CogVideoX (4 channels per block, CogVideoX-2b's latent shape)", TINY_COGVIDEOX),
 }
 LOG_TAIL = 3000  # characters of a failed process's output kept in its row
@@ -295,7 +295,7 @@ def prepare_cache(plan: Plan, clips: dict, reference: Path, timeout: float | Non
 
 
 def on_device_command(plan: Plan, overrides: list[str], out: Path) -> list[str]:
-    """bench/on_device_step.py started as the launch script starts one training process:
+    """bench/lib/on_device_step.py started as the launch script starts one training process:
     on CUDA through accelerate_configs/deepspeed_1gpu.yaml, on a CPU as a one-process
     DeepSpeed ZeRO-2 run (gloo)."""
     if plan.device == "cuda":
@@ -310,7 +310,7 @@ def on_device_command(plan: Plan, overrides: list[str], out: Path) -> list[str]:
         "--main_process_port",
         str(free_port()),
         "-m",
-        "bench.on_device_step",
+        "bench.lib.on_device_step",
         "--config",
         str(PRESET.relative_to(REPO_ROOT)),
         *overrides,
@@ -324,7 +324,7 @@ def on_device_command(plan: Plan, overrides: list[str], out: Path) -> list[str]:
 
 
 def on_device_row(plan: Plan, overrides: list[str], folder: Path, timeout: float | None = None) -> dict:
-    """The on-device row's figures (bench/on_device_step.py's JSON) and its command."""
+    """The on-device row's figures (bench/lib/on_device_step.py's JSON) and its command."""
     out = folder / "on_device.json"
     command = on_device_command(plan, overrides, out)
     timeout = plan.timeouts["on_device"] if timeout is None else timeout

@@ -17,7 +17,7 @@ from taehv_train.common.video.crop import crop_box
 from taehv_train.common.video.files import find_videos
 from taehv_train.common.video.reader import VideoReader
 from taehv_train.common.video.resize import AreaResizer
-from taehv_train.common.video_writer import write_video
+from taehv_train.common.video.writer import write_video
 
 DASH_CAMERA_GOP = 30
 

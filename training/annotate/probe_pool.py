@@ -3,7 +3,9 @@ time limit per file, and a worker that crashes on a file replaced, so that no fi
 stalled mount, a decoder stuck in a loop or crashing) stops a folder's probe. Files that
 are not regular files (a FIFO, socket or device) are reported without being opened:
 opening a FIFO waits for a writer forever. A worker ends with the process that probes
-(``kill -9`` of the tool takes its workers with it)."""
+(``kill -9`` of the tool takes its workers with it): through the kernel's parent-death
+signal, which comes when the *thread* that forked the worker ends (prctl(2)), so
+``probe_all`` is iterated to its end by one thread (the tool's main thread)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from taehv_train.common.video.files import BadClipError, check_regular_file
 from taehv_train.common.video.probe import probe_video
 
 Job = tuple[Path, str]  # (root, path relative to it)
+DEFAULT_PROBE_TIMEOUT = 600.0  # seconds per file: a decoded probe reads 1.5-5 hours of 720p at 300-900 frames/s
 
 
 class Probe(NamedTuple):

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .latent_spaces import NORMALISED, OWN, RAW, SCALED
-from .vae_registry import OWN_SUFFIX, ref_vae_class_of
-from .variants import SUPER_SUFFIX, built_family
+from taehv_train.models.latent_spaces import NORMALISED, OWN, RAW, SCALED
+from taehv_train.models.vae_registry import OWN_SUFFIX, ref_vae_class_of
+from taehv_train.models.variants import SUPER_SUFFIX, built_family
 
 
 @dataclass(frozen=True)

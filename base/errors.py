@@ -1,6 +1,7 @@
 """Problems the user fixes (configuration, data, paths, checkpoints, weight files, a full
 disk): one line on stderr and exit status 2, no traceback. ``--debug`` on the command line
-keeps the traceback for a bug report."""
+keeps the traceback for a bug report. Plain Python, no torch: ``models.weights`` raises
+the weight-file errors, and tools that load no weights catch them without importing torch."""
 
 from __future__ import annotations
 
@@ -8,10 +9,21 @@ import logging
 import sys
 from collections.abc import Callable
 
-from taehv_train.models.weight_errors import WeightsError
-
 EXIT_USER_ERROR = 2
 logger = logging.getLogger(__name__)
+
+
+class WeightsError(ValueError):
+    """A weight file that cannot be used (missing, unreadable, refused, or not fitting the
+    model); the message says what to do. CLIs turn it into one line and exit status 2."""
+
+
+class WeightsNotFoundError(WeightsError, FileNotFoundError):
+    """The weight file does not exist."""
+
+
+class CheckpointMismatchError(WeightsError):
+    """The weights do not fit the model that was built for them."""
 
 
 class UserError(ValueError):

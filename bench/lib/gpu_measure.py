@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch._dynamo.utils import counters
 
-from bench.harness import cpu_model, cpu_name, proc_status_bytes
+from bench.lib.harness import cpu_model, cpu_name, proc_status_bytes
 from taehv_train.training.loop.monitoring import peak_rss_bytes
 
 CLEAR_REFS = Path("/proc/self/clear_refs")

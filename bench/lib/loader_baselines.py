@@ -15,12 +15,12 @@ from contextlib import contextmanager
 import cv2
 import numpy as np
 
-from bench.harness import timed
-from taehv_train.common.clip_loader import build_dataloader
+from bench.lib.harness import timed
 from taehv_train.common.clips import VideoClipDataset
 from taehv_train.common.video.crop import crop_box
 from taehv_train.common.video.reader import VideoReader
 from taehv_train.common.video.resize import area_resize
+from taehv_train.training.data.clip_loader import build_dataloader
 
 Window = tuple[str, int, int, int]  # path, start, stride, count
 

@@ -1,7 +1,7 @@
 """The training loop's step built as the loop builds it, in one process with a plain
 Accelerator, for the CPU benchmarks that time it (bench/bench_train_step.py,
 bench/bench_compile.py). The GPU benchmarks time the engine a GPU run uses (DeepSpeed
-ZeRO-2, started as training starts): bench/on_device_step.py.
+ZeRO-2, started as training starts): bench/lib/on_device_step.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader
 from taehv_train.common.config import TrainConfig
 from taehv_train.models.taehv import TAEHV
 from taehv_train.training.data.loading import ReferenceLatents
-from taehv_train.training.loop.step import TrainStep, accumulation_plugin
+from taehv_train.training.loop.accelerator import accumulation_plugin
+from taehv_train.training.loop.step import TrainStep
 
 
 def build_step(

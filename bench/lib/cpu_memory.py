@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 import taehv_train.models.taehv as taehv_module
-from bench.harness import load_published, proc_status_bytes
-from bench.published_model import operation
+from bench.lib.harness import load_published, proc_status_bytes
+from bench.lib.published_model import operation
 from taehv_train.models.taehv import TAEHV
 
 

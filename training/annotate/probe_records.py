@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from taehv_train.common.errors import UserError
-from taehv_train.models.atomic import atomic_write
-from taehv_train.training.data.probe_pool import Probe
+from taehv_train.base.atomic import atomic_write
+from taehv_train.base.errors import UserError
+from taehv_train.training.annotate.probe_pool import Probe
 
 PROBES_FORMAT = 1  # version of the records file: the header's "make_annotations_probes"
 FSYNC_SECONDS = 5.0  # records reach the disk at least this often (a machine crash loses less)

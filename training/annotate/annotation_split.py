@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from taehv_train.base.errors import UserError
 from taehv_train.common.annotation_file import AnnotationFileError, read_annotation
-from taehv_train.common.errors import UserError
 
 DEFAULT_GROUP_REGEX = r"^(?:.*/)?[^_./]+"
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from bench.harness import best_seconds
+from bench.lib.harness import best_seconds
 
 
 def _fused_conv_flop(*args, out_shape=None, **kwargs) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from taehv_train.models.atomic import atomic_write
+from taehv_train.base.atomic import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ def write_video(path: Path, frames: np.ndarray, fps: float, keyframe_interval: i
     """Write THWC uint8 RGB frames; H.264 (yuv420p) when PyAV has libx264, else mp4v with a
     warning (mp4v plays in desktop players but not in browsers). Returns the codec used.
     ``keyframe_interval``: the H.264 GOP length (a loader's seeks decode from the keyframe
-    before their target); libx264's default when None. Written atomically (``models.atomic``)."""
+    before their target); libx264's default when None. Written atomically (``base.atomic``)."""
     import av
 
     frames = _even(frames)

@@ -23,7 +23,7 @@ The VAE is built, saved with ``save_pretrained`` and loaded back with ``from_pre
 a temporary folder (nothing is downloaded). Prints a JSON summary; the TAE columns are
 ``models.frames.plan_frames(T, h3_chunks=True)``. Runs in a few seconds on one CPU thread:
 
-    OMP_NUM_THREADS=1 python -m bench.h3_alignment
+    OMP_NUM_THREADS=1 python -m tools.h3_alignment
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import diffusers
 import torch
 from diffusers import AutoencoderKLMiniMaxH3
 
-from taehv_train.common.flags import ArgumentParser
+from taehv_train.base.flags import ArgumentParser
 from taehv_train.models.frames import h3_decoded_frames, plan_frames
 
 log = logging.getLogger("h3_alignment")
