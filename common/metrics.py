@@ -1,6 +1,6 @@
-"""Reconstruction metrics on aligned frames, shared by validation and inference, and the
-latent RMS ratio (the model's latents against the reference VAE's: training logs it,
-inference reports it).
+"""Reconstruction metrics on aligned frames, named and ordered once for validation and
+inference (``ReconstructionMetrics``), and the latent RMS ratio (the model's latents
+against the reference VAE's: training logs it, inference reports it).
 
 Inputs are NTCHW videos in [0, 1] whose frame i already corresponds (see
 ``models.frames.FramePlan.target``); metrics average over all frames of a video.
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -200,3 +201,43 @@ def video_lpips(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | No
         return model(p[:, :3].clamp(0, 1), t[:, :3].clamp(0, 1))
 
     return torch.stack([_frame_weighted_mean(lpips, p, t, chunk_frames) for p, t in zip(pred, target)])
+
+
+@dataclass(frozen=True)
+class ReconstructionMetrics:
+    """The reconstruction metrics a caller reports and their order: the one place that names
+    them, for validation's columns (``val/<name>``) and inference's metrics.json alike, so
+    the two report the same numbers for the same frames.
+
+    ``own`` names the caller's own per-video values of the clip (validation's preview
+    scores), listed after the sharpness, before the alpha's PSNR and LPIPS."""
+
+    rgba: bool  # four channels: the metrics cover all four, the alpha's PSNR is added
+    lpips: bool  # only when ``lpips_unavailable_reason()`` is None
+    temporal: bool = False  # the frame-to-frame error and the per-frame PSNR (inference's report)
+    own: tuple[str, ...] = ()
+
+    def _table(self) -> list[tuple[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None]]:
+        """(name, metric) in order; None where the caller gives the value (``own``)."""
+        table = [("mse", video_mse), ("psnr", video_psnr), ("ssim", video_ssim), ("sharpness", video_sharpness)]
+        if self.temporal:
+            table += [("temporal_error", video_temporal_error), ("psnr_per_frame", frame_psnr)]
+        table += [(name, None) for name in self.own]
+        if self.rgba:
+            table.append(("alpha_psnr", video_alpha_psnr))
+        if self.lpips:
+            table.append(("lpips", video_lpips))
+        return table
+
+    @property
+    def names(self) -> list[str]:
+        """The names, in order, without computing anything (a rank with no clips needs them)."""
+        return [name for name, _ in self._table()]
+
+    def __call__(
+        self, decoded: torch.Tensor, target: torch.Tensor, own: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Each metric of NTCHW ``decoded`` against ``target`` by name: per video (N,), per frame
+        (N, T) for ``psnr_per_frame``; ``own`` gives the values of the caller's own names."""
+        own = own or {}
+        return {name: own[name] if metric is None else metric(decoded, target) for name, metric in self._table()}

@@ -26,17 +26,7 @@ from tqdm.auto import tqdm
 from taehv_train.base.atomic import atomic_write
 from taehv_train.base.errors import UserError
 from taehv_train.common.clips import VideoClipDataset, frames_to_unit
-from taehv_train.common.metrics import (
-    frame_psnr,
-    rms_ratio,
-    video_alpha_psnr,
-    video_lpips,
-    video_mse,
-    video_psnr,
-    video_sharpness,
-    video_ssim,
-    video_temporal_error,
-)
+from taehv_train.common.metrics import ReconstructionMetrics, rms_ratio
 from taehv_train.common.preview_score import preview_decode, preview_scores
 from taehv_train.common.reference_vae import ReferenceVAE
 from taehv_train.common.video.files import BadClipError
@@ -101,20 +91,13 @@ def requested_memory(err: RuntimeError) -> str:
 
 
 def quality_metrics(decoded: torch.Tensor, target: torch.Tensor, use_lpips: bool) -> dict[str, float]:
-    """One clip's decoded frames against the frames they are aligned to (LPIPS when ``use_lpips``)."""
-    metrics = {
-        "mse": float(video_mse(decoded, target)[0]),
-        "psnr": float(video_psnr(decoded, target)[0]),
-        "ssim": float(video_ssim(decoded, target)[0]),
-        "sharpness": float(video_sharpness(decoded, target)[0]),
-        "temporal_error": float(video_temporal_error(decoded, target)[0]),
-        "psnr_per_frame": [round(float(v), 3) for v in frame_psnr(decoded, target)[0]],
+    """One clip's decoded frames against the frames they are aligned to (LPIPS when ``use_lpips``):
+    a number per metric, the per-frame PSNR as a list rounded to 3 decimals."""
+    metrics = ReconstructionMetrics(rgba=decoded.shape[2] == 4, lpips=use_lpips, temporal=True)
+    return {
+        name: [round(float(v), 3) for v in value[0]] if value.dim() == 2 else float(value[0])
+        for name, value in metrics(decoded, target).items()
     }
-    if decoded.shape[2] == 4:  # RGBA: the metrics above cover all four channels; the alpha alone too
-        metrics["alpha_psnr"] = float(video_alpha_psnr(decoded, target)[0])
-    if use_lpips:
-        metrics["lpips"] = float(video_lpips(decoded, target)[0])
-    return metrics
 
 
 def mean_std(values: list[float]) -> dict[str, float | None]:

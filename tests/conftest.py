@@ -131,6 +131,22 @@ def demo_clips(tmp_path_factory) -> dict[str, Path]:
     return {"root": root, **paths}
 
 
+def demo_validation_config(demo_clips: dict[str, Path], **changes):
+    """A taehv config at 5 frames of 16x16 over ``demo_clips``, validating on one clip; ``changes`` on top."""
+    from taehv_train.common.config import TrainConfig
+
+    return TrainConfig(
+        variant="taehv",
+        n_frames=5,
+        height=16,
+        width=16,
+        data_root=str(demo_clips["root"]),
+        annotation_file=str(demo_clips["train"]),
+        val_annotation_file=str(demo_clips["val"]),
+        num_validation_samples=1,
+    ).replace(**changes)
+
+
 @pytest.fixture(scope="session")
 def tiny_cogvideox_vae(tmp_path_factory) -> Path:
     """A tiny CogVideoX VAE (16 latent channels) saved by diffusers, for the real loading path."""

@@ -21,14 +21,9 @@ from taehv_train.common.run_files import CHECKPOINT_MANIFEST, finished_info, wri
 from taehv_train.training.loop.best_model import BestTracker
 from taehv_train.training.loop.resilience import FaultPlan, agree
 from taehv_train.training.state.atomic_folders import DiskFullError, is_disk_full, write_atomically
-from taehv_train.training.state.checkpoints import (
-    list_checkpoints,
-    remove_partial_checkpoints,
-    resolve_resume,
-    rng_state,
-    set_rng_state,
-)
+from taehv_train.training.state.checkpoints import remove_partial_checkpoints, rng_state, set_rng_state
 from taehv_train.training.state.run_config import describe_start, start_of
+from taehv_train.training.state.run_folders import list_checkpoints, resolve_resume
 from taehv_train.training.state.serialisation import load_tree, save_tree
 
 

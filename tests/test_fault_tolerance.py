@@ -32,7 +32,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from conftest import REPO_ROOT
 from taehv_train.base.atomic import TMP_PREFIX
 from taehv_train.common.run_files import CHECKPOINT_MANIFEST
-from taehv_train.training.state.checkpoints import checkpoint_step, list_checkpoints
+from taehv_train.training.state.run_folders import checkpoint_step, list_checkpoints
 from taehv_train.training.state.run_lock import lock_run_dir, release_run_dir
 from train_runs import (
     DDP_ENV,

@@ -30,7 +30,7 @@ from taehv_train.training.data.loader_workers import LoaderFault
 from taehv_train.training.data.prefetch import Prefetcher
 from taehv_train.training.loop.distributed import collective_timeout
 from taehv_train.training.loop.progress import Progress
-from taehv_train.training.state.checkpoints import checkpoint_step, list_checkpoints
+from taehv_train.training.state.run_folders import checkpoint_step, list_checkpoints
 from train_runs import (
     ONE_PROCESS,
     assert_identical,

@@ -20,8 +20,8 @@ from taehv_train.training.loop import optimisation, time_budget
 from taehv_train.training.loop.optimisation import LearningRateSchedule, parse_duration
 from taehv_train.training.loop.progress import Progress
 from taehv_train.training.loop.time_budget import AfterStep, Cadence, TimeBudget, keeps_plan
-from taehv_train.training.state.checkpoints import checkpoint_step, list_checkpoints
 from taehv_train.training.state.run_config import Start, config_for_resume, describe_start
+from taehv_train.training.state.run_folders import checkpoint_step, list_checkpoints
 from train_runs import (
     ONE_PROCESS,
     SCRATCH_AT_TEST_SIZES,

@@ -23,7 +23,7 @@ import json
 import pytest
 import torch
 
-from taehv_train.training.state.checkpoints import list_checkpoints
+from taehv_train.training.state.run_folders import list_checkpoints
 from taehv_train.training.state.serialisation import load_tree
 from train_runs import assert_identical, tensors, train, wrapped_zero2
 

@@ -40,7 +40,7 @@ from taehv_train.training.ecosystem import (
     published_loads,
     readings,
 )
-from taehv_train.training.state.checkpoints import list_checkpoints, read_trainer_state
+from taehv_train.training.state.run_folders import list_checkpoints, read_trainer_state
 
 logger = logging.getLogger(__name__)
 BUNDLE_FOLDER = "export"  # where a training run writes its bundle

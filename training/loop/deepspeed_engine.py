@@ -28,6 +28,12 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
 from taehv_train.base.errors import UserError
+from taehv_train.training.loop.library_seams import (
+    has_overflow_switch,
+    overflow_check,
+    set_overflow_check,
+    wrapped_deepspeed_engine,
+)
 
 logger = logging.getLogger(__name__)
 MIN_DEEPSPEED = "0.17.1"  # the ZeRO optimizer's check_grad_overflow switch (deepspeedai/DeepSpeed#6976)
@@ -38,7 +44,7 @@ def engine_of(accelerator: Accelerator) -> Any | None:
     """The prepared DeepSpeed engine, or None when the run is not under DeepSpeed."""
     if accelerator.distributed_type != DistributedType.DEEPSPEED:
         return None
-    return accelerator.deepspeed_engine_wrapped.engine
+    return wrapped_deepspeed_engine(accelerator)
 
 
 def turn_on_overflow_check(accelerator: Accelerator) -> None:
@@ -60,12 +66,12 @@ def check_engine(engine: Any) -> None:
             f"DeepSpeed ZeRO stage {stage}: training runs ZeRO-1 or ZeRO-2 "
             "(accelerate_configs/*.yaml set zero_stage: 2)"
         )
-    if not hasattr(engine.optimizer, "check_grad_overflow"):
+    if not has_overflow_switch(engine):
         raise UserError(
             f"deepspeed {deepspeed.__version__} cannot drop a window whose gradients are not finite: install "
             f"deepspeed>={MIN_DEEPSPEED} (pip install -r requirements.txt)"
         )
-    if engine.bfloat16_enabled() and not engine.optimizer.check_grad_overflow:
+    if engine.bfloat16_enabled() and not overflow_check(engine):
         raise UserError(
             "the DeepSpeed config sets bf16.check_grad_overflow=false: remove it (a non-finite gradient would "
             "then be applied to the weights)"
@@ -89,22 +95,17 @@ def drop(engine: Any) -> None:
     the schedule: DeepSpeed's overflow path, taken with its check on for this call. The
     step only drops windows whose gradients it poisoned (NaN on some rank, so on every rank
     after the reduction)."""
-    optimizer = engine.optimizer
-    checks, optimizer.check_grad_overflow = optimizer.check_grad_overflow, True
+    checks = overflow_check(engine)
+    set_overflow_check(engine, True)
     try:
         engine.step()
     finally:
-        optimizer.check_grad_overflow = checks
+        set_overflow_check(engine, checks)
     if engine.was_step_applied():
         raise RuntimeError("DeepSpeed applied a window the ranks had agreed to drop: its gradients were finite")
 
 
-def loss_scale(engine: Any) -> float:
-    """DeepSpeed's current loss scale (fp16's dynamic scale; 1 in bf16 and fp32)."""
-    return float(getattr(engine.optimizer, "loss_scale", 1.0))
-
-
 def switch_off_overflow_check(engine: Any) -> None:
     """For the fault injection that stands for an engine without its own check (tests)."""
-    engine.optimizer.check_grad_overflow = False
+    set_overflow_check(engine, False)
     logger.warning("fault_injection: DeepSpeed's own overflow check is off; the step's flags alone skip windows")

@@ -25,6 +25,7 @@ import torch
 from taehv_train.base.errors import UserError, readable_size
 from taehv_train.common.config import TrainConfig, native_bf16, spec_of
 from taehv_train.models.taehv import TAEHV
+from taehv_train.training.loop.library_seams import storage_key
 from taehv_train.training.loop.losses import loss_plan, uses_reference
 
 _HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -66,8 +67,7 @@ def activation_bytes(
     kept: dict[int, int] = {}  # by storage: a tensor saved by several operations counts once
 
     def keep(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        kept[storage._cdata] = storage.nbytes()
+        kept[storage_key(tensor)] = tensor.untyped_storage().nbytes()
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):

@@ -13,6 +13,7 @@ import re
 import torch
 
 from taehv_train.common.config import TrainConfig
+from taehv_train.training.loop.library_seams import compile_backends
 
 MIXED_PRECISION = ("no", "fp16", "bf16")
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
@@ -59,14 +60,6 @@ def compiles(config: TrainConfig) -> bool:
     on CPUs, where inductor spends minutes compiling what a short run would gain back."""
     wanted = COMPILE_CHOICES[str(config.compile).lower()]
     return torch.cuda.is_available() if wanted is None else wanted
-
-
-def compile_backends() -> list[str]:
-    """The ``torch.compile`` backends this torch knows, its debugging ones (``aot_eager``,
-    ``eager``) included."""
-    import torch._dynamo  # seconds to import: only when compile=true is checked
-
-    return torch._dynamo.list_backends(exclude_tags=())
 
 
 DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")

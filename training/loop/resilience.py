@@ -30,6 +30,7 @@ import torch
 
 from taehv_train.base.errors import UserError
 from taehv_train.common.config import TrainConfig
+from taehv_train.training.loop.library_seams import compile_backends, register_compile_backend
 
 logger = logging.getLogger(__name__)
 FAULT_KINDS = (
@@ -333,14 +334,10 @@ def failing_backward_backend(name: str = "taehv_fails_in_backward") -> str:
     """Register (once) a torch.compile backend that compiles forward graphs and fails to
     compile backward graphs, as a backend error at the first backward pass does
     (``compile_backward`` fault); returns its name."""
-    import torch._dynamo
-    from torch._dynamo.backends.common import aot_autograd
-
-    if name not in torch._dynamo.list_backends(exclude_tags=()):
+    if name not in compile_backends():
 
         def fails(graph, example_inputs):
             raise RuntimeError("injected backward compilation failure (fault_injection compile_backward)")
 
-        compiles_forward = aot_autograd(fw_compiler=lambda graph, example_inputs: graph, bw_compiler=fails)
-        torch._dynamo.register_backend(compiles_forward, name)
+        register_compile_backend(name, lambda graph, example_inputs: graph, fails)
     return name

@@ -51,7 +51,7 @@ from taehv_train.models.taehv import TAEHV
 from taehv_train.training.data.cuda_sequence import IdleClock
 from taehv_train.training.data.loading import ReferenceLatents
 from taehv_train.training.data.prefetch import BatchOutOfMemory, Fetched, WaitInterrupted
-from taehv_train.training.loop import deepspeed_engine
+from taehv_train.training.loop import deepspeed_engine, library_seams
 from taehv_train.training.loop.adversarial import build_seraena, seraena_loss
 from taehv_train.training.loop.forward import Forward, frozen_weights, training_forward
 from taehv_train.training.loop.optimisation import LearningRateSchedule, compiles, make_optimizer
@@ -116,7 +116,7 @@ class TrainStep:
         stop: StopRequest,
         frozen: dict[str, torch.Tensor] | None = None,
     ):
-        if accelerator.gradient_state.sync_with_dataloader and config.gradient_accumulation_steps > 1:
+        if library_seams.syncs_with_dataloader(accelerator) and config.gradient_accumulation_steps > 1:
             raise ValueError(
                 "TrainStep ends its windows: build the Accelerator with accelerator.accumulation_plugin(config)"
             )
@@ -191,7 +191,7 @@ class TrainStep:
             # Its batches stay on the host (pinned on CUDA): the prefetching thread copies them to the device
             # (training.data.prefetch), where an out-of-memory copy costs a batch, not the loader's iterator.
             # Accelerate refuses per-object device_placement under DeepSpeed, so the placement is turned off here.
-            loader.device = None
+            library_seams.keep_batches_on_host(loader)
         if (engine := deepspeed_engine.engine_of(accelerator)) is not None:
             deepspeed_engine.check_engine(engine)
             if faults.anywhere("no_overflow_check", accelerator.process_index):
@@ -274,7 +274,7 @@ class TrainStep:
         micro-batches and syncs at each multiple of the window (``sync_with_dataloader`` is off,
         ``make_accelerator``), so its count is set to sync exactly at ``last``."""
         steps = self.config.gradient_accumulation_steps
-        self.accelerator.step = steps - 1 if last else 0
+        library_seams.set_micro_batch_count(self.accelerator, steps - 1 if last else 0)
         return self.accelerator.accumulate(self.model)
 
     def micro_batch(
@@ -374,7 +374,7 @@ class TrainStep:
         """fp16's loss scale (gradients are taken of the scaled loss, as the scaler would),
         else ``NO_SCALE``."""
         if self.engine is not None:
-            scale = deepspeed_engine.loss_scale(self.engine)
+            scale = library_seams.zero_loss_scale(self.engine)
             return NO_SCALE if scale == 1 else scale
         scaler = self.accelerator.scaler
         return NO_SCALE if scaler is None else scaler.scale(torch.ones((), device=self.accelerator.device))
@@ -459,7 +459,7 @@ class TrainStep:
     @property
     def schedule(self) -> LearningRateSchedule:
         """The learning-rate schedule (a time budget sets its horizon once the run's speed is known)."""
-        return getattr(self.scheduler, "scheduler", self.scheduler).lr_lambdas[0]
+        return library_seams.lr_lambda(self.scheduler)
 
     def forward(self, frames: torch.Tensor, z_ref: torch.Tensor | None) -> Forward:
         return training_forward(self.accelerator, self.forward_module, frames, z_ref, self.config, self.input_dtype)

@@ -17,15 +17,7 @@ from accelerate import Accelerator
 
 from taehv_train.common.clips import VideoClipDataset, VideoDataError, frames_to_unit
 from taehv_train.common.config import TrainConfig
-from taehv_train.common.metrics import (
-    lpips_unavailable_reason,
-    video_alpha_psnr,
-    video_lpips,
-    video_mse,
-    video_psnr,
-    video_sharpness,
-    video_ssim,
-)
+from taehv_train.common.metrics import ReconstructionMetrics, lpips_unavailable_reason, video_psnr
 from taehv_train.common.preview_score import preview_decode, preview_scores
 from taehv_train.common.reference_vae import ReferenceVAE
 from taehv_train.models.taehv import TAEHV
@@ -33,6 +25,7 @@ from taehv_train.training.loop.resilience import agree
 
 logger = logging.getLogger(__name__)
 STRIP_FRAMES = 6
+FROM_REFERENCE = ("psnr_from_reference_latents", "preview_psnr_from_reference_latents")  # with a reference VAE
 
 
 class ValidationDataError(VideoDataError):
@@ -74,7 +67,10 @@ def validate(
     model.eval()
     n = min(config.num_validation_samples, len(dataset))
     mine = list(range(accelerator.process_index, n, accelerator.num_processes))
-    use_lpips, rgba = lpips_unavailable_reason() is None, model.image_channels == 4
+    measured = ReconstructionMetrics(
+        rgba=model.image_channels == 4, lpips=lpips_unavailable_reason() is None, own=("preview_psnr", "preview_ssim")
+    )
+    names = [f"val/{name}" for name in measured.names + (list(FROM_REFERENCE) if ref_vae is not None else [])]
     rows, strip, unreadable = [], None, None
     for start in range(0, len(mine), config.validation_batch_size):
         try:
@@ -93,37 +89,18 @@ def validate(
                 from_ref, _ = plan.aligned(model.decode_video(ref_latents).float(), frames)
                 preview_from_ref = preview_decode(model, ref_latents)
         previewed = preview_scores(preview, frames)
-        columns = [
-            video_mse(decoded, target),
-            video_psnr(decoded, target),
-            video_ssim(decoded, target),
-            video_sharpness(decoded, target),
-            previewed["psnr"],
-            previewed["ssim"],
-        ]
-        if rgba:  # the metrics above cover all four channels; the alpha alone too
-            columns.append(video_alpha_psnr(decoded, target))
-        if use_lpips:
-            columns.append(video_lpips(decoded, target))
+        columns = measured(decoded, target, {f"preview_{name}": value for name, value in previewed.items()})
         if ref_vae is not None:
-            columns += [video_psnr(from_ref, target), preview_scores(preview_from_ref, frames)["psnr"]]
-        rows.append(torch.stack([c.float() for c in columns], 1))
+            columns.update(
+                zip(FROM_REFERENCE, (video_psnr(from_ref, target), preview_scores(preview_from_ref, frames)["psnr"]))
+            )
+        rows.append(torch.stack([c.float() for c in columns.values()], 1))
         if strip is None and accelerator.is_main_process:
             strip = reconstruction_strip(target[0], decoded[0])
     if agree([unreadable is not None], accelerator.device)[0]:  # before the gather, which would wait forever
         if unreadable is not None:
             raise ValidationDataError(unreadable.reason, unreadable.advice)
         raise ValidationDataError("validation clips unreadable on another rank")
-    names = (
-        ["val/mse", "val/psnr", "val/ssim", "val/sharpness", "val/preview_psnr", "val/preview_ssim"]
-        + (["val/alpha_psnr"] if rgba else [])
-        + (["val/lpips"] if use_lpips else [])
-        + (
-            ["val/psnr_from_reference_latents", "val/preview_psnr_from_reference_latents"]
-            if ref_vae is not None
-            else []
-        )
-    )
     per_rank = -(-n // accelerator.num_processes)
     local = torch.full((per_rank, len(names)), float("nan"), device=accelerator.device)
     if rows:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from taehv_train.common.config import REPO_ROOT
 from taehv_train.training.loop.distributed import started_command
-from taehv_train.training.state.checkpoints import list_checkpoints
+from taehv_train.training.state.run_folders import list_checkpoints
 
 
 def launch_command() -> list[str]:

@@ -26,8 +26,8 @@ from taehv_train.common.config import (
 )
 from taehv_train.common.missing_paths import missing_paths
 from taehv_train.common.run_files import finished_info
-from taehv_train.training.state.checkpoints import checkpoint_step, read_trainer_state, resolve_resume
 from taehv_train.training.state.run_data import data_changes, data_record, validation_changed
+from taehv_train.training.state.run_folders import checkpoint_step, read_trainer_state, resolve_resume
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from accelerate import PartialState
 
 from taehv_train.base.errors import UserError
 from taehv_train.common.config import TrainConfig
-from taehv_train.training.state.checkpoints import new_run_dir
 from taehv_train.training.state.run_config import Start, start_of
+from taehv_train.training.state.run_folders import new_run_dir
 from taehv_train.training.state.run_lock import lock_run_dir
 
 
