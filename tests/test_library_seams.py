@@ -41,7 +41,7 @@ RELIES_ON = {
         "load_zero_optimizer_state",
     ),
 }
-REQUIRED = {"accelerate": ">=1.9", "deepspeed": ">=0.17.1", "torch": "==2.13.0"}  # requirements.txt
+REQUIRED = {"accelerate": "==1.15.0", "deepspeed": "==0.19.8", "torch": "==2.13.0"}  # requirements.txt
 
 
 def recheck(library: str, found: str) -> str:
