@@ -142,9 +142,10 @@ def prepare(blocks: nn.Sequential) -> CpuPaths | None:
     bare sequence at its first run): None when a nonlinearity other than ReLU, which
     every fast path folds, is among its blocks."""
     if _PATHS not in blocks.__dict__:
-        relu_only = not any(isinstance(m, nn.LeakyReLU) for m in blocks.modules())
-        training = FastPath(make_schedule(blocks, training_steps(blocks)))
-        blocks.__dict__[_PATHS] = CpuPaths(fused_schedule(blocks), training) if relu_only else None
+        paths = None
+        if not any(isinstance(m, nn.LeakyReLU) for m in blocks.modules()):
+            paths = CpuPaths(fused_schedule(blocks), FastPath(make_schedule(blocks, training_steps(blocks))))
+        blocks.__dict__[_PATHS] = paths
     return blocks.__dict__[_PATHS]
 
 
