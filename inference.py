@@ -40,7 +40,9 @@ from taehv_train.evaluation.provenance import TRAINING, RunSets
 from taehv_train.evaluation.report import write_report
 from taehv_train.models.latent_spaces import AUTO_SPACE, SPACES
 from taehv_train.models.taehv import TAEHV
-from taehv_train.models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES, reference_latents_note
+from taehv_train.models.unloaded_references import reference_latents_note
+from taehv_train.models.vae_classes import REF_VAE_CLASSES
+from taehv_train.models.vae_registry import AUTO_CLASS
 from taehv_train.models.variants import get_variant
 from taehv_train.models.weights import read_metadata
 

@@ -30,7 +30,8 @@ from taehv_train.base.errors import UserError
 from taehv_train.common.presets import BASE, preset_of
 from taehv_train.common.shard_source import is_shard_source
 from taehv_train.models.latent_spaces import AUTO_SPACE
-from taehv_train.models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES, auto_variant, resolve_ref_vae_class, tae_space
+from taehv_train.models.vae_classes import REF_VAE_CLASSES
+from taehv_train.models.vae_registry import AUTO_CLASS, auto_variant, resolve_ref_vae_class, tae_space
 from taehv_train.models.variants import VariantSpec, get_variant
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +99,7 @@ class TrainConfig:
 
     # -- reference VAE (empty path: plain autoencoder training) ------------------------
     ref_vae_path: str = ""  # diffusers model folder, e.g. a local copy of CogVideoX-2b
-    ref_vae_class: str = "auto"  # auto: from the folder's config.json; or one of models.vae_registry.REF_VAE_CLASSES
+    ref_vae_class: str = "auto"  # auto: from the folder's config.json; or one of models.vae_classes.REF_VAE_CLASSES
     ref_vae_subfolder: str = "vae"
     ref_vae_dtype: str = "bf16"  # "fp32", "bf16" or "fp16"
     ref_latent_sample: bool = True  # latent_dist.sample() (recipe); False: the mode

@@ -1,4 +1,4 @@
-"""The frozen reference VAE: any diffusers video VAE of ``models.vae_registry.REF_VAE_CLASSES``.
+"""The frozen reference VAE: any diffusers video VAE of ``models.vae_classes.REF_VAE_CLASSES``.
 
 TAEHV lives in the reference VAE's latent space, so its latents are what the TAE learns: encoder
 targets, and decoder inputs. They come out of ``encode`` (and go into ``decode``) in the TAE's
@@ -23,9 +23,9 @@ import torch
 from taehv_train.base.errors import UserError
 from taehv_train.common.config import DTYPES, TrainConfig
 from taehv_train.models.latent_spaces import AUTO_SPACE, OWN, SPACES, LatentTransform
+from taehv_train.models.vae_classes import REF_VAE_CLASSES
 from taehv_train.models.vae_registry import (
     AUTO_CLASS,
-    REF_VAE_CLASSES,
     latent_space,
     read_vae_config,
     ref_vae_problems,

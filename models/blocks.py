@@ -5,6 +5,7 @@ it takes a clip through them (``Work``)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -281,12 +282,28 @@ class WorkItem(NamedTuple):
     start: int
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a block runner takes a clip through a block sequence (``models.taehv.run_blocks``):
+    all frames at once, or ``chunk_frames`` at a time (TPool strides must divide it); the
+    frames each TGrow makes going on one at a time if ``split_grown_frames``; the first
+    ``trimmed`` output frames dropped; a progress bar over the chunks."""
+
+    chunk_frames: int | None = None
+    split_grown_frames: bool = False
+    trimmed: int = 0
+    show_progress_bar: bool = False
+
+
+ALL_AT_ONCE = RunOptions()  # all frames together, none trimmed, no progress bar
+
+
 class Work:
     """A run of a sequence of steps (blocks, or a fast path's steps) over NTCHW frames ``x``:
     a stack of work items taken in causal order (the chunks, and the frames a TGrow makes
-    when ``split_grown_frames``), each memory block's input frame before the next item
+    when ``options.split_grown_frames``), each memory block's input frame before the next item
     (``memory``, per block; None: zeros), the leading output frames still to skip
-    (``trimmed``: the decoder's trimmed frames, which the steps from ``per_frame_from`` on
+    (``options.trimmed``: the decoder's trimmed frames, which the steps from ``per_frame_from`` on
     never see) and the frames made. A runner takes an item, runs its steps up to the stop
     ``take`` gives, and puts the frames back; no side effects outside the object, so
     ``torch.compile`` takes a run whole. ``layout``: a chunk's NTCHW frames as the first
@@ -297,22 +314,20 @@ class Work:
         blocks: nn.Sequential,
         x: torch.Tensor,
         memory: Sequence[torch.Tensor | None] | None,
-        chunk_frames: int | None,
         stops: Stops,
-        split_grown_frames: bool,
-        trimmed: int,
         layout: Callable[[torch.Tensor], torch.Tensor],
-        show_progress_bar: bool,
+        options: RunOptions,
     ):
-        chunks = split_chunks(x, chunk_frames)
+        chunks, trimmed = split_chunks(x, options.chunk_frames), options.trimmed
         self.n, self.layout, self.trimmed = x.shape[0], layout, trimmed
         self.length, self.per_frame_from = stops.length, stops.per_frame_from
-        self.grown = stops.grown if split_grown_frames else ()
+        self.grown = stops.grown if options.split_grown_frames else ()
         self.stops = sorted({stops.length, *self.grown, *((stops.per_frame_from,) if trimmed else ())})
         self.memory = [None] * len(blocks) if memory is None else list(memory)
         self.items = [WorkItem(chunk, 0) for chunk in reversed(chunks)]
         self.frames = Frames(output_frames(blocks, x.shape[1]) - trimmed)
-        self.progress = tqdm(total=len(chunks), desc="chunks") if show_progress_bar and len(chunks) > 1 else None
+        show = options.show_progress_bar and len(chunks) > 1
+        self.progress = tqdm(total=len(chunks), desc="chunks") if show else None
         self.chunks_taken = 0
 
     def take(self) -> tuple[torch.Tensor, int, int] | None:

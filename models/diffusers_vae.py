@@ -31,14 +31,9 @@ from diffusers.utils import BaseOutput
 
 from .latent_spaces import NORMALISED_SCALED, OWN, SCALED, SPACES, LatentTransform, transform_for
 from .taehv import TAEHV
-from .vae_registry import (
-    REF_VAE_CLASSES,
-    class_defaults,
-    published_transform,
-    ref_vae_class_of,
-    reference_transform,
-    video_model,
-)
+from .unloaded_references import published_transform
+from .vae_classes import REF_VAE_CLASSES
+from .vae_registry import class_defaults, ref_vae_class_of, reference_transform, video_model
 
 logger = logging.getLogger(__name__)
 

@@ -38,7 +38,8 @@ from taehv_train.base.atomic import atomic_write
 from .diffusers_vae import TAEVideoVAE, pipeline_config
 from .latent_spaces import LatentTransform
 from .taehv import TAEHV
-from .vae_registry import REF_VAE_CLASSES, ref_vae_class_of, reference_transform
+from .vae_classes import REF_VAE_CLASSES
+from .vae_registry import ref_vae_class_of, reference_transform
 
 logger = logging.getLogger(__name__)
 

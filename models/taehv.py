@@ -27,11 +27,12 @@ Published name -> here:
     main() -> inference.py
 
 One block runner (``run_blocks``) serves every call: all frames of a chunk pass each block
-together, and memory blocks carry their last input to the next chunk. It chooses its path
-once per call: on GPUs, under ``torch.compile`` and in dtypes other than fp32 it runs the
-blocks' ``forward``s; on CPU a fast path of ``models.fast_paths`` (fused fp32 inference,
-the CPU training schedule; ReLU networks only) takes the whole run, without calling the
-memory blocks' and folded convolutions' ``forward``.
+together, and memory blocks carry their last input to the next chunk. Each block sequence's
+CPU fast paths (fused fp32 inference, the CPU training schedule; ReLU networks only) are
+made once when the model is built (``models.fast_paths.prepare``); each call chooses its
+path from its input: on GPUs, under ``torch.compile`` and in dtypes other than fp32 it
+runs the blocks' ``forward``s; on CPU a fast path takes the whole run, without calling
+the memory blocks' and folded convolutions' ``forward``.
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ from tqdm.auto import tqdm
 
 from . import fast_paths
 from .blocks import (
+    ALL_AT_ONCE,
     MEMORY_BLOCKS,
     Frames,
+    RunOptions,
     TGrow,
     Work,
     build_decoder,
@@ -65,6 +68,7 @@ from .blocks import (
     output_frames,
     split_chunks,
 )
+from .fast_ops import OneDNN
 from .frames import (
     H3_CHUNK_FRAMES,
     H3_DROPPED_LATENTS,
@@ -99,25 +103,22 @@ def run_blocks(
     blocks: nn.Sequential,
     x: torch.Tensor,
     memory: Sequence[torch.Tensor | None] | None = None,
-    chunk_frames: int | None = None,
-    split_grown_frames: bool = False,
-    trimmed: int = 0,
-    show_progress_bar: bool = False,
-    onednn: fast_paths.OneDNN | None = None,
+    options: RunOptions = ALL_AT_ONCE,
+    onednn: OneDNN | None = None,
 ) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
-    """Apply ``blocks`` to NTCHW frames: all at once, or ``chunk_frames`` at a time (TPool
-    strides must divide it; memory flat in T), the frames each TGrow makes going on one at
-    a time if ``split_grown_frames``. Returns the NTCHW output frames without the first
-    ``trimmed`` (which the blocks after the last temporal one never see; None if that is
-    all of them) and ``memory`` after them (per block, the memory block's last input frame;
-    None: zeros, as at the start). The path is chosen once: a CPU fast path of
-    ``models.fast_paths`` takes the whole run (``onednn``: its fused state when that
-    outlives the run), else each block's ``forward``."""
-    fast = fast_paths.choose(blocks, x, onednn, keep_weights=chunk_frames is not None or split_grown_frames)
+    """Apply ``blocks`` to NTCHW frames as ``options`` say (all at once, or in chunks with
+    memory flat in T; ``models.blocks.RunOptions``). Returns the NTCHW output frames without
+    the first ``options.trimmed`` (which the blocks after the last temporal one never see;
+    None if that is all of them) and ``memory`` after them (per block, the memory block's
+    last input frame; None: zeros, as at the start). The path is chosen once per run: a CPU
+    fast path of ``models.fast_paths`` takes the whole run (``onednn``: its fused state when
+    that outlives the run), else each block's ``forward``."""
+    keep_weights = options.chunk_frames is not None or options.split_grown_frames
+    fast = fast_paths.choose(blocks, x, onednn, keep_weights)
     if fast is not None:
-        return fast.run(blocks, x, memory, chunk_frames, split_grown_frames, trimmed, show_progress_bar)
+        return fast.run(blocks, x, memory, options)
     n, stops = x.shape[0], find_stops(blocks, [isinstance(block, MEMORY_BLOCKS) for block in blocks])
-    work = Work(blocks, x, memory, chunk_frames, stops, split_grown_frames, trimmed, flatten_frames, show_progress_bar)
+    work = Work(blocks, x, memory, stops, flatten_frames, options)
     while (item := work.take()) is not None:
         x, start, stop = item
         for i in range(start, stop):
@@ -149,13 +150,13 @@ class BlockStream:
     ):
         self.blocks, self.run, self.split_grown_frames, self.trimmed = blocks, run, split_grown_frames, trimmed
         self.memory = [None] * len(blocks) if memory is None else list(memory)
-        self.onednn = fast_paths.OneDNN(keep=True)
+        self.onednn = OneDNN(keep=True)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
         """The chunk's NTCHW output frames (None while all of them are skipped)."""
         trimmed = min(self.trimmed, output_frames(self.blocks, x.shape[1]))
-        split = self.split_grown_frames
-        y, self.memory = self.run(self.blocks, x, self.memory, None, split, trimmed, False, self.onednn)
+        options = RunOptions(split_grown_frames=self.split_grown_frames, trimmed=trimmed)
+        y, self.memory = self.run(self.blocks, x, self.memory, options, self.onednn)
         self.trimmed -= trimmed
         return y
 
@@ -165,18 +166,15 @@ def run_per_chunk(
     blocks: nn.Sequential,
     x: torch.Tensor,
     memory: Sequence[torch.Tensor | None] | None = None,
-    chunk_frames: int | None = None,
-    split_grown_frames: bool = False,
-    trimmed: int = 0,
-    show_progress_bar: bool = False,
-    onednn: fast_paths.OneDNN | None = None,
+    options: RunOptions = ALL_AT_ONCE,
+    onednn: OneDNN | None = None,
 ) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
     """``run_blocks`` with ``run_chunk`` (``run_blocks``'s signature) called on one chunk
     at a time: a compiled ``run_blocks`` makes one graph per chunk shape, not per clip."""
-    stream = BlockStream(blocks, run_chunk, split_grown_frames, trimmed, memory)
-    chunks = split_chunks(x, chunk_frames)
-    frames = Frames(output_frames(blocks, x.shape[1]) - trimmed)
-    for chunk in tqdm(chunks, desc="chunks", disable=not show_progress_bar or len(chunks) == 1):
+    stream = BlockStream(blocks, run_chunk, options.split_grown_frames, options.trimmed, memory)
+    chunks = split_chunks(x, options.chunk_frames)
+    frames = Frames(output_frames(blocks, x.shape[1]) - options.trimmed)
+    for chunk in tqdm(chunks, desc="chunks", disable=not options.show_progress_bar or len(chunks) == 1):
         frames.append(stream(chunk))
     return frames.out, stream.memory
 
@@ -289,6 +287,8 @@ class TAEHV(nn.Module):
         self.t_downscale = math.prod(encoder_strides)
         self.t_upscale = math.prod(decoder_strides)
         self.frames_to_trim = self.t_upscale - 1 if self.causal else 0
+        fast_paths.prepare(self.encoder)
+        fast_paths.prepare(self.decoder)
         self.run_blocks: Callable = run_blocks  # torch.compile'd by ``compile()``
         if checkpoint_path is not None:
             load_weights(self, checkpoint_path)
@@ -307,19 +307,19 @@ class TAEHV(nn.Module):
         compiled = torch.compile(run_blocks, fullgraph=True, **{"dynamic": False, **kwargs})
         seen: set[tuple] = set()
 
-        def run_chunk(blocks: nn.Sequential, x: torch.Tensor, memory, chunk_frames, split_grown_frames, trimmed, *_):
+        def run_chunk(blocks: nn.Sequential, x: torch.Tensor, memory, options: RunOptions, *_):
             # every model, block sequence, shape and grad mode is a cache entry of run_blocks's code
             key = (id(blocks), tuple(x.shape), x.dtype, torch.is_grad_enabled())
             started = time.perf_counter()
             try:
                 with torch._dynamo.config.patch(recompile_limit=COMPILE_CACHE_LIMIT):
-                    y, memory = compiled(blocks, x, memory, None, split_grown_frames, trimmed)
+                    y, memory = compiled(blocks, x, memory, options)
             except torch._dynamo.exc.TorchDynamoException as err:
                 cause = getattr(err, "inner_exception", None) or err  # a backend's own error, else dynamo's
                 reason = (str(cause).strip().splitlines() or [""])[0]
                 logger.warning("torch.compile failed (%s: %s): running eager from now on", type(cause).__name__, reason)
                 self.run_blocks = run_blocks
-                return run_blocks(blocks, x, memory, None, split_grown_frames, trimmed)
+                return run_blocks(blocks, x, memory, options)
             if key not in seen:
                 seen.add(key)
                 logger.info(
@@ -412,8 +412,7 @@ class TAEHV(nn.Module):
             x = torch.cat([x, x[:, -1:].expand(-1, pad, -1, -1, -1)], 1)
         if self.h3_chunks:
             return self.encode_h3_chunks(x, parallel, show_progress_bar)
-        chunk_frames = None if parallel else self.t_downscale
-        latents, _ = self.run_blocks(self.encoder, x, None, chunk_frames, not parallel, 0, show_progress_bar)
+        latents, _ = self.run_blocks(self.encoder, x, None, self._encoding(parallel, show_progress_bar))
         return latents.contiguous()
 
     def encode_h3_chunks(self, x: torch.Tensor, parallel: bool, show_progress_bar: bool) -> torch.Tensor:
@@ -421,14 +420,15 @@ class TAEHV(nn.Module):
         frames, is encoded on its own (no memory across chunks); the last 3 latents of
         the clip are dropped (``models.frames.plan_frames``)."""
         lead = x.new_zeros(x.shape[0], H3_LEFT_PAD, *x.shape[2:])
-        chunk_frames = None if parallel else self.t_downscale
-        latents = []
+        options, latents = self._encoding(parallel, show_progress_bar), []
         for chunk in x.split(H3_CHUNK_FRAMES, dim=1):  # a loop, not a comprehension: one frame less to each conv
-            z, _ = self.run_blocks(
-                self.encoder, torch.cat([lead, chunk], 1), None, chunk_frames, not parallel, 0, show_progress_bar
-            )
+            z, _ = self.run_blocks(self.encoder, torch.cat([lead, chunk], 1), None, options)
             latents.append(z)
         return torch.cat(latents, 1)[:, :-H3_DROPPED_LATENTS].contiguous()
+
+    def _encoding(self, parallel: bool, show_progress_bar: bool) -> RunOptions:
+        """The encoder's run: all frames at once, or ``t_downscale`` frames at a time."""
+        return RunOptions(None if parallel else self.t_downscale, not parallel, 0, show_progress_bar)
 
     def decode_video(
         self, z: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False, clamp: bool = True
@@ -439,8 +439,8 @@ class TAEHV(nn.Module):
         if z.ndim != 5 or z.shape[2] != self.latent_channels:
             raise ValueError(f"expected NTCHW latents with {self.latent_channels} channels, got shape {tuple(z.shape)}")
         trimmed = 0 if self.h3_chunks else self._frames_to_trim(z.shape[1])  # never computed in full
-        chunk_frames = None if parallel else self.latents_per_chunk(z)
-        x, _ = self.run_blocks(self.decoder, z, None, chunk_frames, not parallel, trimmed, show_progress_bar)
+        options = RunOptions(None if parallel else self.latents_per_chunk(z), not parallel, trimmed, show_progress_bar)
+        x, _ = self.run_blocks(self.decoder, z, None, options)
         if self.h3_chunks:  # the first t_upscale - 1 frames of every chunk's frames go
             x = x[:, h3_kept_frames(z.shape[1], self.t_downscale, self.t_upscale)]
         return self.postprocess_output_frames(x, clamp, in_place=True)

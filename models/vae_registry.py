@@ -1,15 +1,14 @@
-"""The registry of reference VAE classes a TAE lives next to: every diffusers video VAE
-class, its TAEs, and what its ``config.json`` says about its latent space (loading and
-running one is ``common.reference_vae``).
+"""The registry of reference VAE classes a TAE lives next to: what a diffusers video VAE's
+``config.json`` says about its latent space, checked against the table of classes and their
+TAEs (``models.vae_classes.REF_VAE_CLASSES``; loading and running one is
+``common.reference_vae``).
 
-``REF_VAE_CLASSES`` is the one table of which TAE variant belongs to which reference VAE:
-``variant="auto"``, the diffusers wrapper's config lookup and the exported model card all
-read it. Everything else here is read from the model folder's ``config.json`` alone (no
-weights are loaded, and the file is read once per process), so a config check can judge a
-reference VAE before anything starts: its diffusers class, latent channels, spatial and
-temporal compression (hence the frame rule), and which TAE variants fit its latent space.
-For a published TAE whose reference VAE diffusers cannot load (taeos1_3), what no config
-says is kept here (``UNLOADED_REFERENCES``: its statistics and its time axis).
+Everything here is read from the model folder's ``config.json`` alone (no weights are
+loaded, and the file is read once per process), so a config check can judge a reference
+VAE before anything starts: its diffusers class, latent channels, spatial and temporal
+compression (hence the frame rule), and which TAE variants fit its latent space. For a
+published TAE whose reference VAE diffusers cannot load (taeos1_3), what no config says is
+``models.unloaded_references``.
 
 Which latents a TAE works on (raw, scaled, normalised) is its latent space
 (``models.latent_spaces``): ``tae_space`` reads it from the published table, else from the
@@ -21,149 +20,24 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .downloads import fetch_hint
-from .frames import H3_CHUNK_FRAMES, opensora13_agrees, opensora13_latent_frames, plan_frames
+from .frames import H3_CHUNK_FRAMES
 from .latent_spaces import (
     AUTO_SPACE,
-    NORMALISED,
-    NORMALISED_SCALED,
     OWN,
     RAW,
-    SCALED,
     SPACES,
     LatentTransform,
     published_space,
     transform_for,
 )
+from .unloaded_references import UNLOADED_REFERENCES, published_transform
+from .vae_classes import REF_VAE_CLASSES, FrameRule
 from .variants import SUPER_SUFFIX, VariantSpec, built_family, built_name, get_variant, known_variants
 from .weights import FORMAT_NAME
-
-
-@dataclass(frozen=True)
-class FrameRule:
-    """Which clip lengths a reference VAE encodes and decodes faithfully, where that is not
-    the TAE's own exact counts (``t_downscale * k + 1``)."""
-
-    takes: Callable[[int], bool]
-    says: str
-
-
-@dataclass(frozen=True)
-class RefVAEClass:
-    diffusers_class: str
-    variants: dict[str, str]  # its TAEs -> the video model each belongs to; variant="auto" takes the first that fits
-    pixels: str = "signed"  # "signed": [-1, 1]; "imagenet": ImageNet-normalised [0, 1] (MiniMax H3)
-    one_clip_at_a_time: bool = False  # diffusers 0.42's HunyuanVideo 1.5 attention mask breaks on batches > 1
-    family: str | None = (
-        None  # the TAE this package builds for it (models.variants.BUILT_FAMILIES), if none is published
-    )
-    latents: str = "sample"  # "mode": the posterior's mean (KVAE's has unit variance; Cosmos's none)
-    frames_in_front: bool = False  # VidTok: t_downscale - 1 copies of the first frame before encoding (its forward's)
-    image_encoder: bool = False  # SVD: a 2-D encoder over frames, decode(z, num_frames)
-    time_tiles: tuple[int, int] | None = None  # Allegro: only tiled, (frames, stride); decode gives NTCHW
-    frame_rule: FrameRule | None = None  # None: the TAE's exact counts
-    refused: str | None = None  # why training with it is not possible yet
-    fp32_on_cpu: bool = False  # Cosmos: its bf16/fp16 average pooling is missing on CPU
-    # the space its pipeline hands the transformer (docs/reference_vaes.md, "Which latents go in");
-    # raw where diffusers has no pipeline for it
-    pipeline_space: str = SCALED
-    sampler_scale: float | None = (
-        None  # Cosmos: the pipeline scales by its EDM scheduler's sigma_data, not scaling_factor
-    )
-
-
-# ref_vae_class (the config key's values) -> the diffusers class that loads it and its TAEs
-REF_VAE_CLASSES = {
-    "cogvideox": RefVAEClass("AutoencoderKLCogVideoX", {"taecvx": "CogVideoX"}),
-    "hunyuan": RefVAEClass("AutoencoderKLHunyuanVideo", {"taehv": "HunyuanVideo"}),
-    "hunyuan15": RefVAEClass(
-        "AutoencoderKLHunyuanVideo15",
-        {"taehv1_5": "HunyuanVideo 1.5", "lighttaehy1_5": "HunyuanVideo 1.5"},
-        one_clip_at_a_time=True,
-    ),
-    "wan": RefVAEClass(
-        "AutoencoderKLWan",
-        {"taew2_1": "Wan 2.1", "taew2_2": "Wan 2.2", "lighttaew2_1": "Wan 2.1", "lighttaew2_2": "Wan 2.2"},
-        pipeline_space=NORMALISED,
-    ),
-    "ltx": RefVAEClass("AutoencoderKLLTXVideo", {"taeltx_2": "LTX-2"}, pipeline_space=NORMALISED_SCALED),
-    "ltx2": RefVAEClass(
-        "AutoencoderKLLTX2Video",
-        {"taeltx2_3": "LTX-2.3 and LTX-2.5", "taeltx_2": "LTX-2", "taeltx2_3_wide": "LTX-2.3 and LTX-2.5"},
-        pipeline_space=NORMALISED_SCALED,
-    ),
-    "h3": RefVAEClass("AutoencoderKLMiniMaxH3", {"taeh3": "MiniMax H3"}, pixels="imagenet", pipeline_space=NORMALISED),
-    # no published TAE: the package builds one (models.variants.BUILT_FAMILIES)
-    "allegro": RefVAEClass(
-        "AutoencoderKLAllegro",
-        {"tae_allegro": "Allegro"},
-        family="tae_allegro",
-        one_clip_at_a_time=True,
-        time_tiles=(24, 16),
-        frame_rule=FrameRule(
-            lambda t: t >= 24 and (t - 24) % 16 == 0,
-            "encodes clips of 24 + 16m frames (24, 40, 56, ...: its tiles of 24 frames, 8 shared)",
-        ),
-    ),
-    "cosmos": RefVAEClass(
-        "AutoencoderKLCosmos",
-        {"tae_cosmos": "Cosmos 1.0"},
-        family="tae_cosmos",
-        latents="mode",
-        fp32_on_cpu=True,
-        pipeline_space=NORMALISED_SCALED,
-        sampler_scale=0.5,  # EDMEulerScheduler's sigma_data, as Cosmos 1.0's pipelines are released
-    ),
-    "kvae": RefVAEClass(
-        "AutoencoderKLKVAEVideo",
-        {"tae_kvae": "KVAE"},
-        family="tae_kvae",
-        latents="mode",
-        frame_rule=FrameRule(
-            lambda t: (t - 1) % 4 == 0 and not (t > 17 and t % 16 == 5),
-            "encodes 4k+1 frames, but not 21, 37, 53, ... (its 16-frame segments "
-            "would end in one latent, which decodes to one frame)",
-        ),
-        pipeline_space=RAW,
-    ),
-    "easyanimate": RefVAEClass("AutoencoderKLMagvit", {"tae_easyanimate": "EasyAnimate"}, family="tae_easyanimate"),
-    "vidtok": RefVAEClass(
-        "AutoencoderVidTok",
-        {"tae_vidtok": "VidTok"},
-        family="tae_vidtok",
-        latents="mode",
-        frames_in_front=True,
-        pipeline_space=RAW,
-    ),
-    "mochi": RefVAEClass(
-        "AutoencoderKLMochi", {"tae_mochi": "Mochi 1"}, family="tae_mochi", pipeline_space=NORMALISED_SCALED
-    ),
-    "qwenimage21": RefVAEClass(
-        "AutoencoderKLQwenImage21",
-        {"tae_qwenimage2_1": "Qwen-Image 2.1"},
-        family="tae_qwenimage2_1",
-        latents="mode",
-        frame_rule=FrameRule(lambda t: t == 1, "encodes single RGBA images (T = 1)"),
-        pipeline_space=NORMALISED,
-    ),
-    "svd": RefVAEClass(
-        "AutoencoderKLTemporalDecoder",
-        {"tae_svd": "Stable Video Diffusion"},
-        family="tae_svd",
-        latents="mode",
-        image_encoder=True,
-    ),
-    "hunyuanimage_refiner": RefVAEClass(
-        "AutoencoderKLHunyuanImageRefiner",
-        {"tae_hunyuanimage_refiner": "HunyuanImage 2.1's refiner"},
-        family="tae_hunyuanimage_refiner",
-    ),
-}
-
 
 AUTO_CLASS = "auto"  # ref_vae_class read from the folder's config.json (its _class_name)
 
@@ -521,72 +395,6 @@ def file_space(
         return row.space, published_transform(variant)
     ref_vae_class = ref_vae_class_of(variant)
     return (REF_VAE_CLASSES[ref_vae_class].pipeline_space if ref_vae_class else None), None
-
-
-# Open-Sora 1.3's latent statistics, per channel: hpcaitech/Open-Sora (tag v1.3)
-# opensora/models/vae_v1_3/constants.py, VAE_STAT_DICT["video"] (lines 176-213). Its VAE's
-# normalize_z (vae.py, lines 118-125) hands its DiT (z - mean) / std with them, as the 1.3
-# inference and training configs set normalization="video" (configs/opensora-v1-3/inference/t2v.py,
-# line 32). Diffusers has no class for that VAE, so no config holds them: they are kept here.
-OPENSORA13_MEAN = (
-    -0.19016949832439423, -0.04480062797665596, 0.020789705216884613, 0.01865335740149021,
-    -0.011585569009184837, 0.0010865575168281794, 0.08378933370113373, 0.08902134001255035,
-    0.00940945465117693, 0.08086848258972168, -0.07251627743244171, 0.05052144080400467,
-    -0.0209724809974432, -0.1223079189658165, -0.003862356534227729, -0.023072388023138046,
-)  # fmt: skip
-OPENSORA13_STD = (
-    0.9490776062011719, 0.9594117999076843, 0.9444302916526794, 0.9103284478187561,
-    0.959351658821106, 0.8430351614952087, 0.8888124823570251, 0.9291136860847473,
-    0.972594141960144, 0.8917953968048096, 0.8630853891372681, 0.8279891610145569,
-    0.9114300012588501, 0.7922844886779785, 0.8991407155990601, 0.9473513960838318,
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class UnloadedReference:
-    """A published TAE's reference VAE that diffusers has no class for: what no config says."""
-
-    video_model: str
-    transform: LatentTransform  # the map into the TAE's space, with the VAE's statistics
-    latent_frames: Callable[[int], int]  # how many latents its pipeline has for a clip of T frames
-    agrees: Callable[[int], bool]  # whether the TAE's latents of a clip of T frames line up with them
-    time_axis: str  # how its VAE lays out time, for messages
-
-
-# published TAEs whose reference VAE diffusers cannot load (a diffusers class's statistics are
-# its defaults, ``class_defaults``)
-UNLOADED_REFERENCES = {
-    "taeos1_3": UnloadedReference(
-        "Open-Sora 1.3",
-        LatentTransform(NORMALISED, 1.0, OPENSORA13_MEAN, OPENSORA13_STD),
-        opensora13_latent_frames,
-        opensora13_agrees,
-        "its VAE encodes 17-frame chunks sharing a frame, 5 latents each",
-    ),
-}
-
-
-def published_transform(variant: str) -> LatentTransform | None:
-    """The map into the space of a published TAE (a super decoder: its base's) whose
-    reference VAE diffusers cannot load, None for every other."""
-    found = UNLOADED_REFERENCES.get(variant.removesuffix(SUPER_SUFFIX))
-    return found.transform if found else None
-
-
-def reference_latents_note(variant: str, n_frames: int) -> str | None:
-    """What scores of ``variant`` on clips of ``n_frames`` frames do not show, where its
-    reference VAE (one diffusers cannot load) lays out such a clip's latents otherwise than
-    the TAE (``models.frames.plan_frames``): the TAE's own roundtrip is scored, not its
-    decode of the video model's latents. None where the two line up."""
-    reference = UNLOADED_REFERENCES.get(variant.removesuffix(SUPER_SUFFIX))
-    if reference is None or reference.agrees(n_frames):
-        return None
-    theirs, ours = reference.latent_frames(n_frames), plan_frames(n_frames).latent_frames
-    return (
-        f"{reference.video_model}'s pipeline has {theirs} latents for {n_frames} frames ({reference.time_axis}), "
-        f"{variant} encodes them to {ours} as one sequence: these scores are of {variant}'s own latents, not of its "
-        f"decode of {reference.video_model}'s (docs/evaluation.md, frame rules)"
-    )
 
 
 def class_defaults(ref_vae_class: str) -> dict:

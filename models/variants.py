@@ -121,7 +121,7 @@ class BuiltFamily:
 
 
 # The TAEs this package builds for diffusers video VAEs that have none published
-# (docs/reference_vaes.md); models.vae_registry says which class each belongs to.
+# (docs/reference_vaes.md); models.vae_classes says which class each belongs to.
 BUILT_FAMILIES = {
     "tae_allegro": BuiltFamily(4, 8, 4, causal=False),
     "tae_cosmos": BuiltFamily(16, 8, 8),

@@ -253,7 +253,7 @@ def save_tiny_vae(root: Path, name: str, **overrides) -> Path:
     import diffusers
     import torch
 
-    from taehv_train.models.vae_registry import REF_VAE_CLASSES
+    from taehv_train.models.vae_classes import REF_VAE_CLASSES
 
     torch.manual_seed(0)
     ref_vae = REF_VAE_CLASSES["wan" if name == "wan22" else name]

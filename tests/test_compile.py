@@ -24,6 +24,7 @@ from conftest import valid_config
 from taehv_train import inference
 from taehv_train.base.errors import UserError
 from taehv_train.common.config import TrainConfig
+from taehv_train.models.blocks import RunOptions
 from taehv_train.models.diffusers_vae import TAEVideoVAE
 from taehv_train.models.taehv import TAEHV, run_blocks
 from taehv_train.models.variants import known_variants
@@ -107,7 +108,8 @@ def test_no_graph_breaks_in_the_blocks(variant):
     frames = torch.rand(1, model.t_downscale, 3 * p * p, 16, 16)  # after pixel_unshuffle: (16p)x(16p) pixels
     latents = torch.randn(1, 1, model.latent_channels, 2, 2)
     for blocks, x, drop in ((model.encoder, frames, 0), (model.decoder, latents, model.frames_to_trim)):
-        explained = torch._dynamo.explain(run_blocks)(blocks, x, [None] * len(blocks), None, True, drop)
+        options = RunOptions(split_grown_frames=True, trimmed=drop)
+        explained = torch._dynamo.explain(run_blocks)(blocks, x, [None] * len(blocks), options)
         torch._dynamo.reset()
         assert explained.graph_break_count == 0, explained.break_reasons
         assert explained.graph_count == 1

@@ -41,7 +41,7 @@ from conftest import save_tiny_vae
 from taehv_train.models.diffusers_vae import TAEVideoVAE
 from taehv_train.models.latent_spaces import LatentTransform
 from taehv_train.models.taehv import TAEHV
-from taehv_train.models.vae_registry import published_transform
+from taehv_train.models.unloaded_references import published_transform
 from taehv_train.models.weights import save_weights
 
 # float32 rounding of the pipelines' own arithmetic (x / (1 / std) against x * std, ...), amplified by

@@ -7,7 +7,7 @@ import torch
 
 from taehv_train.models.frames import exact_frame_counts, opensora13_agrees, opensora13_latent_frames, plan_frames
 from taehv_train.models.taehv import TAEHV
-from taehv_train.models.vae_registry import reference_latents_note
+from taehv_train.models.unloaded_references import reference_latents_note
 
 
 def expected_counts(t: int, cogvideox: bool) -> tuple[int, int]:

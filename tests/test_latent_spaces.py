@@ -31,14 +31,9 @@ from taehv_train.models.latent_spaces import (
     published_space,
 )
 from taehv_train.models.taehv import TAEHV
-from taehv_train.models.vae_registry import (
-    REF_VAE_CLASSES,
-    class_defaults,
-    file_space,
-    published_transform,
-    spaces_of,
-    tae_space,
-)
+from taehv_train.models.unloaded_references import published_transform
+from taehv_train.models.vae_classes import REF_VAE_CLASSES
+from taehv_train.models.vae_registry import class_defaults, file_space, spaces_of, tae_space
 from taehv_train.models.variants import BASE_VARIANTS, LIGHT_VARIANTS, OTHER_VARIANTS, SUPER_SUFFIX
 from taehv_train.models.weights import save_weights
 from taehv_train.training import which_latents

@@ -24,8 +24,8 @@ from taehv_train.common.config import TrainConfig, load_config
 from taehv_train.common.reference_vae import ReferenceVAE, weight_problems
 from taehv_train.models.latent_spaces import guess_space
 from taehv_train.models.taehv import TAEHV
+from taehv_train.models.vae_classes import REF_VAE_CLASSES
 from taehv_train.models.vae_registry import (
-    REF_VAE_CLASSES,
     LatentSpace,
     auto_variant,
     class_defaults,

@@ -11,11 +11,12 @@ import textwrap
 import pytest
 import torch
 
-import taehv_train.models.fast_paths as fast_paths
 import taehv_train.models.taehv as taehv_module
 from conftest import REPO_ROOT
+from taehv_train.models import fast_ops, fast_paths
 from taehv_train.models.blocks import MemBlock, SuperMemBlock, WideMemBlock
-from taehv_train.models.fast_paths import Kind, forward_stacked, fused_schedule, with_past
+from taehv_train.models.fast_ops import forward_stacked, with_past
+from taehv_train.models.fast_paths import Kind, fused_schedule
 from taehv_train.models.taehv import TAEHV
 from taehv_train.models.variants import built_name, detect_variant, get_variant, known_variants, split_time
 from taehv_train.models.weights import (
@@ -387,7 +388,7 @@ def test_encoder_stem_in_bands_of_one_row_gives_the_same_latents(variant, monkey
     assert fused_schedule(model.encoder).steps[0].kind is Kind.STEM
     x = torch.rand(1, 9, 3, 16 * model.patch_size, 24 * model.patch_size)
     whole = model.encode_video(x)
-    monkeypatch.setattr(fast_paths, "BAND_BYTES", 1)
+    monkeypatch.setattr(fast_ops, "BAND_BYTES", 1)
     torch.testing.assert_close(model.encode_video(x), whole, atol=1e-5, rtol=1e-5)
 
 
@@ -452,9 +453,9 @@ def test_trimmed_frames_are_never_decoded_in_full(parallel, grad, monkeypatch):
     z = torch.randn(1, 3, 16, 2, 2)
     last = model.decoder[-1]
     seen = []
-    conv2d_act = fast_paths.conv2d_act
+    conv2d_act = fast_ops.conv2d_act
     monkeypatch.setattr(
-        fast_paths,
+        fast_ops,
         "conv2d_act",
         lambda x, w, b, conv, *a, **k: (
             seen.append(x.shape[0]) if conv is last else None,
@@ -492,9 +493,9 @@ def test_a_sequential_run_derives_each_weight_once(monkeypatch):
     torch.manual_seed(0)
     model = TAEHV(variant="taehv").eval()
     made = []
-    weight = fast_paths.OneDNN.weight
+    weight = fast_ops.OneDNN.weight
     monkeypatch.setattr(
-        fast_paths.OneDNN,
+        fast_ops.OneDNN,
         "weight",
         lambda self, owner, name, make: weight(self, owner, name, lambda: (made.append((id(owner), name)), make())[1]),
     )

@@ -18,7 +18,8 @@ from taehv_train.common import reference_vae
 from taehv_train.common.config import TrainConfig, invalid_config, spec_of, type_problems
 from taehv_train.common.config_ranges import range_problems
 from taehv_train.common.missing_paths import missing_paths
-from taehv_train.models.vae_registry import AUTO_CLASS, REF_VAE_CLASSES
+from taehv_train.models.vae_classes import REF_VAE_CLASSES
+from taehv_train.models.vae_registry import AUTO_CLASS
 from taehv_train.training.data import latent_cache, loading
 from taehv_train.training.loop import adversarial, best_model, losses, optimisation, resilience, trackers
 from taehv_train.training.loop.feed import feed_notes

@@ -20,7 +20,8 @@ import torch
 from taehv_train.base.errors import UserError
 from taehv_train.base.flags import ArgumentParser
 from taehv_train.models.latent_spaces import guess_space
-from taehv_train.models.vae_registry import REF_VAE_CLASSES, class_defaults, latent_space, read_vae_config, spaces_of
+from taehv_train.models.vae_classes import REF_VAE_CLASSES
+from taehv_train.models.vae_registry import class_defaults, latent_space, read_vae_config, spaces_of
 from taehv_train.models.weights import all_finite, read_tensors
 
 logger = logging.getLogger(__name__)
