@@ -1,9 +1,4 @@
-"""The layer under training and evaluation: what both use, and neither owns.
-
-The training config and its files (``config``; its keys' ranges ``config_ranges``, paths
-that name nothing ``missing_paths``, the presets ``presets``), the clip dataset (``clips``, with its clip
-table ``clip_table`` and the epoch its draws follow ``epoch_dataset``), reading and writing
-video files (``video``), the frozen reference VAE (``reference_vae``), the reconstruction
-metrics (``metrics``) and reading what a training run left on disk (``run_files``). It
-imports ``base`` and ``models``, nothing from ``training`` or ``evaluation``.
-"""
+"""The layer under training and evaluation: what both use, and neither owns (the config, the
+clip dataset, video files, the reference VAE, the metrics, a run's files on disk). It
+imports ``base`` and ``models``, nothing from ``training`` or ``evaluation``. Module by
+module: docs/modules.md."""
