@@ -39,7 +39,7 @@ test: $(STAMP) browser lint
 	$(PY) -m pytest -q
 
 # The inner loop: pure-Python and single-process tests, one pytest-xdist worker per core
-# (a test file stays on one worker, so its module set-up is built once), 1.5 to 2 minutes
+# (a test file stays on one worker, so its module set-up is built once), 1.5 to 2.5 minutes
 # on 2 cores. Tests that start training processes, benchmarks or a browser are marked slow;
 # `make test` runs everything in one process, as CI does.
 test-fast: $(STAMP)
