@@ -11,8 +11,8 @@ import pytest
 from conftest import REPO_ROOT
 from taehv_train.common.presets import BASE, CONFIGS_DIR, preset_file, preset_names, preset_of
 from taehv_train.training import launch_check
-from taehv_train.training.launch_args import DEBUG, LaunchRefused, parse
-from taehv_train.training.launch_script import accelerate_config, processes_per_node
+from taehv_train.training.launch_args import DEBUG, LaunchArgs, LaunchRefused, parse
+from taehv_train.training.launch_script import Terminal, accelerate_config, launch_command, processes_per_node
 
 TEST_PRESET = "training/configs/taehv_config_test.py"
 
@@ -92,6 +92,22 @@ def test_the_accelerate_config_and_the_processes_of_a_node(monkeypatch):
     assert processes_per_node(16) == 8
     monkeypatch.setenv("NNODES", "3")
     assert processes_per_node(16) == 16  # refused later, by the node check
+
+
+def test_one_node_meets_on_a_free_port_and_several_nodes_on_the_agreed_one(monkeypatch):
+    """Two jobs on one machine must not both ask for 29500; nodes must all use one port."""
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "node1")
+
+    def port(gpus: int, nodes: int) -> int:
+        command = launch_command(Terminal(), "python", LaunchArgs(2, "test", TEST_PRESET), gpus, nodes, 0)
+        return int(command[command.index("--main_process_port") + 1])
+
+    cpu, one_node = port(0, 1), port(8, 1)
+    assert 29500 not in (cpu, one_node)  # a port the kernel found free, not the fixed default
+    assert port(8, 2) == 29500
+    monkeypatch.setenv("MASTER_PORT", "29611")
+    assert port(0, 1) == port(8, 1) == port(8, 2) == 29611
 
 
 def test_training_logs_the_launch_checks_notes_and_checks_for_itself_otherwise(monkeypatch):

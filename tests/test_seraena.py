@@ -3,7 +3,6 @@ data, exact resume through safetensors, and identical discriminators across gloo
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from taehv_train.base.ports import free_port
 from taehv_train.models.seraena import Seraena
 
 
@@ -160,12 +160,6 @@ def test_load_training_state_is_strict():
         seraena.load_training_state(state)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _rank_worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -181,7 +175,7 @@ def _rank_worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.slow
 def test_two_gloo_ranks_keep_identical_discriminators(tmp_path: Path):
-    context = mp.spawn(_rank_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=False)
+    context = mp.spawn(_rank_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=False)
     deadline = time.monotonic() + 120
     while not context.join(timeout=1):
         if time.monotonic() > deadline:

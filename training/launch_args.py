@@ -79,7 +79,8 @@ Options:
   --key=value                any training config override, e.g. --learning_rate=3e-4
 
 Multi-node (run the same command on every node):
-  MASTER_ADDR, MASTER_PORT (default 29500), NNODES, NODE_RANK (RANK is accepted too)
+  MASTER_ADDR, MASTER_PORT (default: a free port on one node, 29500 across nodes), NNODES,
+  NODE_RANK (RANK is accepted too)
 
 Without CUDA GPUs, NUM_GPUS CPU processes are started (gloo); meant for test and demo.
 

@@ -33,6 +33,7 @@ import tempfile
 from pathlib import Path
 
 from taehv_train.base.errors import EXIT_USER_ERROR
+from taehv_train.base.ports import free_port
 from taehv_train.common.presets import CONFIGS_DIR
 from taehv_train.training.launch_args import LaunchArgs, LaunchRefused, parse, usage
 from taehv_train.training.launch_check import CHECKED_NOTES, PACKAGES, Check, checked
@@ -199,7 +200,9 @@ def launch_command(out: Terminal, python: str, args: LaunchArgs, gpus: int, node
     else ``training.launch`` (``accelerate launch``) with DeepSpeed ZeRO-2: on CPU from flags,
     on GPUs from the Accelerate config for one GPU, one node or several nodes."""
     train = ["-m", "taehv_train.training.taehv_train", "--config", args.config, *args.extra]
-    port = os.environ.get("MASTER_PORT") or "29500"
+    # one node: a free port unless MASTER_PORT names one (two jobs on a machine do not collide);
+    # several nodes: the port every node was told, 29500 unless MASTER_PORT says otherwise
+    port = os.environ.get("MASTER_PORT") or ("29500" if nodes > 1 else str(free_port()))
     launch = [python, "-m", "taehv_train.training.launch"]
     if gpus == 0 and args.num_gpus == 1:
         return [python, *train]

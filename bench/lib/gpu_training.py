@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from bench.lib.gpu_measure import log
 from bench.lib.harness import REPO_ROOT
 from bench.lib.reencoded_clips import DASH_CAMERA_GOP, reencode_clips
 from taehv_train.base.errors import EXIT_USER_ERROR
+from taehv_train.base.ports import free_port
 from taehv_train.common.video.files import find_videos
 from taehv_train.models.vae_registry import reference_vae_frames
 from taehv_train.models.variants import get_variant
@@ -173,12 +173,6 @@ def data_overrides(plan: Plan, clips: dict, reference: Path | None) -> list[str]
     elif plan.device != "cuda":
         overrides["mixed_precision"] = "no"
     return [f"--{key}={value}" for key, value in overrides.items()]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def child_env(**extra: str) -> dict[str, str]:

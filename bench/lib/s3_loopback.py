@@ -23,15 +23,11 @@ import threading
 import time
 from pathlib import Path
 
+from taehv_train.base.ports import free_port
+
 START_TIMEOUT_S = 60
 REGION = "us-east-1"
 FAKE_KEYS = {"AWS_ACCESS_KEY_ID": "testing-key", "AWS_SECRET_ACCESS_KEY": "testing-secret"}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _wait_listening(port: int, process: subprocess.Popen) -> None:
