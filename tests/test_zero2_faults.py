@@ -13,8 +13,8 @@ compiled (torch.compile with aot_eager, a CPU backend whose results are the eage
 
 Every window trains the same clip (one clip listed twice, one per rank; whole frames, no
 flip, stride 1, as many frames as the clip has), so a run whose first windows were skipped
-trains exactly what a run without them trains. The clip is as small as the variant takes
-(5 frames of 16x16): bf16 convolutions on a CPU without native bf16 are slow.
+trains exactly what a run without them trains. The clip is small (5 frames of 16x16):
+bf16 convolutions are slow on a CPU without native bf16.
 """
 
 from __future__ import annotations
