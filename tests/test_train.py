@@ -348,9 +348,6 @@ def test_the_export_bundle_of_a_run(tmp_path, demo_clips, tiny_cogvideox_vae):
         demo_clips,
         f"--ref_vae_path={tiny_cogvideox_vae}",
         "--ref_vae_dtype=fp32",
-        "--height=16",
-        "--width=16",
-        "--num_validation_samples=1",
         "--max_train_steps=2",
     )
     bundle = run / "export"
