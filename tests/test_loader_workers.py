@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -85,16 +86,24 @@ def newest_step(checkpoints: Path) -> int:
     return max((checkpoint_step(p) for p in list_checkpoints(checkpoints)), default=0) if checkpoints.is_dir() else 0
 
 
-def stalled(checkpoints: Path, quiet_s: float = 15.0) -> None:
-    """Wait until no new checkpoint came for ``quiet_s`` seconds (one is saved every step):
-    the run has most likely used up the batches received before its worker stopped and
-    waits (a step on a busy machine can take longer: the stop then comes before the wait)."""
-    last, since = newest_step(checkpoints), time.monotonic()
+def logged_step(run: Path) -> int:
+    """The last step the run's train.log reports (the test preset logs every step); the runs
+    here save checkpoints only where they stop, end or fail, so their checkpoints are the
+    ones those save."""
+    log = run / "train.log"
+    return max(map(int, re.findall(r"step (\d+): loss", log.read_text())), default=0) if log.is_file() else 0
+
+
+def stalled(run: Path, quiet_s: float = 15.0) -> None:
+    """Wait until no new step was logged for ``quiet_s`` seconds: the run has most likely
+    used up the batches received before its worker stopped and waits (a step on a busy
+    machine can take longer: the stop then comes before the wait)."""
+    last, since = logged_step(run), time.monotonic()
     deadline = since + 120
     while time.monotonic() - since < quiet_s:
         assert time.monotonic() < deadline, "the run went on training with a stopped loader worker"
         time.sleep(0.5)
-        if (step := newest_step(checkpoints)) != last:
+        if (step := logged_step(run)) != last:
             last, since = step, time.monotonic()
 
 
@@ -180,26 +189,27 @@ def test_stalled_and_killed_workers_of_one_process_save_and_resume_exactly(tmp_p
     command (stderr and train.log); that command trains to the end, bit-identical to a run
     never interrupted."""
     steps = 12
-    common = ["--run_name=run", f"--max_train_steps={steps}", "--checkpointing_steps=1", "--validation_every=100"]
+    common = ["--run_name=run", f"--max_train_steps={steps}", "--checkpointing_steps=100", "--validation_every=100"]
     common += ["--dataloader_num_workers=1"]
     train(ONE_PROCESS, tmp_path / "full", demo_clips, *common)
 
     out = tmp_path / "resumed"
     checkpoints = out / "run" / "checkpoints"
     process = start(train_args(ONE_PROCESS, out, demo_clips, *common), tmp_path / "stopped.log")
-    wait_for(lambda: newest_step(checkpoints) >= 1, what="the first checkpoint")
+    wait_for(lambda: logged_step(out / "run") >= 1, what="the first step")
     os.kill(loader_worker_of(process.pid), signal.SIGSTOP)
-    stalled(checkpoints)
+    stalled(out / "run")
     process.send_signal(signal.SIGTERM)
     assert exit_status(process, timeout=60) == 0, (tmp_path / "stopped.log").read_text()[-3000:]
     stopped_at = newest_step(checkpoints)
+    assert stopped_at == logged_step(out / "run")  # the checkpoint the stop saved
     log = (out / "run" / "train.log").read_text()
     assert f"stopped on SIGTERM at step {stopped_at}; saved {checkpoints / f'checkpoint-{stopped_at}'}" in log
     assert f"--resume {checkpoints / f'checkpoint-{stopped_at}'}" in log
     assert stopped_at < steps
 
     process = start(train_args(ONE_PROCESS, out, demo_clips, *common, "--resume=latest"), tmp_path / "killed.log")
-    wait_for(lambda: newest_step(checkpoints) > stopped_at, what="a checkpoint of the resumed run")
+    wait_for(lambda: logged_step(out / "run") > stopped_at, what="a step of the resumed run")
     worker = loader_worker_of(process.pid)
     os.kill(worker, signal.SIGKILL)
     assert exit_status(process, timeout=120) == 2
@@ -231,7 +241,7 @@ def test_stalled_workers_of_two_processes_stop_on_sigterm_and_at_the_bound(tmp_p
     the launch script stops the run with a checkpoint and the resume command, exit 0;
     resumed with a short ``batch_timeout``, rank 0's worker stopped, both ranks agree at the
     bound: a checkpoint of the last step, exit 2, a line with the resume command from each."""
-    common = ["--run_name=run", "--max_train_steps=60", "--checkpointing_steps=1", "--validation_every=100"]
+    common = ["--run_name=run", "--max_train_steps=60", "--checkpointing_steps=100", "--validation_every=100"]
     common += ["--dataloader_num_workers=1"]
     env = {"MASTER_PORT": "29571"}
     checkpoints = tmp_path / "run" / "checkpoints"
@@ -247,19 +257,20 @@ def test_stalled_workers_of_two_processes_stop_on_sigterm_and_at_the_bound(tmp_p
         *common,
     ]
     process = start(script, tmp_path / "stopped.log", env=env)
-    wait_for(lambda: newest_step(checkpoints) >= 1, what="the first checkpoint")
+    wait_for(lambda: logged_step(tmp_path / "run") >= 1, what="the first step")
     os.kill(loader_worker_of(rank_process(process, 1)), signal.SIGSTOP)
-    stalled(checkpoints)
+    stalled(tmp_path / "run")
     process.send_signal(signal.SIGTERM)
     assert exit_status(process, timeout=90) == 0, (tmp_path / "stopped.log").read_text()[-3000:]
     stopped_at = newest_step(checkpoints)
+    assert stopped_at == logged_step(tmp_path / "run")  # the checkpoint the stop saved
     output = (tmp_path / "stopped.log").read_text()
     assert "Traceback" not in output
     assert f"stopped on SIGTERM at step {stopped_at}; saved {checkpoints / f'checkpoint-{stopped_at}'}" in output
     assert f"--resume {checkpoints / f'checkpoint-{stopped_at}'}" in output
 
     process = start([*script, "--resume", "latest", "--batch_timeout=5"], tmp_path / "bound.log", env=env)
-    wait_for(lambda: newest_step(checkpoints) > stopped_at, what="a checkpoint of the resumed run")
+    wait_for(lambda: logged_step(tmp_path / "run") > stopped_at, what="a step of the resumed run")
     os.kill(loader_worker_of(rank_process(process, 0)), signal.SIGSTOP)
     assert exit_status(process, timeout=120) == 2, (tmp_path / "bound.log").read_text()[-3000:]
     output = (tmp_path / "bound.log").read_text()

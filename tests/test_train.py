@@ -63,6 +63,9 @@ def test_single_process_with_reference_vae_bf16(tmp_path, demo_clips, tiny_cogvi
         f"--ref_vae_path={tiny_cogvideox_vae}",
         "--ref_vae_dtype=fp32",
         "--mixed_precision=bf16",
+        "--height=16",  # bf16 convolutions are slow on a CPU without native bf16
+        "--width=16",
+        "--num_validation_samples=1",
         "--max_train_steps=4",
         "--gradient_accumulation_steps=2",
     )
@@ -130,6 +133,8 @@ def test_deepspeed_zero2_two_processes_bf16_with_seraena(tmp_path, demo_clips, t
         "--gradient_accumulation_steps=2",
         "--max_grad_norm=0.5",
         "--mixed_precision=bf16",
+        "--height=16",  # bf16 convolutions are slow on a CPU without native bf16
+        "--width=16",
         "--use_ema=false",
     )
     run = run_dir(tmp_path)
@@ -163,6 +168,8 @@ def test_loss_falls_when_overfitting_one_clip(tmp_path):
         tmp_path / "out",
         one,
         "--max_train_steps=40",
+        "--height=16",
+        "--width=16",
         "--learning_rate=1e-3",
         "--hflip=false",
         "--stride_max=1",
