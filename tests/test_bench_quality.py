@@ -1,5 +1,7 @@
 """bench/bench_quality.py runs end to end (tiny settings): the recipe, the naive loop, an
-ablation and the progressive two-stage recipe, JSON and plot."""
+ablation and the progressive two-stage recipe, JSON and plot. Its clips: the six procedural
+demo clips (48x64, as many files as ../shared/videos holds), whose decoding costs nothing
+next to the runs."""
 
 from __future__ import annotations
 
@@ -15,13 +17,13 @@ from conftest import REPO_ROOT
 pytestmark = pytest.mark.slow  # a benchmark
 
 
-def test_quality_benchmark_runs_its_arms_on_held_out_files(videos_dir, tmp_path):
+def test_quality_benchmark_runs_its_arms_on_held_out_files(demo_clips, tmp_path):
     args = [
         sys.executable,
         "-m",
         "bench.bench_quality",
         "--videos",
-        str(videos_dir),
+        str(demo_clips["root"]),
         "--steps",
         "2",
         "--points",

@@ -51,10 +51,12 @@ def chain(tmp_path_factory, demo_clips) -> Chain:
     """A (6 steps, stopped by SIGTERM), then B (2 steps, finished), then `--resume latest`
     with nothing else (continues A), B resumed by path as it is (refused) and with more
     steps and another learning rate (extended), `--resume latest` once both are finished
-    (refused), and A uninterrupted elsewhere."""
+    (refused), and A uninterrupted elsewhere. A checkpoints at its end only: its one
+    checkpoint before the end is the one its SIGTERM saves."""
     root = tmp_path_factory.mktemp("own_videos")
     out, data = root / "out", data_options(demo_clips)
-    succeeded(launch("1", "test", *data, f"--output_dir={out}", "--max_train_steps=6", "--fault_injection=sigterm@3"))
+    six_steps = ("--max_train_steps=6", "--checkpointing_steps=6")
+    succeeded(launch("1", "test", *data, f"--output_dir={out}", *six_steps, "--fault_injection=sigterm@3"))
     (interrupted,) = out.iterdir()
     stopped_at = max(int(p.name.split("-")[1]) for p in (interrupted / "checkpoints").iterdir())
     succeeded(launch("1", "test", *data, f"--output_dir={out}", "--max_train_steps=2"))
@@ -69,7 +71,7 @@ def chain(tmp_path_factory, demo_clips) -> Chain:
         launch("1", "test", "--resume", str(checkpoint), "--max_train_steps=4", "--learning_rate=5e-4")
     )
     latest_of_finished = launch("1", "test", f"--output_dir={out}", "--resume", "latest")
-    succeeded(launch("1", "test", *data, f"--output_dir={root / 'full'}", "--max_train_steps=6"))
+    succeeded(launch("1", "test", *data, f"--output_dir={root / 'full'}", *six_steps))
     (full,) = (root / "full").iterdir()
     return Chain(
         out,
@@ -151,7 +153,7 @@ def test_the_readme_sequence_runs_each_command_the_previous_step_printed_from_an
     home.mkdir()
     (home / "videos").symlink_to(demo_clips["root"])
     out = tmp_path / "out"
-    steps = ("--max_train_steps=4", "--fault_injection=sigterm@3")
+    steps = ("--max_train_steps=2", "--fault_injection=sigterm@1")  # the resume makes step 2 and validates
     readme = re.search(
         r"^/path/to/taehv-train/train_taehv_h100.sh (.*?)\s+#", (REPO_ROOT / "README.md").read_text(), re.M
     )
