@@ -181,6 +181,7 @@ def test_too_many_consecutive_skips_stop_with_a_checkpoint(tmp_path, demo_clips)
         "--max_train_steps=20",
         "--fault_injection=nan_loss@3-100",
         "--max_consecutive_skipped_steps=3",
+        *TINY,
         expect=1,
     )
     latest = list_checkpoints(tmp_path / "run" / "checkpoints")[-1]
