@@ -59,6 +59,11 @@ pytestmark = pytest.mark.slow  # training processes
 
 STEPS = 6
 FAULTS = "oom@2:1,nan_loss@4:0"  # window 2: rank 1 runs out of memory; window 4: rank 0's loss is NaN
+# two latent frames at 16x16: the same training step as the test preset's 9 frames at 32x32, for less compute
+TINY = ["--n_frames=5", "--height=16", "--width=16"]
+# with TINY: 2 clips x 8 decoded frames -> 4 groups a micro-batch; a replay buffer of 16 samples is full after 4
+# micro-batches, so the runs also replace samples at random (its generator is part of the exact resume)
+SERAENA = ["--use_seraena=true", "--train_batch_size=2", "--n_seraena_frames=4", "--seraena_buffer_size=16"]
 
 
 def trainer_state(checkpoint) -> dict:
@@ -110,9 +115,6 @@ def interrupted_chain(launcher, out, clips, faults: str, *common: str, signal_ra
     assert "resumed from" in (out / "run" / "train.log").read_text()
 
 
-SERAENA = ["--use_seraena=true", "--train_batch_size=2", "--n_seraena_frames=3"]  # 2 x 9 frames -> 6 groups
-
-
 def test_exact_resume_after_sigterm_and_crash_during_save_on_two_deepspeed_processes(tmp_path, demo_clips):
     """ZeRO-2 with gradient accumulation, Seraena, a cosine schedule and a time budget whose
     clock the ranks agree on every step (max_train_steps, typed with it, ends the run before
@@ -128,6 +130,7 @@ def test_exact_resume_after_sigterm_and_crash_during_save_on_two_deepspeed_proce
         "--gradient_accumulation_steps=2",
         "--lr_scheduler=cosine",
         "--max_train_time=2h",
+        *TINY,
         *SERAENA,
     ]
     train(launcher, tmp_path / "full", demo_clips, *common, f"--fault_injection={FAULTS}")
@@ -157,6 +160,7 @@ def test_nonfinite_and_oom_steps_are_skipped_together_under_ddp(tmp_path, demo_c
         "--run_name=run",
         "--gradient_accumulation_steps=2",
         f"--fault_injection={FAULTS}",
+        *TINY,
         env=DDP_ENV,
     )
     log = (tmp_path / "run" / "train.log").read_text()
@@ -177,6 +181,7 @@ def test_too_many_consecutive_skips_stop_with_a_checkpoint(tmp_path, demo_clips)
         "--max_train_steps=20",
         "--fault_injection=nan_loss@3-100",
         "--max_consecutive_skipped_steps=3",
+        *TINY,
         expect=1,
     )
     latest = list_checkpoints(tmp_path / "run" / "checkpoints")[-1]
@@ -250,6 +255,7 @@ def test_sigterms_during_decoder_only_fine_tuning_save_and_resume_exactly(
         "--persistent_workers=true",
         "--train_encoder=false",
         f"--pretrained_model_path={stage1}",
+        *TINY,
         *options,
     ]
     env = {"MASTER_PORT": str(29546 + processes)}
@@ -608,6 +614,7 @@ def test_early_stopping_and_best_model_on_two_ddp_processes(tmp_path, demo_clips
         "--validation_every=2",
         "--early_stopping_patience=1",
         "--early_stopping_min_delta=1000",
+        *TINY,
         env=DDP_ENV,
     )
     run = tmp_path / "run"
@@ -649,6 +656,7 @@ def test_a_late_sigterm_stops_its_window_and_kill_9_of_one_rank_is_one_line(tmp_
         "--checkpointing_steps=100",
         "--validation_every=100",
         "--fault_injection=sigterm@2:1",
+        *TINY,
         env=DDP_ENV,
     )
     assert checkpoint_steps(run / "checkpoints") == [2]
