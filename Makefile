@@ -35,13 +35,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Two pytest-xdist workers; a test file stays on one worker (its module set-up is built
+# once, its fixed ports are its own); tests marked `alone` run with no other test beside them.
 test: $(STAMP) browser lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
-# The inner loop: pure-Python and single-process tests, one pytest-xdist worker per core
-# (a test file stays on one worker, so its module set-up is built once), 1.5 to 2.5 minutes
-# on 2 cores. Tests that start training processes, benchmarks or a browser are marked slow;
-# `make test` runs everything in one process, as CI does.
+# The inner loop: pure-Python and single-process tests, one pytest-xdist worker per core.
+# Tests that start training processes, benchmarks or a browser are marked slow.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -n auto --dist loadfile
 

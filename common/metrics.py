@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
-from torchmetrics.image import PeakSignalNoiseRatio
+
+# torchmetrics is imported where a metric is computed: its import pulls in transformers
+# (about 1.5 s of a process's start), which a run stopped by its config or data check never uses.
 
 # Values per chunk of frames. torchmetrics' SSIM holds ~60 times its input in temporaries
 # (163 MB for one 360x640 frame, measured on CPU), so 2**20 values (one 360x640 frame, 21
@@ -61,6 +62,8 @@ def video_mse(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | None
 def video_psnr(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | None = None) -> torch.Tensor:
     """Per-video PSNR in dB over all its frames (N,), data range 1: from the video's MSE
     (torchmetrics sums the squared errors over the chunks), not a mean of per-frame PSNRs."""
+    from torchmetrics.image import PeakSignalNoiseRatio
+
     values = []
     for p, t in zip(pred, target):
         # one video on this rank: no syncing with the other ranks, which have their own videos
@@ -78,6 +81,8 @@ def video_alpha_psnr(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def frame_psnr(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | None = None) -> torch.Tensor:
     """Per-frame PSNR in dB (N, T), data range 1: where in a clip reconstruction fails."""
+    from torchmetrics.functional.image import peak_signal_noise_ratio
+
     return torch.stack(
         [
             torch.cat(
@@ -93,6 +98,8 @@ def frame_psnr(pred: torch.Tensor, target: torch.Tensor, chunk_frames: int | Non
 
 def _ssim(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """torchmetrics' SSIM of a batch of frames: the mean of the per-frame SSIMs."""
+    from torchmetrics.functional.image import structural_similarity_index_measure
+
     return structural_similarity_index_measure(pred, target, data_range=1.0)
 
 

@@ -8,6 +8,7 @@ silently skipping the compatibility and real-video checks.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
@@ -44,6 +45,26 @@ def pytest_configure(config: pytest.Config) -> None:
     threads = max(1, torch.get_num_threads() // workers)  # torch's default: one per core
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Under pytest-xdist a test marked ``alone`` (it measures wall-clock time) runs while no
+    other worker runs a test: every test (its fixtures' set-up and tear-down included) holds a
+    shared lock, an ``alone`` test the exclusive one. It first closes a gate the others pass
+    to take their lock, so a worker going from test to test cannot keep it waiting. The lock
+    files lie in the run's base temporary folder (the workers' folders are inside it)."""
+    if not hasattr(item.config, "workerinput"):  # one process: nothing runs beside a test
+        yield
+        return
+    folder = Path(item.config.option.basetemp).parent
+    alone = item.get_closest_marker("alone") is not None
+    with open(folder / "tests.gate", "a") as gate, open(folder / "tests.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -266,3 +266,18 @@ def test_every_module_imports_alone_and_in_random_orders():
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert f"{len(modules) + 3} of {len(modules) + 3} import orders worked" in result.stdout
+
+
+def test_starting_a_run_imports_no_library_it_may_not_need():
+    """diffusers (with torch._dynamo), torchmetrics (with transformers) and DeepSpeed are
+    imported where they are used, so a command that stops at its config or data check
+    answers in the seconds torch takes to import, not in twice that."""
+    heavy = ("diffusers", "torchmetrics", "transformers", "deepspeed", "torch._dynamo")
+    check = (
+        "import sys\n"
+        "import taehv_train.training.taehv_train, taehv_train.inference, taehv_train.training.launch_check\n"
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.strip() == "[]"

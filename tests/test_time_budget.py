@@ -399,6 +399,7 @@ def test_a_budget_alone_is_the_runs_length_and_a_resumed_run_ends_when_the_budge
 
 
 @pytest.mark.slow  # a training process of a minute
+@pytest.mark.alone  # its 3% are of wall-clock time
 def test_a_budget_run_on_a_machine_slowed_midway_ends_within_3_percent_of_its_budget(tmp_path, demo_clips):
     """Measured from the process's start to its exit, start-up and final save included: the
     machine runs at half speed from step 8 on (``slow`` fault, after the first plan at step

@@ -41,7 +41,6 @@ from typing import NamedTuple
 
 import torch
 from accelerate import Accelerator
-from diffusers.training_utils import EMAModel
 from torch.utils.data import DataLoader
 
 from taehv_train.common.clips import VideoDataError, frames_to_unit
@@ -63,6 +62,7 @@ from taehv_train.training.loop.resilience import (
     failing_backward_backend,
 )
 from taehv_train.training.state.checkpoints import TrainingObjects
+from taehv_train.training.state.trained_weights import make_ema
 
 logger = logging.getLogger(__name__)
 
@@ -131,9 +131,7 @@ class TrainStep:
         self.engine = deepspeed_engine.engine_of(accelerator)
         self.forward_module = self.unwrapped_model if self.engine is not None else model
         # fp32 shadow weights even when DeepSpeed keeps the model itself in bf16/fp16
-        self.ema = (
-            EMAModel([p.detach().float() for p in self.trainable], decay=config.ema_decay) if config.use_ema else None
-        )
+        self.ema = make_ema(self.trainable, config.ema_decay) if config.use_ema else None
         if self.ema is not None:
             self.ema.to(accelerator.device)
         # per-rank stream for sampling reference latents (latent_dist.sample)

@@ -12,14 +12,26 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
-from diffusers.training_utils import EMAModel
 
 from taehv_train.models.weights import save_weights
 from taehv_train.training.state.atomic_folders import write_atomically
+
+if TYPE_CHECKING:
+    from diffusers.training_utils import EMAModel
+
+
+def make_ema(params: list[torch.nn.Parameter], decay: float) -> EMAModel:
+    """diffusers' EMAModel over fp32 copies of ``params``. diffusers is imported here, on
+    first use: its import brings in torch._dynamo (about 2 s of a process's start), which a
+    run stopped by its config or data check never needs."""
+    from diffusers.training_utils import EMAModel
+
+    return EMAModel([p.detach().float() for p in params], decay=decay)
 
 
 def fp32_weights(
