@@ -35,10 +35,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# Two pytest-xdist workers; a test file stays on one worker (its module set-up is built
-# once, its fixed ports are its own); tests marked `alone` run with no other test beside them.
+# In one process. `pytest -n 2 --dist loadfile` also runs the whole suite (each file on one
+# worker, tests marked `alone` with no other test beside them): tests/README.md.
 test: $(STAMP) browser lint
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q
 
 # The inner loop: pure-Python and single-process tests, one pytest-xdist worker per core.
 # Tests that start training processes, benchmarks or a browser are marked slow.

@@ -8,6 +8,7 @@ The set-up is in bench/lib/s3_loopback.py and the fixtures in tests/conftest.py.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -110,6 +111,9 @@ def test_a_store_gone_mid_run_ends_in_one_line_whose_command_finishes_the_run_th
     # read that failed both would replace its clip, and the run would no longer be the same run)
     s3_proxy.drop_responses(1, 1000)
     resume = shlex.split(line.split("resume with: ")[1])
+    # this process's environment too (its thread count: CPU gradients depend on it, so a run resumed with
+    # other threads than it started with is not bit-identical)
+    env = {**os.environ, **env}
     finished = subprocess.run(resume, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, env=env)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "retry 1 of 1" in (out / "run" / "train.log").read_text()
