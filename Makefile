@@ -35,10 +35,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# In one process. `pytest -n 2 --dist loadfile` also runs the whole suite (each file on one
-# worker, tests marked `alone` with no other test beside them): tests/README.md.
+# Two pytest-xdist workers (TEST_WORKERS=N for another count; 1 runs in one process): each file
+# whole on one worker, the longest files first, a test marked `alone` with no other test
+# beside it (tests/README.md).
+TEST_WORKERS ?= 2
 test: $(STAMP) browser lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # The inner loop: pure-Python and single-process tests, one pytest-xdist worker per core.
 # Tests that start training processes, benchmarks or a browser are marked slow.

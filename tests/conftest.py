@@ -69,6 +69,54 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         yield
 
 
+# The seconds each test file took on two pytest-xdist workers (setup, call and teardown of
+# its tests summed), written by `--record-file-durations`: only the order files start in
+# depends on it, never a result.
+FILE_DURATIONS = Path(__file__).with_name("file_durations.json")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-file-durations",
+        action="store_true",
+        help=f"record the seconds each test file run took in tests/{FILE_DURATIONS.name} (the order files start in)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files start longest first: under ``--dist loadfile`` a worker that frees up takes the
+    next file, so a long file started last would run on while the other worker has nothing
+    left. A file the record does not name starts before the others (its length is unknown).
+    A file with a test marked ``alone`` starts last, when the other worker's tests are short,
+    so it waits least for them to end. The tests of a file keep their order."""
+    seconds = json.loads(FILE_DURATIONS.read_text()) if FILE_DURATIONS.is_file() else {}
+    files = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
+    position = {path: index for index, path in enumerate(files)}
+    alone = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("alone") is not None}
+
+    def key(item: pytest.Item) -> tuple[bool, float, int]:
+        path = item.nodeid.split("::")[0]
+        return path in alone, -seconds.get(path, float("inf")), position[path]
+
+    items.sort(key=key)  # stable: a file's tests keep their order
+
+
+_file_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::")[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    if config.getoption("record_file_durations") and not hasattr(config, "workerinput"):
+        recorded = json.loads(FILE_DURATIONS.read_text()) if FILE_DURATIONS.is_file() else {}
+        recorded.update((path, round(seconds, 1)) for path, seconds in _file_seconds.items())  # the files run
+        FILE_DURATIONS.write_text(json.dumps(dict(sorted(recorded.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     where = Path(session.config.option.basetemp or tempfile.gettempdir()).resolve()
     while not where.exists():

@@ -132,8 +132,9 @@ def tool_flags() -> set[str]:
         *REPO_ROOT.glob("bench/*.py"),
         *REPO_ROOT.glob("tools/*.py"),
         REPO_ROOT / "inference.py",
+        REPO_ROOT / "tests" / "conftest.py",  # the test suite's own options (pytest's addoption)
     ]:
-        flags |= set(re.findall(r"add_argument\(\s*\"--([\w-]+)\"", path.read_text()))
+        flags |= set(re.findall(r"(?:add_argument|addoption)\(\s*\"--([\w-]+)\"", path.read_text()))
     flags |= {option.removeprefix("--") for option in LAUNCH_OPTIONS}  # the launch script's own
     return {flag.replace("-", "_") for flag in flags}
 
