@@ -27,7 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]  # on sys.path through pytest.in
 
 
 # The suite's peak disk use is one training test's checkpoints per process running tests
-# (2.5 GB measured on a full run in one process; on two workers at most 10 GiB over the disk's
+# (2.5 GB measured on a full run in one process; on two workers at most 11.1 GiB over the disk's
 # use before set-up, the 1.9 GiB venv included; pytest.ini removes a passing test's tmp_path).
 # With less free space than this per worker, tests would fail halfway with ENOSPC in
 # unrelated places, so the session stops at once instead.
