@@ -70,7 +70,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
 
 # The seconds each test file took on two pytest-xdist workers (setup, call and teardown of
-# its tests summed), written by `--record-file-durations`: only the order files start in
+# its tests summed), updated by `--record-file-durations`: only the order files start in
 # depends on it, never a result.
 FILE_DURATIONS = Path(__file__).with_name("file_durations.json")
 
@@ -90,15 +90,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     A file with a test marked ``alone`` starts last, when the other worker's tests are short,
     so it waits least for them to end. The tests of a file keep their order."""
     seconds = json.loads(FILE_DURATIONS.read_text()) if FILE_DURATIONS.is_file() else {}
-    files = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
-    position = {path: index for index, path in enumerate(files)}
     alone = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("alone") is not None}
 
-    def key(item: pytest.Item) -> tuple[bool, float, int]:
+    def key(item: pytest.Item) -> tuple[bool, float]:
         path = item.nodeid.split("::")[0]
-        return path in alone, -seconds.get(path, float("inf")), position[path]
+        return path in alone, -seconds.get(path, float("inf"))
 
-    items.sort(key=key)  # stable: a file's tests keep their order
+    items.sort(key=key)  # stable: a file's tests stay together and in their order, files of equal keys too
 
 
 _file_seconds: dict[str, float] = {}
