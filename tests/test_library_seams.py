@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import inspect
 import re
+import subprocess
+import sys
 from importlib.metadata import version
 from types import SimpleNamespace
 
@@ -15,7 +17,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.scheduler import AcceleratedScheduler
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import DeepSpeedEngineWrapper, GradientAccumulationPlugin
+from accelerate.utils import DeepSpeedEngineWrapper, DistributedType, GradientAccumulationPlugin
 from packaging.specifiers import SpecifierSet
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -29,6 +31,7 @@ RELIES_ON = {
         "syncs_with_dataloader",
         "keep_batches_on_host",
         "wrapped_deepspeed_engine",
+        "unwrapped_model",
         "lr_lambda",
     ),
     "torch": ("lr_lambda", "storage_key", "compile_backends", "register_compile_backend"),
@@ -102,6 +105,24 @@ def test_the_deepspeed_engine_is_the_one_accelerate_wraps():
     accelerator = SimpleNamespace(deepspeed_engine_wrapped=DeepSpeedEngineWrapper(engine))
     assert library_seams.wrapped_deepspeed_engine(accelerator) is engine
     assert "self.deepspeed_engine_wrapped = DeepSpeedEngineWrapper(" in inspect.getsource(Accelerator)
+
+
+def test_the_unwrapped_model_is_accelerates_without_importing_deepspeed_outside_a_deepspeed_run():
+    """The module Accelerate's ``unwrap_model`` finds, for the wrappers a run without
+    DeepSpeed can have; a DeepSpeed run asks Accelerate itself. A process that trains
+    without DeepSpeed never imports it (a second of start-up)."""
+    accelerator, module = Accelerator(cpu=True), torch.nn.Linear(2, 2)
+    for prepared in (module, torch.nn.DataParallel(module)):
+        assert library_seams.unwrapped_model(accelerator, prepared) is accelerator.unwrap_model(prepared) is module
+    engine = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, unwrap_model=lambda model: ("asked", model))
+    assert library_seams.unwrapped_model(engine, module) == ("asked", module)
+    code = (
+        "import sys, torch; from accelerate import Accelerator; "
+        "from taehv_train.training.loop.library_seams import unwrapped_model; "
+        "a = Accelerator(cpu=True); m = a.prepare(torch.nn.Linear(2, 2)); unwrapped_model(a, m); "
+        "print('deepspeed' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
 
 
 def test_the_learning_rate_function_comes_back_through_accelerates_wrapper():

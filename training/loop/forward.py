@@ -14,6 +14,7 @@ from accelerate import Accelerator
 
 from taehv_train.common.config import TrainConfig
 from taehv_train.models.taehv import TAEHV, AutoencoderOutput
+from taehv_train.training.loop import library_seams
 from taehv_train.training.loop.losses import LossWeights, compute_losses, loss_plan
 
 logger = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def training_forward(
 ) -> Forward:
     """The model's forward pass and the recipe's losses; inputs are cast to the weights'
     dtype here, once (DeepSpeed bf16 keeps the module in bf16)."""
-    targets = accelerator.unwrap_model(model).plan(frames.shape[1]).target(frames)
+    targets = library_seams.unwrapped_model(accelerator, model).plan(frames.shape[1]).target(frames)
     with accelerator.autocast():
         out = model(
             frames.to(input_dtype),

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from accelerate.utils import DistributedType
 
 CHECKED_WITH = {"accelerate": "1.15.0", "deepspeed": "0.19.8", "torch": "2.13.0"}
 
@@ -44,6 +45,18 @@ def wrapped_deepspeed_engine(accelerator: Any) -> Any:
     ``Accelerator._prepare_deepspeed`` keeps it as ``deepspeed_engine_wrapped``, a
     ``DeepSpeedEngineWrapper`` of accelerate/utils/deepspeed.py holding ``engine``)."""
     return accelerator.deepspeed_engine_wrapped.engine
+
+
+def unwrapped_model(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside what ``accelerator.prepare`` returned. ``Accelerator.unwrap_model``
+    imports DeepSpeed whenever it is installed, to recognise its engine (accelerate/utils/
+    other.py, ``extract_model_from_parallel``): about a second of every process's start-up.
+    Only a DeepSpeed run needs it; another holds the module itself or a data-parallel wrapper
+    of it (the model compiles in place: ``TrainStep.build``)."""
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        return accelerator.unwrap_model(model)
+    parallel = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+    return model.module if isinstance(model, parallel) else model
 
 
 # --- torch --------------------------------------------------------------------------------

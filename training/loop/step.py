@@ -124,7 +124,8 @@ class TrainStep:
         self.model = model  # as Accelerate prepared it (a DDP or DeepSpeed wrapper): what trains
         self.optimizer, self.scheduler = optimizer, scheduler
         self.latents, self.faults, self.stop = latents, faults, stop
-        self.unwrapped_model: TAEHV = accelerator.unwrap_model(model)  # the TAEHV itself: its methods and sizes
+        # the TAEHV itself: its methods and sizes
+        self.unwrapped_model: TAEHV = library_seams.unwrapped_model(accelerator, model)
         self.trainable = [p for p in self.unwrapped_model.parameters() if p.requires_grad]  # all but a frozen encoder
         # DeepSpeed's engine is driven by the step (deepspeed_engine); its forward would hook the
         # outputs' gradients, which the step takes itself: the module runs as it is (ZeRO-1/2 keep it whole)

@@ -32,7 +32,7 @@ from taehv_train.base.atomic import TMP_PREFIX
 from taehv_train.base.errors import UserError
 from taehv_train.common.folder_locks import remove_unless_read
 from taehv_train.common.run_files import newest_intact, read_checkpoint_manifest
-from taehv_train.training.loop.library_seams import load_zero_optimizer_state, zero_optimizer_state
+from taehv_train.training.loop.library_seams import load_zero_optimizer_state, unwrapped_model, zero_optimizer_state
 from taehv_train.training.state.atomic_folders import (
     abandon,
     checksum_files,
@@ -81,7 +81,7 @@ class TrainingObjects:
 
     @property
     def module(self) -> torch.nn.Module:
-        return self.accelerator.unwrap_model(self.model)
+        return unwrapped_model(self.accelerator, self.model)
 
 
 def rng_state(generator: torch.Generator) -> dict:

@@ -19,6 +19,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
 from taehv_train.models.weights import save_weights
+from taehv_train.training.loop.library_seams import unwrapped_model
 from taehv_train.training.state.atomic_folders import write_atomically
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def fp32_weights(
     """Full fp32 weights in the published key format: the EMA or master weights of what
     trains, ``frozen`` (fp32, as loaded) for what does not. Under DeepSpeed every rank must
     call this (the master weights are sharded)."""
-    net = accelerator.unwrap_model(model)
+    net = unwrapped_model(accelerator, model)
     state = {k: v.detach().float() for k, v in net.state_dict().items()}
     trainable = [(name, param) for name, param in net.named_parameters() if param.requires_grad]
     if ema is not None:
@@ -73,7 +74,7 @@ def export_weights(
     state = fp32_weights(accelerator, model, ema, frozen)
     if accelerator.is_main_process:
         for suffix in suffixes:
-            save_weights(accelerator.unwrap_model(model), directory / f"{stem}{suffix}", state)
+            save_weights(unwrapped_model(accelerator, model), directory / f"{stem}{suffix}", state)
 
 
 def export_best_model(
@@ -93,7 +94,7 @@ def export_best_model(
 
     def expected_bytes() -> int:  # weights.pth + weights.safetensors, fp32
         return (
-            8 * sum(v.numel() for v in accelerator.unwrap_model(model).state_dict().values())
+            8 * sum(v.numel() for v in unwrapped_model(accelerator, model).state_dict().values())
             if accelerator.is_main_process
             else 0
         )
