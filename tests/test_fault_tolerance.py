@@ -151,27 +151,6 @@ def test_exact_resume_after_sigterm_and_crash_during_save_on_two_deepspeed_proce
     assert not torch.equal(ranks[0]["buffer.images"], ranks[1]["buffer.images"])  # each rank its own fakes
 
 
-def test_nonfinite_and_oom_steps_are_skipped_together_under_ddp(tmp_path, demo_clips):
-    train(
-        ddp(29542),
-        tmp_path,
-        demo_clips,
-        f"--max_train_steps={STEPS}",
-        "--run_name=run",
-        "--gradient_accumulation_steps=2",
-        f"--fault_injection={FAULTS}",
-        *TINY,
-        env=DDP_ENV,
-    )
-    log = (tmp_path / "run" / "train.log").read_text()
-    assert "step 2 skipped on every rank: out of memory" in log
-    assert "step 3 skipped on every rank: non-finite loss" in log
-    events = EventAccumulator(str(tmp_path / "run" / "logs"))
-    events.Reload()
-    assert [e.value for e in events.Scalars("train/skipped_steps")] == [1.0, 2.0]
-    assert trainer_state(tmp_path / "run" / f"checkpoints/checkpoint-{STEPS}")["progress"]["step"] == STEPS
-
-
 def test_too_many_consecutive_skips_stop_with_a_checkpoint(tmp_path, demo_clips):
     result = train(
         ONE_PROCESS,
@@ -601,16 +580,20 @@ def test_kill_9_of_the_launcher_or_of_the_whole_job_leaves_no_process_and_the_ru
     assert checkpoint_steps(run / "checkpoints")[-1] == steps
 
 
-def test_early_stopping_and_best_model_on_two_ddp_processes(tmp_path, demo_clips):
-    """Plain DDP on CPU. Patience 1 with an unreachable min_delta: the second validation
-    stops the run on both ranks at once (no hang), best_model/ keeps the first
-    validation's weights, and every exported file loads strictly."""
+def test_skipped_steps_early_stopping_and_best_model_on_two_ddp_processes(tmp_path, demo_clips):
+    """Plain DDP on CPU, windows of 2 micro-batches. Out of memory on rank 1 in window 2 and a
+    NaN loss on rank 0 in window 4: each window is skipped on both ranks (no hang) and
+    counted. Patience 1 with an unreachable min_delta: the second validation (step 4) stops
+    the run on both ranks at once, best_model/ keeps the first validation's weights, and
+    every exported file loads strictly."""
     train(
-        ddp(29544),
+        ddp(29542),
         tmp_path,
         demo_clips,
         "--run_name=run",
         "--max_train_steps=20",
+        "--gradient_accumulation_steps=2",
+        f"--fault_injection={FAULTS}",
         "--validation_every=2",
         "--early_stopping_patience=1",
         "--early_stopping_min_delta=1000",
@@ -618,13 +601,19 @@ def test_early_stopping_and_best_model_on_two_ddp_processes(tmp_path, demo_clips
         env=DDP_ENV,
     )
     run = tmp_path / "run"
+    log = (run / "train.log").read_text()
+    assert "step 2 skipped on every rank: out of memory" in log
+    assert "step 3 skipped on every rank: non-finite loss" in log
+    events = EventAccumulator(str(run / "logs"))
+    events.Reload()
+    assert [e.value for e in events.Scalars("train/skipped_steps")] == [1.0, 2.0]
     history = json.loads((run / "validation_history.json").read_text())
     assert [h["step"] for h in history] == [2, 4]
     info = json.loads((run / "best_model" / "model_info.json").read_text())
     assert (info["step"], info["metric"], info["value"]) == (2, "val/psnr", history[0]["val/psnr"])
-    log = (run / "train.log").read_text()
     assert "2 process(es), DistributedType.MULTI_CPU" in log and "early stopping at step 4" in log
-    assert trainer_state(list_checkpoints(run / "checkpoints")[-1])["progress"]["step"] == 4
+    progress = trainer_state(list_checkpoints(run / "checkpoints")[-1])["progress"]
+    assert (progress["step"], progress["skipped_steps"]) == (4, 2)
     from taehv_train.models.taehv import TAEHV
 
     for weights in (

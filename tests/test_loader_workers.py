@@ -94,7 +94,7 @@ def logged_step(run: Path) -> int:
     return max(map(int, re.findall(r"step (\d+): loss", log.read_text())), default=0) if log.is_file() else 0
 
 
-def stalled(run: Path, quiet_s: float = 15.0) -> None:
+def stalled(run: Path, quiet_s: float = 6.0) -> None:
     """Wait until no new step was logged for ``quiet_s`` seconds: the run has most likely
     used up the batches received before its worker stopped and waits (a step on a busy
     machine can take longer: the stop then comes before the wait)."""
