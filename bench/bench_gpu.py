@@ -71,7 +71,7 @@ step never runs the VAE). Each feed has two rows:
   (``--data_root``, ``--annotation_file``, no validation set), from scratch
   (``--pretrained_model_path=``), the feed's ``--ref_vae_path`` (and ``--latent_cache_dir``),
   a fresh ``--output_dir``, ``--max_train_time`` of ``--e2e_run_time`` seconds (start-up and
-  compilation included; ``--tiny``: ``--max_train_steps=4``), ``--validations_per_budget=0``
+  compilation included; ``--tiny``: ``--max_train_steps=3``), ``--validations_per_budget=0``
   (no validation set to spread) and ``--log_every`` 10 (the preset's 50 leaves few log steps
   in minutes); its figures are read from the TensorBoard scalars the run writes
   (``train/samples_per_second``, ``train/data_wait``, ``train/gpu_idle``, ``train/tflops``,
