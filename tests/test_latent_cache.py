@@ -1,8 +1,9 @@
 """Reference-latent cache (built by training/build_latent_cache.py, read by
 training/data/latent_cache.py): built through the builder's entry point in this process
 for the demo clips and a tiny CogVideoX VAE, then compared with the latents training would
-compute online; the full tier also finishes an interrupted cache with the command in a
-subprocess and compares it with the first build.
+compute online; the full tier also finishes an interrupted cache and compares it with the
+first build, and finishes one that a full disk stopped with the command it printed, in a
+subprocess.
 (Two processes, under ``accelerate launch`` or torchrun, run the same code
 with a shard partition; left out here to keep this file fast.)
 
@@ -25,7 +26,7 @@ import torch
 from accelerate.state import AcceleratorState
 
 from conftest import REPO_ROOT, clip_shard, save_tiny_vae
-from taehv_train.base.errors import UserError
+from taehv_train.base.errors import USER_ERRORS, UserError
 from taehv_train.common.clips import VideoClipDataset, VideoDataError, frames_to_unit
 from taehv_train.common.config import TrainConfig, load_config
 from taehv_train.common.reference_vae import ReferenceVAE
@@ -34,7 +35,7 @@ from taehv_train.training.build_latent_cache import entry_point, main
 from taehv_train.training.data.clip_loader import build_dataloader
 from taehv_train.training.data.latent_cache import CachedLatentDataset, LatentCache, latent_sample_generator
 from taehv_train.training.data.loading import build_datasets
-from train_runs import TEST_CONFIG, one_line_error
+from train_runs import TEST_CONFIG, one_line_error, train_here
 
 MISSING = 5  # index of the missing file in the annotation (6 clips: shards {0, 1}, {2, 3}, {4, 5})
 LATENT_SHAPE = (3, 16, 4, 4)  # 9 frames at 32x32 -> 3 latent frames of 16 x 4 x 4
@@ -84,18 +85,6 @@ def cli_args(data: dict, vae: Path, output: Path, *extra: str) -> list[str]:
         "fp32",
         *extra,
     ]
-
-
-def run_cli(args: list[str]) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "taehv_train.training.build_latent_cache", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO_ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
 
 
 def build_here(args: list[str]) -> None:
@@ -181,7 +170,7 @@ def test_rerun_computes_only_missing_shards(sampled_cache, data, tiny_cogvideox_
     kept = {name: path.stat().st_mtime_ns for name, path in shard_files(output).items()}
 
     # Indices 0, 1 and 4 of epoch 0 share a batch that straddles two missing shards.
-    run_cli(cli_args(data, tiny_cogvideox_vae, output, "--batch_size", "3"))
+    build_here(cli_args(data, tiny_cogvideox_vae, output, "--batch_size", "3"))
     files = shard_files(output)
     assert sorted(files) == sorted(shard_files(sampled_cache))
     assert {name: files[name].stat().st_mtime_ns for name in kept} == kept
@@ -330,11 +319,21 @@ def test_training_refuses_a_cache_made_for_other_settings_or_with_a_damaged_shar
     sampled_cache, data, tiny_cogvideox_vae, tmp_path
 ):
     """Through the training entry point: a cache made for another size, or with a shard
-    whose header does not open, is refused in one line before the first step; a shard
-    whose latent bytes were overwritten (same size) stops the run when the row is read,
-    after saving, with the shard and row named."""
+    whose header does not open, is refused in one line before the first step (these starts
+    in this process: the imports are paid once); a shard whose latent bytes were overwritten
+    (same size) stops the run, a process exiting 2 in one line, when the row is read, after
+    saving, with the shard and row named."""
     cache = tmp_path / "cache"
     shutil.copytree(sampled_cache, cache)
+    options = (f"--ref_vae_path={tiny_cogvideox_vae}", "--ref_vae_dtype=fp32", "--latent_cache_epochs=2")
+    options += ("--max_failure_fraction=0.5", f"--latent_cache_dir={cache}", "--validation_every=100")
+
+    def refusal(*extra: str) -> str:
+        """The error line of a start refused in this process (the one the entry point prints
+        and exits 2 with, as the run below shows through a process)."""
+        with pytest.raises(USER_ERRORS) as error:
+            train_here(tmp_path / "out", data, *options, *extra)
+        return f"error: {error.value}".splitlines()[0]
 
     def train(*extra: str) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -359,11 +358,11 @@ def test_training_refuses_a_cache_made_for_other_settings_or_with_a_damaged_shar
             cwd=REPO_ROOT,
         )
 
-    assert "was made for other settings (width: cache 32, now 48)" in one_line_error(train("--width=48"))
+    assert "was made for other settings (width: cache 32, now 48)" in refusal("--width=48")
     shard = cache / "epoch001" / "shard000002.safetensors"
     original = shard.read_bytes()
     shard.write_bytes(b"\xff" * 8 + original[8:])  # the header's length
-    line = one_line_error(train())
+    line = refusal()
     assert (
         f"has 1 damaged shard(s) (e.g. {shard} does not open" in line
         and "rerun `python -m taehv_train.training.build_latent_cache`" in line
@@ -379,7 +378,7 @@ def test_training_refuses_a_cache_made_for_other_settings_or_with_a_damaged_shar
 
     shard = cache / "epoch000" / "shard000000.safetensors"  # read by the start-up's latent-scale check
     original = damage_rows(shard)
-    line = one_line_error(train())
+    line = refusal()
     assert re.search(rf"error: latent cache shard {shard}, row [01] is damaged \(checksum\): delete", line), line
     shard.write_bytes(original)
     shard = cache / "epoch000" / "shard000002.safetensors"  # read in the first epoch

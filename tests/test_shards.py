@@ -27,7 +27,7 @@ from taehv_train.models.taehv import TAEHV
 from taehv_train.models.weights import save_weights
 from taehv_train.training.data.clip_loader import ShardOrderSampler, buffer_shuffle
 from taehv_train.training.own_data import shard_overrides
-from train_runs import DDP_ENV, ONE_PROCESS, ddp, train
+from train_runs import DDP_ENV, ddp, train, train_here
 
 INFERENCE = str(REPO_ROOT / "inference.py")
 
@@ -230,7 +230,11 @@ def demo_as_shards(tmp_path: Path, demo_clips: dict, training_clips: int | None 
     return files, shards
 
 
-@pytest.mark.slow  # two short training runs (~10 s each)
+# the smallest clips a step takes, a checkpoint only at the end
+SMALL_RUN = ("--n_frames=5", "--height=16", "--width=16", "--checkpointing_steps=4")
+
+
+@pytest.mark.slow  # two short training runs, in this process
 def test_a_run_from_shards_validates_as_the_same_run_from_files(tmp_path, demo_clips):
     """With one training clip the sampling is the same whatever the order rule (the clip's
     draws depend on (seed, epoch, index) alone), so the runs are the same run: their
@@ -238,8 +242,7 @@ def test_a_run_from_shards_validates_as_the_same_run_from_files(tmp_path, demo_c
     files, shards = demo_as_shards(tmp_path, demo_clips, training_clips=1)
     histories = []
     for name, data in (("files", files), ("shards", shards)):
-        train(ONE_PROCESS, tmp_path / name, data, "--dataloader_num_workers=1")
-        (run,) = (tmp_path / name).iterdir()
+        run = train_here(tmp_path / name, data, "--dataloader_num_workers=1", *SMALL_RUN)
         histories.append(json.loads((run / "validation_history.json").read_text()))
     assert histories[0] == histories[1] and len(histories[0]) == 2
 
@@ -248,10 +251,19 @@ def test_a_run_from_shards_validates_as_the_same_run_from_files(tmp_path, demo_c
 def test_two_processes_train_from_shards_each_on_its_own_run_of_clips(tmp_path, demo_clips):
     """5 training clips, 2 processes, batch 1: each process's run is 2 clips, so an epoch is
     2 steps and step 4 ends the second (epoch 1, both its batches taken; were the runs cut
-    for one process, Accelerate would deal each rank 3 batches an epoch)."""
+    for one process, Accelerate would deal each rank 3 batches an epoch). No validation: the
+    training clips are the subject."""
     _, shards = demo_as_shards(tmp_path, demo_clips)
+    shards["val"] = ""
     train(
-        ddp(29580), tmp_path, shards, "--run_name=run", "--max_train_steps=4", "--dataloader_num_workers=1", env=DDP_ENV
+        ddp(29580),
+        tmp_path,
+        shards,
+        "--run_name=run",
+        "--max_train_steps=4",
+        "--dataloader_num_workers=1",
+        *SMALL_RUN,
+        env=DDP_ENV,
     )
     state = json.loads((tmp_path / "run" / "checkpoints" / "checkpoint-4" / "trainer_state.json").read_text())
     assert (state["progress"]["epoch"], state["progress"]["batch_in_epoch"]) == (1, 2)

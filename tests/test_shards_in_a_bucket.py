@@ -30,11 +30,12 @@ from train_runs import (
 )
 
 STEPS = 10
-# one loader worker that keeps few batches ahead, so that a store gone at step 3 is missed before step 10
+# checkpoints only where a run stops or ends (the ones resumed and compared); one loader worker that keeps
+# few batches ahead, so that a store gone at step 3 is missed before step 10
 COMMON = (
     "--run_name=run",
     f"--max_train_steps={STEPS}",
-    "--checkpointing_steps=2",
+    f"--checkpointing_steps={STEPS}",
     "--validation_every=5",
     "--dataloader_num_workers=1",
     "--prefetch_factor=1",
@@ -76,7 +77,7 @@ def assert_same_run(full: Path, resumed: Path) -> None:
         assert_identical(full / last / name, resumed / last / name)
 
 
-@pytest.mark.slow  # three short training runs from the bucket (~15 s each)
+@pytest.mark.slow  # three short training runs from the bucket (the uninterrupted one in the fixture)
 def test_a_run_from_a_bucket_stopped_by_sigterm_resumes_bit_identical(bucket, tmp_path):
     train(ONE_PROCESS, tmp_path, bucket["data"], *COMMON, "--fault_injection=sigterm@4", env=bucket["env"])
     assert "stopped on" in (tmp_path / "run" / "train.log").read_text()
@@ -95,7 +96,7 @@ def test_a_store_gone_mid_run_ends_in_one_line_whose_command_finishes_the_run_th
     s3_proxy.drop_responses(0, 0)
     s3_proxy.go_up()
     out, log = tmp_path / "out", tmp_path / "gone.log"
-    retries = ("--shard_read_attempts=2", "--shard_retry_wait_s=0.2")
+    retries = ("--shard_read_attempts=2", "--shard_retry_wait_s=0.02")
     process = start(train_args(ONE_PROCESS, out, bucket["data"], *COMMON, *retries), log, env=env)
     wait_for(lambda: log.exists() and "step 3:" in log.read_text(), what="step 3")
     s3_proxy.go_down()
