@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT
-from taehv_train.training.demo_data import make_demo_dataset
 from train_runs import one_line_error
 
 pytestmark = pytest.mark.slow  # the launch script starts training
@@ -38,9 +37,12 @@ def data_options(clips: dict) -> list[str]:
     ]
 
 
-# the from-scratch preset at the test preset's sizes: two steps on the demo clips, validation included
+# the smallest training step: two latent frames at 16x16 (the test preset's is 9 frames at 32x32)
+TINY = ("--n_frames=5", "--height=16", "--width=16")
+
+# the from-scratch preset at the smallest step: two steps on the demo clips, validation included
 TINY_SCRATCH = (
-    "--width=32",
+    *TINY,
     "--train_batch_size=1",
     "--mixed_precision=no",
     "--frame_cache_mb=0",
@@ -95,20 +97,20 @@ def test_rank_without_nnodes_is_refused():
     assert result.returncode == 2 and "set NNODES" in result.stderr
 
 
-def test_cpu_launch_runs_training(tmp_path):
-    paths = make_demo_dataset(tmp_path / "data", num_clips=4, n_frames=12, height=48, width=64)
-    result = launch(
-        "1",
-        "test",
-        f"--output_dir={tmp_path / 'out'}",
-        f"--data_root={tmp_path / 'data'}",
-        f"--annotation_file={paths['train']}",
-        f"--val_annotation_file={paths['val']}",
-        "--max_train_steps=2",
-    )
+@pytest.fixture(scope="module")
+def test_preset_run(tmp_path_factory, demo_clips) -> tuple[subprocess.CompletedProcess, Path]:
+    """The test preset launched on one CPU process, 2 steps at the smallest step, as the run
+    named base: the launch's output and the run's folder (its output_dir holds nothing else)."""
+    out = tmp_path_factory.mktemp("test_preset") / "out"
+    overrides = (f"--output_dir={out}", "--run_name=base", *TINY, "--max_train_steps=2")
+    return launch("1", "test", *data_options(demo_clips), *overrides), out / "base"
+
+
+def test_cpu_launch_runs_training(test_preset_run):
+    result, run = test_preset_run
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert "[ok] config" in result.stdout and "launch:" in result.stdout
-    (run,) = (tmp_path / "out").iterdir()
+    assert list(run.parent.iterdir()) == [run]
     assert (run / "final_model.pth").is_file()
 
 
@@ -207,24 +209,38 @@ def test_a_pre_flight_refusal_is_one_error_line_on_stderr(tmp_path, demo_clips, 
     assert "launch:" not in result.stdout and not (tmp_path / "out").exists()
 
 
+@pytest.fixture(scope="module")
+def cpu_launches(tmp_path_factory, demo_clips) -> tuple[int, dict[str, subprocess.CompletedProcess]]:
+    """The cores this process may use, and by preset two CPU launches the config check stops
+    after the warnings: scratch (a CPU preset) on as many processes as cores, h100 (a GPU
+    preset) on one more."""
+    cores, out = len(os.sched_getaffinity(0)), tmp_path_factory.mktemp("cpu_launches")
+    return cores, {
+        preset: launch(str(processes), preset, f"--output_dir={out}", *data_options(demo_clips), "--height=0")
+        for preset, processes in (("scratch", cores), ("h100", cores + 1))
+    }
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the warning of a CPU launch")
-def test_only_the_gpu_presets_are_called_gpu_presets_on_a_cpu(tmp_path, demo_clips):
+def test_only_the_gpu_presets_are_called_gpu_presets_on_a_cpu(cpu_launches):
     """scratch is the CPU demo's recipe (docs/training.md); h100 is sized for GPUs."""
+    _, launches = cpu_launches
     for preset, warned in (("scratch", False), ("h100", True)):
-        result = launch("1", preset, f"--output_dir={tmp_path}", *data_options(demo_clips), "--height=0")
+        result = launches[preset]
         assert result.returncode == 2, result.stderr
         assert ("h100 is sized for GPUs: on a CPU use scratch, demo or test" in result.stdout) == warned, result.stdout
         assert "GPU preset" not in result.stdout and (("sized for GPUs" in result.stdout) == warned)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the warning of a CPU launch")
-def test_more_processes_than_cpu_cores_are_warned_about(tmp_path, demo_clips):
-    cores = len(os.sched_getaffinity(0))
-    for processes, warned in ((cores, False), (cores + 1, True)):
-        result = launch(str(processes), "test", f"--output_dir={tmp_path}", *data_options(demo_clips), "--height=0")
+def test_more_processes_than_cpu_cores_are_warned_about(cpu_launches):
+    cores, launches = cpu_launches
+    for preset, warned in (("scratch", False), ("h100", True)):  # cores processes, then one more
+        result = launches[preset]
         assert result.returncode == 2, result.stderr  # stopped by the config check, after the warnings
         expected = f"{cores + 1} processes on {cores} CPU core(s): they share the cores"
         assert (expected in result.stdout) == warned, result.stdout
+        assert ("CPU core(s): they share the cores" in result.stdout) == warned, result.stdout
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
@@ -233,20 +249,19 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 
 
 def test_a_resume_under_another_preset_or_into_another_folder_is_refused_before_anything_is_written(
-    tmp_path, demo_clips
+    tmp_path, demo_clips, test_preset_run
 ):
     """A checkpoint continues its own run, in its folder, under the preset that started it:
     another preset or an --output_dir elsewhere is one error line (exit 2) that names both
     ways on, and so is a weight file given to --resume; no new folder is made and the run
     (final model, config.json, lock, checkpoints) is as it was. The same preset with a
     key=value change resumes, and the weights the message names start a new run."""
-    data, out, new = data_options(demo_clips), tmp_path / "out", tmp_path / "new"
-    started = launch("1", "test", *data, f"--output_dir={out}", "--run_name=base")
+    started, run = test_preset_run
     assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-4000:]
-    run = out / "base"
+    data, new = data_options(demo_clips), tmp_path / "new"
     checkpoint, weights = (
-        run / "checkpoints" / "checkpoint-4",
-        run / "checkpoints" / "checkpoint-4" / "weights.safetensors",
+        run / "checkpoints" / "checkpoint-2",
+        run / "checkpoints" / "checkpoint-2" / "weights.safetensors",
     )
     before = snapshot(run)
     ways_on = (
@@ -258,7 +273,7 @@ def test_a_resume_under_another_preset_or_into_another_folder_is_refused_before_
         ("test", [f"--output_dir={new}"], f"gives --output_dir={new}"),
     ):
         line = only_error_line(
-            launch("1", preset, *data, *overrides, "--max_train_steps=6", "--resume", str(checkpoint))
+            launch("1", preset, *data, *overrides, "--max_train_steps=4", "--resume", str(checkpoint))
         )
         assert line.startswith(
             f"error: {checkpoint} belongs to the run {run}, started with the test preset, but this command {conflict}: "
@@ -273,12 +288,12 @@ def test_a_resume_under_another_preset_or_into_another_folder_is_refused_before_
     )
     assert snapshot(run) == before
 
-    resumed = launch("1", "test", *data, "--max_train_steps=6", "--resume", str(checkpoint))
+    resumed = launch("1", "test", *data, "--max_train_steps=4", "--resume", str(checkpoint))
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
-    assert f"resumed from {checkpoint} at step 4" in (run / "train.log").read_text()
-    assert (run / "checkpoints" / "checkpoint-6").is_dir()
+    assert f"resumed from {checkpoint} at step 2" in (run / "train.log").read_text()
+    assert (run / "checkpoints" / "checkpoint-4").is_dir()
     fresh = launch(
-        "1", "test", *data, f"--output_dir={new}", f"--pretrained_model_path={weights}", "--max_train_steps=2"
+        "1", "test", *data, f"--output_dir={new}", f"--pretrained_model_path={weights}", *TINY, "--max_train_steps=1"
     )
     assert fresh.returncode == 0, fresh.stdout[-2000:] + fresh.stderr[-4000:]
     (new_run,) = new.iterdir()

@@ -6,6 +6,7 @@ typed on the resume line are listed), and `--resume latest` never touches a fini
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -14,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_launch_script import SCRIPT, TINY_SCRATCH, data_options, launch, only_error_line, snapshot
+from test_launch_script import SCRIPT, TINY, TINY_SCRATCH, data_options, launch, only_error_line, snapshot
 
 from conftest import REPO_ROOT
-from train_runs import assert_identical
+from train_runs import TEST_CONFIG, assert_identical, train_here
 
 pytestmark = pytest.mark.slow  # the launch script starts training
 
@@ -46,20 +47,31 @@ class Chain:
     extended: subprocess.CompletedProcess
 
 
+def as_launched(*overrides: str, out: Path, clips: dict) -> Path:
+    """A run of the test preset in this process, with the config the launch script gives
+    training (the preset's path relative to the repository, where it runs): for the runs the
+    chain only needs (what they make, not their processes). Returns the run directory."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(REPO_ROOT)
+        return train_here(out, clips, *overrides, config=os.path.relpath(TEST_CONFIG, REPO_ROOT))
+
+
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory, demo_clips) -> Chain:
     """A (6 steps, stopped by SIGTERM), then B (2 steps, finished), then `--resume latest`
     with nothing else (continues A), B resumed by path as it is (refused) and with more
     steps and another learning rate (extended), `--resume latest` once both are finished
     (refused), and A uninterrupted elsewhere. A checkpoints at its end only: its one
-    checkpoint before the end is the one its SIGTERM saves."""
+    checkpoint before the end is the one its SIGTERM saves. Every run is at the smallest
+    step (TINY); B and the uninterrupted A only serve the others, so they run in this
+    process."""
     root = tmp_path_factory.mktemp("own_videos")
     out, data = root / "out", data_options(demo_clips)
-    six_steps = ("--max_train_steps=6", "--checkpointing_steps=6")
+    six_steps = ("--max_train_steps=6", "--checkpointing_steps=6", *TINY)
     succeeded(launch("1", "test", *data, f"--output_dir={out}", *six_steps, "--fault_injection=sigterm@3"))
     (interrupted,) = out.iterdir()
     stopped_at = max(int(p.name.split("-")[1]) for p in (interrupted / "checkpoints").iterdir())
-    succeeded(launch("1", "test", *data, f"--output_dir={out}", "--max_train_steps=2"))
+    as_launched("--max_train_steps=2", *TINY, out=out, clips=demo_clips)
     (finished,) = set(out.iterdir()) - {interrupted}
     finished_before = snapshot(finished)
     resumed = succeeded(launch("1", "test", f"--output_dir={out}", "--resume", "latest"))
@@ -71,8 +83,7 @@ def chain(tmp_path_factory, demo_clips) -> Chain:
         launch("1", "test", "--resume", str(checkpoint), "--max_train_steps=4", "--learning_rate=5e-4")
     )
     latest_of_finished = launch("1", "test", f"--output_dir={out}", "--resume", "latest")
-    succeeded(launch("1", "test", *data, f"--output_dir={root / 'full'}", *six_steps))
-    (full,) = (root / "full").iterdir()
+    full = as_launched(*six_steps, out=root / "full", clips=demo_clips)
     return Chain(
         out,
         interrupted,
