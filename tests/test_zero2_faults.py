@@ -8,8 +8,8 @@ compiled (torch.compile with aot_eager, a CPU backend whose results are the eage
   check switched off;
 - a backward compilation that fails on one rank leaves both ranks eager;
 - out of memory in the optimizer step ends the run in one line (exit 4) with the resume
-  command, and the compiled run resumed from there (then stopped by SIGTERM and resumed
-  again) ends bit-identical to the uninterrupted one.
+  command, and the compiled run resumed from there ends bit-identical to the uninterrupted
+  one (SIGTERM stops of ZeRO-2 runs and their resumes: tests/test_fault_tolerance.py).
 
 Every window trains the same clip (one clip listed twice, one per rank; whole frames, no
 flip, stride 1, as many frames as the clip has), so a run whose first windows were skipped
@@ -130,7 +130,6 @@ def test_out_of_memory_in_the_optimizer_step_ends_in_one_line_and_the_compiled_r
     checkpoints = tmp_path / "run" / "checkpoints"
     assert [p.name for p in list_checkpoints(checkpoints)] == ["checkpoint-1"]  # nothing after it
 
-    train(wrapped_zero2(29654), tmp_path, one_clip, *COMMON, "--resume=latest", "--fault_injection=sigterm@2:0")
-    assert [p.name for p in list_checkpoints(checkpoints)] == ["checkpoint-1", "checkpoint-2"]
     train(wrapped_zero2(29655), tmp_path, one_clip, *COMMON, "--resume=latest")
+    assert "resumed from " in (tmp_path / "run" / "train.log").read_text()
     assert_same_state(uninterrupted, tmp_path / "run", STEPS)
