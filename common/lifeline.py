@@ -23,6 +23,7 @@ Each such process ties itself to its parent here, and ends with SIGKILL, as if t
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import sys
@@ -63,8 +64,24 @@ def end_with_parent(parent: int) -> None:
 
 def watch_parent(parent: int) -> None:
     """A daemon thread that ends this process (SIGKILL) within ``WATCH_INTERVAL_S`` seconds
-    of ``parent``'s death (it then has another parent)."""
+    of ``parent``'s death (it then has another parent). A thread of this process that fails
+    because the parent died first (a connection to it reset: multiprocessing's resource
+    sharer in a loader worker) ends the process the same way, without a traceback; a thread
+    that fails while the parent lives is reported as Python reports it."""
+    threading.excepthook = functools.partial(_end_if_orphaned, parent, threading.excepthook)
     threading.Thread(target=_watch, args=(parent,), daemon=True, name="parent-watch").start()
+
+
+def _end_if_orphaned(parent: int, report, failure) -> None:
+    """``threading.excepthook``: the kernel closes a dying parent's connections before it
+    gives its children another parent, so the failure may come first: wait up to two watch
+    intervals for the parent's death before reporting it."""
+    deadline = time.monotonic() + 2 * WATCH_INTERVAL_S
+    while os.getppid() == parent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if os.getppid() != parent:
+        _end()
+    report(failure)
 
 
 def _watch(parent: int) -> None:

@@ -53,6 +53,58 @@ def test_a_child_ends_with_its_parent_killed_by_sigkill(tmp_path, tie):
             os.killpg(parent.pid, signal.SIGKILL)  # what is left of this test's processes, if it failed
 
 
+# the parent holds a pipe's writing end; the child watches it, and one of its threads fails
+# when the pipe closes (the parent's death), another while the parent lives
+PARENT_WITH_PIPE = (
+    "import os, subprocess, sys, time\n"
+    "read, write = os.pipe()\n"
+    "subprocess.Popen([sys.executable, '-c', sys.argv[1], str(read), *sys.argv[2:]], pass_fds=[read])\n"
+    "time.sleep(600)\n"
+)
+CHILD_WITH_THREADS = (
+    "import os, sys, threading, time\n"
+    "from taehv_train.common import lifeline\n"
+    "lifeline.watch_parent(os.getppid())\n"
+    "def alive():\n"
+    "    raise ValueError('failed while the parent lives')\n"
+    "def orphaned():\n"
+    "    os.read(int(sys.argv[1]), 1)  # the end of the pipe: the parent is dying\n"
+    "    raise ConnectionResetError(104, 'Connection reset by peer')\n"
+    "threading.Thread(target=alive).start()\n"
+    "threading.Thread(target=orphaned).start()\n"
+    "time.sleep(1.5)\n"
+    "print('tied', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_a_thread_that_fails_because_the_parent_died_ends_the_process_without_a_traceback(tmp_path):
+    """A loader worker's connection to its training process resets when that process is
+    killed, before the worker has another parent: the worker ends as its watch would end
+    it, with no traceback on the job's stderr; a failure while the parent lives is reported."""
+    marker = tmp_path / "job"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT_WITH_PIPE, CHILD_WITH_THREADS, str(marker)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+        start_new_session=True,
+    )
+    try:
+        assert parent.stdout.readline() == "tied\n"
+        [child] = [pid for pid in processes_of(marker) if pid != parent.pid]
+        parent.kill()
+        parent.wait()
+        wait_for(lambda: all_ended([child]), timeout=30, what=f"child {child} to end with its parent")
+        stderr = parent.stderr.read()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(parent.pid, signal.SIGKILL)
+    assert "ValueError: failed while the parent lives" in stderr
+    assert "ConnectionResetError" not in stderr, stderr
+
+
 @pytest.mark.parametrize("elastic", [True, False], ids=["torch-elastic", "from-a-shell"])
 def test_a_launcher_gone_before_the_first_line_ends_a_training_process_started_by_torch_elastic(elastic):
     """The parent-death signal is set once the training process runs: a launcher that died
