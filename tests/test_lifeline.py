@@ -31,13 +31,15 @@ CHILD = (
 )
 
 
-@pytest.mark.parametrize("tie", ["end_with_parent", "watch_parent"])
-def test_a_child_ends_with_its_parent_killed_by_sigkill(tmp_path, tie):
-    """kill -9 of the parent alone (the child is in its process group but not signalled)."""
-    marker = tmp_path / "job"  # named on both command lines, to find them
+def kill_the_parent(marker, parent_code: str, *child_args: str) -> str:
+    """Start ``parent_code``, which starts a child with ``child_args`` and ``marker`` (named on
+    both command lines, to find them); once the child says it is tied, kill -9 the parent
+    alone (the child is in its process group but not signalled) and wait for the child to
+    end. Returns the job's stderr."""
     parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, CHILD, tie, str(marker)],
+        [sys.executable, "-c", parent_code, *child_args, str(marker)],
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         cwd=REPO_ROOT,
         start_new_session=True,
@@ -48,9 +50,15 @@ def test_a_child_ends_with_its_parent_killed_by_sigkill(tmp_path, tie):
         parent.kill()
         parent.wait()
         wait_for(lambda: all_ended([child]), timeout=30, what=f"child {child} to end with its parent")
+        return parent.stderr.read()
     finally:
         with contextlib.suppress(ProcessLookupError):  # none left when the child ended
             os.killpg(parent.pid, signal.SIGKILL)  # what is left of this test's processes, if it failed
+
+
+@pytest.mark.parametrize("tie", ["end_with_parent", "watch_parent"])
+def test_a_child_ends_with_its_parent_killed_by_sigkill(tmp_path, tie):
+    kill_the_parent(tmp_path / "job", PARENT, CHILD, tie)
 
 
 # the parent holds a pipe's writing end; the child watches it, and one of its threads fails
@@ -82,25 +90,7 @@ def test_a_thread_that_fails_because_the_parent_died_ends_the_process_without_a_
     """A loader worker's connection to its training process resets when that process is
     killed, before the worker has another parent: the worker ends as its watch would end
     it, with no traceback on the job's stderr; a failure while the parent lives is reported."""
-    marker = tmp_path / "job"
-    parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT_WITH_PIPE, CHILD_WITH_THREADS, str(marker)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO_ROOT,
-        start_new_session=True,
-    )
-    try:
-        assert parent.stdout.readline() == "tied\n"
-        [child] = [pid for pid in processes_of(marker) if pid != parent.pid]
-        parent.kill()
-        parent.wait()
-        wait_for(lambda: all_ended([child]), timeout=30, what=f"child {child} to end with its parent")
-        stderr = parent.stderr.read()
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(parent.pid, signal.SIGKILL)
+    stderr = kill_the_parent(tmp_path / "job", PARENT_WITH_PIPE, CHILD_WITH_THREADS)
     assert "ValueError: failed while the parent lives" in stderr
     assert "ConnectionResetError" not in stderr, stderr
 
