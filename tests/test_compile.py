@@ -261,10 +261,10 @@ def test_training_run_with_compile(tmp_path, demo_clips):
     weights, a checkpoint, export; fp32) with ``--compile=true`` logs the losses and metrics
     of the same run without it (both runs are deterministic). Both run in this process:
     what is tested is what the runs log, not their processes."""
-    short, compiling = "--max_train_steps=2", ("--compile=true", "--compile_backend=aot_eager")
+    short, compiling = ("--max_train_steps=2", "--use_ema=true"), ("--compile=true", "--compile_backend=aot_eager")
     runs = {
-        "eager": train_here(tmp_path / "eager", demo_clips, short),
-        "compiled": train_here(tmp_path / "compiled", demo_clips, short, *compiling),
+        "eager": train_here(tmp_path / "eager", demo_clips, *short),
+        "compiled": train_here(tmp_path / "compiled", demo_clips, *short, *compiling),
     }
     log = (runs["compiled"] / "train.log").read_text()
     assert "torch.compile (backend aot_eager)" in log and "torch.compile: compiled a" in log  # with its time

@@ -47,10 +47,12 @@ from train_runs import (
     one_line_error,
     processes_of,
     rank_pid,
+    refused_here,
     start,
     tensors,
     train,
     train_args,
+    train_here,
     wait_for,
     wrapped_ddp,
 )
@@ -116,7 +118,7 @@ def interrupted_chain(launcher, out, clips, faults: str, *common: str, signal_ra
 
 
 def test_exact_resume_after_sigterm_and_crash_during_save_on_two_deepspeed_processes(tmp_path, demo_clips):
-    """ZeRO-2 with gradient accumulation, Seraena, a cosine schedule and a time budget whose
+    """ZeRO-2 with gradient accumulation, EMA, Seraena, a cosine schedule and a time budget whose
     clock the ranks agree on every step (max_train_steps, typed with it, ends the run before
     the budget has measured enough to plan; a plan and a resume after it:
     tests/test_time_budget.py); a single process resumes exactly in the SIGTERM and
@@ -130,6 +132,7 @@ def test_exact_resume_after_sigterm_and_crash_during_save_on_two_deepspeed_proce
         "--gradient_accumulation_steps=2",
         "--lr_scheduler=cosine",
         "--max_train_time=2h",
+        "--use_ema=true",
         *TINY,
         *SERAENA,
     ]
@@ -234,6 +237,7 @@ def test_sigterms_during_decoder_only_fine_tuning_save_and_resume_exactly(
         "--persistent_workers=true",
         "--train_encoder=false",
         f"--pretrained_model_path={stage1}",
+        "--use_ema=true",
         *TINY,
         *options,
     ]
@@ -367,7 +371,9 @@ def test_failed_starts_and_refused_resumes_leave_the_runs_as_they_were(tmp_path,
     checkpoint with damaged bytes is refused in one line, before the run's config.json is
     touched (one of another variant: test_checkpointing.py); --resume latest passes over
     the damaged checkpoint (of a run stopped at step 4 of 6, so unfinished; the resume
-    line's --max_train_steps=4 ends it there)."""
+    line's --max_train_steps=4 ends it there). The refusals before a run folder exists and
+    the resumes start in this process; the start that fails later is a process, whose
+    exit status and train.log line are the entry point's."""
     common = ["--max_train_steps=4", "--checkpointing_steps=2", "--validation_every=100"]
     train(ONE_PROCESS, tmp_path, demo_clips, *common, "--max_train_steps=6", "--fault_injection=sigterm@4")
     (run,) = tmp_path.iterdir()
@@ -382,13 +388,16 @@ def test_failed_starts_and_refused_resumes_leave_the_runs_as_they_were(tmp_path,
             cwd=REPO_ROOT,
         )
 
+    def refused(*overrides: str) -> str:
+        return refused_here(tmp_path, demo_clips, *common, *overrides)
+
     assert re.search(
         r"one training step keeps about [0-9.]+ GiB of activations .* at 16384x16384, .*, more than the "
         r"[0-9.]+ GiB of",
-        one_line_error(attempt("--height=16384", "--width=16384")),
+        refused("--height=16384", "--width=16384"),
     )
-    assert "cannot write the run directory under /proc/taehv_out: No such file or directory" in one_line_error(
-        attempt("--output_dir=/proc/taehv_out")
+    assert "cannot write the run directory under /proc/taehv_out: No such file or directory" in refused(
+        "--output_dir=/proc/taehv_out"
     )
     assert list(tmp_path.iterdir()) == [run]  # the check ran before any folder was made
     missing = tmp_path / "missing.json"
@@ -401,12 +410,11 @@ def test_failed_starts_and_refused_resumes_leave_the_runs_as_they_were(tmp_path,
     with open(damaged, "r+b") as f:  # 4 MiB overwritten in place: same size
         f.seek(damaged.stat().st_size // 2)
         f.write(os.urandom(4 << 20))
-    line = one_line_error(attempt("--resume", "checkpoint-4"))
+    line = refused("--resume", "checkpoint-4")
     assert "checkpoint-4 is damaged (model.safetensors checksum); resume from checkpoint-2" in line
     assert (run / "config.json").read_bytes() == config_json
 
-    resumed = attempt("--resume", "latest")
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    train_here(tmp_path, demo_clips, *common, "--resume", "latest")
     log = (run / "train.log").read_text()
     assert "skipping checkpoint-4 is damaged" in log and f"resumed from {run / 'checkpoints' / 'checkpoint-2'}" in log
     assert "from scratch" not in log.split("resumed from")[0].rsplit("run directory", 1)[1]  # the resumed start

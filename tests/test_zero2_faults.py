@@ -49,6 +49,7 @@ COMMON = [
     "--checkpoints_total_limit=3",
     "--max_consecutive_skipped_steps=10",
     "--validation_every=100",
+    "--use_ema=true",  # the EMA weights are part of the state a skipped window leaves untouched
 ]
 
 

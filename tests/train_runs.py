@@ -228,6 +228,19 @@ def train_here(out: Path, data: dict, *overrides: str, config: str = TEST_CONFIG
         fresh_accelerate_state()
 
 
+def refused_here(out: Path, data: dict, *overrides: str, config: str = TEST_CONFIG) -> str:
+    """The error line of a start refused in this process (``train_here``): the line the entry
+    point prints, and exits 2 with, for a problem the user fixes (the seconds of a process's
+    imports paid once; tests of the exit status itself run a process)."""
+    from taehv_train.base.errors import USER_ERRORS
+
+    try:
+        train_here(out, data, *overrides, config=config)
+    except USER_ERRORS as err:
+        return f"error: {err}".splitlines()[0]
+    raise AssertionError(f"the start with {overrides} was not refused")
+
+
 def one_line_error(result: subprocess.CompletedProcess) -> str:
     """The error line of a run that exited 2: no traceback anywhere."""
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-4000:]
