@@ -36,6 +36,7 @@ RELIES_ON = {
     ),
     "torch": ("lr_lambda", "storage_key", "compile_backends", "register_compile_backend"),
     "deepspeed": (
+        "forgo_deepspeed_shm_kernel",
         "has_overflow_switch",
         "overflow_check",
         "set_overflow_check",
@@ -157,6 +158,20 @@ def test_a_registered_backend_compiles_the_forward_and_the_backward_graph():
     x = torch.ones(2, requires_grad=True)
     torch.compile(lambda v: (v * 3).sum(), backend="taehv_library_seams_test")(x).backward()
     assert seen == ["forward", "backward"] and x.grad.tolist() == [3.0, 3.0]
+
+
+def test_a_deepspeed_process_group_forgone_the_shm_kernel_compiles_nothing(tmp_path, monkeypatch):
+    """What starting DeepSpeed's CPU backend builds (``build_shm_op``, which
+    ``TorchBackend.__init__`` calls) is nothing once the kernel is forgone: no C++ compiled
+    into ``TORCH_EXTENSIONS_DIR``, no kernel loaded."""
+    import deepspeed.ops
+    from deepspeed.comm.torch import TorchBackend, build_shm_op
+
+    assert "self.shm_comm_op = build_shm_op()" in inspect.getsource(TorchBackend.__init__)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setitem(deepspeed.ops.__compatible_ops__, "deepspeed_shm_comm", True)  # as probed here; put back after
+    library_seams.forgo_deepspeed_shm_kernel()
+    assert build_shm_op() is None and list(tmp_path.iterdir()) == []
 
 
 def test_the_zero_optimizer_has_what_the_deepspeed_seams_read():

@@ -17,7 +17,7 @@ from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin
 
 from taehv_train.base.errors import UserError
 from taehv_train.common.config import TrainConfig
-from taehv_train.training.loop.distributed import process_group_backend
+from taehv_train.training.loop.distributed import process_group_backend, skip_unused_deepspeed_kernels
 from taehv_train.training.loop.trackers import log_with
 
 
@@ -41,6 +41,7 @@ def make_accelerator(config: TrainConfig, run_dir: Path) -> Accelerator:
             )
         os.environ[env] = str(value)  # DeepSpeed's plugin reads these
     backend = process_group_backend()
+    skip_unused_deepspeed_kernels()  # when the Accelerator makes the process group
     return Accelerator(
         gradient_accumulation_plugin=accumulation_plugin(config),
         # no RNG broadcast at each epoch's start: the prefetching thread starts epochs, and a collective

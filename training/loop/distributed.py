@@ -11,6 +11,8 @@ import torch
 from accelerate import PartialState
 from torch.distributed.constants import default_pg_timeout
 
+from taehv_train.training.loop.library_seams import forgo_deepspeed_shm_kernel
+
 # what a rank that gave up waiting for its batch may still take to reach the window's agreement
 COLLECTIVE_MARGIN_S = 600.0
 
@@ -30,11 +32,19 @@ def collective_timeout(batch_timeout: float) -> timedelta:
     return max(default_pg_timeout, timedelta(seconds=batch_timeout + COLLECTIVE_MARGIN_S))
 
 
+def skip_unused_deepspeed_kernels() -> None:
+    """Under a DeepSpeed launch without CUDA, before its process group starts: DeepSpeed's CPU
+    backend would compile a kernel that training never calls (``forgo_deepspeed_shm_kernel``)."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and not torch.cuda.is_available():
+        forgo_deepspeed_shm_kernel()
+
+
 def process_state(batch_timeout: float = 0.0) -> PartialState:
     """Accelerate's process state (the process group is made by the first call, with
     ``collective_timeout(batch_timeout)``). Several processes without CUDA need ``cpu=True``
     as well as gloo: otherwise (``accelerate launch --multi_gpu`` with ACCELERATE_USE_CPU, or
     torchrun on CPU) Accelerate counts the ranks but its barriers do nothing."""
+    skip_unused_deepspeed_kernels()
     backend = process_group_backend()
     cpu = backend == "gloo" or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
     return PartialState(cpu=cpu, timeout=collective_timeout(batch_timeout), **({"backend": backend} if backend else {}))

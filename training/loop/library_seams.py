@@ -98,6 +98,23 @@ def register_compile_backend(
 # --- DeepSpeed ----------------------------------------------------------------------------
 
 
+def forgo_deepspeed_shm_kernel() -> None:
+    """Mark DeepSpeed's shared-memory all-reduce kernel for CPUs unavailable, before its process
+    group starts. ``TorchBackend.__init__`` (deepspeed/comm/torch.py) builds it with
+    ``build_shm_op``, which skips a kernel whose entry in ``deepspeed.ops.__compatible_ops__``
+    is False (deepspeed/ops/__init__.py keeps that table as a module attribute whose edits
+    persist); otherwise it compiles its C++ (ninja, ``TORCH_EXTENSIONS_DIR``) on a machine's
+    first run and whenever the environment's path changes: 20-45 s on 2 cores. Only
+    ``inference_all_reduce`` uses it (deepspeed/module_inject, tensor-parallel inference);
+    ZeRO's collectives are torch.distributed's."""
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:  # accelerators other than the CPU have no such kernel
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
+
+
 def has_overflow_switch(engine: Any) -> bool:
     """Whether the ZeRO optimizer has the switch of its gradient overflow check
     (deepspeed/runtime/zero/stage_1_and_2.py, ``DeepSpeedZeroOptimizer.__init__`` keeps
