@@ -379,9 +379,9 @@ def test_failed_starts_and_refused_resumes_leave_the_runs_as_they_were(tmp_path,
     (run,) = tmp_path.iterdir()
     config_json = (run / "config.json").read_bytes()
 
-    def attempt(*overrides: str, data: dict = demo_clips) -> subprocess.CompletedProcess:
+    def attempt(*overrides: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            train_args(ONE_PROCESS, tmp_path, data, *common, *overrides),
+            train_args(ONE_PROCESS, tmp_path, demo_clips, *common, *overrides),
             capture_output=True,
             text=True,
             timeout=300,

@@ -1,8 +1,9 @@
 """Tiny config for tests and smoke runs: a few steps at 32x32 on the demo clips
 (the from-scratch preset, without the demo's crops and validation size, and without EMA:
 over 4 steps its average says nothing, and it costs a run of this size a sixth of its time,
-in loading diffusers' EMA and a third copy of the weights in every checkpoint; the tests of
-EMA, its resume and its export turn it on with ``--use_ema=true``)."""
+in loading diffusers' EMA and a third copy of the weights in every checkpoint; the tests
+whose subject includes it, exact resumes, skipped windows and validation with its weights,
+turn it on with ``--use_ema=true``)."""
 
 from taehv_train.training.configs.taehv_config_scratch import config as scratch
 
