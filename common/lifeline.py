@@ -67,21 +67,24 @@ def watch_parent(parent: int) -> None:
     of ``parent``'s death (it then has another parent). A thread of this process that fails
     because the parent died first (a connection to it reset: multiprocessing's resource
     sharer in a loader worker) ends the process the same way, without a traceback; a thread
-    that fails while the parent lives is reported as Python reports it."""
+    that fails while the parent lives is reported as Python reports it. Both hooks are
+    wrapped: a thread's uncaught failure reaches ``threading.excepthook``, while the resource
+    sharer catches its own and reports them through ``sys.excepthook``."""
     threading.excepthook = functools.partial(_end_if_orphaned, parent, threading.excepthook)
+    sys.excepthook = functools.partial(_end_if_orphaned, parent, sys.excepthook)
     threading.Thread(target=_watch, args=(parent,), daemon=True, name="parent-watch").start()
 
 
-def _end_if_orphaned(parent: int, report, failure) -> None:
-    """``threading.excepthook``: the kernel closes a dying parent's connections before it
-    gives its children another parent, so the failure may come first: wait up to two watch
-    intervals for the parent's death before reporting it."""
+def _end_if_orphaned(parent: int, report, *failure) -> None:
+    """``threading.excepthook`` and ``sys.excepthook``: the kernel closes a dying parent's
+    connections before it gives its children another parent, so the failure may come first:
+    wait up to two watch intervals for the parent's death before reporting it."""
     deadline = time.monotonic() + 2 * WATCH_INTERVAL_S
     while os.getppid() == parent and time.monotonic() < deadline:
         time.sleep(0.01)
     if os.getppid() != parent:
         _end()
-    report(failure)
+    report(*failure)
 
 
 def _watch(parent: int) -> None:

@@ -61,8 +61,10 @@ def test_a_child_ends_with_its_parent_killed_by_sigkill(tmp_path, tie):
     kill_the_parent(tmp_path / "job", PARENT, CHILD, tie)
 
 
-# the parent holds a pipe's writing end; the child watches it, and one of its threads fails
-# when the pipe closes (the parent's death), another while the parent lives
+# the parent holds a pipe's writing end; the child watches it, and two of its threads fail
+# when the pipe closes (the parent's death), one uncaught, one caught and reported through
+# sys.excepthook as multiprocessing's resource sharer reports its failures; another fails
+# while the parent lives
 PARENT_WITH_PIPE = (
     "import os, subprocess, sys, time\n"
     "read, write = os.pipe()\n"
@@ -78,8 +80,14 @@ CHILD_WITH_THREADS = (
     "def orphaned():\n"
     "    os.read(int(sys.argv[1]), 1)  # the end of the pipe: the parent is dying\n"
     "    raise ConnectionResetError(104, 'Connection reset by peer')\n"
+    "def orphaned_reported():\n"
+    "    try:\n"
+    "        orphaned()\n"
+    "    except Exception:\n"
+    "        sys.excepthook(*sys.exc_info())\n"
     "threading.Thread(target=alive).start()\n"
     "threading.Thread(target=orphaned).start()\n"
+    "threading.Thread(target=orphaned_reported).start()\n"
     "time.sleep(1.5)\n"
     "print('tied', flush=True)\n"
     "time.sleep(600)\n"
