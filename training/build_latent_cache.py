@@ -50,7 +50,7 @@ from taehv_train.training.data.latent_cache import (
     validity,
 )
 from taehv_train.training.data.loading import build_datasets
-from taehv_train.training.loop.distributed import process_state, started_command
+from taehv_train.training.loop.distributed import exit_without_teardown, process_state, started_command
 from taehv_train.training.preflight import check
 from taehv_train.training.state.atomic_folders import DiskFullError, is_disk_full
 
@@ -368,4 +368,5 @@ def entry_point(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     end_with_launcher()  # under accelerate launch, each rank ends with the launcher
-    entry_point()
+    with exit_without_teardown():
+        entry_point()

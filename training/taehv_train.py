@@ -71,7 +71,7 @@ from taehv_train.training.export import BUNDLE_FOLDER, write_bundle
 from taehv_train.training.launch_check import training_notes
 from taehv_train.training.loop.accelerator import make_accelerator, setup_logging
 from taehv_train.training.loop.best_model import BestTracker
-from taehv_train.training.loop.distributed import process_state
+from taehv_train.training.loop.distributed import exit_without_teardown, process_state
 from taehv_train.training.loop.expectations import warn_if_short
 from taehv_train.training.loop.forward import build_model
 from taehv_train.training.loop.monitoring import Monitor
@@ -441,4 +441,5 @@ def entry_point(argv: list[str] | None = None, early_signals: list[int] = (), st
 
 
 if __name__ == "__main__":
-    entry_point(early_signals=EARLY_SIGNALS, started=PROCESS_STARTED)
+    with exit_without_teardown():
+        entry_point(early_signals=EARLY_SIGNALS, started=PROCESS_STARTED)
