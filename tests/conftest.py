@@ -38,7 +38,11 @@ def pytest_configure(config: pytest.Config) -> None:
     """A pytest-xdist worker (``make test-fast`` runs one per core) takes its share of the
     cores for torch and for the processes its tests start: with torch's default, one thread
     per core in every worker, the workers fight over the same cores and the tier ran three
-    times slower than one process. An ``OMP_NUM_THREADS`` the user set is kept."""
+    times slower than one process. An ``OMP_NUM_THREADS`` the user set is kept.
+
+    pytest-xdist's own reordering of files (those with the most tests first) is turned off:
+    files start in the order ``pytest_collection_modifyitems`` gives them."""
+    config.option.loadscopereorder = False  # pytest-xdist >= 3.8 (requirements-dev.txt)
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers < 2 or "OMP_NUM_THREADS" in os.environ:
         return

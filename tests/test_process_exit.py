@@ -1,11 +1,10 @@
-"""A process of a multi-process run ends as every process ends (threads joined, exit
-handlers run, output flushed, its exit status kept) but without the interpreter's teardown,
-in which gloo's worker threads can abort a process that ended cleanly
-(``training.loop.distributed.exit_without_teardown``)."""
+"""A training process ends as every process ends (threads joined, exit handlers run, output
+flushed, its exit status kept) but without the interpreter's teardown, which costs about a
+second and in which gloo's worker threads can abort a process that ended cleanly
+(``base.process_exit``)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -18,7 +17,7 @@ from conftest import REPO_ROOT
 PROCESS = """
 import atexit, concurrent.futures, sys, threading, time
 from pathlib import Path
-from taehv_train.training.loop.distributed import exit_without_teardown
+from taehv_train.base.process_exit import exit_without_teardown
 folder = Path(sys.argv[1])
 
 class TornDown:
@@ -38,24 +37,27 @@ def main():
     sys.stdout.write("unflushed output")
     sys.exit(int(sys.argv[2]) if sys.argv[2].isdigit() else sys.argv[2])
 
-with exit_without_teardown():
+if sys.argv[3] == "wrapped":
+    with exit_without_teardown():
+        main()
+else:
     main()
 """
 
 
-@pytest.mark.parametrize("world_size, ending", [(2, "3"), (2, "a message"), (1, "0")])
-def test_a_process_of_a_multi_process_run_exits_without_the_interpreters_teardown(tmp_path, world_size, ending):
-    """One process (WORLD_SIZE=1) keeps Python's own exit, teardown included."""
+@pytest.mark.parametrize("wrapped", [True, False], ids=["exit_without_teardown", "python"])
+@pytest.mark.parametrize("ending", ["0", "3", "a message"])
+def test_a_process_exits_as_python_exits_without_the_teardown(tmp_path, wrapped, ending):
+    """Without the wrapper the same process ends as Python ends it, teardown included."""
     result = subprocess.run(
-        [sys.executable, "-c", PROCESS, str(tmp_path), ending],
+        [sys.executable, "-c", PROCESS, str(tmp_path), ending, "wrapped" if wrapped else "python"],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
         timeout=60,
-        env={**os.environ, "WORLD_SIZE": str(world_size)},
     )
     assert result.returncode == (int(ending) if ending.isdigit() else 1), result.stderr
     assert result.stdout == "unflushed output"
     assert result.stderr == ("" if ending.isdigit() else "a message\n")
     ran = {path.name for path in tmp_path.iterdir()}
-    assert ran == ({"exit_handler", "thread"} if world_size > 1 else {"exit_handler", "thread", "teardown"})
+    assert ran == ({"exit_handler", "thread"} if wrapped else {"exit_handler", "thread", "teardown"})

@@ -4,6 +4,7 @@ tests in their own order; and the record a run writes."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from dataclasses import dataclass, field
 
@@ -68,3 +69,11 @@ def test_a_run_adds_its_files_seconds_to_the_record_when_asked(monkeypatch, tmp_
         {"tests/test_a.py": 5.0, "tests/test_b.py": 3.5} if option else {"tests/test_a.py": 5.0, "tests/test_b.py": 7.0}
     )
     assert json.loads(record.read_text()) == expected
+
+
+def test_pytest_xdist_keeps_the_order_the_files_were_given(pytestconfig):
+    """pytest-xdist (3.5 on) would start the files with the most tests first, whatever order
+    collection gave them; from 3.8 that is an option, which conftest turns off."""
+    installed = tuple(int(part) for part in importlib.metadata.version("pytest-xdist").split(".")[:2])
+    assert installed >= (3, 8)
+    assert pytestconfig.option.loadscopereorder is False

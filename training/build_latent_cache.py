@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from taehv_train.base.atomic import atomic_write
 from taehv_train.base.errors import UserError, exit_on_user_error, readable_size
 from taehv_train.base.flags import ArgumentParser
+from taehv_train.base.process_exit import exit_without_teardown
 from taehv_train.common.clips import VideoClipDataset, frames_to_unit
 from taehv_train.common.config import TrainConfig, load_config, resolve_path
 from taehv_train.common.lifeline import end_with_launcher
@@ -50,7 +51,7 @@ from taehv_train.training.data.latent_cache import (
     validity,
 )
 from taehv_train.training.data.loading import build_datasets
-from taehv_train.training.loop.distributed import exit_without_teardown, process_state, started_command
+from taehv_train.training.loop.distributed import process_state, started_command
 from taehv_train.training.preflight import check
 from taehv_train.training.state.atomic_folders import DiskFullError, is_disk_full
 

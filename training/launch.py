@@ -51,6 +51,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from taehv_train.base.errors import EXIT_USER_ERROR
+from taehv_train.base.process_exit import exit_without_teardown
 from taehv_train.common.lifeline import LAUNCHER_PID
 from taehv_train.training.loop.resilience import EXIT_OUT_OF_MEMORY, EXIT_RANK_LOST
 from taehv_train.training.state.commands import next_command
@@ -180,4 +181,5 @@ def report(line: str, run_dir: Path | None, status: int) -> int:
 
 
 if __name__ == "__main__":
-    main()
+    with exit_without_teardown():
+        main()

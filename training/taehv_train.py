@@ -53,6 +53,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from taehv_train.base.atomic import atomic_write
 from taehv_train.base.errors import EXIT_USER_ERROR, USER_ERRORS, UserError, debug_requested
 from taehv_train.base.flags import ArgumentParser
+from taehv_train.base.process_exit import exit_without_teardown
 from taehv_train.common.clips import VideoDataError, frames_to_unit
 from taehv_train.common.config import TrainConfig, describe, given_keys, load_config
 from taehv_train.common.reference_vae import ReferenceVAE
@@ -71,7 +72,7 @@ from taehv_train.training.export import BUNDLE_FOLDER, write_bundle
 from taehv_train.training.launch_check import training_notes
 from taehv_train.training.loop.accelerator import make_accelerator, setup_logging
 from taehv_train.training.loop.best_model import BestTracker
-from taehv_train.training.loop.distributed import exit_without_teardown, process_state
+from taehv_train.training.loop.distributed import process_state
 from taehv_train.training.loop.expectations import warn_if_short
 from taehv_train.training.loop.forward import build_model
 from taehv_train.training.loop.monitoring import Monitor

@@ -3,12 +3,8 @@ the command that started a process, for the lines that say how to run it again."
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
 import sys
-import threading
-from collections.abc import Iterator
 from datetime import timedelta
 
 import torch
@@ -52,36 +48,6 @@ def process_state(batch_timeout: float = 0.0) -> PartialState:
     backend = process_group_backend()
     cpu = backend == "gloo" or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
     return PartialState(cpu=cpu, timeout=collective_timeout(batch_timeout), **({"backend": backend} if backend else {}))
-
-
-@contextlib.contextmanager
-def exit_without_teardown() -> Iterator[None]:
-    """Around the entry point of a process of a multi-process run (WORLD_SIZE > 1): its
-    exit does what every exit does first, as ``Py_FinalizeEx`` (CPython's
-    Python/pylifecycle.c) does it: threads that are not daemons are joined and the exit
-    handlers run (logging, TensorBoard, multiprocessing, temporary files); then the process
-    ends with its status, without the interpreter's teardown. Process groups outlive
-    ``destroy_process_group`` while anything holds them (DeepSpeed's engine does, through
-    the hooks it leaves on the parameters), so gloo's worker threads are still running in
-    that teardown, and one that drops a tensor then needs the GIL of an interpreter going
-    away: a process that ended cleanly aborts ("terminate called without an active
-    exception", pytorch/pytorch#190489) and the launcher reports a dead rank. A crash (an
-    exception other than ``SystemExit``) ends as Python ends it, with its traceback."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        yield
-        return
-    status = 0
-    try:
-        yield
-    except SystemExit as ended:
-        if ended.code is not None and not isinstance(ended.code, int):
-            print(ended.code, file=sys.stderr)  # as the interpreter reports sys.exit("message")
-        status = ended.code if isinstance(ended.code, int) else 0 if ended.code is None else 1
-    threading._shutdown()  # the interpreter's first step at exit: threads that are not daemons
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
 
 
 def started_command(module: str, argv: list[str]) -> list[str]:
