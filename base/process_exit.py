@@ -1,4 +1,5 @@
-"""How the training processes exit: as every Python process exits, then at once.
+"""How training, the latent cache, the launcher, export and make_annotations exit: as every
+Python process exits, then at once.
 
 At exit the interpreter first joins the threads that are not daemons and runs the exit
 handlers (logging's, multiprocessing's, temporary files'); then it tears itself down, object

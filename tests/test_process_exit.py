@@ -1,7 +1,7 @@
-"""A training process ends as every process ends (threads joined, exit handlers run, output
-flushed, its exit status kept) but without the interpreter's teardown, which costs about a
-second and in which gloo's worker threads can abort a process that ended cleanly
-(``base.process_exit``)."""
+"""A process of training (or of the latent cache, the launcher, export, make_annotations)
+ends as every process ends (threads joined, exit handlers run, output flushed, its exit
+status kept) but without the interpreter's teardown, which costs about a second and in
+which gloo's worker threads can abort a process that ended cleanly (``base.process_exit``)."""
 
 from __future__ import annotations
 

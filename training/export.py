@@ -360,5 +360,7 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     from taehv_train.base.errors import exit_on_user_error
+    from taehv_train.base.process_exit import exit_without_teardown
 
-    exit_on_user_error(main)
+    with exit_without_teardown():
+        exit_on_user_error(main)

@@ -93,6 +93,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from taehv_train.base.errors import UserError, counts_in_words, exit_on_user_error
+from taehv_train.base.process_exit import exit_without_teardown
 from taehv_train.common.video.files import find_videos
 from taehv_train.training.annotate.annotation_files import Annotated, output_paths, write_outputs
 from taehv_train.training.annotate.annotation_split import (
@@ -393,4 +394,5 @@ def _exit_with_status(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    exit_on_user_error(_exit_with_status)
+    with exit_without_teardown():
+        exit_on_user_error(_exit_with_status)
