@@ -119,8 +119,8 @@ def own_data(python: str, args: LaunchArgs) -> list[str]:
 def preflight(args: LaunchArgs) -> Check:
     """``training.launch_check.checked`` in a process of its own, which ends with it. Forked:
     this process has loaded neither torch nor CUDA, nor started a thread, and a forked child
-    ends without the interpreter's teardown (``base.process_exit``), which takes a spawned one
-    a second once torch is loaded."""
+    ends without the interpreter's teardown, which costs a spawned one about a second once
+    torch is loaded (``base.process_exit`` says why)."""
     fork = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=fork) as pool:
         return pool.submit(checked, args.config, args.extra, processes_per_node(args.num_gpus)).result()
